@@ -1,0 +1,189 @@
+-- _lib.lua: helpers shared by every script. The loader (scheduler/scripts.py) prepends this file
+-- to each script, so each script is one self-contained EVALSHA.
+--
+-- Common calling convention of partition scripts:
+--   KEYS[1..13] = the partition's keys, in scheduler/keys.py PARTITION_KEYS order:
+--     t (timers zset), m (moved hash), j (bodies hash), i (in-flight zset), l (lease tokens hash),
+--     d (dead zset), e (errors hash), k (idempotency keys hash), x (tombstones zset),
+--     q (queue names hash), g (gauges hash), c (counters hash), meta (fence, epoch)
+--   ARGV[1] = partition key prefix "{ns:p}:"  (ready lists are PREFIX .. "r:" .. queue, same slot)
+--   ARGV[2] = channel prefix "ns:"            (wake: CHAN.."wake", ready: CHAN.."ready:"..queue)
+--   ARGV[3] = partition number (the pub/sub message)
+--   ARGV[4..] script-specific, see each script's header.
+-- Times are Redis server milliseconds (TIME). Jitter is always computed by the caller: Redis's
+-- Lua random generator is deterministic.
+local K_T, K_M, K_J, K_I, K_L, K_D, K_E, K_K, K_X, K_Q, K_G, K_C, K_META =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10],
+  KEYS[11], KEYS[12], KEYS[13]
+local PREFIX, CHAN, PART = ARGV[1], ARGV[2], ARGV[3]
+local ID_LEN = 15
+local CHUNK = 2000 -- arguments per variadic call, well under Lua's unpack limit
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+-- integers as decimal strings: tostring() would switch to exponent notation past 14 digits
+local function fmt(n) return string.format('%d', n) end
+local function u16(s, i) local a, b = string.byte(s, i, i + 1); return a * 256 + b end
+local function u32(s, i)
+  local a, b, c, d = string.byte(s, i, i + 3)
+  return ((a * 256 + b) * 256 + c) * 256 + d
+end
+local function u48(s, i) return u16(s, i) * 4294967296 + u32(s, i + 2) end
+local function p16(n) return string.char(math.floor(n / 256), n % 256) end
+local function flag(flags, bitv) return math.floor(flags / bitv) % 2 == 1 end
+
+-- Record accessors; layout in scheduler/codec.py (1-based offsets here).
+local function rec_qidx(rec) return u16(rec, 1) end
+local function rec_attempt(rec) return string.byte(rec, 3) end
+local function rec_max(rec) return string.byte(rec, 4) end
+-- misfire grace ms (nil for run_late), lease ms, idempotency key (or nil)
+local function rec_opts(rec)
+  local flags = string.byte(rec, 5)
+  local pos, grace, lease, key = 10, nil, 30000, nil
+  if flag(flags, 1) then grace = u32(rec, pos); pos = pos + 4 end
+  if flag(flags, 8) then lease = u32(rec, pos); pos = pos + 4 end
+  if flag(flags, 4) then
+    local n = string.byte(rec, pos)
+    key = string.sub(rec, pos + 1, pos + n)
+  end
+  return grace, lease, key
+end
+local function rec_with_attempt(rec, a)
+  return string.sub(rec, 1, 2) .. string.char(a) .. string.sub(rec, 4)
+end
+
+-- Byte-wise id comparison: Lua's '<' on strings uses strcoll, which is locale dependent.
+local function id_less(a, b)
+  for n = 1, ID_LEN do
+    local x, y = string.byte(a, n), string.byte(b, n)
+    if x ~= y then return x < y end
+  end
+  return false
+end
+
+local qname_cache = {}
+local function queue_name(idx)
+  local name = qname_cache[idx]
+  if name == nil then
+    name = redis.call('HGET', K_Q, 'i:' .. idx)
+    qname_cache[idx] = name
+  end
+  return name -- false when the index is unknown (corrupt record)
+end
+local function queue_index(name)
+  local idx = redis.call('HGET', K_Q, 'n:' .. name)
+  if idx then return tonumber(idx) end
+  idx = redis.call('HINCRBY', K_Q, 'next', 1)
+  if idx > 65535 then error('zsched: more than 65535 queue names in one partition') end
+  redis.call('HSET', K_Q, 'n:' .. name, idx, 'i:' .. idx, name)
+  return idx
+end
+
+-- Counter and gauge increments are summed in Lua and written once per field per call.
+local bumps = {}
+local function bump(key, field, n)
+  local h = bumps[key]
+  if not h then h = {}; bumps[key] = h end
+  h[field] = (h[field] or 0) + (n or 1)
+end
+local function flush_bumps()
+  for key, h in pairs(bumps) do
+    for field, n in pairs(h) do
+      if n ~= 0 then redis.call('HINCRBY', key, field, n) end
+    end
+  end
+end
+
+-- Variadic command in chunks: cmd(key, prefix_args..., items...).
+local function multi(cmd, key, items)
+  for s = 1, #items, CHUNK do
+    redis.call(cmd, key, unpack(items, s, math.min(s + CHUNK - 1, #items)))
+  end
+end
+
+local function head_score()
+  local h = redis.call('ZRANGE', K_T, 0, 0, 'WITHSCORES')
+  if h[2] then return tonumber(h[2]) end
+  return nil
+end
+
+-- Find a scheduled job in the timer set without a per-job index: its score is the id's run_at
+-- unless the job moved (then 'm' has it); among equal scores members sort by id bytes, so a
+-- binary search by rank finds it in O(log n).
+local function find_timer(id)
+  if string.len(id) ~= ID_LEN then return nil end
+  local s = redis.call('HGET', K_M, id)
+  if s then s = tonumber(s) else s = u48(id, 1) end
+  local ss = fmt(s)
+  local n = redis.call('ZCOUNT', K_T, ss, ss)
+  if n == 0 then return nil end
+  local lo = redis.call('ZCOUNT', K_T, '-inf', '(' .. ss)
+  local hi = lo + n - 1
+  if n <= 8 then
+    for _, m in ipairs(redis.call('ZRANGE', K_T, lo, hi)) do
+      if string.sub(m, 1, ID_LEN) == id then return m, s end
+    end
+    return nil
+  end
+  while lo <= hi do
+    local mid = math.floor((lo + hi) / 2)
+    local m = redis.call('ZRANGE', K_T, mid, mid)[1]
+    local mid_id = string.sub(m, 1, ID_LEN)
+    if mid_id == id then return m, s end
+    if id_less(mid_id, id) then lo = mid + 1 else hi = mid - 1 end
+  end
+  return nil
+end
+
+local function remove_timer(id, member)
+  redis.call('ZREM', K_T, member)
+  redis.call('HDEL', K_M, id)
+end
+
+-- Add to the timer set; remember the score in 'm' when it differs from the id's own run_at.
+local function put_timer(id, rec, at)
+  redis.call('ZADD', K_T, at, id .. rec)
+  if at ~= u48(id, 1) then redis.call('HSET', K_M, id, fmt(at)) else redis.call('HDEL', K_M, id) end
+end
+
+local ready_touched = {}
+local function push_ready(id, qname, front)
+  if front then
+    redis.call('RPUSH', PREFIX .. 'r:' .. qname, id) -- the tail is popped next
+  else
+    redis.call('LPUSH', PREFIX .. 'r:' .. qname, id)
+  end
+  ready_touched[qname] = true
+end
+local function publish_ready()
+  for qname in pairs(ready_touched) do redis.call('PUBLISH', CHAN .. 'ready:' .. qname, PART) end
+end
+local function wake_scheduler() redis.call('PUBLISH', CHAN .. 'wake', PART) end
+
+local function tombstone(id, letter, now, ttl)
+  if ttl > 0 then redis.call('ZADD', K_X, now + ttl, id .. letter) end
+end
+local function release_key(id, rec)
+  local _, _, key = rec_opts(rec)
+  if key and redis.call('HGET', K_K, key) == id then redis.call('HDEL', K_K, key) end
+end
+
+-- Errors are stored as: at_ms NUL type NUL message NUL traceback (simple to build here and in Python).
+local function error_blob(now, etype, msg) return fmt(now) .. '\0' .. etype .. '\0' .. msg .. '\0' end
+
+-- Fencing for the scheduler tier: refuse an epoch older than the newest one seen. 0 = unfenced.
+local function check_epoch(epoch)
+  if epoch <= 0 then return nil end
+  local cur = tonumber(redis.call('HGET', K_META, 'epoch') or '0')
+  if epoch < cur then return cur end
+  if epoch > cur then redis.call('HSET', K_META, 'epoch', fmt(epoch)) end
+  return nil
+end
+
+-- Trim expired tombstones, at most 'limit' per call (bounded work).
+local function trim_tombstones(now, limit)
+  local n = redis.call('ZCOUNT', K_X, '-inf', fmt(now))
+  if n > 0 then redis.call('ZREMRANGEBYRANK', K_X, 0, math.min(n, limit) - 1) end
+end

@@ -1,0 +1,38 @@
+-- reap: expired leases. Run only by the partition's owner (scheduler tier).
+-- KEYS: the 13 partition keys (see _lib.lua).
+-- ARGV: 1-3 common; 4 epoch (0 = unfenced); 5 batch limit.
+-- Returns: {-1, newest_epoch} when the epoch is refused; else
+--          {reaped_count, next_lease_deadline_ms or -1, now_ms}.
+-- Invariants: a job whose lease deadline passed leaves 'i'/'l' (so its token is void and the old
+-- holder's ack/fail/extend are refused) and is rescheduled at now, which for a due job means its
+-- ready list; or, when its attempts are spent, it goes to 'd' with a LeaseExpired error.
+-- Bounded by the batch limit.
+local refused = check_epoch(tonumber(ARGV[4]))
+if refused then return {-1, refused} end
+local limit = tonumber(ARGV[5])
+local now = now_ms()
+local expired = redis.call('ZRANGE', K_I, '-inf', fmt(now), 'BYSCORE', 'LIMIT', 0, limit)
+for _, id in ipairs(expired) do
+  redis.call('ZREM', K_I, id)
+  redis.call('HDEL', K_L, id)
+  local rec = redis.call('HGET', K_J, id)
+  if rec then
+    local q = queue_name(rec_qidx(rec)) or '?'
+    local a, mx = rec_attempt(rec), rec_max(rec)
+    bump(K_G, 'a:' .. q, -1)
+    bump(K_C, 'expired:' .. q)
+    local msg = 'lease expired during attempt ' .. a .. ' of ' .. mx .. ' (worker died, hung, or the lease is shorter than the handler)'
+    redis.call('HSET', K_E, id, error_blob(now, 'LeaseExpired', msg))
+    if a >= mx then
+      redis.call('ZADD', K_D, now, id)
+      bump(K_G, 'd:' .. q)
+      bump(K_C, 'dead:' .. q)
+    else
+      push_ready(id, q, false)
+    end
+  end
+end
+flush_bumps()
+publish_ready()
+local nxt = redis.call('ZRANGE', K_I, 0, 0, 'WITHSCORES')
+return {#expired, tonumber(nxt[2] or '-1'), now}

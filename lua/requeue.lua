@@ -1,0 +1,39 @@
+-- requeue: dead -> scheduled (or ready when due), attempts reset to 0.
+-- KEYS: the 13 partition keys (see _lib.lua).
+-- ARGV: 1-3 common; 4 run_at ms (0 = now); then job ids.
+-- Returns: one code per id: 1 requeued, 0 not dead (already requeued, live, or unknown), so
+-- requeuing twice runs the job once.
+-- Invariants: the job leaves 'd' and enters exactly one of 't' or its ready list. Its last error
+-- stays readable until it succeeds.
+local at = tonumber(ARGV[4])
+local now = now_ms()
+if at <= 0 then at = now end
+local head, earliest = head_score(), nil
+local out = {}
+for b = 5, #ARGV do
+  local id = ARGV[b]
+  local rec = redis.call('HGET', K_J, id)
+  if not rec or not redis.call('ZSCORE', K_D, id) then
+    out[#out + 1] = 0
+  else
+    local q = queue_name(rec_qidx(rec)) or '?'
+    rec = rec_with_attempt(rec, 0)
+    redis.call('ZREM', K_D, id)
+    bump(K_G, 'd:' .. q, -1)
+    bump(K_C, 'requeued:' .. q)
+    if at <= now then
+      redis.call('HSET', K_J, id, rec)
+      push_ready(id, q, false)
+    else
+      redis.call('HDEL', K_J, id)
+      put_timer(id, rec, at)
+      bump(K_G, 's:' .. q)
+      if earliest == nil or at < earliest then earliest = at end
+    end
+    out[#out + 1] = 1
+  end
+end
+flush_bumps()
+publish_ready()
+if earliest and (head == nil or earliest < head) then wake_scheduler() end
+return out

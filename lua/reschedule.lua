@@ -1,0 +1,38 @@
+-- reschedule: scheduled/ready -> scheduled at a new time (or ready when it is due).
+-- KEYS: the 13 partition keys (see _lib.lua).
+-- ARGV: 1-3 common; 4 id; 5 new run_at ms.
+-- Returns: 1 moved; 0 no live job with that id; -1 running; -2 dead (use requeue).
+-- Invariants: the job keeps its id, attempts and payload and is in exactly one state after.
+local id, at = ARGV[4], tonumber(ARGV[5])
+local now = now_ms()
+local head = head_score()
+local member = find_timer(id)
+local rec, q
+if member then
+  rec = string.sub(member, ID_LEN + 1)
+  q = queue_name(rec_qidx(rec)) or '?'
+  remove_timer(id, member)
+  bump(K_G, 's:' .. q, -1)
+else
+  rec = redis.call('HGET', K_J, id)
+  if not rec then return 0 end
+  if redis.call('ZSCORE', K_I, id) then return -1 end
+  if redis.call('ZSCORE', K_D, id) then return -2 end
+  q = queue_name(rec_qidx(rec)) or '?'
+  if redis.call('LREM', PREFIX .. 'r:' .. q, 1, id) == 0 then
+    return redis.error_reply('zsched: job body without a state (invariant broken) for reschedule')
+  end
+  redis.call('HDEL', K_J, id)
+end
+if at <= now then
+  redis.call('HSET', K_J, id, rec)
+  push_ready(id, q, false)
+else
+  put_timer(id, rec, at)
+  bump(K_G, 's:' .. q)
+  if head == nil or at < head then wake_scheduler() end
+end
+bump(K_C, 'rescheduled:' .. q)
+flush_bumps()
+publish_ready()
+return 1

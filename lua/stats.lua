@@ -1,0 +1,17 @@
+-- stats: read a partition's gauges and counters atomically (no state change).
+-- KEYS: the 13 partition keys (see _lib.lua).
+-- ARGV: 1-3 common.
+-- Returns: {gauges (flat field/value list), counters (flat list), ready lengths (flat queue/len
+--          list), earliest due ms or -1, timers total, in-flight total, dead total, epoch}.
+local queues = {}
+local q = redis.call('HGETALL', K_Q)
+for i = 1, #q, 2 do
+  if string.sub(q[i], 1, 2) == 'n:' then
+    local name = string.sub(q[i], 3)
+    queues[#queues + 1] = name
+    queues[#queues + 1] = redis.call('LLEN', PREFIX .. 'r:' .. name)
+  end
+end
+return {redis.call('HGETALL', K_G), redis.call('HGETALL', K_C), queues, head_score() or -1,
+        redis.call('ZCARD', K_T), redis.call('ZCARD', K_I), redis.call('ZCARD', K_D),
+        redis.call('HGET', K_META, 'epoch') or '0'}

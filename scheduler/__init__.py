@@ -1,0 +1,17 @@
+"""zsched: a distributed job scheduler on Redis sorted sets, with etcd-leased scheduler replicas.
+
+Producer API::
+
+    from scheduler import Client
+    client = Client.from_url("redis://127.0.0.1:6379/0", namespace="zsched")
+    job_id = client.schedule(timedelta(hours=4), {"to": "a@example.com"}, queue="emails")
+"""
+from .client import AsyncClient, Client
+from .errors import ConfigError, EpochRefused, PayloadError, ScriptError, ZschedError
+from .keys import Keyspace
+from .models import JobError, JobInfo, JobState
+
+__all__ = [
+    "AsyncClient", "Client", "ConfigError", "EpochRefused", "JobError", "JobInfo", "JobState", "Keyspace",
+    "PayloadError", "ScriptError", "ZschedError",
+]

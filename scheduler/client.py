@@ -1,0 +1,455 @@
+"""Producer client: ``Client`` (blocking, redis-py) and ``AsyncClient`` (redis.asyncio).
+
+Both share :class:`_Core`, which validates input, builds script calls and parses replies, so the
+two differ only in how they talk to Redis.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import defaultdict
+from typing import Any, Iterable, Sequence
+
+import redis
+import redis.asyncio as aredis
+
+from . import codec, config
+from .codec import build_record, decode_record, finite_number, pack_payload, unpack_payload
+from .errors import ScriptError
+from .ids import ID_BYTES, IdGenerator, decode_id, encode_id, partition_of
+from .keys import Keyspace, validate_name
+from .models import JobError, JobInfo, JobState
+from .scripts import AsyncScripts, Scripts
+from .timeutil import MAX_MS, ms_to_datetime, to_ms
+
+BATCH = 1000  # jobs per schedule script call: bounded work per EVALSHA
+MISFIRE_POLICIES = ("run_late", "skip")
+DEFAULT_SKIP_GRACE = 60.0
+_PLACEHOLDER_Q = b"\x00\x00"
+
+
+def parse_error(blob: bytes | None) -> JobError | None:
+    """Decode an error blob ``at NUL type NUL message NUL traceback``."""
+    if not blob:
+        return None
+    parts = blob.split(b"\0", 3) + [b""] * 4
+    try:
+        at = ms_to_datetime(int(parts[0]))
+    except ValueError:
+        at = None
+    d = lambda b: b.decode("utf-8", "replace")  # noqa: E731
+    return JobError(at, d(parts[1]), d(parts[2]), d(parts[3]))
+
+
+def error_arg(etype: str, message: str, tb: str = "", limit: int = 4096) -> bytes:
+    """Build the error argument of ``fail`` (bounded; NULs removed so the format stays parseable)."""
+    etype, message, tb = (s.replace("\0", " ") for s in (etype, message, tb))
+    etype = etype[:200]
+    message = message[: max(0, limit - len(etype))]
+    tb = tb[-max(0, limit - len(etype) - len(message)):] if limit - len(etype) - len(message) > 0 else ""
+    return f"{etype}\0{message}\0{tb}".encode("utf-8", "replace")
+
+
+class _Core:
+    """Transport-independent half of the client."""
+
+    def __init__(self, keyspace: Keyspace, *, max_payload_bytes: int, tombstone_ttl: float) -> None:
+        self.ks = keyspace
+        self.max_payload = int(max_payload_bytes)
+        if tombstone_ttl < 0 or not math.isfinite(tombstone_ttl):
+            raise ValueError(f"tombstone_ttl must be >= 0 seconds, got {tombstone_ttl!r}")
+        self.tomb_ms = int(tombstone_ttl * 1000)
+        self.ids = IdGenerator()
+        self.chan = keyspace.namespace + ":"
+        self._keys = [keyspace.partition_keys(p) for p in range(keyspace.partitions)]
+        self._common = [[keyspace.prefix(p), self.chan, str(p)] for p in range(keyspace.partitions)]
+
+    # -- call building -------------------------------------------------------------------------
+    def call(self, name: str, partition: int, *args: Any) -> tuple[str, list[str], list[Any]]:
+        return name, self._keys[partition], self._common[partition] + list(args)
+
+    def job_options(
+        self, *, queue: str, max_attempts: int, lease: float, misfire: str, misfire_grace: float | None,
+        backoff: tuple[float, float] | None, jitter: float,
+    ) -> dict[str, Any]:
+        """Validate the per-job options once (shared by every job of a schedule_many)."""
+        validate_name("queue", queue)
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+            raise TypeError(f"max_attempts must be an int, got {type(max_attempts).__name__}")
+        if not 1 <= max_attempts <= codec.MAX_ATTEMPTS_LIMIT:
+            raise ValueError(f"max_attempts must be from 1 to {codec.MAX_ATTEMPTS_LIMIT}, got {max_attempts}")
+        lease_s = finite_number("lease", lease)
+        if not 0.1 <= lease_s <= 7 * 86400:
+            raise ValueError(f"lease must be from 0.1 to 604800 seconds (7 days), got {lease!r}")
+        if misfire not in MISFIRE_POLICIES:
+            raise ValueError(f"misfire must be one of {MISFIRE_POLICIES}, got {misfire!r}")
+        grace_ms = 0
+        if misfire == "skip":
+            g = DEFAULT_SKIP_GRACE if misfire_grace is None else finite_number("misfire_grace", misfire_grace)
+            if not 0 <= g <= 49 * 86400:
+                raise ValueError(f"misfire_grace must be from 0 to 4233600 seconds (49 days), got {misfire_grace!r}")
+            grace_ms = int(g * 1000)
+        elif misfire_grace is not None:
+            raise ValueError("misfire_grace only applies to misfire='skip'; remove it or set misfire='skip'")
+        bb, bc = codec.DEFAULT_BACKOFF_BASE_MS, codec.DEFAULT_BACKOFF_CAP_MS
+        if backoff is not None:
+            if not isinstance(backoff, (tuple, list)) or len(backoff) != 2:
+                raise TypeError("backoff must be a (base_seconds, cap_seconds) pair")
+            b = finite_number("backoff base", backoff[0])
+            c = finite_number("backoff cap", backoff[1])
+            if not (0 < b <= c <= 30 * 86400):
+                raise ValueError(f"backoff must satisfy 0 < base <= cap <= 30 days, got {backoff!r}")
+            bb, bc = int(b * 1000), int(c * 1000)
+        j = finite_number("jitter", jitter)
+        if j < 0:
+            raise ValueError(f"jitter must be >= 0 seconds, got {jitter!r}")
+        return dict(queue=queue, max_attempts=max_attempts, lease_ms=max(1, int(round(lease_s * 1000))),
+                    misfire_skip=misfire == "skip", misfire_grace_ms=grace_ms,
+                    backoff_base_ms=bb, backoff_cap_ms=bc, jitter_ms=int(j * 1000))
+
+    def validate_key(self, key: object) -> str | None:
+        if key is None:
+            return None
+        if not isinstance(key, str):
+            raise TypeError(f"key must be a str or None, got {type(key).__name__}")
+        n = len(key.encode("utf-8"))
+        if not 1 <= n <= codec.MAX_KEY_BYTES:
+            raise ValueError(f"key must be 1-{codec.MAX_KEY_BYTES} bytes of UTF-8, got {n} bytes")
+        return key
+
+    def prepare(self, items: Iterable[Sequence[Any]], opts: dict[str, Any]) -> tuple[list[tuple], list[list[int]]]:
+        """Validate every job, then build the schedule calls. Nothing is written if any job is bad."""
+        now_s = time.time()
+        created = int(now_s)
+        parts = self.ks.partitions
+        jitter_ms = opts["jitter_ms"]
+        rec_opts = {k: opts[k] for k in ("max_attempts", "lease_ms", "misfire_skip", "misfire_grace_ms",
+                                         "backoff_base_ms", "backoff_cap_ms")}
+        by_part: dict[int, list[Any]] = defaultdict(list)
+        order: dict[int, list[int]] = defaultdict(list)
+        new_id = self.ids.new
+        for n, item in enumerate(items):
+            if len(item) == 2:
+                at, payload = item
+                key = None
+            elif len(item) == 3:
+                at, payload, key = item
+                key = self.validate_key(key)
+            else:
+                raise ValueError(f"job {n}: expected (at, payload) or (at, payload, key), got {len(item)} items")
+            ms = to_ms(at, now=now_s)
+            if jitter_ms:
+                ms = min(MAX_MS, ms + random.randint(0, jitter_ms))
+            data = pack_payload(payload, self.max_payload)
+            rec = build_record(data, created_s=created, key=key, **rec_opts)
+            raw, p = new_id(ms, parts, key)
+            lst = by_part[p]
+            lst.append(raw + rec)  # placeholder queue index = first 2 bytes of the record (0)
+            lst.append(ms)
+            lst.append(key if key is not None else "")
+            order[p].append(n)
+        calls: list[tuple] = []
+        positions: list[list[int]] = []
+        for p, flat in by_part.items():
+            idx = order[p]
+            for s in range(0, len(idx), BATCH):
+                chunk = flat[s * 3 : (s + BATCH) * 3]
+                calls.append(self.call("schedule", p, opts["queue"], self.tomb_ms, len(chunk) // 3, *chunk))
+                positions.append(idx[s : s + BATCH])
+        return calls, positions
+
+    @staticmethod
+    def collect_ids(replies: list[Any], positions: list[list[int]], total: int) -> list[str]:
+        out: list[str] = [""] * total
+        for reply, pos in zip(replies, positions):
+            if len(reply) != len(pos):
+                raise ScriptError(f"schedule returned {len(reply)} ids for {len(pos)} jobs")
+            for n, raw in zip(pos, reply):
+                out[n] = encode_id(raw)
+        return out
+
+    def locate(self, job_id: str) -> tuple[bytes, int]:
+        raw = decode_id(job_id)
+        p = partition_of(raw)
+        if p >= self.ks.partitions:
+            raise ValueError(f"job id {job_id!r} names partition {p}, but the namespace has {self.ks.partitions}")
+        return raw, p
+
+    def job_info(self, job_id: str, reply: list[Any]) -> JobInfo | None:
+        if not reply:
+            return None
+        state = JobState(reply[0].decode())
+        rec_b, score, token, err, qname = reply[1:6]
+        score_ms = int(float(score)) if score is not None else None
+        if rec_b is None:
+            return JobInfo(id=job_id, state=state, expires_at=ms_to_datetime(score_ms))
+        rec = decode_record(rec_b)
+        try:
+            payload = unpack_payload(rec.payload_bytes, self.max_payload)
+        except Exception as exc:  # a poison body must not make get() unusable
+            payload = {"_undecodable": str(exc)}
+        return JobInfo(
+            id=job_id, state=state, queue=qname.decode() if qname else None, key=rec.key,
+            run_at=ms_to_datetime(score_ms) if state is JobState.SCHEDULED else None,
+            attempts=rec.attempt, max_attempts=rec.max_attempts, created=ms_to_datetime(rec.created * 1000),
+            lease_deadline=ms_to_datetime(score_ms) if state is JobState.RUNNING else None,
+            fence=int(token) if token is not None else None,
+            died_at=ms_to_datetime(score_ms) if state is JobState.DEAD else None,
+            last_error=parse_error(err), payload=payload,
+        )
+
+    def dead_infos(self, replies: list[list[Any]], limit: int) -> list[JobInfo]:
+        out = []
+        for p, flat in enumerate(replies):
+            for i in range(0, len(flat), 5):
+                raw, rec_b, died, err, qname = flat[i : i + 5]
+                info = self.job_info(encode_id(raw), [b"dead", rec_b, died, None, err, qname])
+                if info:
+                    out.append(info)
+        out.sort(key=lambda j: j.died_at or 0, reverse=True)
+        return out[:limit]
+
+    @staticmethod
+    def merge_stats(replies: list[list[Any]]) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+
+        def q(name: str) -> dict[str, int]:
+            return out.setdefault(name, {"scheduled": 0, "ready": 0, "running": 0, "dead": 0})
+
+        names = {"s": "scheduled", "a": "running", "d": "dead"}
+        for reply in replies:
+            gauges, _counters, ready = reply[0], reply[1], reply[2]
+            for i in range(0, len(gauges), 2):
+                kind, _, name = gauges[i].decode().partition(":")
+                if kind in names:
+                    q(name)[names[kind]] += int(gauges[i + 1])
+            for i in range(0, len(ready), 2):
+                q(ready[i].decode())["ready"] += int(ready[i + 1])
+        return out
+
+    def requeue_args(self, at: object | None) -> int:
+        return 0 if at is None else to_ms(at)
+
+
+def _core_kwargs(max_payload_bytes: int, tombstone_ttl: float) -> dict[str, Any]:
+    if isinstance(max_payload_bytes, bool) or not isinstance(max_payload_bytes, int) or max_payload_bytes < 1:
+        raise ValueError(f"max_payload_bytes must be a positive int, got {max_payload_bytes!r}")
+    return dict(max_payload_bytes=max_payload_bytes, tombstone_ttl=finite_number("tombstone_ttl", tombstone_ttl))
+
+
+_SCHEDULE_DOC = """Schedule one job; returns its id.
+
+        ``at``: aware datetime, timedelta from now, or epoch seconds. ``key``: idempotency key; while a
+        job with that key is live, scheduling again returns the existing id and writes nothing.
+        ``misfire``: ``run_late`` (default) or ``skip`` (drop it when it comes due more than
+        ``misfire_grace`` seconds late, default 60). ``jitter``: spread run_at uniformly over
+        [at, at + jitter] seconds. ``backoff``: (base, cap) seconds for retries."""
+
+
+class Client:
+    """Blocking producer client. Thread-safe (redis-py connection pool)."""
+
+    def __init__(self, redis_client: redis.Redis, *, namespace: str | None = None, partitions: int | None = None,
+                 max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD, tombstone_ttl: float = 3600.0) -> None:
+        ns = config.namespace(namespace)
+        want = config.partitions(partitions)
+        cfg = Keyspace(ns, 1).config_key
+        redis_client.hsetnx(cfg, "partitions", want or config.DEFAULT_PARTITIONS)
+        count = config.resolve_partitions(redis_client.hget(cfg, "partitions"), want, ns)
+        self.redis = redis_client
+        self.keyspace = Keyspace(ns, count)
+        self._core = _Core(self.keyspace, **_core_kwargs(max_payload_bytes, tombstone_ttl))
+        self._scripts = Scripts(redis_client)
+
+    @classmethod
+    def from_url(cls, url: str | None = None, **kwargs: Any) -> "Client":
+        """Connect with a ``redis://`` / ``rediss://`` URL (user:password@ for ACL); default ZSCHED_REDIS_URL."""
+        return cls(redis.Redis.from_url(config.redis_url(url)), **kwargs)
+
+    def close(self) -> None:
+        self.redis.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def schedule(self, at: Any, payload: Any = None, *, queue: str = "default", key: str | None = None,
+                 max_attempts: int = 5, lease: float = 30.0, misfire: str = "run_late",
+                 misfire_grace: float | None = None, backoff: tuple[float, float] | None = None,
+                 jitter: float = 0.0) -> str:
+        opts = self._core.job_options(queue=queue, max_attempts=max_attempts, lease=lease, misfire=misfire,
+                                      misfire_grace=misfire_grace, backoff=backoff, jitter=jitter)
+        calls, pos = self._core.prepare([(at, payload, key)], opts)
+        return self._core.collect_ids([self._scripts.call(*calls[0])], pos, 1)[0]
+
+    schedule.__doc__ = _SCHEDULE_DOC
+
+    def schedule_many(self, jobs: Iterable[Sequence[Any]], *, queue: str = "default", max_attempts: int = 5,
+                      lease: float = 30.0, misfire: str = "run_late", misfire_grace: float | None = None,
+                      backoff: tuple[float, float] | None = None, jitter: float = 0.0) -> list[str]:
+        """Schedule many ``(at, payload)`` or ``(at, payload, key)`` jobs in one pipelined round trip
+        (one script call per partition and 1000 jobs); returns ids in input order. Every job is
+        validated before anything is written."""
+        items = list(jobs)
+        opts = self._core.job_options(queue=queue, max_attempts=max_attempts, lease=lease, misfire=misfire,
+                                      misfire_grace=misfire_grace, backoff=backoff, jitter=jitter)
+        calls, pos = self._core.prepare(items, opts)
+        if not calls:
+            return []
+        return self._core.collect_ids(self._scripts.call_many(calls), pos, len(items))
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a scheduled or ready job. False if unknown, finished, running or dead."""
+        raw, p = self._core.locate(job_id)
+        return self._scripts.call(*self._core.call("cancel", p, raw, self._core.tomb_ms)) == 1
+
+    def reschedule(self, job_id: str, at: Any) -> bool:
+        """Move a scheduled or ready job to a new time. False if unknown, running or dead."""
+        ms = to_ms(at)
+        raw, p = self._core.locate(job_id)
+        return self._scripts.call(*self._core.call("reschedule", p, raw, ms)) == 1
+
+    def get(self, job_id: str) -> JobInfo | None:
+        raw, p = self._core.locate(job_id)
+        return self._core.job_info(job_id, self._scripts.call(*self._core.call("inspect", p, raw)))
+
+    def dead(self, queue: str | None = None, limit: int = 100) -> list[JobInfo]:
+        """Newest dead-lettered jobs across partitions (optionally of one queue)."""
+        if queue is not None:
+            validate_name("queue", queue)
+        calls = [self._core.call("dead_list", p, queue or "", limit, 10 * limit + 1000)
+                 for p in range(self.keyspace.partitions)]
+        return self._core.dead_infos(self._scripts.call_many(calls), limit)
+
+    def requeue(self, job_id: str, at: Any = None) -> bool:
+        """Bring a dead job back (attempts reset), now or at ``at``. False if it is not dead, so a
+        second requeue of the same job does nothing."""
+        ms = self._core.requeue_args(at)
+        raw, p = self._core.locate(job_id)
+        return self._scripts.call(*self._core.call("requeue", p, ms, raw))[0] == 1
+
+    def purge(self, job_id: str) -> bool:
+        """Delete a dead job for good."""
+        raw, p = self._core.locate(job_id)
+        return self._scripts.call(*self._core.call("purge", p, "ids", 0, raw)) == 1
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Per queue: counts of scheduled, ready, running and dead jobs."""
+        calls = [self._core.call("stats", p) for p in range(self.keyspace.partitions)]
+        return self._core.merge_stats(self._scripts.call_many(calls))
+
+
+class AsyncClient:
+    """asyncio producer client (redis.asyncio). Same methods as :class:`Client`, as coroutines.
+
+    The namespace's partition count is read on first use (or ``await connect()``); a mismatch with
+    an explicit ``partitions`` raises ConfigError there.
+    """
+
+    def __init__(self, redis_client: aredis.Redis, *, namespace: str | None = None, partitions: int | None = None,
+                 max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD, tombstone_ttl: float = 3600.0) -> None:
+        self.redis = redis_client
+        self._ns = config.namespace(namespace)
+        self._want = config.partitions(partitions)
+        self._kw = _core_kwargs(max_payload_bytes, tombstone_ttl)
+        self._core_obj: _Core | None = None
+        self._scripts = AsyncScripts(redis_client)
+
+    @classmethod
+    def from_url(cls, url: str | None = None, **kwargs: Any) -> "AsyncClient":
+        return cls(aredis.Redis.from_url(config.redis_url(url)), **kwargs)
+
+    async def connect(self) -> "AsyncClient":
+        if self._core_obj is None:
+            cfg = Keyspace(self._ns, 1).config_key
+            await self.redis.hsetnx(cfg, "partitions", self._want or config.DEFAULT_PARTITIONS)
+            count = config.resolve_partitions(await self.redis.hget(cfg, "partitions"), self._want, self._ns)
+            self._core_obj = _Core(Keyspace(self._ns, count), **self._kw)
+        return self
+
+    @property
+    def keyspace(self) -> Keyspace:
+        if self._core_obj is None:
+            raise RuntimeError("AsyncClient not connected yet: await client.connect() first")
+        return self._core_obj.ks
+
+    async def _core(self) -> _Core:
+        if self._core_obj is None:
+            await self.connect()
+        assert self._core_obj is not None
+        return self._core_obj
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return await self.connect()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def schedule(self, at: Any, payload: Any = None, *, queue: str = "default", key: str | None = None,
+                       max_attempts: int = 5, lease: float = 30.0, misfire: str = "run_late",
+                       misfire_grace: float | None = None, backoff: tuple[float, float] | None = None,
+                       jitter: float = 0.0) -> str:
+        core = await self._core()
+        opts = core.job_options(queue=queue, max_attempts=max_attempts, lease=lease, misfire=misfire,
+                                misfire_grace=misfire_grace, backoff=backoff, jitter=jitter)
+        calls, pos = core.prepare([(at, payload, key)], opts)
+        return core.collect_ids([await self._scripts.call(*calls[0])], pos, 1)[0]
+
+    schedule.__doc__ = _SCHEDULE_DOC
+
+    async def schedule_many(self, jobs: Iterable[Sequence[Any]], *, queue: str = "default", max_attempts: int = 5,
+                            lease: float = 30.0, misfire: str = "run_late", misfire_grace: float | None = None,
+                            backoff: tuple[float, float] | None = None, jitter: float = 0.0) -> list[str]:
+        core = await self._core()
+        items = list(jobs)
+        opts = core.job_options(queue=queue, max_attempts=max_attempts, lease=lease, misfire=misfire,
+                                misfire_grace=misfire_grace, backoff=backoff, jitter=jitter)
+        calls, pos = core.prepare(items, opts)
+        if not calls:
+            return []
+        return core.collect_ids(await self._scripts.call_many(calls), pos, len(items))
+
+    async def cancel(self, job_id: str) -> bool:
+        core = await self._core()
+        raw, p = core.locate(job_id)
+        return await self._scripts.call(*core.call("cancel", p, raw, core.tomb_ms)) == 1
+
+    async def reschedule(self, job_id: str, at: Any) -> bool:
+        core = await self._core()
+        ms = to_ms(at)
+        raw, p = core.locate(job_id)
+        return await self._scripts.call(*core.call("reschedule", p, raw, ms)) == 1
+
+    async def get(self, job_id: str) -> JobInfo | None:
+        core = await self._core()
+        raw, p = core.locate(job_id)
+        return core.job_info(job_id, await self._scripts.call(*core.call("inspect", p, raw)))
+
+    async def dead(self, queue: str | None = None, limit: int = 100) -> list[JobInfo]:
+        core = await self._core()
+        if queue is not None:
+            validate_name("queue", queue)
+        calls = [core.call("dead_list", p, queue or "", limit, 10 * limit + 1000) for p in range(core.ks.partitions)]
+        return core.dead_infos(await self._scripts.call_many(calls), limit)
+
+    async def requeue(self, job_id: str, at: Any = None) -> bool:
+        core = await self._core()
+        ms = core.requeue_args(at)
+        raw, p = core.locate(job_id)
+        return (await self._scripts.call(*core.call("requeue", p, ms, raw)))[0] == 1
+
+    async def purge(self, job_id: str) -> bool:
+        core = await self._core()
+        raw, p = core.locate(job_id)
+        return await self._scripts.call(*core.call("purge", p, "ids", 0, raw)) == 1
+
+    async def stats(self) -> dict[str, dict[str, int]]:
+        core = await self._core()
+        calls = [core.call("stats", p) for p in range(core.ks.partitions)]
+        return core.merge_stats(await self._scripts.call_many(calls))

@@ -1,0 +1,166 @@
+"""Job records: the compact binary body stored in Redis, and bounded msgpack for payloads.
+
+Record layout (big-endian), designed so Lua reads it at fixed offsets without a msgpack parser:
+
+  [0:2] queue index (interned per partition)   [2] attempt (claims so far)   [3] max_attempts
+  [4]   flags                                    [5:9] created, epoch seconds
+  then, in this order, only when the flag is set:
+  F_SKIP   uint32 misfire grace ms      F_LEASE  uint32 lease ms (default 30 000)
+  F_KEY    uint8 length + key bytes     F_OPTS   uint16 length + msgpack map (backoff, ...)
+  then the payload, msgpack.
+
+With a 98-byte payload a timer member (15-byte id + 9-byte header + payload) is 122 bytes, which
+fits jemalloc's 128-byte class: see docs/architecture.md for the byte budget.
+"""
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from .errors import PayloadError
+
+F_SKIP = 1
+F_OPTS = 2
+F_KEY = 4
+F_LEASE = 8
+
+DEFAULT_LEASE_MS = 30_000
+DEFAULT_BACKOFF_BASE_MS = 1_000
+DEFAULT_BACKOFF_CAP_MS = 3_600_000
+DEFAULT_MAX_PAYLOAD = 512 * 1024
+MAX_ATTEMPTS_LIMIT = 255
+MAX_KEY_BYTES = 200
+
+_HDR = struct.Struct(">HBBBI")
+_U32 = struct.Struct(">I")
+_U16 = struct.Struct(">H")
+HEADER_SIZE = _HDR.size  # 9
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A decoded job record (queue index, not name: names are per-partition interned)."""
+
+    queue_index: int
+    attempt: int
+    max_attempts: int
+    created: int
+    misfire_skip: bool
+    misfire_grace_ms: int
+    lease_ms: int
+    key: str | None
+    backoff_base_ms: int
+    backoff_cap_ms: int
+    payload_bytes: bytes
+
+
+def pack_payload(payload: Any, limit: int) -> bytes:
+    """Encode a payload with msgpack; clear errors for unencodable or oversized payloads."""
+    try:
+        data = msgpack.packb(payload, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise PayloadError(
+            f"payload cannot be encoded with msgpack ({exc}); expected None, bool, int, float, str, "
+            "bytes, lists/tuples and dicts of those (no pickle: convert objects to plain data)"
+        ) from None
+    if len(data) > limit:
+        raise PayloadError(
+            f"payload is {len(data)} bytes encoded, over the limit of {limit} bytes; store large data "
+            "elsewhere and pass a reference, or raise max_payload_bytes"
+        )
+    return data
+
+
+def unpack_payload(data: bytes, limit: int = DEFAULT_MAX_PAYLOAD) -> Any:
+    """Decode a payload with bounded sizes (a corrupt or hostile body cannot allocate unbounded memory)."""
+    if len(data) > limit:
+        raise PayloadError(f"stored payload is {len(data)} bytes, over the limit of {limit}")
+    try:
+        return msgpack.unpackb(
+            data, raw=False, strict_map_key=False,
+            max_str_len=limit, max_bin_len=limit, max_array_len=limit, max_map_len=limit // 2 + 1,
+            max_ext_len=limit,
+        )
+    except Exception as exc:  # msgpack raises several types (ExtraData, FormatError, ValueError...)
+        raise PayloadError(f"stored payload is not valid msgpack: {type(exc).__name__}: {exc}") from None
+
+
+def build_record(
+    payload_bytes: bytes,
+    *,
+    max_attempts: int,
+    created_s: int,
+    misfire_skip: bool = False,
+    misfire_grace_ms: int = 0,
+    lease_ms: int = DEFAULT_LEASE_MS,
+    key: str | None = None,
+    backoff_base_ms: int = DEFAULT_BACKOFF_BASE_MS,
+    backoff_cap_ms: int = DEFAULT_BACKOFF_CAP_MS,
+    queue_index: int = 0,
+    attempt: int = 0,
+) -> bytes:
+    """Assemble a record. Inputs are assumed validated by the caller (see client.validate_*)."""
+    flags = 0
+    tail = []
+    if misfire_skip:
+        flags |= F_SKIP
+        tail.append(_U32.pack(misfire_grace_ms))
+    if lease_ms != DEFAULT_LEASE_MS:
+        flags |= F_LEASE
+        tail.append(_U32.pack(lease_ms))
+    if key is not None:
+        kb = key.encode("utf-8")
+        flags |= F_KEY
+        tail.append(bytes((len(kb),)) + kb)
+    if backoff_base_ms != DEFAULT_BACKOFF_BASE_MS or backoff_cap_ms != DEFAULT_BACKOFF_CAP_MS:
+        opts = msgpack.packb({"bb": backoff_base_ms, "bc": backoff_cap_ms})
+        flags |= F_OPTS
+        tail.append(_U16.pack(len(opts)) + opts)
+    head = _HDR.pack(queue_index, attempt, max_attempts, flags, created_s)
+    if tail:
+        return head + b"".join(tail) + payload_bytes
+    return head + payload_bytes
+
+
+def decode_record(rec: bytes) -> Record:
+    """Parse a record; raises PayloadError if it is truncated or malformed (poison body)."""
+    try:
+        q, attempt, max_attempts, flags, created = _HDR.unpack_from(rec, 0)
+        pos = HEADER_SIZE
+        grace = 0
+        lease = DEFAULT_LEASE_MS
+        key = None
+        bb, bc = DEFAULT_BACKOFF_BASE_MS, DEFAULT_BACKOFF_CAP_MS
+        if flags & F_SKIP:
+            (grace,) = _U32.unpack_from(rec, pos)
+            pos += 4
+        if flags & F_LEASE:
+            (lease,) = _U32.unpack_from(rec, pos)
+            pos += 4
+        if flags & F_KEY:
+            n = rec[pos]
+            key = rec[pos + 1 : pos + 1 + n].decode("utf-8")
+            pos += 1 + n
+        if flags & F_OPTS:
+            (n,) = _U16.unpack_from(rec, pos)
+            opts = msgpack.unpackb(rec[pos + 2 : pos + 2 + n], max_str_len=n, max_map_len=n)
+            bb, bc = int(opts.get("bb", bb)), int(opts.get("bc", bc))
+            pos += 2 + n
+        if pos > len(rec):
+            raise ValueError("truncated")
+    except Exception as exc:
+        raise PayloadError(f"job record is malformed ({type(exc).__name__}: {exc})") from None
+    return Record(q, attempt, max_attempts, created, bool(flags & F_SKIP), grace, lease, key, bb, bc, rec[pos:])
+
+
+def finite_number(name: str, value: object) -> float:
+    """Validate a real, finite number (bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return float(value)

@@ -1,0 +1,62 @@
+"""Settings from arguments and the environment (``ZSCHED_*``)."""
+from __future__ import annotations
+
+import os
+
+from .errors import ConfigError
+from .keys import validate_name, validate_partitions
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_NAMESPACE = "zsched"
+DEFAULT_PARTITIONS = 16
+DEFAULT_ETCD_ENDPOINTS = "127.0.0.1:2379"
+
+
+def redis_url(value: str | None = None) -> str:
+    url = value or os.environ.get("ZSCHED_REDIS_URL") or DEFAULT_REDIS_URL
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError(
+            f"Redis URL {url!r} is invalid: expected redis://[user:password@]host:port/db, rediss:// for "
+            "TLS, or unix:///path (set --redis or ZSCHED_REDIS_URL)"
+        )
+    return url
+
+
+def namespace(value: str | None = None) -> str:
+    ns = value or os.environ.get("ZSCHED_NAMESPACE") or DEFAULT_NAMESPACE
+    try:
+        return validate_name("namespace", ns)
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (set --namespace or ZSCHED_NAMESPACE)") from None
+
+
+def partitions(value: int | None = None) -> int | None:
+    """An explicit partition count (argument, else ZSCHED_PARTITIONS), or None to adopt the
+    namespace's stored count (16 for a new namespace)."""
+    if value is not None:
+        return validate_partitions(value)
+    raw = os.environ.get("ZSCHED_PARTITIONS")
+    if raw is None or raw == "":
+        return None
+    try:
+        return validate_partitions(int(raw))
+    except ValueError:
+        raise ConfigError(f"ZSCHED_PARTITIONS={raw!r} is invalid: expected an integer from 1 to 4096") from None
+
+
+def etcd_endpoints(value: str | None = None) -> str:
+    return value or os.environ.get("ZSCHED_ETCD_ENDPOINTS") or DEFAULT_ETCD_ENDPOINTS
+
+
+def resolve_partitions(stored: bytes | str | None, wanted: int | None, ns: str) -> int:
+    """Compare the namespace's stored partition count with the requested one."""
+    if stored is None:
+        return wanted or DEFAULT_PARTITIONS
+    have = int(stored)
+    if wanted is not None and wanted != have:
+        raise ConfigError(
+            f"namespace {ns!r} was created with {have} partitions, but this process was started with "
+            f"{wanted}; the count is fixed per namespace. Use {have} (unset ZSCHED_PARTITIONS or pass "
+            f"partitions={have}), or a new namespace"
+        )
+    return have

@@ -1,0 +1,125 @@
+"""Lua script loader: reads ``lua/*.lua`` from the installed package, prepends ``_lib.lua`` and
+calls scripts by SHA (EVALSHA), loading them again transparently on NOSCRIPT (e.g. after a Redis
+restart or failover), also inside pipelines."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Sequence
+
+from redis.exceptions import NoScriptError, ResponseError
+
+SCRIPT_NAMES = (
+    "schedule", "tick", "claim", "ack", "fail", "extend", "release", "reap",
+    "cancel", "reschedule", "requeue", "purge", "inspect", "stats", "dead_list",
+)
+
+
+@dataclass(frozen=True)
+class Script:
+    name: str
+    source: str
+    sha: str
+
+
+@lru_cache(maxsize=1)
+def load_scripts() -> dict[str, Script]:
+    """All scripts, read once from the package data (``scheduler.lua``)."""
+    pkg = resources.files("scheduler.lua")
+    lib = pkg.joinpath("_lib.lua").read_text("utf-8")
+    out: dict[str, Script] = {}
+    for name in SCRIPT_NAMES:
+        body = pkg.joinpath(f"{name}.lua").read_text("utf-8")
+        src = lib + "\n" + body
+        out[name] = Script(name, src, hashlib.sha1(src.encode("utf-8")).hexdigest())
+    return out
+
+
+def _is_noscript(exc: BaseException) -> bool:
+    return isinstance(exc, NoScriptError) or (isinstance(exc, ResponseError) and str(exc).startswith("NOSCRIPT"))
+
+
+class Scripts:
+    """Runs scripts on a redis-py client (sync) with EVALSHA and NOSCRIPT recovery."""
+
+    def __init__(self, redis: Any) -> None:
+        self.redis = redis
+        self.by_name = load_scripts()
+
+    def call(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        s = self.by_name[name]
+        try:
+            return self.redis.evalsha(s.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            self.redis.script_load(s.source)
+            return self.redis.evalsha(s.sha, len(keys), *keys, *args)
+
+    def call_many(self, calls: Sequence[tuple[str, Sequence[Any], Sequence[Any]]]) -> list[Any]:
+        """Pipeline several script calls in one round trip; NOSCRIPT ones are loaded and re-sent
+        (a command refused with NOSCRIPT did not run, so re-sending it cannot apply it twice)."""
+        results: list[Any] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        for _ in range(2):
+            pipe = self.redis.pipeline(transaction=False)
+            for i in pending:
+                name, keys, args = calls[i]
+                pipe.evalsha(self.by_name[name].sha, len(keys), *keys, *args)
+            replies = pipe.execute(raise_on_error=False)
+            missing: list[int] = []
+            for i, r in zip(pending, replies):
+                if isinstance(r, Exception) and _is_noscript(r):
+                    missing.append(i)
+                else:
+                    results[i] = r
+            if not missing:
+                break
+            for name in {calls[i][0] for i in missing}:
+                self.redis.script_load(self.by_name[name].source)
+            pending = missing
+        for r in results:
+            if isinstance(r, Exception):
+                raise r
+        return results
+
+
+class AsyncScripts:
+    """The asyncio twin of :class:`Scripts` (redis.asyncio client)."""
+
+    def __init__(self, redis: Any) -> None:
+        self.redis = redis
+        self.by_name = load_scripts()
+
+    async def call(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        s = self.by_name[name]
+        try:
+            return await self.redis.evalsha(s.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            await self.redis.script_load(s.source)
+            return await self.redis.evalsha(s.sha, len(keys), *keys, *args)
+
+    async def call_many(self, calls: Sequence[tuple[str, Sequence[Any], Sequence[Any]]]) -> list[Any]:
+        results: list[Any] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        for _ in range(2):
+            pipe = self.redis.pipeline(transaction=False)
+            for i in pending:
+                name, keys, args = calls[i]
+                pipe.evalsha(self.by_name[name].sha, len(keys), *keys, *args)
+            replies = await pipe.execute(raise_on_error=False)
+            missing: list[int] = []
+            for i, r in zip(pending, replies):
+                if isinstance(r, Exception) and _is_noscript(r):
+                    missing.append(i)
+                else:
+                    results[i] = r
+            if not missing:
+                break
+            for name in {calls[i][0] for i in missing}:
+                await self.redis.script_load(self.by_name[name].source)
+            pending = missing
+        for r in results:
+            if isinstance(r, Exception):
+                raise r
+        return results
