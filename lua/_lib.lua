@@ -3,7 +3,7 @@
 --
 -- Common calling convention of partition scripts:
 --   KEYS[1..13] = the partition's keys, in scheduler/keys.py PARTITION_KEYS order:
---     t (timers zset), m (moved hash), j (bodies hash), i (in-flight zset), l (lease tokens hash),
+--     t (timers zset), m (moved hash), j (bodies hash: due(6) .. record), i (in-flight zset), l (lease tokens hash),
 --     d (dead zset), e (errors hash), k (idempotency keys hash), x (tombstones zset),
 --     q (queue names hash), g (gauges hash), c (counters hash), meta (fence, epoch)
 --   ARGV[1] = partition key prefix "{ns:p}:"  (ready lists are PREFIX .. "r:" .. queue, same slot)
@@ -32,6 +32,10 @@ local function u32(s, i)
 end
 local function u48(s, i) return u16(s, i) * 4294967296 + u32(s, i + 2) end
 local function p16(n) return string.char(math.floor(n / 256), n % 256) end
+local function p32(n)
+  return string.char(math.floor(n / 16777216) % 256, math.floor(n / 65536) % 256, math.floor(n / 256) % 256, n % 256)
+end
+local function p48(n) return p16(math.floor(n / 4294967296)) .. p32(n % 4294967296) end
 local function flag(flags, bitv) return math.floor(flags / bitv) % 2 == 1 end
 
 -- Record accessors; layout in scheduler/codec.py (1-based offsets here).
@@ -52,6 +56,14 @@ local function rec_opts(rec)
 end
 local function rec_with_attempt(rec, a)
   return string.sub(rec, 1, 2) .. string.char(a) .. string.sub(rec, 4)
+end
+
+-- 'j' values are: due ms (6 bytes, when the job became due: fire time of this attempt) .. record
+local function jval(rec, due) return p48(due) .. rec end
+local function jget(id)
+  local v = redis.call('HGET', K_J, id)
+  if not v then return nil end
+  return string.sub(v, 7), u48(v, 1)
 end
 
 -- Byte-wise id comparison: Lua's '<' on strings uses strcoll, which is locale dependent.

@@ -14,7 +14,7 @@ for b = 5, #ARGV, 2 do
   if redis.call('HGET', K_L, id) ~= token then
     out[#out + 1] = 0
   else
-    local rec = redis.call('HGET', K_J, id)
+    local rec = jget(id)
     redis.call('ZREM', K_I, id)
     redis.call('HDEL', K_L, id)
     redis.call('HDEL', K_J, id)

@@ -14,7 +14,7 @@ if member then
   remove_timer(id, member)
   bump(K_G, 's:' .. (queue_name(rec_qidx(rec)) or '?'), -1)
 else
-  rec = redis.call('HGET', K_J, id)
+  rec = jget(id)
   if not rec then return 0 end
   if redis.call('ZSCORE', K_I, id) then return -1 end
   if redis.call('ZSCORE', K_D, id) then return -2 end

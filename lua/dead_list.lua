@@ -9,7 +9,7 @@ while found < limit and offset < scan do
   if #ids == 0 then break end
   for i = 1, #ids, 2 do
     local id = ids[i]
-    local rec = redis.call('HGET', K_J, id)
+    local rec = jget(id)
     local q = rec and queue_name(rec_qidx(rec)) or false
     if rec and (want == '' or q == want) and found < limit then
       out[#out + 1] = id; out[#out + 1] = rec; out[#out + 1] = ids[i + 1]

@@ -8,7 +8,7 @@ local now = now_ms()
 local out = {}
 for b = 4, #ARGV, 3 do
   local id, token, lease = ARGV[b], ARGV[b + 1], tonumber(ARGV[b + 2])
-  local rec = redis.call('HGET', K_J, id)
+  local rec = jget(id)
   if redis.call('HGET', K_L, id) ~= token or not rec then
     out[#out + 1] = 0
   else

@@ -13,7 +13,7 @@ local out = {}
 local head, earliest = head_score(), nil
 for b = 4, #ARGV, 5 do
   local id, token, kind, delay, err = ARGV[b], ARGV[b + 1], ARGV[b + 2], tonumber(ARGV[b + 3]), ARGV[b + 4]
-  local rec = redis.call('HGET', K_J, id)
+  local rec = jget(id)
   if redis.call('HGET', K_L, id) ~= token or not rec then
     out[#out + 1] = 0
   else
@@ -31,6 +31,7 @@ for b = 4, #ARGV, 5 do
     else
       bump(K_C, 'retried:' .. q)
       if delay <= 0 then
+        redis.call('HSET', K_J, id, jval(rec, now))
         push_ready(id, q, false)
       else
         local at = now + delay

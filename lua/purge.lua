@@ -15,7 +15,7 @@ end
 local n = 0
 for _, id in ipairs(ids) do
   if redis.call('ZREM', K_D, id) == 1 then
-    local rec = redis.call('HGET', K_J, id)
+    local rec = jget(id)
     redis.call('HDEL', K_J, id)
     redis.call('HDEL', K_E, id)
     if rec then

@@ -15,7 +15,7 @@ local expired = redis.call('ZRANGE', K_I, '-inf', fmt(now), 'BYSCORE', 'LIMIT', 
 for _, id in ipairs(expired) do
   redis.call('ZREM', K_I, id)
   redis.call('HDEL', K_L, id)
-  local rec = redis.call('HGET', K_J, id)
+  local rec = jget(id)
   if rec then
     local q = queue_name(rec_qidx(rec)) or '?'
     local a, mx = rec_attempt(rec), rec_max(rec)
@@ -28,6 +28,7 @@ for _, id in ipairs(expired) do
       bump(K_G, 'd:' .. q)
       bump(K_C, 'dead:' .. q)
     else
+      redis.call('HSET', K_J, id, jval(rec, now))
       push_ready(id, q, false)
     end
   end

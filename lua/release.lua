@@ -7,14 +7,14 @@
 local out = {}
 for b = 4, #ARGV, 2 do
   local id, token = ARGV[b], ARGV[b + 1]
-  local rec = redis.call('HGET', K_J, id)
+  local rec, due = jget(id)
   if redis.call('HGET', K_L, id) ~= token or not rec then
     out[#out + 1] = 0
   else
     local q = queue_name(rec_qidx(rec)) or '?'
     local a = rec_attempt(rec)
     if a > 0 then rec = rec_with_attempt(rec, a - 1) end
-    redis.call('HSET', K_J, id, rec)
+    redis.call('HSET', K_J, id, jval(rec, due))
     redis.call('ZREM', K_I, id)
     redis.call('HDEL', K_L, id)
     push_ready(id, q, true)

@@ -12,7 +12,7 @@ local head, earliest = head_score(), nil
 local out = {}
 for b = 5, #ARGV do
   local id = ARGV[b]
-  local rec = redis.call('HGET', K_J, id)
+  local rec = jget(id)
   if not rec or not redis.call('ZSCORE', K_D, id) then
     out[#out + 1] = 0
   else
@@ -22,7 +22,7 @@ for b = 5, #ARGV do
     bump(K_G, 'd:' .. q, -1)
     bump(K_C, 'requeued:' .. q)
     if at <= now then
-      redis.call('HSET', K_J, id, rec)
+      redis.call('HSET', K_J, id, jval(rec, at))
       push_ready(id, q, false)
     else
       redis.call('HDEL', K_J, id)

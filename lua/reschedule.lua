@@ -14,7 +14,7 @@ if member then
   remove_timer(id, member)
   bump(K_G, 's:' .. q, -1)
 else
-  rec = redis.call('HGET', K_J, id)
+  rec = jget(id)
   if not rec then return 0 end
   if redis.call('ZSCORE', K_I, id) then return -1 end
   if redis.call('ZSCORE', K_D, id) then return -2 end
@@ -25,7 +25,7 @@ else
   redis.call('HDEL', K_J, id)
 end
 if at <= now then
-  redis.call('HSET', K_J, id, rec)
+  redis.call('HSET', K_J, id, jval(rec, at))
   push_ready(id, q, false)
 else
   put_timer(id, rec, at)

@@ -42,7 +42,7 @@ for i = 0, n - 1 do
         bump(K_C, 'misfired:' .. queue)
       else
         jargs[#jargs + 1] = id
-        jargs[#jargs + 1] = rec
+        jargs[#jargs + 1] = jval(rec, at)
         ready_ids[#ready_ids + 1] = id
       end
     end

@@ -25,7 +25,7 @@ for i = 1, #due, 2 do
   if has_moved then redis.call('HDEL', K_M, id) end
   local q = queue_name(rec_qidx(rec))
   if not q then
-    redis.call('HSET', K_J, id, rec)
+    redis.call('HSET', K_J, id, jval(rec, score))
     redis.call('ZADD', K_D, now, id)
     redis.call('HSET', K_E, id, error_blob(now, 'CorruptRecord', 'record names unknown queue index ' .. rec_qidx(rec)))
   else
@@ -37,7 +37,7 @@ for i = 1, #due, 2 do
       bump(K_C, 'misfired:' .. q)
     else
       jargs[#jargs + 1] = id
-      jargs[#jargs + 1] = rec
+      jargs[#jargs + 1] = jval(rec, score)
       local ids = per_queue[q]
       if not ids then ids = {}; per_queue[q] = ids end
       ids[#ids + 1] = id

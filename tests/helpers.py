@@ -1,0 +1,133 @@
+"""Test helpers: worker-side script calls without a worker, and a full invariant check of a
+namespace's Redis state ("every live job is in exactly one state")."""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import redis
+
+from scheduler import Client
+from scheduler.client import error_arg
+from scheduler.ids import ID_BYTES, encode_id, partition_of
+from scheduler.ops import Claimed, parse_claim
+from scheduler.scripts import Scripts
+
+
+class Ops:
+    """Calls the worker- and scheduler-side scripts directly (test stand-in for workers and the
+    scheduler tier)."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.core = client._core
+        self.scripts = Scripts(client.redis)
+        self.parts = client.keyspace.partitions
+
+    def run(self, name: str, p: int, *args: Any) -> Any:
+        return self.scripts.call(*self.core.call(name, p, *args))
+
+    def tick_all(self, epoch: int = 0, limit: int = 1000) -> int:
+        n = 0
+        for p in range(self.parts):
+            while True:
+                r = self.run("tick", p, epoch, limit, self.core.tomb_ms)
+                assert r[0] != -1, f"epoch refused: {r}"
+                n += r[0]
+                if r[0] < limit:
+                    break
+        return n
+
+    def reap_all(self, epoch: int = 0, limit: int = 1000) -> int:
+        return sum(self.run("reap", p, epoch, limit)[0] for p in range(self.parts))
+
+    def claim(self, queue: str = "default", n: int = 100) -> list[Claimed]:
+        out: list[Claimed] = []
+        for p in range(self.parts):
+            _, jobs = parse_claim(self.run("claim", p, queue, n - len(out)))
+            out.extend(jobs)
+            if len(out) >= n:
+                break
+        return out
+
+    def ack(self, job: Claimed, token: int | None = None) -> int:
+        return self.run("ack", partition_of(job.raw_id), self.core.tomb_ms, job.raw_id,
+                        job.token if token is None else token)[0]
+
+    def fail(self, job: Claimed, kind: str = "f", delay_ms: int = 0, token: int | None = None,
+             msg: str = "boom") -> int:
+        return self.run("fail", partition_of(job.raw_id), job.raw_id, job.token if token is None else token,
+                        kind, delay_ms, error_arg("RuntimeError", msg, "tb"))[0]
+
+    def extend(self, job: Claimed, lease_ms: int = 0, token: int | None = None) -> int:
+        return self.run("extend", partition_of(job.raw_id), job.raw_id,
+                        job.token if token is None else token, lease_ms)[0]
+
+    def release(self, job: Claimed) -> int:
+        return self.run("release", partition_of(job.raw_id), job.raw_id, job.token)[0]
+
+
+def snapshot(r: redis.Redis, client: Client) -> dict[str, dict[str, str]]:
+    """Map job id -> state for every job in live structures; asserts the structural invariants."""
+    ks = client.keyspace
+    states: dict[str, str] = {}
+    seen: Counter[str] = Counter()
+    for p in range(ks.partitions):
+        k = dict(zip(("t", "m", "j", "i", "l", "d", "e", "kk", "x", "q", "g", "c", "meta"), ks.partition_keys(p)))
+        timers = r.zrange(k["t"], 0, -1, withscores=True)
+        moved = {f: int(v) for f, v in r.hgetall(k["m"]).items()}
+        bodies = r.hgetall(k["j"])
+        inflight = dict(r.zrange(k["i"], 0, -1, withscores=True))
+        leases = r.hgetall(k["l"])
+        dead = dict(r.zrange(k["d"], 0, -1, withscores=True))
+        qnames = {v.decode(): int(kk[2:]) for kk, v in r.hgetall(k["q"]).items() if kk.startswith(b"i:")}
+        gauges = {f.decode(): int(v) for f, v in r.hgetall(k["g"]).items()}
+        gcount: Counter[str] = Counter()
+        qname_of = {}
+        for idx_s, name in [(kk[2:].decode(), v.decode()) for kk, v in r.hgetall(k["q"]).items() if kk.startswith(b"i:")]:
+            qname_of[int(idx_s)] = name
+        timer_ids = set()
+        for member, score in timers:
+            raw, rec = member[:ID_BYTES], member[ID_BYTES:]
+            assert partition_of(raw) == p
+            jid = encode_id(raw)
+            assert raw not in timer_ids, f"{jid} twice in timers"
+            timer_ids.add(raw)
+            expected_score = moved.get(raw, int.from_bytes(raw[:6], "big"))
+            assert int(score) == expected_score, f"{jid}: timer score {score} but id/moved say {expected_score}"
+            states[jid] = "scheduled"
+            seen[jid] += 1
+            gcount["s:" + qname_of[int.from_bytes(rec[:2], 'big')]] += 1
+        assert set(moved) <= timer_ids, "moved entries for jobs not in timers"
+        ready_ids: dict[bytes, str] = {}
+        for name in qnames:
+            for raw in r.lrange(ks.ready(p, name), 0, -1):
+                assert raw not in ready_ids, f"{encode_id(raw)} twice in ready lists"
+                ready_ids[raw] = name
+        for raw, qn in ready_ids.items():
+            states[encode_id(raw)] = "ready"
+            seen[encode_id(raw)] += 1
+            assert raw in bodies, f"{encode_id(raw)} ready without a body"
+        for raw in inflight:
+            states[encode_id(raw)] = "running"
+            seen[encode_id(raw)] += 1
+            assert raw in bodies and raw in leases, f"{encode_id(raw)} running without body or token"
+            rec = bodies[raw][6:]
+            gcount["a:" + qname_of[int.from_bytes(rec[:2], 'big')]] += 1
+        assert set(leases) == set(inflight), "lease tokens and in-flight set differ"
+        for raw in dead:
+            states[encode_id(raw)] = "dead"
+            seen[encode_id(raw)] += 1
+            assert raw in bodies
+            rec = bodies[raw][6:]
+            gcount["d:" + qname_of[int.from_bytes(rec[:2], 'big')]] += 1
+        for raw in bodies:
+            assert raw not in timer_ids, f"{encode_id(raw)} both in timers and bodies"
+            assert raw in ready_ids or raw in inflight or raw in dead, f"{encode_id(raw)} body without a state"
+        for name, v in gauges.items():
+            assert v == gcount.get(name, 0), f"gauge {name}={v} but counted {gcount.get(name, 0)} (partition {p})"
+        for name, v in gcount.items():
+            assert gauges.get(name, 0) == v, f"gauge {name} missing: counted {v}"
+    dup = [j for j, n in seen.items() if n > 1]
+    assert not dup, f"jobs in more than one state: {dup[:5]}"
+    return states

@@ -1,0 +1,46 @@
+"""AsyncClient against a real redis-server: the same behaviour as Client, as coroutines."""
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+import redis
+
+from scheduler import AsyncClient, Client, ConfigError, JobState
+from tests.helpers import Ops, snapshot
+
+
+async def test_async_client_full_cycle(redis_url: str) -> None:
+    async with AsyncClient.from_url(redis_url, namespace="a", partitions=4) as c:
+        jid = await c.schedule(timedelta(minutes=5), {"n": 1}, queue="emails")
+        assert (await c.get(jid)).state is JobState.SCHEDULED
+        assert await c.reschedule(jid, 0)
+        assert (await c.get(jid)).state is JobState.READY
+        ids = await c.schedule_many([(time.time() + 60, i) for i in range(100)], queue="bulk")
+        assert len(set(ids)) == 100
+        assert (await c.get(ids[42])).payload == 42
+        assert await c.cancel(ids[0]) and not await c.cancel(ids[0])
+        st = await c.stats()
+        assert st["bulk"]["scheduled"] == 99 and st["emails"]["ready"] == 1
+        same = await c.schedule(0, 1, key="k")
+        assert await c.schedule(0, 2, key="k") == same
+    sync = Client.from_url(redis_url, namespace="a")
+    ops = Ops(sync)
+    for j in ops.claim("emails"):
+        ops.fail(j, kind="p")
+    async with AsyncClient.from_url(redis_url, namespace="a") as c:
+        [dead] = await c.dead(queue="emails")
+        assert dead.id == jid
+        assert await c.requeue(jid) and not await c.requeue(jid)
+        assert (await c.get(jid)).state is JobState.READY
+        assert await c.purge(jid) is False
+    snapshot(redis.Redis.from_url(redis_url), sync)
+
+
+async def test_async_client_refuses_partition_mismatch(redis_url: str) -> None:
+    Client.from_url(redis_url, namespace="am", partitions=3)
+    c = AsyncClient.from_url(redis_url, namespace="am", partitions=4)
+    with pytest.raises(ConfigError, match="created with 3"):
+        await c.schedule(0, 1)
+    await c.close()

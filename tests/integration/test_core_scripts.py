@@ -1,0 +1,385 @@
+"""Every transition script and client method against a real redis-server, including refusals."""
+from __future__ import annotations
+
+import math
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import redis
+
+from scheduler import Client, ConfigError, JobState, PayloadError
+from tests.helpers import Ops, snapshot
+
+
+@pytest.fixture
+def r(redis_url: str) -> redis.Redis:
+    return redis.Redis.from_url(redis_url)
+
+
+@pytest.fixture
+def client(redis_url: str) -> Client:
+    c = Client.from_url(redis_url, namespace="t", partitions=4)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def ops(client: Client) -> Ops:
+    return Ops(client)
+
+
+def test_future_job_is_scheduled_with_its_payload(client: Client, r: redis.Redis) -> None:
+    at = datetime.now(timezone.utc) + timedelta(hours=1)
+    jid = client.schedule(at, {"to": "a@example.com"}, queue="emails", max_attempts=3)
+    info = client.get(jid)
+    assert info.state is JobState.SCHEDULED
+    assert info.queue == "emails" and info.payload == {"to": "a@example.com"}
+    assert info.attempts == 0 and info.max_attempts == 3
+    assert abs((info.run_at - at).total_seconds()) < 0.002
+    assert snapshot(r, client)[jid] == "scheduled"
+
+
+def test_due_job_goes_straight_to_ready(client: Client, r: redis.Redis) -> None:
+    jid = client.schedule(time.time() - 5, "x")
+    assert client.get(jid).state is JobState.READY
+    assert snapshot(r, client)[jid] == "ready"
+
+
+def test_overdue_skip_job_is_misfired_not_fired(client: Client, ops: Ops, r: redis.Redis) -> None:
+    jid = client.schedule(time.time() - 10, "x", misfire="skip", misfire_grace=1)
+    assert client.get(jid).state is JobState.MISFIRED
+    late_ok = client.schedule(time.time() - 10, "y", misfire="skip", misfire_grace=60)
+    assert client.get(late_ok).state is JobState.READY
+    assert jid not in snapshot(r, client)
+
+
+def test_tick_applies_misfire_policy_to_late_timers(client: Client, ops: Ops) -> None:
+    skip = client.schedule(time.time() + 0.05, "s", misfire="skip", misfire_grace=0.01)
+    late = client.schedule(time.time() + 0.05, "l")
+    time.sleep(0.2)
+    assert ops.tick_all() == 2
+    assert client.get(skip).state is JobState.MISFIRED
+    assert client.get(late).state is JobState.READY
+
+
+def test_idempotency_key_returns_live_job_and_frees_after_done(client: Client, ops: Ops) -> None:
+    a = client.schedule(0, 1, key="order-1")
+    b = client.schedule(time.time() + 100, 2, key="order-1")
+    assert a == b
+    assert client.get(a).payload == 1
+    [job] = ops.claim()
+    assert ops.ack(job) == 1
+    c = client.schedule(0, 3, key="order-1")
+    assert c != a
+    assert client.get(a).state is JobState.DONE
+
+
+def test_idempotency_key_inside_one_batch(client: Client) -> None:
+    ids = client.schedule_many([(0, 1, "k"), (0, 2, "k"), (0, 3, "other")])
+    assert ids[0] == ids[1] != ids[2]
+
+
+def test_tick_moves_due_jobs_in_bounded_batches_and_reports_next_due(client: Client, ops: Ops, r: redis.Redis) -> None:
+    now = time.time()
+    client.schedule_many([(now - 1, i) for i in range(30)] + [(now + 3600, "later")], queue="q")
+    # the 30 overdue ones went straight to ready; add timers that become due
+    ids = client.schedule_many([(now + 0.05, i) for i in range(2500)], queue="q")
+    time.sleep(0.1)
+    p = 0
+    sizes = []
+    while True:
+        reply = ops.run("tick", p, 0, 200, 0)
+        sizes.append(reply[0])
+        if reply[0] < 200:
+            break
+    assert max(sizes) == 200  # never more than the limit per call
+    total = ops.tick_all(limit=200)
+    st = snapshot(r, client)
+    assert all(st[i] == "ready" for i in ids)
+    nxt = ops.run("tick", 0, 0, 200, 0)[1]
+    later = [j for j, s in st.items() if s == "scheduled"]
+    assert len(later) == 1
+    assert nxt == -1 or nxt > (now + 3000) * 1000
+    assert total + sum(sizes) == 2500
+
+
+def test_claim_leases_job_and_fence_grows_with_every_claim(client: Client, ops: Ops, r: redis.Redis) -> None:
+    jid = client.schedule(0, "x", lease=0.1)
+    [first] = ops.claim()
+    assert first.record.attempt == 1
+    info = client.get(jid)
+    assert info.state is JobState.RUNNING and info.fence == first.token
+    time.sleep(0.15)
+    assert ops.reap_all() == 1
+    [second] = ops.claim()
+    assert second.token > first.token and second.record.attempt == 2
+    assert ops.ack(first) == 0, "stale token must be refused"
+    assert ops.fail(first) == 0 and ops.extend(first) == 0
+    assert ops.ack(second) == 1
+    assert ops.ack(second) == 0, "double ack must be refused"
+    assert client.get(jid).state is JobState.DONE
+    assert snapshot(r, client) == {}
+
+
+def test_fail_retries_with_delay_then_dead_when_attempts_spent(client: Client, ops: Ops, r: redis.Redis) -> None:
+    jid = client.schedule(0, "x", max_attempts=2)
+    [j1] = ops.claim()
+    assert ops.fail(j1, delay_ms=60_000, msg="first") == 1
+    info = client.get(jid)
+    assert info.state is JobState.SCHEDULED and info.last_error.message == "first"
+    assert info.run_at > datetime.now(timezone.utc) + timedelta(seconds=50)
+    assert snapshot(r, client)[jid] == "scheduled"  # moved timer is still findable
+    assert client.reschedule(jid, 0)  # make it due now
+    [j2] = ops.claim()
+    assert j2.record.attempt == 2
+    assert ops.fail(j2, msg="second") == 2
+    info = client.get(jid)
+    assert info.state is JobState.DEAD and info.last_error.type == "RuntimeError"
+    assert info.last_error.message == "second" and info.died_at is not None
+    assert [d.id for d in client.dead()] == [jid]
+
+
+def test_fail_with_zero_delay_goes_back_to_ready(client: Client, ops: Ops) -> None:
+    jid = client.schedule(0, "x")
+    [j] = ops.claim()
+    assert ops.fail(j, delay_ms=0) == 1
+    assert client.get(jid).state is JobState.READY
+
+
+def test_permanent_failure_is_dead_at_once(client: Client, ops: Ops) -> None:
+    jid = client.schedule(0, "x", max_attempts=5)
+    [j] = ops.claim()
+    assert ops.fail(j, kind="p") == 2
+    assert client.get(jid).state is JobState.DEAD
+
+
+def test_extend_moves_deadline_and_refuses_stale_token(client: Client, ops: Ops) -> None:
+    jid = client.schedule(0, "x", lease=5)
+    [j] = ops.claim()
+    new_deadline = ops.extend(j, lease_ms=60_000)
+    assert new_deadline > j.deadline_ms
+    assert ops.extend(j, token=j.token + 1000) == 0
+    assert client.get(jid).lease_deadline.timestamp() * 1000 == pytest.approx(new_deadline, abs=1)
+
+
+def test_reap_dead_letters_when_attempts_spent(client: Client, ops: Ops) -> None:
+    jid = client.schedule(0, "x", max_attempts=1, lease=0.1)
+    ops.claim()
+    time.sleep(0.15)
+    assert ops.reap_all() == 1
+    info = client.get(jid)
+    assert info.state is JobState.DEAD and info.last_error.type == "LeaseExpired"
+
+
+def test_release_hands_back_without_spending_an_attempt(client: Client, ops: Ops) -> None:
+    client.schedule(0, "a")
+    jid = client.schedule(0, "b")
+    jobs = ops.claim()
+    target = next(j for j in jobs if j.raw_id == __import__("scheduler.ids", fromlist=["decode_id"]).decode_id(jid))
+    assert ops.release(target) == 1
+    info = client.get(jid)
+    assert info.state is JobState.READY and info.attempts == 0
+    assert ops.release(target) == 0
+
+
+def test_cancel_by_state(client: Client, ops: Ops, r: redis.Redis) -> None:
+    sched = client.schedule(time.time() + 60, "s")
+    ready = client.schedule(0, "r")
+    assert client.cancel(sched) and client.cancel(ready)
+    assert client.get(sched).state is JobState.CANCELLED
+    assert client.get(ready).state is JobState.CANCELLED
+    assert not client.cancel(sched), "second cancel finds nothing live"
+    running = client.schedule(0, "run")
+    [j] = ops.claim()
+    assert not client.cancel(running)
+    assert ops.fail(j, kind="p") == 2
+    assert not client.cancel(running), "dead jobs are purged, not cancelled"
+    assert client.get(running).state is JobState.DEAD
+    assert snapshot(r, client) == {running: "dead"}
+
+
+def test_reschedule_scheduled_and_ready_jobs_refuses_running(client: Client, ops: Ops, r: redis.Redis) -> None:
+    a = client.schedule(time.time() + 60, "a")
+    assert client.reschedule(a, time.time() + 120)
+    assert client.get(a).run_at.timestamp() == pytest.approx(time.time() + 120, abs=1)
+    b = client.schedule(0, "b")
+    assert client.reschedule(b, timedelta(minutes=5))
+    assert client.get(b).state is JobState.SCHEDULED
+    assert client.reschedule(b, 0)
+    assert client.get(b).state is JobState.READY
+    [j] = ops.claim()
+    assert not client.reschedule(b, time.time() + 10)
+    st = snapshot(r, client)
+    assert st == {a: "scheduled", b: "running"}
+
+
+def test_requeue_is_idempotent_and_resets_attempts(client: Client, ops: Ops) -> None:
+    jid = client.schedule(0, "x", max_attempts=1)
+    [j] = ops.claim()
+    ops.fail(j)
+    assert client.requeue(jid)
+    assert not client.requeue(jid), "requeuing twice must run the job once"
+    info = client.get(jid)
+    assert info.state is JobState.READY and info.attempts == 0 and info.last_error is not None
+    live = client.schedule(0, "live")
+    assert not client.requeue(live)
+    [j2, j3] = ops.claim()
+    assert sorted(x.record.attempt for x in (j2, j3)) == [1, 1]
+
+
+def test_requeue_at_a_later_time_schedules(client: Client, ops: Ops) -> None:
+    jid = client.schedule(0, "x", max_attempts=1)
+    [j] = ops.claim()
+    ops.fail(j)
+    assert client.requeue(jid, at=time.time() + 30)
+    assert client.get(jid).state is JobState.SCHEDULED
+
+
+def test_purge_removes_only_dead_jobs(client: Client, ops: Ops, r: redis.Redis) -> None:
+    jid = client.schedule(0, "x", max_attempts=1, key="kk")
+    live = client.schedule(time.time() + 60, "y")
+    [j] = ops.claim()
+    ops.fail(j)
+    assert not client.purge(live)
+    assert client.purge(jid)
+    assert client.get(jid) is None
+    assert snapshot(r, client) == {live: "scheduled"}
+    assert client.schedule(0, "again", key="kk") != jid  # the key was freed
+
+
+def test_stats_counts_per_queue_and_state(client: Client, ops: Ops) -> None:
+    client.schedule_many([(time.time() + 60, i) for i in range(5)], queue="a")
+    client.schedule_many([(0, i) for i in range(3)], queue="b")
+    ops.claim("b", 1)
+    st = client.stats()
+    assert st["a"] == {"scheduled": 5, "ready": 0, "running": 0, "dead": 0}
+    assert st["b"] == {"scheduled": 0, "ready": 2, "running": 1, "dead": 0}
+
+
+def test_dead_listing_filters_by_queue(client: Client, ops: Ops) -> None:
+    x = client.schedule(0, 1, queue="x", max_attempts=1)
+    y = client.schedule(0, 2, queue="y", max_attempts=1)
+    for q in ("x", "y"):
+        [j] = ops.claim(q)
+        ops.fail(j)
+    assert [d.id for d in client.dead(queue="x")] == [x]
+    assert {d.id for d in client.dead()} == {x, y}
+
+
+def test_many_jobs_at_the_same_millisecond_are_each_findable(client: Client, r: redis.Redis) -> None:
+    at = time.time() + 600
+    ids = client.schedule_many([(at, i) for i in range(300)])
+    for n in (0, 17, 150, 299):
+        assert client.get(ids[n]).payload == n
+    assert client.cancel(ids[150])
+    assert client.get(ids[151]).state is JobState.SCHEDULED
+    assert len(snapshot(r, client)) == 299
+
+
+def test_scripts_reload_after_script_flush_also_in_pipelines(client: Client, r: redis.Redis) -> None:
+    client.schedule(time.time() + 60, 1)
+    r.script_flush()
+    assert client.schedule(time.time() + 60, 2)
+    r.script_flush()
+    assert len(client.schedule_many([(time.time() + 60, i) for i in range(50)])) == 50
+    r.script_flush()
+    assert "default" in client.stats()
+
+
+def test_tombstone_ttl_zero_keeps_nothing(redis_url: str) -> None:
+    c = Client.from_url(redis_url, namespace="t0", partitions=2, tombstone_ttl=0)
+    jid = c.schedule(time.time() + 60, 1)
+    assert c.cancel(jid)
+    assert c.get(jid) is None
+
+
+BAD_AT = [
+    (datetime(2030, 1, 1), ValueError, "naive"),
+    (math.nan, ValueError, "finite"),
+    (math.inf, ValueError, "finite"),
+    (True, TypeError, "must be"),
+    ("tomorrow", TypeError, "must be"),
+    (-1, ValueError, "1970"),
+    (253402300800 + 10, ValueError, "9999"),
+]
+
+
+@pytest.mark.parametrize("at,exc,words", BAD_AT)
+def test_bad_times_are_refused_and_write_nothing(client: Client, r: redis.Redis, at, exc, words) -> None:
+    before = r.dbsize()
+    with pytest.raises(exc, match=words):
+        client.schedule(at, 1)
+    assert r.dbsize() == before
+
+
+@pytest.mark.parametrize("kwargs,exc,words", [
+    (dict(misfire="later"), ValueError, "misfire"),
+    (dict(max_attempts=0), ValueError, "max_attempts"),
+    (dict(max_attempts=1.5), TypeError, "max_attempts"),
+    (dict(queue=""), ValueError, "queue"),
+    (dict(queue="a" * 65), ValueError, "queue"),
+    (dict(queue="a{b}"), ValueError, "queue"),
+    (dict(queue="a:b"), ValueError, "queue"),
+    (dict(queue=None), TypeError, "queue"),
+    (dict(misfire_grace=5), ValueError, "misfire_grace"),
+    (dict(lease=0), ValueError, "lease"),
+    (dict(lease=math.nan), ValueError, "lease"),
+    (dict(backoff=(5, 1)), ValueError, "backoff"),
+    (dict(key=""), ValueError, "key"),
+    (dict(key=7), TypeError, "key"),
+])
+def test_bad_options_are_refused_and_write_nothing(client: Client, r: redis.Redis, kwargs, exc, words) -> None:
+    before = r.dbsize()
+    with pytest.raises(exc, match=words):
+        client.schedule(time.time() + 60, 1, **kwargs)
+    assert r.dbsize() == before
+
+
+def test_bad_payloads_are_refused_and_a_bad_job_in_a_batch_writes_nothing(redis_url: str, r: redis.Redis) -> None:
+    c = Client.from_url(redis_url, namespace="pl", partitions=2, max_payload_bytes=1000)
+    before = r.dbsize()
+    with pytest.raises(PayloadError, match="msgpack"):
+        c.schedule(0, object())
+    with pytest.raises(PayloadError, match="over the limit"):
+        c.schedule(0, "x" * 2000)
+    with pytest.raises(PayloadError):
+        c.schedule_many([(0, 1), (0, 2), (0, {1, 2})])
+    assert r.dbsize() == before
+
+
+def test_partition_count_is_fixed_per_namespace(redis_url: str) -> None:
+    Client.from_url(redis_url, namespace="fixed", partitions=8)
+    with pytest.raises(ConfigError, match="created with 8 partitions"):
+        Client.from_url(redis_url, namespace="fixed", partitions=16)
+    assert Client.from_url(redis_url, namespace="fixed").keyspace.partitions == 8
+
+
+def test_env_configuration(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZSCHED_REDIS_URL", redis_url)
+    monkeypatch.setenv("ZSCHED_NAMESPACE", "envns")
+    monkeypatch.setenv("ZSCHED_PARTITIONS", "5")
+    c = Client.from_url()
+    assert c.keyspace.namespace == "envns" and c.keyspace.partitions == 5
+    monkeypatch.setenv("ZSCHED_PARTITIONS", "6")
+    with pytest.raises(ConfigError, match="created with 5"):
+        Client.from_url()
+
+
+def test_acl_user_and_password_in_url(redis_url: str, r: redis.Redis) -> None:
+    r.execute_command("ACL", "SETUSER", "producer", "on", ">s3cret", "~*", "&*", "+@all")
+    try:
+        url = redis_url.replace("redis://", "redis://producer:s3cret@")
+        c = Client.from_url(url, namespace="acl", partitions=2)
+        assert c.get(c.schedule(0, 1)).state is JobState.READY
+        with pytest.raises(redis.AuthenticationError):
+            Client.from_url(redis_url.replace("redis://", "redis://producer:wrong@"), namespace="acl")
+    finally:
+        r.execute_command("ACL", "DELUSER", "producer")
+
+
+def test_unknown_and_malformed_ids(client: Client) -> None:
+    with pytest.raises(ValueError, match="24-character"):
+        client.get("nope")
+    assert client.get("0" * 24) is None
+    assert client.cancel("0" * 24) is False

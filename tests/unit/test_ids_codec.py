@@ -1,0 +1,100 @@
+"""Pure logic: ids, records, payload limits, time parsing, names (no Redis needed)."""
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta, timezone
+
+import msgpack
+import pytest
+from hypothesis import given, strategies as st
+
+from scheduler import codec
+from scheduler.errors import PayloadError
+from scheduler.ids import IdGenerator, decode_id, encode_id, partition_for_key, partition_of, run_at_of
+from scheduler.keys import Keyspace, validate_name
+from scheduler.ops import backoff_delay_ms
+from scheduler.timeutil import to_ms
+
+
+@given(st.binary(min_size=15, max_size=15))
+def test_id_text_round_trip(raw: bytes) -> None:
+    text = encode_id(raw)
+    assert len(text) == 24 and decode_id(text) == raw
+    assert decode_id(text.upper()) == raw
+
+
+def test_ids_are_unique_sortable_and_carry_partition_and_run_at() -> None:
+    g = IdGenerator()
+    ids = [g.new(1_700_000_000_000 + (i // 100), 16)[0] for i in range(10_000)]
+    assert len(set(ids)) == len(ids)
+    assert [run_at_of(i) for i in ids] == sorted(run_at_of(i) for i in ids)
+    assert all(0 <= partition_of(i) < 16 for i in ids)
+    raw, p = g.new(5, 16, key="order-9")
+    assert p == partition_of(raw) == partition_for_key("order-9", 16)
+    spread = {partition_of(g.new(7, 8)[0]) for _ in range(500)}
+    assert spread == set(range(8))
+
+
+def test_record_round_trip_with_every_option() -> None:
+    data = codec.pack_payload({"a": [1, 2]}, 1000)
+    rec = codec.build_record(data, max_attempts=7, created_s=123, misfire_skip=True, misfire_grace_ms=5000,
+                             lease_ms=90_000, key="ké", backoff_base_ms=10, backoff_cap_ms=20, queue_index=3,
+                             attempt=2)
+    r = codec.decode_record(rec)
+    assert (r.queue_index, r.attempt, r.max_attempts, r.created) == (3, 2, 7, 123)
+    assert (r.misfire_skip, r.misfire_grace_ms, r.lease_ms, r.key) == (True, 5000, 90_000, "ké")
+    assert (r.backoff_base_ms, r.backoff_cap_ms) == (10, 20)
+    assert codec.unpack_payload(r.payload_bytes) == {"a": [1, 2]}
+
+
+def test_default_record_is_compact() -> None:
+    payload = {"user_id": 12345, "template": "welcome", "to": "someone@example.com", "pad": "x" * 40}
+    data = codec.pack_payload(payload, 10_000)
+    rec = codec.build_record(data, max_attempts=5, created_s=1)
+    assert len(rec) == codec.HEADER_SIZE + len(data)
+    assert 15 + len(rec) <= 124, "timer member must fit jemalloc's 128-byte class (sds header + NUL)"
+
+
+def test_truncated_record_is_a_clear_error() -> None:
+    with pytest.raises(PayloadError, match="malformed"):
+        codec.decode_record(b"\x00\x01")
+    rec = codec.build_record(b"\xc0", max_attempts=1, created_s=1, key="abc")
+    with pytest.raises(PayloadError):
+        codec.decode_record(rec[:11])
+
+
+def test_payload_decoding_is_bounded() -> None:
+    bomb = msgpack.packb(["x"] * 2000)
+    with pytest.raises(PayloadError):
+        codec.unpack_payload(bomb, limit=1000)
+    with pytest.raises(PayloadError, match="not valid msgpack"):
+        codec.unpack_payload(b"\xc1")
+
+
+def test_time_forms() -> None:
+    t = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    assert to_ms(t) == int(t.timestamp() * 1000)
+    assert to_ms(timedelta(seconds=2), now=100.0) == 102_000
+    assert to_ms(1.5) == 1500
+
+
+@pytest.mark.parametrize("name", ["", "a b", "{x}", "a:b", "-lead", "x" * 65, "é"])
+def test_invalid_names(name: str) -> None:
+    with pytest.raises(ValueError):
+        validate_name("queue", name)
+
+
+def test_all_partition_keys_share_one_hash_tag() -> None:
+    ks = Keyspace("ns", 8)
+    for p in range(8):
+        tags = {k[k.index("{") : k.index("}") + 1] for k in ks.partition_keys(p) + [ks.ready(p, "q")]}
+        assert tags == {"{ns:%d}" % p}
+
+
+def test_full_jitter_backoff_stays_in_window() -> None:
+    rng = random.Random(1)
+    for attempt in range(1, 12):
+        ceiling = min(3_600_000, 1000 * 2**attempt)
+        vals = [backoff_delay_ms(attempt, 1000, 3_600_000, rng) for _ in range(200)]
+        assert all(0 <= v <= ceiling for v in vals)
+        assert max(vals) > ceiling * 0.8 and min(vals) < ceiling * 0.2  # spread over the whole window
