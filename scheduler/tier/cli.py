@@ -1,0 +1,44 @@
+"""``zsched scheduler`` command line."""
+from __future__ import annotations
+
+import argparse
+import os
+
+from .. import config
+from .process import SchedulerConfig, run_forever
+from .ownership import default_replica_id
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("scheduler", help="run a scheduler replica (owns partitions through etcd leases)",
+                       description="Run one scheduler replica. Any number may run; they split the partitions "
+                                   "through etcd leases and fire due jobs onto ready lists.")
+    p.add_argument("--redis", help="Redis URL (env ZSCHED_REDIS_URL, default redis://127.0.0.1:6379/0)")
+    p.add_argument("--etcd", help="etcd endpoints, comma-separated (env ZSCHED_ETCD_ENDPOINTS, default 127.0.0.1:2379)")
+    p.add_argument("--namespace", help="namespace (env ZSCHED_NAMESPACE, default zsched)")
+    p.add_argument("--partitions", type=int, help="expected partition count (env ZSCHED_PARTITIONS)")
+    p.add_argument("--replica-id", help="this replica's name in etcd (default host-pid-random)")
+    p.add_argument("--lease-ttl", type=float, default=float(os.environ.get("ZSCHED_LEASE_TTL", "5")),
+                   help="etcd lease TTL in seconds (default 5): failover takes about this long")
+    p.add_argument("--batch", type=int, default=1000, help="jobs moved per tick call (default 1000)")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address for /metrics (default 127.0.0.1)")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.batch < 1 or args.batch > 5000:
+        raise ValueError(f"--batch must be from 1 to 5000, got {args.batch}")
+    cfg = SchedulerConfig(
+        redis_url=config.redis_url(args.redis),
+        etcd_endpoints=config.etcd_endpoints(args.etcd),
+        namespace=config.namespace(args.namespace),
+        partitions=config.partitions(args.partitions),
+        replica_id=args.replica_id or default_replica_id(),
+        lease_ttl=args.lease_ttl,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        ignore_deadline=os.environ.get("ZSCHED_FAULT_IGNORE_OWNERSHIP_DEADLINE") == "1",
+    )
+    cfg.runner.batch = args.batch
+    return run_forever(cfg)

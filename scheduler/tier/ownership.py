@@ -1,0 +1,262 @@
+"""Partition ownership through etcd leases.
+
+Each replica holds one etcd lease and registers ``/zsched/NS/members/ID`` bound to it. Partition
+``p`` is owned by whoever holds ``/zsched/NS/owners/p`` (created only if absent, bound to the
+owner's lease). The key's create revision is the partition's **epoch**: the scheduler scripts carry
+it and Redis refuses an older one, so a replica frozen past its lease cannot act on a partition
+that moved.
+
+Replicas aim for ceil(P / live members) partitions each: a replica above its share releases the
+surplus (stopping its runner first), one below it claims orphans. Every change is seen through an
+etcd watch, so a dead replica's partitions are taken as soon as etcd expires its lease.
+
+Safety does not depend on etcd being reachable: each replica keeps a local deadline (last
+confirmed keepalive + TTL - margin) and stops ticking at it even if it never hears from etcd again.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import socket
+import time
+import zlib
+from typing import Awaitable, Callable
+
+from ..coord import Coordinator, CoordinatorUnavailable, CoordinationError, LeaseLost, WatchCompacted
+from ..metrics import SchedulerMetrics
+
+log = logging.getLogger("zsched.ownership")
+
+
+def default_replica_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{os.urandom(2).hex()}"
+
+
+class Ownership:
+    """Keeps this replica's share of partitions and tells the process when to start/stop them."""
+
+    def __init__(self, coord: Coordinator, *, namespace: str, partitions: int, replica_id: str,
+                 ttl: float, metrics: SchedulerMetrics,
+                 on_acquire: Callable[[int, int], Awaitable[None]],
+                 on_release: Callable[[int], Awaitable[None]],
+                 margin: float | None = None, ignore_deadline: bool = False) -> None:
+        if ttl < 1:
+            raise ValueError(f"lease TTL must be >= 1 second (etcd's granularity), got {ttl}")
+        self.coord = coord
+        self.ns = namespace
+        self.partitions = partitions
+        self.replica_id = replica_id
+        self.ttl = ttl
+        # the safety margin covers clock drift between here and etcd and one slow keepalive
+        self.margin = margin if margin is not None else max(0.5, ttl * 0.2)
+        self.m = metrics
+        self.on_acquire = on_acquire
+        self.on_release = on_release
+        self.ignore_deadline = ignore_deadline  # fault tests only: exercise the epoch fence alone
+        self.prefix = f"/zsched/{namespace}/"
+        self.lease_id: int | None = None
+        self.valid_until = 0.0
+        self.owned: dict[int, int] = {}  # partition -> epoch
+        self._reconcile = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self._lock = asyncio.Lock()
+        self._etcd_down_since: float | None = None
+        self._offset = zlib.crc32(replica_id.encode()) % max(1, partitions)
+
+    # -- public ------------------------------------------------------------------------------
+    def member_key(self, replica: str | None = None) -> str:
+        return f"{self.prefix}members/{replica or self.replica_id}"
+
+    def owner_key(self, p: int) -> str:
+        return f"{self.prefix}owners/{p}"
+
+    def is_valid(self) -> bool:
+        return self.ignore_deadline or time.monotonic() < self.valid_until
+
+    def valid_for(self) -> float:
+        if self.ignore_deadline:
+            return 3600.0
+        return self.valid_until - time.monotonic()
+
+    def owns(self, p: int, epoch: int) -> bool:
+        return self.owned.get(p) == epoch and self.is_valid()
+
+    async def start(self) -> None:
+        await self._register()
+        self._tasks = [asyncio.create_task(self._keepalive_loop(), name="etcd-keepalive"),
+                       asyncio.create_task(self._watch_loop(), name="etcd-watch"),
+                       asyncio.create_task(self._reconcile_loop(), name="ownership-reconcile")]
+        self._reconcile.set()
+
+    def request_reconcile(self) -> None:
+        self._reconcile.set()
+
+    async def partition_refused(self, p: int, current_epoch: int) -> None:
+        """A runner saw its epoch refused: forget the partition; etcd says who owns it now."""
+        if p in self.owned:
+            del self.owned[p]
+            self.m.ownership_changes.labels(self.replica_id, "lost").inc()
+            self.m.partitions_owned.labels(self.replica_id).set(len(self.owned))
+        self._reconcile.set()
+
+    async def shutdown(self) -> None:
+        """Planned exit: stop every runner, then revoke the lease so etcd deletes our member and
+        owner keys at once and the survivors take over within a round trip."""
+        self._stopping = True
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+        async with self._lock:
+            for p in list(self.owned):
+                await self._drop(p, "released")
+        if self.lease_id is not None:
+            try:
+                await self.coord.revoke(self.lease_id, timeout=2.0)
+                log.info("released all partitions (lease revoked)")
+            except CoordinationError as exc:
+                log.warning("could not revoke lease on shutdown (%s); partitions move when it expires", exc)
+
+    # -- internals ---------------------------------------------------------------------------
+    async def _register(self) -> None:
+        while True:
+            try:
+                t_sent = time.monotonic()
+                self.lease_id = await self.coord.grant(self.ttl)
+                self.valid_until = t_sent + self.ttl - self.margin
+                info = {"id": self.replica_id, "host": socket.gethostname(), "pid": os.getpid(),
+                        "started": time.time()}
+                await self.coord.put(self.member_key(), json.dumps(info).encode(), lease=self.lease_id)
+                log.info("registered as %s (lease %x, ttl %.1fs)", self.replica_id, self.lease_id, self.ttl)
+                return
+            except CoordinationError as exc:
+                log.error("cannot register with etcd (%s); retrying in 1s", exc)
+                if self._stopping:
+                    raise
+                await asyncio.sleep(1.0)
+
+    async def _keepalive_loop(self) -> None:
+        interval = self.ttl / 3.0
+        while not self._stopping:
+            await asyncio.sleep(interval if self._etcd_down_since is None else min(interval, 0.25))
+            assert self.lease_id is not None
+            t_sent = time.monotonic()
+            try:
+                granted = await self.coord.keepalive_once(self.lease_id, timeout=max(0.5, interval))
+            except LeaseLost:
+                self.m.leases_lost.labels(self.replica_id).inc()
+                log.error("etcd lease %x expired: dropping all partitions and registering again", self.lease_id)
+                async with self._lock:
+                    for p in list(self.owned):
+                        await self._drop(p, "lost")
+                    await self._register()
+                self._etcd_down_since = None
+                self._reconcile.set()
+                continue
+            except CoordinationError as exc:
+                self.m.lease_refresh_failures.labels(self.replica_id).inc()
+                if self._etcd_down_since is None:
+                    self._etcd_down_since = t_sent
+                    log.error("etcd keepalive failed (%s); owned partitions keep ticking until %.1fs from now, "
+                              "then stop until etcd answers", exc, max(0.0, self.valid_until - time.monotonic()))
+                continue
+            self.valid_until = t_sent + granted - self.margin
+            if self._etcd_down_since is not None:
+                log.info("etcd reachable again after %.1fs; lease refreshed", time.monotonic() - self._etcd_down_since)
+                self._etcd_down_since = None
+                self._reconcile.set()
+
+    async def _watch_loop(self) -> None:
+        while not self._stopping:
+            try:
+                _, rev = await self.coord.get_prefix(self.prefix)
+                self._reconcile.set()
+                async for _ev in self.coord.watch_prefix(self.prefix, rev + 1):
+                    self._reconcile.set()
+            except WatchCompacted:
+                continue
+            except asyncio.CancelledError:
+                raise
+            except CoordinationError as exc:
+                log.warning("etcd watch failed (%s); retrying", exc)
+                await asyncio.sleep(0.5)
+
+    async def _reconcile_loop(self) -> None:
+        while not self._stopping:
+            try:
+                await asyncio.wait_for(self._reconcile.wait(), timeout=1.0)
+            except asyncio.TimeoutError:
+                pass
+            self._reconcile.clear()
+            if not self.is_valid() and not self.ignore_deadline:
+                continue  # cannot claim anything without a confirmed lease
+            try:
+                async with self._lock:
+                    await self._reconcile_once()
+            except CoordinationError as exc:
+                log.warning("ownership reconcile failed (%s); retrying", exc)
+                await asyncio.sleep(0.2)
+                self._reconcile.set()
+
+    async def _reconcile_once(self) -> None:
+        kvs, _ = await self.coord.get_prefix(self.prefix)
+        members: set[str] = set()
+        owners: dict[int, tuple[str, int]] = {}
+        for kv in kvs:
+            rest = kv.key[len(self.prefix):]
+            if rest.startswith("members/"):
+                members.add(rest[len("members/"):])
+            elif rest.startswith("owners/"):
+                try:
+                    owners[int(rest[len("owners/"):])] = (kv.value.decode(), kv.create_revision)
+                except ValueError:
+                    continue
+        if self.replica_id not in members:
+            # our member key is gone (lease trouble); the keepalive loop re-registers
+            return
+        # partitions we run but etcd no longer gives us (lease expired and someone else claimed)
+        for p, epoch in list(self.owned.items()):
+            who = owners.get(p)
+            if who is None or who[0] != self.replica_id or who[1] != epoch:
+                log.warning("partition %d: no longer ours in etcd (owner %s); stopping it", p, who)
+                await self._drop(p, "lost")
+        share = math.ceil(self.partitions / len(members))
+        mine = sorted(p for p, (r, _) in owners.items() if r == self.replica_id)
+        for p in mine:
+            if p not in self.owned:  # ours in etcd but not running (e.g. after a restart race)
+                await self._adopt(p, owners[p][1])
+        if len(mine) > share:
+            # hand over the surplus: stop ticking first, then delete the key so another takes it
+            for p in mine[share:]:
+                epoch = self.owned.get(p, owners[p][1])
+                await self._drop(p, "released")
+                await self.coord.delete_if(self.owner_key(p), epoch)
+                log.info("partition %d: handed over (share is %d of %d with %d replicas)", p, share,
+                         self.partitions, len(members))
+        elif len(mine) < share:
+            orphans = [p for p in range(self.partitions) if p not in owners]
+            orphans.sort(key=lambda p: (p - self._offset) % self.partitions)
+            for p in orphans[: share - len(mine)]:
+                kv = await self.coord.claim_if_absent(self.owner_key(p), self.replica_id.encode(), self.lease_id or 0)
+                if kv is not None:
+                    await self._adopt(p, kv.create_revision)
+
+    async def _adopt(self, p: int, epoch: int) -> None:
+        self.owned[p] = epoch
+        self.m.ownership_changes.labels(self.replica_id, "acquired").inc()
+        self.m.partitions_owned.labels(self.replica_id).set(len(self.owned))
+        log.info("partition %d: acquired (epoch %d)", p, epoch)
+        await self.on_acquire(p, epoch)
+
+    async def _drop(self, p: int, why: str) -> None:
+        self.owned.pop(p, None)
+        self.m.ownership_changes.labels(self.replica_id, why).inc()
+        self.m.partitions_owned.labels(self.replica_id).set(len(self.owned))
+        await self.on_release(p)

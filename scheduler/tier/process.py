@@ -1,0 +1,185 @@
+"""``zsched scheduler``: one replica of the scheduler tier.
+
+Glue between the pieces: the etcd :class:`Ownership` decides which partitions this replica owns;
+for each one a :class:`PartitionRunner` fires due jobs; a pub/sub listener wakes runners when a
+producer schedules a job earlier than the partition's current earliest timer.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+
+import redis.asyncio as aredis
+
+from .. import config
+from ..client import AsyncClient
+from ..coord import Coordinator, EtcdCoordinator
+from ..metrics import SchedulerMetrics, serve
+from .ownership import Ownership, default_replica_id
+from .runner import REDIS_ERRORS, PartitionRunner, RunnerConfig
+
+log = logging.getLogger("zsched.scheduler")
+
+
+@dataclass
+class SchedulerConfig:
+    redis_url: str = field(default_factory=config.redis_url)
+    etcd_endpoints: str = field(default_factory=config.etcd_endpoints)
+    namespace: str = field(default_factory=config.namespace)
+    partitions: int | None = None
+    replica_id: str = field(default_factory=default_replica_id)
+    lease_ttl: float = 5.0
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    tombstone_ttl: float = 3600.0
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    ignore_deadline: bool = False  # fault tests only
+
+
+class SchedulerProcess:
+    """A scheduler replica. ``await run()`` until ``stop()`` (or SIGTERM/SIGINT via :func:`main`)."""
+
+    def __init__(self, cfg: SchedulerConfig, coord: Coordinator | None = None) -> None:
+        self.cfg = cfg
+        self.metrics = SchedulerMetrics(cfg.replica_id)
+        self.redis = aredis.Redis.from_url(cfg.redis_url, health_check_interval=10)
+        self.client = AsyncClient(self.redis, namespace=cfg.namespace, partitions=cfg.partitions,
+                                  tombstone_ttl=cfg.tombstone_ttl)
+        self.coord = coord or EtcdCoordinator.from_endpoints(cfg.etcd_endpoints)
+        self.runners: dict[int, PartitionRunner] = {}
+        self.ownership: Ownership | None = None
+        self._stop = asyncio.Event()
+        self._wake_task: asyncio.Task[None] | None = None
+
+    @property
+    def replica_id(self) -> str:
+        return self.cfg.replica_id
+
+    async def run(self) -> None:
+        await self._connect_redis()
+        core = self.client._core_obj
+        assert core is not None
+        await self.coord.connect()
+        if self.cfg.metrics_port is not None:
+            serve(self.metrics.registry, self.cfg.metrics_port, self.cfg.metrics_host)
+        self.ownership = Ownership(
+            self.coord, namespace=self.cfg.namespace, partitions=core.ks.partitions,
+            replica_id=self.cfg.replica_id, ttl=self.cfg.lease_ttl, metrics=self.metrics,
+            on_acquire=self._start_partition, on_release=self._stop_partition,
+            ignore_deadline=self.cfg.ignore_deadline)
+        self._wake_task = asyncio.create_task(self._wake_listener(), name="wake-listener")
+        await self.ownership.start()
+        log.info("scheduler replica %s up: namespace %s, %d partitions, lease ttl %.1fs",
+                 self.replica_id, self.cfg.namespace, core.ks.partitions, self.cfg.lease_ttl)
+        await self._stop.wait()
+        await self._shutdown()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def _connect_redis(self) -> None:
+        delay = 0.1
+        while True:
+            try:
+                await self.client.connect()
+                return
+            except REDIS_ERRORS as exc:
+                log.error("cannot reach Redis at %s (%s); retrying in %.1fs", _safe_url(self.cfg.redis_url), exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(2.0, delay * 2)
+
+    async def _shutdown(self) -> None:
+        t0 = time.monotonic()
+        if self.ownership is not None:
+            await self.ownership.shutdown()
+        if self._wake_task is not None:
+            self._wake_task.cancel()
+            try:
+                await self._wake_task
+            except (asyncio.CancelledError, Exception):
+                pass
+        await self.coord.close()
+        await self.redis.aclose()
+        log.info("scheduler replica %s stopped in %.3fs", self.replica_id, time.monotonic() - t0)
+
+    async def _start_partition(self, p: int, epoch: int) -> None:
+        old = self.runners.pop(p, None)
+        if old is not None:
+            await old.stop()
+        own = self.ownership
+        assert own is not None
+        core = self.client._core_obj
+        assert core is not None
+        runner = PartitionRunner(
+            p, epoch, scripts=self.client._scripts, core=core, metrics=self.metrics, config=self.cfg.runner,
+            is_valid=lambda: own.owns(p, epoch), valid_for=own.valid_for, on_refused=self._refused)
+        self.runners[p] = runner
+        runner.start()
+
+    async def _stop_partition(self, p: int) -> None:
+        runner = self.runners.pop(p, None)
+        if runner is not None:
+            await runner.stop()
+
+    async def _refused(self, p: int, current: int) -> None:
+        # called from inside the runner's own task: do not await its stop(), just forget it
+        self.runners.pop(p, None)
+        if self.ownership is not None:
+            await self.ownership.partition_refused(p, current)
+
+    async def _wake_listener(self) -> None:
+        """Wake a partition's runner when a producer schedules a job before its earliest timer."""
+        channel = self.client.keyspace.wake_channel
+        delay = 0.1
+        while True:
+            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(channel)
+                delay = 0.1
+                for runner in list(self.runners.values()):  # we may have missed wake-ups while away
+                    runner.wake.set()
+                while True:
+                    msg = await pubsub.get_message(timeout=None)
+                    if msg is None:
+                        continue
+                    try:
+                        runner = self.runners.get(int(msg["data"]))
+                    except (TypeError, ValueError):
+                        continue
+                    if runner is not None:
+                        runner.wake.set()
+            except asyncio.CancelledError:
+                await pubsub.aclose()
+                raise
+            except REDIS_ERRORS as exc:
+                log.warning("wake-up subscription lost (%s); resubscribing in %.1fs", exc, delay)
+                await pubsub.aclose()
+                await asyncio.sleep(delay)
+                delay = min(2.0, delay * 2)
+
+
+def _safe_url(url: str) -> str:
+    """The URL without its password, for logs."""
+    if "@" in url:
+        scheme, rest = url.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        user = creds.split(":", 1)[0]
+        return f"{scheme}://{user}:***@{host}"
+    return url
+
+
+def run_forever(cfg: SchedulerConfig) -> int:
+    """Run a replica until SIGTERM/SIGINT; exit 0 after releasing ownership."""
+
+    async def main() -> None:
+        proc = SchedulerProcess(cfg)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, proc.stop)
+        await proc.run()
+
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,182 @@
+"""Firing loop of one owned partition: sleep until the earliest due timer (or a wake-up), run
+``tick`` (and ``reap`` when a lease may have expired) with the ownership epoch, repeat.
+
+Work per wake-up is bounded by the batch size; an idle partition costs one tick per ``idle_check``
+seconds (a safety net for lost wake-up messages), never a tight poll.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ..client import _Core
+from ..metrics import SchedulerMetrics
+from ..scripts import AsyncScripts
+
+log = logging.getLogger("zsched.scheduler")
+
+REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+
+
+@dataclass
+class RunnerConfig:
+    batch: int = 1000            # jobs per tick call
+    reap_batch: int = 1000
+    idle_check: float = 1.0      # max sleep without a wake-up (lost pub/sub message safety net)
+    reap_interval: float = 0.5   # reap at least this often while jobs are in flight
+    min_sleep: float = 0.0005    # never spin: Redis may see the job due a hair later than we do
+    backoff_max: float = 2.0     # Redis retry backoff cap
+
+
+class PartitionRunner:
+    """Ticks one partition while ``is_valid()`` says this replica may act for it."""
+
+    def __init__(self, partition: int, epoch: int, *, scripts: AsyncScripts, core: _Core,
+                 metrics: SchedulerMetrics, config: RunnerConfig,
+                 is_valid: Callable[[], bool], valid_for: Callable[[], float],
+                 on_refused: Callable[[int, int], Awaitable[None]]) -> None:
+        self.partition = partition
+        self.epoch = epoch
+        self._scripts = scripts
+        self._core = core
+        self._m = metrics
+        self._cfg = config
+        self._is_valid = is_valid
+        self._valid_for = valid_for
+        self._on_refused = on_refused
+        self.wake = asyncio.Event()
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+        self._next_reap = 0.0
+        self._paused_logged = False
+        self.ticks = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"partition-{self.partition}")
+
+    async def stop(self) -> None:
+        """Stop after the call in flight (if any) completes; never abandons a half-sent call."""
+        self._stopping = True
+        self.wake.set()
+        if self._task is not None:
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            except Exception:  # already logged by _run
+                pass
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        down_since: float | None = None
+        while not self._stopping:
+            if not self._is_valid():
+                if not self._paused_logged:
+                    log.warning("partition %d: ownership not confirmed in time (etcd unreachable?); "
+                                "stopped ticking until the lease is refreshed", self.partition)
+                    self._m.deadline_pauses.labels(self._m.replica).inc()
+                    self._paused_logged = True
+                self.wake.clear()
+                await self._sleep(0.05)
+                continue
+            if self._paused_logged:
+                log.info("partition %d: ownership confirmed again, ticking resumed", self.partition)
+                self._paused_logged = False
+            self.wake.clear()  # before the call: a wake-up during the call makes the loop run again
+            try:
+                sleep_for = await self._step()
+            except REDIS_ERRORS as exc:
+                self._m.redis_errors.labels(self._m.replica).inc()
+                if down_since is None:
+                    down_since = time.monotonic()
+                    log.error("partition %d: Redis call failed (%s: %s); retrying with backoff up to %.1fs",
+                              self.partition, type(exc).__name__, exc, self._cfg.backoff_max)
+                await self._sleep(backoff)
+                backoff = min(self._cfg.backoff_max, backoff * 2)
+                continue
+            except _Refused:
+                return
+            if down_since is not None:
+                log.info("partition %d: Redis reachable again after %.1fs", self.partition,
+                         time.monotonic() - down_since)
+                down_since = None
+            backoff = 0.05
+            if sleep_for > 0:
+                await self._sleep(sleep_for)
+            else:
+                await asyncio.sleep(0)  # full batch: go again, but let other partitions run
+
+    async def _sleep(self, seconds: float) -> None:
+        if self._stopping:
+            return
+        try:
+            await asyncio.wait_for(self.wake.wait(), timeout=seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _step(self) -> float:
+        """One tick (+ reap); returns how long to sleep (0 = more work right now)."""
+        cfg = self._cfg
+        now_local = time.monotonic()
+        core = self._core
+        calls = [core.call("tick", self.partition, self.epoch, cfg.batch, core.tomb_ms)]
+        do_reap = now_local >= self._next_reap
+        if do_reap:
+            calls.append(core.call("reap", self.partition, self.epoch, cfg.reap_batch))
+        t0 = time.perf_counter()
+        replies = await self._scripts.call_many(calls)
+        received = time.monotonic()
+        self._m.tick_duration.labels(self._m.replica).observe(time.perf_counter() - t0)
+        self.ticks += 1
+        tick = replies[0]
+        if tick[0] == -1:
+            await self._refused(int(tick[1]))
+        fired = int(tick[0])
+        redis_now = int(tick[2])
+        if len(tick) > 3:
+            self._m.observe_lateness(tick[3:])
+            self._m.fired.labels(self._m.replica).inc(len(tick) - 3)
+        more = fired >= cfg.batch
+        if do_reap:
+            reap = replies[1]
+            if reap[0] == -1:
+                await self._refused(int(reap[1]))
+            if int(reap[0]):
+                self._m.reaped.labels(self._m.replica).inc(int(reap[0]))
+            if int(reap[0]) >= cfg.reap_batch:
+                self._next_reap = 0.0
+                more = True
+            else:
+                nxt_lease = int(reap[1])
+                wait = cfg.reap_interval
+                if nxt_lease >= 0:
+                    wait = min(wait, max(0.0, (nxt_lease - int(reap[2])) / 1000.0))
+                self._next_reap = received + wait
+        if more:
+            return 0.0
+        next_due = int(tick[1])
+        sleep_for = cfg.idle_check
+        if next_due >= 0:
+            sleep_for = min(sleep_for, (next_due - redis_now) / 1000.0 - (time.monotonic() - received))
+        sleep_for = min(sleep_for, max(0.0, self._next_reap - time.monotonic()), self._valid_for())
+        return max(cfg.min_sleep, sleep_for)
+
+    async def _refused(self, current: int) -> None:
+        log.error("partition %d: Redis refused epoch %d (it has seen %d): another replica owns it now; "
+                  "stopping this partition", self.partition, self.epoch, current)
+        self._m.epoch_refusals.labels(self._m.replica).inc()
+        self._stopping = True
+        await self._on_refused(self.partition, current)
+        raise _Refused()
+
+
+class _Refused(Exception):
+    pass
+
+
