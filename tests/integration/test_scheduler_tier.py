@@ -1,0 +1,175 @@
+"""Scheduler tier in-process against real etcd and redis-server: ownership spread, on-time firing,
+wake-ups, epoch fencing."""
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import pytest
+import redis
+
+from scheduler import Client, JobState
+from scheduler.coord import EtcdCoordinator
+from scheduler.tier import SchedulerConfig, SchedulerProcess
+from tests.helpers import Ops, snapshot
+
+NS = "tier"
+
+
+async def start_replica(redis_url: str, etcd: str, rid: str, ttl: float = 2.0, **kw) -> tuple[SchedulerProcess, asyncio.Task]:
+    proc = SchedulerProcess(SchedulerConfig(redis_url=redis_url, etcd_endpoints=etcd, namespace=NS,
+                                            replica_id=rid, lease_ttl=ttl, **kw))
+    task = asyncio.create_task(proc.run())
+    return proc, task
+
+
+async def stop_replica(proc: SchedulerProcess, task: asyncio.Task) -> None:
+    proc.stop()
+    await asyncio.wait_for(task, 10)
+
+
+async def owners(etcd: str) -> dict[int, str]:
+    async with EtcdCoordinator.from_endpoints(etcd) as c:
+        kvs, _ = await c.get_prefix(f"/zsched/{NS}/owners/")
+    return {int(kv.key.rsplit("/", 1)[1]): kv.value.decode() for kv in kvs}
+
+
+async def settled(etcd: str, procs: list[SchedulerProcess], parts: int, timeout: float = 5.0) -> dict[int, str]:
+    share = math.ceil(parts / len(procs))
+    deadline = time.monotonic() + timeout
+    while True:
+        own = await owners(etcd)
+        local = [set(p.runners) for p in procs]
+        disjoint = sum(len(s) for s in local) == len(set().union(*local))
+        if (len(own) == parts and disjoint and set().union(*local) == set(range(parts))
+                and all(len(s) <= share for s in local)
+                and all(own[p] == proc.replica_id for proc in procs for p in proc.runners)):
+            return own
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not settled: etcd={own} local={local}")
+        await asyncio.sleep(0.05)
+
+
+async def test_partitions_spread_evenly_and_each_has_one_owner(redis_url: str, etcd_endpoint: str) -> None:
+    Client.from_url(redis_url, namespace=NS, partitions=16)
+    procs = []
+    try:
+        for n in range(1, 4):
+            procs.append(await start_replica(redis_url, etcd_endpoint, f"r{n}"))
+            own = await settled(etcd_endpoint, [p for p, _ in procs], 16)
+            counts = sorted(list(own.values()).count(p.replica_id) for p, _ in procs)
+            assert sum(counts) == 16 and max(counts) == math.ceil(16 / n)
+        # a planned stop hands the partitions to the others
+        await stop_replica(*procs.pop(0))
+        await settled(etcd_endpoint, [p for p, _ in procs], 16)
+    finally:
+        for p, t in procs:
+            await stop_replica(p, t)
+
+
+async def test_due_jobs_fire_once_on_time(redis_url: str, etcd_endpoint: str) -> None:
+    client = Client.from_url(redis_url, namespace=NS, partitions=8)
+    procs = [await start_replica(redis_url, etcd_endpoint, f"r{n}") for n in range(2)]
+    try:
+        await settled(etcd_endpoint, [p for p, _ in procs], 8)
+        t0 = time.time() + 0.5
+        ids = client.schedule_many([(t0 + i * 0.002, i) for i in range(500)])
+        await asyncio.sleep(1.6)
+        st = snapshot(redis.Redis.from_url(redis_url), client)
+        assert all(st[i] == "ready" for i in ids)
+        r = redis.Redis.from_url(redis_url)
+        fired = sum(int(r.hget(client.keyspace.key(p, "c"), "fired:default") or 0) for p in range(8))
+        assert fired == 500, "each job fired exactly once"
+        lateness = [v for p, _ in procs for v in _hist_samples(p)]
+        assert lateness and max(lateness) < 0.25
+    finally:
+        for p, t in procs:
+            await stop_replica(p, t)
+
+
+def _hist_samples(proc: SchedulerProcess) -> list[float]:
+    """Upper bounds of the buckets that hold firing-lateness observations (coarse, for sanity)."""
+    out: list[float] = []
+    prev = 0.0
+    for metric in proc.metrics.registry.collect():
+        if metric.name != "zsched_firing_lateness_seconds":
+            continue
+        for s in metric.samples:
+            if s.name.endswith("_bucket"):
+                le = float(s.labels["le"])
+                if s.value > prev:
+                    out.extend([le] * int(s.value - prev))
+                prev = s.value if le != math.inf else 0.0
+    return out
+
+
+async def test_earlier_job_wakes_a_sleeping_owner(redis_url: str, etcd_endpoint: str) -> None:
+    client = Client.from_url(redis_url, namespace=NS, partitions=1)
+    proc, task = await start_replica(redis_url, etcd_endpoint, "solo",
+                                     )
+    proc.cfg.runner.idle_check = 30.0  # only a wake-up can make it fire in time
+    try:
+        await settled(etcd_endpoint, [proc], 1)
+        client.schedule(time.time() + 3600, "far")
+        await asyncio.sleep(0.3)  # the owner now sleeps on the 1 h timer
+        at = time.time() + 0.05
+        jid = client.schedule(at, "soon")
+        while client.get(jid).state is not JobState.READY:
+            assert time.time() < at + 1, "job 50 ms ahead did not fire"
+            await asyncio.sleep(0.002)
+        assert time.time() - at < 0.1
+    finally:
+        await stop_replica(proc, task)
+
+
+async def test_stale_epoch_is_refused_by_redis(redis_url: str) -> None:
+    client = Client.from_url(redis_url, namespace=NS, partitions=2)
+    ops = Ops(client)
+    assert ops.run("tick", 0, 10, 100, 0)[0] == 0
+    assert ops.run("tick", 0, 12, 100, 0)[0] == 0
+    assert ops.run("tick", 0, 11, 100, 0) == [-1, 12]
+    assert ops.run("reap", 0, 11, 100) == [-1, 12]
+    assert ops.run("tick", 1, 11, 100, 0)[0] == 0, "epochs are per partition"
+
+
+class FlakyCoordinator(EtcdCoordinator):
+    """An etcd client whose keepalives can be made to fail, as if this replica were cut off."""
+
+    cut_off = False
+
+    async def keepalive_once(self, lease_id: int, *, timeout: float | None = None) -> float:
+        if self.cut_off:
+            from scheduler.coord import CoordinatorUnavailable
+            raise CoordinatorUnavailable("cut off by the test")
+        return await super().keepalive_once(lease_id, timeout=timeout)
+
+
+async def test_frozen_replica_cannot_fire_a_partition_that_moved(redis_url: str, etcd_endpoint: str) -> None:
+    """The epoch fence alone (local deadline check disabled) stops a replica that froze past its
+    lease and woke up without hearing from etcd."""
+    client = Client.from_url(redis_url, namespace=NS, partitions=2)
+    coord = FlakyCoordinator.from_endpoints(etcd_endpoint)
+    a = SchedulerProcess(SchedulerConfig(redis_url=redis_url, etcd_endpoints=etcd_endpoint, namespace=NS,
+                                         replica_id="a", lease_ttl=1.0, ignore_deadline=True), coord=coord)
+    a_task = asyncio.create_task(a.run())
+    await settled(etcd_endpoint, [a], 2)
+    coord.cut_off = True
+    time.sleep(2.5)  # a GC pause: the whole event loop of replica a is frozen past its 1 s lease
+    b, b_task = await start_replica(redis_url, etcd_endpoint, "b", ttl=1.0)
+    try:
+        # b takes both partitions (a's lease expired) and fires with a newer epoch; a keeps trying
+        ids = client.schedule_many([(time.time() + 0.2, i) for i in range(50)])
+        deadline = time.monotonic() + 5
+        while a.metrics.epoch_refusals.labels("a")._value.get() < 1 or a.runners:
+            assert time.monotonic() < deadline, "stale replica was not fenced off"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        st = snapshot(redis.Redis.from_url(redis_url), client)
+        assert all(st[i] == "ready" for i in ids)
+        r = redis.Redis.from_url(redis_url)
+        assert sum(int(r.hget(client.keyspace.key(p, "c"), "fired:default") or 0) for p in range(2)) == 50
+    finally:
+        await stop_replica(b, b_task)
+        coord.cut_off = False
+        await stop_replica(a, a_task)
