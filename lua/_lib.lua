@@ -1,5 +1,5 @@
--- _lib.lua: helpers shared by every script. The loader (scheduler/scripts.py) prepends this file
--- to each script, so each script is one self-contained EVALSHA.
+-- _lib.lua: helpers shared by every script. The loader (scheduler/scripts.py) prepends the
+-- definitions a script uses (transitively) to it, so each script is one self-contained EVALSHA.
 --
 -- Common calling convention of partition scripts:
 --   KEYS[1..13] = the partition's keys, in scheduler/keys.py PARTITION_KEYS order:

@@ -6,6 +6,7 @@ two differ only in how they talk to Redis.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 import random
 import time
 from collections import defaultdict
@@ -51,6 +52,53 @@ def error_arg(etype: str, message: str, tb: str = "", limit: int = 4096) -> byte
     return f"{etype}\0{message}\0{tb}".encode("utf-8", "replace")
 
 
+_OPTION_NAMES = ("queue", "max_attempts", "lease", "misfire", "misfire_grace", "backoff", "jitter")
+
+
+def _job_options(*, queue: str, max_attempts: int, lease: float, misfire: str, misfire_grace: float | None,
+                 backoff: tuple[float, float] | None, jitter: float) -> dict[str, Any]:
+    validate_name("queue", queue)
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+        raise TypeError(f"max_attempts must be an int, got {type(max_attempts).__name__}")
+    if not 1 <= max_attempts <= codec.MAX_ATTEMPTS_LIMIT:
+        raise ValueError(f"max_attempts must be from 1 to {codec.MAX_ATTEMPTS_LIMIT}, got {max_attempts}")
+    lease_s = finite_number("lease", lease)
+    if not 0.1 <= lease_s <= 7 * 86400:
+        raise ValueError(f"lease must be from 0.1 to 604800 seconds (7 days), got {lease!r}")
+    if misfire not in MISFIRE_POLICIES:
+        raise ValueError(f"misfire must be one of {MISFIRE_POLICIES}, got {misfire!r}")
+    grace_ms = 0
+    if misfire == "skip":
+        g = DEFAULT_SKIP_GRACE if misfire_grace is None else finite_number("misfire_grace", misfire_grace)
+        if not 0 <= g <= 49 * 86400:
+            raise ValueError(f"misfire_grace must be from 0 to 4233600 seconds (49 days), got {misfire_grace!r}")
+        grace_ms = int(g * 1000)
+    elif misfire_grace is not None:
+        raise ValueError("misfire_grace only applies to misfire='skip'; remove it or set misfire='skip'")
+    bb, bc = codec.DEFAULT_BACKOFF_BASE_MS, codec.DEFAULT_BACKOFF_CAP_MS
+    if backoff is not None:
+        if not isinstance(backoff, (tuple, list)) or len(backoff) != 2:
+            raise TypeError("backoff must be a (base_seconds, cap_seconds) pair")
+        b = finite_number("backoff base", backoff[0])
+        c = finite_number("backoff cap", backoff[1])
+        if not (0 < b <= c <= 30 * 86400):
+            raise ValueError(f"backoff must satisfy 0 < base <= cap <= 30 days, got {backoff!r}")
+        bb, bc = int(b * 1000), int(c * 1000)
+    j = finite_number("jitter", jitter)
+    if j < 0:
+        raise ValueError(f"jitter must be >= 0 seconds, got {jitter!r}")
+    return dict(queue=queue, max_attempts=max_attempts, lease_ms=max(1, int(round(lease_s * 1000))),
+                misfire_skip=misfire == "skip", misfire_grace_ms=grace_ms,
+                backoff_base_ms=bb, backoff_cap_ms=bc, jitter_ms=int(j * 1000))
+
+
+@lru_cache(maxsize=256, typed=True)  # typed: True must not hit the entry of 1
+def _job_options_cached(queue: Any, max_attempts: Any, lease: Any, misfire: Any, misfire_grace: Any,
+                        backoff: Any, jitter: Any) -> dict[str, Any]:
+    return _job_options(queue=queue, max_attempts=max_attempts, lease=lease, misfire=misfire,
+                        misfire_grace=misfire_grace, backoff=backoff, jitter=jitter)
+
+
 class _Core:
     """Transport-independent half of the client."""
 
@@ -69,44 +117,15 @@ class _Core:
     def call(self, name: str, partition: int, *args: Any) -> tuple[str, list[str], list[Any]]:
         return name, self._keys[partition], self._common[partition] + list(args)
 
-    def job_options(
-        self, *, queue: str, max_attempts: int, lease: float, misfire: str, misfire_grace: float | None,
-        backoff: tuple[float, float] | None, jitter: float,
-    ) -> dict[str, Any]:
-        """Validate the per-job options once (shared by every job of a schedule_many)."""
-        validate_name("queue", queue)
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
-            raise TypeError(f"max_attempts must be an int, got {type(max_attempts).__name__}")
-        if not 1 <= max_attempts <= codec.MAX_ATTEMPTS_LIMIT:
-            raise ValueError(f"max_attempts must be from 1 to {codec.MAX_ATTEMPTS_LIMIT}, got {max_attempts}")
-        lease_s = finite_number("lease", lease)
-        if not 0.1 <= lease_s <= 7 * 86400:
-            raise ValueError(f"lease must be from 0.1 to 604800 seconds (7 days), got {lease!r}")
-        if misfire not in MISFIRE_POLICIES:
-            raise ValueError(f"misfire must be one of {MISFIRE_POLICIES}, got {misfire!r}")
-        grace_ms = 0
-        if misfire == "skip":
-            g = DEFAULT_SKIP_GRACE if misfire_grace is None else finite_number("misfire_grace", misfire_grace)
-            if not 0 <= g <= 49 * 86400:
-                raise ValueError(f"misfire_grace must be from 0 to 4233600 seconds (49 days), got {misfire_grace!r}")
-            grace_ms = int(g * 1000)
-        elif misfire_grace is not None:
-            raise ValueError("misfire_grace only applies to misfire='skip'; remove it or set misfire='skip'")
-        bb, bc = codec.DEFAULT_BACKOFF_BASE_MS, codec.DEFAULT_BACKOFF_CAP_MS
-        if backoff is not None:
-            if not isinstance(backoff, (tuple, list)) or len(backoff) != 2:
-                raise TypeError("backoff must be a (base_seconds, cap_seconds) pair")
-            b = finite_number("backoff base", backoff[0])
-            c = finite_number("backoff cap", backoff[1])
-            if not (0 < b <= c <= 30 * 86400):
-                raise ValueError(f"backoff must satisfy 0 < base <= cap <= 30 days, got {backoff!r}")
-            bb, bc = int(b * 1000), int(c * 1000)
-        j = finite_number("jitter", jitter)
-        if j < 0:
-            raise ValueError(f"jitter must be >= 0 seconds, got {jitter!r}")
-        return dict(queue=queue, max_attempts=max_attempts, lease_ms=max(1, int(round(lease_s * 1000))),
-                    misfire_skip=misfire == "skip", misfire_grace_ms=grace_ms,
-                    backoff_base_ms=bb, backoff_cap_ms=bc, jitter_ms=int(j * 1000))
+    def job_options(self, **kwargs: Any) -> dict[str, Any]:
+        """Validate the per-job options once (shared by every job of a schedule_many); cached,
+        since producers pass the same few option sets again and again."""
+        try:
+            return _job_options_cached(*(kwargs[k] for k in _OPTION_NAMES))
+        except TypeError as exc:
+            if "unhashable" not in str(exc):
+                raise
+            return _job_options(**kwargs)
 
     def validate_key(self, key: object) -> str | None:
         if key is None:
@@ -158,6 +177,25 @@ class _Core:
                 calls.append(self.call("schedule", p, opts["queue"], self.tomb_ms, len(chunk) // 3, *chunk))
                 positions.append(idx[s : s + BATCH])
         return calls, positions
+
+    def prepare_one(self, at: Any, payload: Any, key: str | None, opts: dict[str, Any]) -> tuple:
+        """Fast path of :meth:`prepare` for one job (the common producer call)."""
+        key = self.validate_key(key)
+        ms = to_ms(at)
+        if opts["jitter_ms"]:
+            ms = min(MAX_MS, ms + random.randint(0, opts["jitter_ms"]))
+        rec = build_record(pack_payload(payload, self.max_payload), created_s=int(time.time()), key=key,
+                           max_attempts=opts["max_attempts"], lease_ms=opts["lease_ms"],
+                           misfire_skip=opts["misfire_skip"], misfire_grace_ms=opts["misfire_grace_ms"],
+                           backoff_base_ms=opts["backoff_base_ms"], backoff_cap_ms=opts["backoff_cap_ms"])
+        raw, p = self.ids.new(ms, self.ks.partitions, key)
+        return self.call("schedule", p, opts["queue"], self.tomb_ms, 1, raw + rec, ms, key or "")
+
+    @staticmethod
+    def one_id(reply: list[Any]) -> str:
+        if len(reply) != 1:
+            raise ScriptError(f"schedule returned {len(reply)} ids for 1 job")
+        return encode_id(reply[0])
 
     @staticmethod
     def collect_ids(replies: list[Any], positions: list[list[int]], total: int) -> list[str]:
@@ -282,8 +320,7 @@ class Client:
                  jitter: float = 0.0) -> str:
         opts = self._core.job_options(queue=queue, max_attempts=max_attempts, lease=lease, misfire=misfire,
                                       misfire_grace=misfire_grace, backoff=backoff, jitter=jitter)
-        calls, pos = self._core.prepare([(at, payload, key)], opts)
-        return self._core.collect_ids([self._scripts.call(*calls[0])], pos, 1)[0]
+        return self._core.one_id(self._scripts.call(*self._core.prepare_one(at, payload, key, opts)))
 
     schedule.__doc__ = _SCHEDULE_DOC
 
@@ -398,8 +435,7 @@ class AsyncClient:
         core = await self._core()
         opts = core.job_options(queue=queue, max_attempts=max_attempts, lease=lease, misfire=misfire,
                                 misfire_grace=misfire_grace, backoff=backoff, jitter=jitter)
-        calls, pos = core.prepare([(at, payload, key)], opts)
-        return core.collect_ids([await self._scripts.call(*calls[0])], pos, 1)[0]
+        return core.one_id(await self._scripts.call(*core.prepare_one(at, payload, key, opts)))
 
     schedule.__doc__ = _SCHEDULE_DOC
 

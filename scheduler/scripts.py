@@ -4,6 +4,7 @@ restart or failover), also inside pipelines."""
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -24,6 +25,47 @@ class Script:
     sha: str
 
 
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_DEFINES = re.compile(r"^local\s+(?:function\s+([A-Za-z_][A-Za-z0-9_]*)|([A-Za-z_][A-Za-z0-9_, ]*?)\s*=)")
+
+
+def _lib_chunks(lib: str) -> list[tuple[set[str], str]]:
+    """Split ``_lib.lua`` into top-level definitions (with the comments above them), each with the
+    names it defines."""
+    chunks: list[tuple[set[str], list[str]]] = []
+    pending: list[str] = []
+    for line in lib.splitlines():
+        m = _DEFINES.match(line)
+        if m:
+            names = {m.group(1)} if m.group(1) else {n.strip() for n in m.group(2).split(",")}
+            chunks.append((names, pending + [line]))
+            pending = []
+        elif chunks and (line.startswith((" ", "\t", "end")) or (line.strip() and not line.startswith("--"))):
+            chunks[-1][1].append(line)
+        else:
+            pending.append(line)
+    return [(names, "\n".join(lines)) for names, lines in chunks]
+
+
+def assemble(lib: str, body: str) -> str:
+    """The script as sent to Redis: only the ``_lib`` definitions the body needs (transitively), in
+    library order, then the body. Redis runs the whole chunk on every call, so unused helpers would
+    cost every EVALSHA a few microseconds."""
+    chunks = _lib_chunks(lib)
+    needed = set(_IDENT.findall(body))
+    keep: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for i, (names, text) in enumerate(chunks):
+            if i not in keep and names & needed:
+                keep.add(i)
+                needed |= set(_IDENT.findall(text))
+                changed = True
+    parts = [text for i, (_, text) in enumerate(chunks) if i in keep]
+    return "\n".join(parts) + "\n" + body
+
+
 @lru_cache(maxsize=1)
 def load_scripts() -> dict[str, Script]:
     """All scripts, read once from the package data (``scheduler.lua``)."""
@@ -31,8 +73,7 @@ def load_scripts() -> dict[str, Script]:
     lib = pkg.joinpath("_lib.lua").read_text("utf-8")
     out: dict[str, Script] = {}
     for name in SCRIPT_NAMES:
-        body = pkg.joinpath(f"{name}.lua").read_text("utf-8")
-        src = lib + "\n" + body
+        src = assemble(lib, pkg.joinpath(f"{name}.lua").read_text("utf-8"))
         out[name] = Script(name, src, hashlib.sha1(src.encode("utf-8")).hexdigest())
     return out
 

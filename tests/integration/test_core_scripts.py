@@ -379,7 +379,7 @@ def test_acl_user_and_password_in_url(redis_url: str, r: redis.Redis) -> None:
 
 
 def test_unknown_and_malformed_ids(client: Client) -> None:
-    with pytest.raises(ValueError, match="24-character"):
+    with pytest.raises(ValueError, match="30-character"):
         client.get("nope")
-    assert client.get("0" * 24) is None
-    assert client.cancel("0" * 24) is False
+    assert client.get("0" * 30) is None
+    assert client.cancel("0" * 30) is False

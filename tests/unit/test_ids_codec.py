@@ -19,8 +19,15 @@ from scheduler.timeutil import to_ms
 @given(st.binary(min_size=15, max_size=15))
 def test_id_text_round_trip(raw: bytes) -> None:
     text = encode_id(raw)
-    assert len(text) == 24 and decode_id(text) == raw
+    assert len(text) == 30 and decode_id(text) == raw
     assert decode_id(text.upper()) == raw
+    assert sorted([raw, bytes(15)]) == [decode_id(t) for t in sorted([text, encode_id(bytes(15))])]
+
+
+@pytest.mark.parametrize("bad", ["x" * 30, "0" * 29, 5, "0" * 31])
+def test_malformed_ids_are_refused(bad: object) -> None:
+    with pytest.raises(ValueError, match="30 characters|30-character"):
+        decode_id(bad)  # type: ignore[arg-type]
 
 
 def test_ids_are_unique_sortable_and_carry_partition_and_run_at() -> None:
