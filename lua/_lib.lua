@@ -149,6 +149,17 @@ local function find_timer(id)
   return nil
 end
 
+-- Remove a job that has a body in 'j' and is neither running nor dead: it is either in its ready
+-- list or held back by its queue's rate limit ('h:QUEUE'). Returns false if it is in neither.
+local function unlink_waiting(id, q)
+  if redis.call('ZREM', PREFIX .. 'h:' .. q, id) == 1 then
+    bump(K_G, 's:' .. q, -1)
+    bump(K_G, 'h:' .. q, -1)
+    return true
+  end
+  return redis.call('LREM', PREFIX .. 'r:' .. q, 1, id) == 1
+end
+
 local function remove_timer(id, member)
   redis.call('ZREM', K_T, member)
   redis.call('HDEL', K_M, id)

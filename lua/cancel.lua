@@ -1,4 +1,4 @@
--- cancel: scheduled -> cancelled, or ready -> cancelled.
+-- cancel: scheduled (timer, or due and held by a rate limit) -> cancelled, or ready -> cancelled.
 -- KEYS: the 13 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; 4 id; 5 tombstone ttl ms.
 -- Returns: 1 cancelled; 0 no live job with that id; -1 it is running (cannot be stopped, it will
@@ -19,7 +19,7 @@ else
   if redis.call('ZSCORE', K_I, id) then return -1 end
   if redis.call('ZSCORE', K_D, id) then return -2 end
   local q = queue_name(rec_qidx(rec)) or '?'
-  if redis.call('LREM', PREFIX .. 'r:' .. q, 1, id) == 0 then
+  if not unlink_waiting(id, q) then
     return redis.error_reply('zsched: job body without a state (invariant broken) for cancel')
   end
   redis.call('HDEL', K_J, id)

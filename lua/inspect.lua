@@ -17,6 +17,8 @@ if rec then
   if dl then return {'running', rec, dl, redis.call('HGET', K_L, id), err, q} end
   local dd = redis.call('ZSCORE', K_D, id)
   if dd then return {'dead', rec, dd, false, err, q} end
+  -- held back by a rate limit: due, not fired yet, so still scheduled
+  if q and redis.call('ZSCORE', PREFIX .. 'h:' .. q, id) then return {'scheduled', rec, fmt(due), false, err, q} end
   return {'ready', rec, fmt(due), false, err, q}
 end
 local names = {d = 'done', c = 'cancelled', m = 'misfired'}

@@ -19,7 +19,7 @@ else
   if redis.call('ZSCORE', K_I, id) then return -1 end
   if redis.call('ZSCORE', K_D, id) then return -2 end
   q = queue_name(rec_qidx(rec)) or '?'
-  if redis.call('LREM', PREFIX .. 'r:' .. q, 1, id) == 0 then
+  if not unlink_waiting(id, q) then
     return redis.error_reply('zsched: job body without a state (invariant broken) for reschedule')
   end
   redis.call('HDEL', K_J, id)

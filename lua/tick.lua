@@ -1,58 +1,138 @@
 -- tick: fire due timers. Run only by the partition's owner (scheduler tier).
 -- KEYS: the 13 partition keys (see _lib.lua).
--- ARGV: 1-3 common; 4 epoch (ownership fencing; 0 = unfenced); 5 batch limit; 6 tombstone ttl ms.
+-- ARGV: 1-3 common; 4 epoch (ownership fencing; 0 = unfenced); 5 batch limit; 6 tombstone ttl ms;
+--       7 number n of rate-limited queues (optional, default 0); then n pairs: queue name, tokens granted for this tick.
 -- Returns: {-1, newest_epoch} when the epoch is refused; else
---          {fired_or_misfired_count, next_due_ms or -1, now_ms, lateness_ms...} (one per fired job).
+--          {moved, next_due_ms or -1, now_ms, n, (queue, tokens_used, held_now, newly_held) * n,
+--           lateness_ms...}: one lateness value per fired job (now - its due time).
 -- Invariants: each due member leaves 't' and enters exactly one of: 'j' + its queue's ready list
--- (fired), a 'misfired' tombstone (skip policy, grace passed), or 'd' (record names an unknown
--- queue). Work is bounded by the batch limit; the caller loops while a full batch came back.
+-- (fired), 'j' + the queue's held set 'h:QUEUE' (rate-limited: still "scheduled", due but waiting
+-- for a token), a 'misfired' tombstone (skip policy, grace passed), or 'd' (record names an
+-- unknown queue). Held jobs are released oldest first, one token each; a queue that is no longer
+-- limited but still has held jobs (gauge 'h:QUEUE' > 0) is released without a token limit. Work is bounded by the
+-- batch limit plus the tokens granted; the caller loops while a full batch came back.
 local refused = check_epoch(tonumber(ARGV[4]))
 if refused then return {-1, refused} end
-local limit, ttl = tonumber(ARGV[5]), tonumber(ARGV[6])
+local limit, ttl, nlim = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7] or '0')
 local now = now_ms()
-local due = redis.call('ZRANGE', K_T, '-inf', fmt(now), 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
-local nd = #due / 2
-local out = {nd, -1, now}
-if nd == 0 then
-  out[2] = head_score() or -1
-  return out
+local out = {0, -1, now, nlim}
+local tokens, used, newly, lim_order = {}, {}, {}, {}
+for i = 0, nlim - 1 do
+  local q = ARGV[8 + i * 2]
+  tokens[q] = tonumber(ARGV[9 + i * 2])
+  used[q], newly[q] = 0, 0
+  lim_order[#lim_order + 1] = q
 end
-local has_moved = redis.call('HLEN', K_M) > 0
-local jargs, per_queue = {}, {}
-for i = 1, #due, 2 do
-  local member, score = due[i], tonumber(due[i + 1])
-  local id, rec = string.sub(member, 1, ID_LEN), string.sub(member, ID_LEN + 1)
-  if has_moved then redis.call('HDEL', K_M, id) end
-  local q = queue_name(rec_qidx(rec))
-  if not q then
-    redis.call('HSET', K_J, id, jval(rec, score))
-    redis.call('ZADD', K_D, now, id)
-    redis.call('HSET', K_E, id, error_blob(now, 'CorruptRecord', 'record names unknown queue index ' .. rec_qidx(rec)))
-  else
-    bump(K_G, 's:' .. q, -1)
-    local grace = rec_opts(rec)
-    if grace and now - score > grace then
-      tombstone(id, 'm', now, ttl)
-      release_key(id, rec)
-      bump(K_C, 'misfired:' .. q)
-    else
-      jargs[#jargs + 1] = id
-      jargs[#jargs + 1] = jval(rec, score)
-      local ids = per_queue[q]
-      if not ids then ids = {}; per_queue[q] = ids end
-      ids[#ids + 1] = id
-      out[#out + 1] = now - score
+-- queues no longer limited may still have held jobs: release them without a token limit
+local gauges = redis.call('HGETALL', K_G)
+for i = 1, #gauges, 2 do
+  local f = gauges[i]
+  if string.sub(f, 1, 2) == 'h:' and tonumber(gauges[i + 1]) > 0 then
+    local q = string.sub(f, 3)
+    if tokens[q] == nil then
+      tokens[q], used[q], newly[q] = limit, 0, 0
+      lim_order[#lim_order + 1] = q
     end
   end
 end
-redis.call('ZREMRANGEBYRANK', K_T, 0, nd - 1)
-if #jargs > 0 then multi('HSET', K_J, jargs) end
+local lateness = {}
+local per_queue = {}
+local moved = 0
+local function fire(id, q, due)
+  local ids = per_queue[q]
+  if not ids then ids = {}; per_queue[q] = ids end
+  ids[#ids + 1] = id
+  lateness[#lateness + 1] = now - due
+end
+
+-- 1. release held (rate-limited) jobs, oldest first, one token each
+for _, q in ipairs(lim_order) do
+  local n = math.min(tokens[q], limit)
+  if n > 0 then
+    local hk = PREFIX .. 'h:' .. q
+    local held = redis.call('ZRANGE', hk, 0, n - 1, 'WITHSCORES')
+    for i = 1, #held, 2 do
+      local id, due = held[i], tonumber(held[i + 1])
+      local rec = jget(id)
+      bump(K_G, 's:' .. q, -1)
+      bump(K_G, 'h:' .. q, -1)
+      local grace = rec and rec_opts(rec)
+      if not rec then
+        -- body missing: nothing to fire (cannot happen while invariants hold)
+      elseif grace and now - due > grace then
+        redis.call('HDEL', K_J, id)
+        tombstone(id, 'm', now, ttl)
+        release_key(id, rec)
+        bump(K_C, 'misfired:' .. q)
+      else
+        fire(id, q, due)
+        used[q] = used[q] + 1
+      end
+    end
+    if #held > 0 then redis.call('ZREMRANGEBYRANK', hk, 0, #held / 2 - 1) end
+    moved = moved + #held / 2
+  end
+end
+
+-- 2. due timers
+local due = redis.call('ZRANGE', K_T, '-inf', fmt(now), 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+local nd = #due / 2
+if nd > 0 then
+  local has_moved = redis.call('HLEN', K_M) > 0
+  local jargs = {}
+  for i = 1, #due, 2 do
+    local member, score = due[i], tonumber(due[i + 1])
+    local id, rec = string.sub(member, 1, ID_LEN), string.sub(member, ID_LEN + 1)
+    if has_moved then redis.call('HDEL', K_M, id) end
+    local q = queue_name(rec_qidx(rec))
+    if not q then
+      redis.call('HSET', K_J, id, jval(rec, score))
+      redis.call('ZADD', K_D, now, id)
+      redis.call('HSET', K_E, id, error_blob(now, 'CorruptRecord', 'record names unknown queue index ' .. rec_qidx(rec)))
+    else
+      local grace = rec_opts(rec)
+      if grace and now - score > grace then
+        bump(K_G, 's:' .. q, -1)
+        tombstone(id, 'm', now, ttl)
+        release_key(id, rec)
+        bump(K_C, 'misfired:' .. q)
+      elseif tokens[q] ~= nil and used[q] >= tokens[q] then
+        -- rate-limited and out of tokens: hold it (still counted as scheduled)
+        jargs[#jargs + 1] = id
+        jargs[#jargs + 1] = jval(rec, score)
+        redis.call('ZADD', PREFIX .. 'h:' .. q, score, id)
+        bump(K_G, 'h:' .. q)
+        newly[q] = newly[q] + 1
+      else
+        bump(K_G, 's:' .. q, -1)
+        jargs[#jargs + 1] = id
+        jargs[#jargs + 1] = jval(rec, score)
+        fire(id, q, score)
+        if tokens[q] ~= nil then used[q] = used[q] + 1 end
+      end
+    end
+  end
+  redis.call('ZREMRANGEBYRANK', K_T, 0, nd - 1)
+  if #jargs > 0 then multi('HSET', K_J, jargs) end
+  moved = moved + nd
+end
+
 for q, ids in pairs(per_queue) do
   multi('LPUSH', PREFIX .. 'r:' .. q, ids)
   bump(K_C, 'fired:' .. q, #ids)
   redis.call('PUBLISH', CHAN .. 'ready:' .. q, PART)
 end
+for i = 1, nlim do
+  local q = lim_order[i]
+  if newly[q] > 0 then bump(K_C, 'ratelimited:' .. q, newly[q]) end
+  out[#out + 1] = q
+  out[#out + 1] = used[q]
+  out[#out + 1] = redis.call('ZCARD', PREFIX .. 'h:' .. q)
+  out[#out + 1] = newly[q]
+end
 trim_tombstones(now, limit)
 flush_bumps()
+out[1] = nd  -- timers consumed: a full batch means "call again"
 out[2] = head_score() or -1
+for _, v in ipairs(lateness) do out[#out + 1] = v end
 return out

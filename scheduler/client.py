@@ -378,6 +378,25 @@ class Client:
         calls = [self._core.call("stats", p) for p in range(self.keyspace.partitions)]
         return self._core.merge_stats(self._scripts.call_many(calls))
 
+    def set_rate_limit(self, queue: str, per_second: float, burst: float | None = None) -> None:
+        """Limit how fast due jobs of ``queue`` are dispatched (jobs/s, namespace-wide), so a herd
+        drains as a steady stream, oldest first. Takes effect on the scheduler tier within a
+        moment (pub/sub), or 5 s at most."""
+        rate, b = validate_rate(queue, per_second, burst)
+        self.redis.hset(self.keyspace.config_key, f"rate:{queue}", f"{rate!r} {b!r}")
+        self.redis.publish(self.keyspace.config_channel, "rate")
+
+    def clear_rate_limit(self, queue: str) -> bool:
+        """Remove a queue's rate limit; jobs it held back are released at once."""
+        validate_name("queue", queue)
+        n = self.redis.hdel(self.keyspace.config_key, f"rate:{queue}")
+        self.redis.publish(self.keyspace.config_channel, "rate")
+        return bool(n)
+
+    def rate_limits(self) -> dict[str, tuple[float, float]]:
+        """Queue -> (jobs per second, burst)."""
+        return parse_rate_limits(self.redis.hgetall(self.keyspace.config_key))
+
 
 class AsyncClient:
     """asyncio producer client (redis.asyncio). Same methods as :class:`Client`, as coroutines.
@@ -489,3 +508,45 @@ class AsyncClient:
         core = await self._core()
         calls = [core.call("stats", p) for p in range(core.ks.partitions)]
         return core.merge_stats(await self._scripts.call_many(calls))
+
+    async def set_rate_limit(self, queue: str, per_second: float, burst: float | None = None) -> None:
+        core = await self._core()
+        rate, b = validate_rate(queue, per_second, burst)
+        await self.redis.hset(core.ks.config_key, f"rate:{queue}", f"{rate!r} {b!r}")
+        await self.redis.publish(core.ks.config_channel, "rate")
+
+    async def clear_rate_limit(self, queue: str) -> bool:
+        core = await self._core()
+        validate_name("queue", queue)
+        n = await self.redis.hdel(core.ks.config_key, f"rate:{queue}")
+        await self.redis.publish(core.ks.config_channel, "rate")
+        return bool(n)
+
+    async def rate_limits(self) -> dict[str, tuple[float, float]]:
+        core = await self._core()
+        return parse_rate_limits(await self.redis.hgetall(core.ks.config_key))
+
+
+def validate_rate(queue: str, per_second: object, burst: object | None) -> tuple[float, float]:
+    """Check a rate limit; burst defaults to a tenth of a second's worth (at least 1 job), so a herd
+    starts as a stream instead of a spike."""
+    validate_name("queue", queue)
+    rate = finite_number("per_second", per_second)
+    if not 0 < rate <= 1_000_000:
+        raise ValueError(f"per_second must be > 0 and <= 1000000 jobs/s, got {per_second!r}")
+    b = max(1.0, rate / 10) if burst is None else finite_number("burst", burst)
+    if not 1 <= b <= 10_000_000:
+        raise ValueError(f"burst must be from 1 to 10000000 jobs, got {burst!r}")
+    return rate, b
+
+
+def parse_rate_limits(cfg: dict[bytes, bytes]) -> dict[str, tuple[float, float]]:
+    out: dict[str, tuple[float, float]] = {}
+    for k, v in cfg.items():
+        if k.startswith(b"rate:"):
+            try:
+                rate, burst = (float(x) for x in v.split())
+            except ValueError:
+                continue
+            out[k[5:].decode()] = (rate, burst)
+    return out

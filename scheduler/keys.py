@@ -11,12 +11,13 @@ Per partition ``{ns:p}:`` +
   ``d``        dead letter: sorted set id -> time of death ms                          (state dead)
   ``e``        last errors: hash id -> msgpack [type, message, traceback, at_ms]
   ``k``        idempotency keys: hash key -> id, while the job is live
+  ``h:QUEUE``  held: sorted set id -> due ms, due jobs waiting for a rate-limit token (scheduled)
   ``x``        tombstones: sorted set id..state-letter -> expiry ms (done, cancelled, misfired)
   ``q``        queue names interned to small numbers: ``n:NAME`` -> idx, ``i:IDX`` -> name
   ``g``        gauges per queue (``s:Q`` scheduled, ``a:Q`` running, ``d:Q`` dead)
   ``c``        counters per queue (``scheduled:Q``, ``fired:Q``, ...) exported by the partition owner
   ``meta``     ``fence`` (claim counter), ``epoch`` (highest scheduler epoch seen)
-Namespace-wide: ``{ns}:cfg`` (partition count). Pub/sub: ``ns:wake`` (scheduler), ``ns:ready:QUEUE``.
+Namespace-wide: ``{ns}:cfg`` (partition count, ``rate:QUEUE`` limits), ``{ns}:rl:QUEUE`` token buckets. Pub/sub: ``ns:wake`` (scheduler), ``ns:ready:QUEUE``.
 """
 from __future__ import annotations
 
@@ -70,6 +71,14 @@ class Keyspace:
     @property
     def wake_channel(self) -> str:
         return f"{self.namespace}:wake"
+
+    @property
+    def config_channel(self) -> str:
+        return f"{self.namespace}:config"
+
+    def bucket(self, queue: str) -> str:
+        """Namespace-wide token bucket of a rate-limited queue (not a partition key)."""
+        return "{%s}:rl:%s" % (self.namespace, queue)
 
     def ready_channel(self, queue: str) -> str:
         return f"{self.namespace}:ready:{queue}"

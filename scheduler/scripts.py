@@ -14,7 +14,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 SCRIPT_NAMES = (
     "schedule", "tick", "claim", "ack", "fail", "extend", "release", "reap",
-    "cancel", "reschedule", "requeue", "purge", "inspect", "stats", "dead_list",
+    "cancel", "reschedule", "requeue", "purge", "inspect", "stats", "dead_list", "ratelimit",
 )
 
 

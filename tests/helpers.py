@@ -108,6 +108,15 @@ def snapshot(r: redis.Redis, client: Client) -> dict[str, dict[str, str]]:
             states[encode_id(raw)] = "ready"
             seen[encode_id(raw)] += 1
             assert raw in bodies, f"{encode_id(raw)} ready without a body"
+        held: set[bytes] = set()
+        for name in qnames:
+            for raw in r.zrange(ks.key(p, "h:" + name), 0, -1):
+                held.add(raw)
+                states[encode_id(raw)] = "scheduled"
+                seen[encode_id(raw)] += 1
+                assert raw in bodies, f"{encode_id(raw)} held without a body"
+                gcount["s:" + name] += 1
+                gcount["h:" + name] += 1
         for raw in inflight:
             states[encode_id(raw)] = "running"
             seen[encode_id(raw)] += 1
@@ -123,7 +132,8 @@ def snapshot(r: redis.Redis, client: Client) -> dict[str, dict[str, str]]:
             gcount["d:" + qname_of[int.from_bytes(rec[:2], 'big')]] += 1
         for raw in bodies:
             assert raw not in timer_ids, f"{encode_id(raw)} both in timers and bodies"
-            assert raw in ready_ids or raw in inflight or raw in dead, f"{encode_id(raw)} body without a state"
+            assert raw in ready_ids or raw in inflight or raw in dead or raw in held, \
+                f"{encode_id(raw)} body without a state"
         for name, v in gauges.items():
             assert v == gcount.get(name, 0), f"gauge {name}={v} but counted {gcount.get(name, 0)} (partition {p})"
         for name, v in gcount.items():

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import redis.asyncio as aredis
 
 from .. import config
-from ..client import AsyncClient
+from ..client import AsyncClient, parse_rate_limits
 from ..coord import Coordinator, EtcdCoordinator
 from ..metrics import SchedulerMetrics, serve
 from .ownership import Ownership, default_replica_id
@@ -51,8 +51,10 @@ class SchedulerProcess:
         self.coord = coord or EtcdCoordinator.from_endpoints(cfg.etcd_endpoints)
         self.runners: dict[int, PartitionRunner] = {}
         self.ownership: Ownership | None = None
+        self.rate_limits: dict[str, tuple[float, float]] = {}
         self._stop = asyncio.Event()
         self._wake_task: asyncio.Task[None] | None = None
+        self._config_task: asyncio.Task[None] | None = None
 
     @property
     def replica_id(self) -> str:
@@ -70,7 +72,9 @@ class SchedulerProcess:
             replica_id=self.cfg.replica_id, ttl=self.cfg.lease_ttl, metrics=self.metrics,
             on_acquire=self._start_partition, on_release=self._stop_partition,
             ignore_deadline=self.cfg.ignore_deadline)
+        await self._load_config()
         self._wake_task = asyncio.create_task(self._wake_listener(), name="wake-listener")
+        self._config_task = asyncio.create_task(self._config_poller(), name="config-poller")
         await self.ownership.start()
         log.info("scheduler replica %s up: namespace %s, %d partitions, lease ttl %.1fs",
                  self.replica_id, self.cfg.namespace, core.ks.partitions, self.cfg.lease_ttl)
@@ -95,12 +99,13 @@ class SchedulerProcess:
         t0 = time.monotonic()
         if self.ownership is not None:
             await self.ownership.shutdown()
-        if self._wake_task is not None:
-            self._wake_task.cancel()
-            try:
-                await self._wake_task
-            except (asyncio.CancelledError, Exception):
-                pass
+        for task in (self._wake_task, self._config_task):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):
+                    pass
         await self.coord.close()
         await self.redis.aclose()
         log.info("scheduler replica %s stopped in %.3fs", self.replica_id, time.monotonic() - t0)
@@ -115,7 +120,8 @@ class SchedulerProcess:
         assert core is not None
         runner = PartitionRunner(
             p, epoch, scripts=self.client._scripts, core=core, metrics=self.metrics, config=self.cfg.runner,
-            is_valid=lambda: own.owns(p, epoch), valid_for=own.valid_for, on_refused=self._refused)
+            is_valid=lambda: own.owns(p, epoch), valid_for=own.valid_for, on_refused=self._refused,
+            limits=lambda: self.rate_limits)
         self.runners[p] = runner
         runner.start()
 
@@ -130,20 +136,43 @@ class SchedulerProcess:
         if self.ownership is not None:
             await self.ownership.partition_refused(p, current)
 
+    async def _load_config(self) -> None:
+        """Rate limits from the namespace config (set with Client.set_rate_limit)."""
+        try:
+            limits = parse_rate_limits(await self.redis.hgetall(self.client.keyspace.config_key))
+        except REDIS_ERRORS as exc:
+            log.warning("cannot read rate limits (%s); keeping the last known ones", exc)
+            return
+        if limits != self.rate_limits:
+            log.info("rate limits now %s", limits or "none")
+            self.rate_limits = limits
+            for runner in self.runners.values():
+                runner.wake.set()
+
+    async def _config_poller(self) -> None:
+        while True:  # safety net; changes normally arrive over pub/sub at once
+            await asyncio.sleep(5.0)
+            await self._load_config()
+
     async def _wake_listener(self) -> None:
-        """Wake a partition's runner when a producer schedules a job before its earliest timer."""
+        """Wake a partition's runner when a producer schedules a job before its earliest timer,
+        and reload the config when it changes."""
         channel = self.client.keyspace.wake_channel
+        config_channel = self.client.keyspace.config_channel
         delay = 0.1
         while True:
             pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(channel)
+                await pubsub.subscribe(channel, config_channel)
                 delay = 0.1
                 for runner in list(self.runners.values()):  # we may have missed wake-ups while away
                     runner.wake.set()
                 while True:
                     msg = await pubsub.get_message(timeout=None)
                     if msg is None:
+                        continue
+                    if msg["channel"] == config_channel.encode():
+                        await self._load_config()
                         continue
                     try:
                         runner = self.runners.get(int(msg["data"]))

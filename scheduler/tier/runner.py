@@ -40,7 +40,8 @@ class PartitionRunner:
     def __init__(self, partition: int, epoch: int, *, scripts: AsyncScripts, core: _Core,
                  metrics: SchedulerMetrics, config: RunnerConfig,
                  is_valid: Callable[[], bool], valid_for: Callable[[], float],
-                 on_refused: Callable[[int, int], Awaitable[None]]) -> None:
+                 on_refused: Callable[[int, int], Awaitable[None]],
+                 limits: Callable[[], dict[str, tuple[float, float]]] = dict) -> None:
         self.partition = partition
         self.epoch = epoch
         self._scripts = scripts
@@ -50,6 +51,9 @@ class PartitionRunner:
         self._is_valid = is_valid
         self._valid_for = valid_for
         self._on_refused = on_refused
+        self._limits = limits
+        self._held: dict[str, int] = {}     # rate-limited queue -> jobs held in this partition
+        self._refund: dict[str, int] = {}   # tokens granted but not used, returned next time
         self.wake = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -120,12 +124,36 @@ class PartitionRunner:
         except asyncio.TimeoutError:
             pass
 
+    async def _take_tokens(self, limits: dict[str, tuple[float, float]]) -> tuple[dict[str, int], float]:
+        """Ask the queues' token buckets for this partition's share; returns grants and how long
+        until a token is available for a queue that got none."""
+        want = [q for q in limits if self._held.get(q, 0) > 0 or self._refund.get(q, 0) > 0]
+        if not want:
+            return {}, float("inf")
+        calls = [("ratelimit", [self._core.ks.bucket(q)],
+                  [limits[q][0], limits[q][1], self.partition, self._held.get(q, 0), self._refund.pop(q, 0)])
+                 for q in want]
+        grants: dict[str, int] = {}
+        wait = float("inf")
+        for q, (granted, wait_ms) in zip(want, await self._scripts.call_many(calls)):
+            grants[q] = int(granted)
+            if int(granted) == 0 and self._held.get(q, 0) > 0:
+                wait = min(wait, int(wait_ms) / 1000.0)
+        return grants, wait
+
     async def _step(self) -> float:
         """One tick (+ reap); returns how long to sleep (0 = more work right now)."""
         cfg = self._cfg
         now_local = time.monotonic()
         core = self._core
-        calls = [core.call("tick", self.partition, self.epoch, cfg.batch, core.tomb_ms)]
+        limits = self._limits()
+        grants, token_wait = await self._take_tokens(limits) if limits or self._held else ({}, float("inf"))
+        for q in [q for q in self._held if q not in limits]:
+            del self._held[q]  # limit removed: tick releases what is held without tokens
+        lim_args: list[object] = [len(limits)]
+        for q in limits:
+            lim_args += [q, grants.get(q, 0)]
+        calls = [core.call("tick", self.partition, self.epoch, cfg.batch, core.tomb_ms, *lim_args)]
         do_reap = now_local >= self._next_reap
         if do_reap:
             calls.append(core.call("reap", self.partition, self.epoch, cfg.reap_batch))
@@ -139,10 +167,25 @@ class PartitionRunner:
             await self._refused(int(tick[1]))
         fired = int(tick[0])
         redis_now = int(tick[2])
-        if len(tick) > 3:
-            self._m.observe_lateness(tick[3:])
-            self._m.fired.labels(self._m.replica).inc(len(tick) - 3)
+        nlim = int(tick[3])
+        held_any = False
+        for i in range(4, 4 + 4 * nlim, 4):
+            q = tick[i].decode()
+            used, held, newly = int(tick[i + 1]), int(tick[i + 2]), int(tick[i + 3])
+            self._held[q] = held
+            held_any = held_any or held > 0
+            unused = grants.get(q, 0) - used
+            if unused > 0:
+                self._refund[q] = self._refund.get(q, 0) + unused
+            if newly:
+                self._m.rate_limited.labels(self._m.replica, q).inc(newly)
+        lateness = tick[4 + 4 * nlim:]
+        if lateness:
+            self._m.observe_lateness(lateness)
+            self._m.fired.labels(self._m.replica).inc(len(lateness))
         more = fired >= cfg.batch
+        if held_any and any(grants.get(q, 0) > 0 for q in grants):
+            more = True  # tokens were available: ask again at once, the bucket paces us
         if do_reap:
             reap = replies[1]
             if reap[0] == -1:
@@ -164,6 +207,8 @@ class PartitionRunner:
         sleep_for = cfg.idle_check
         if next_due >= 0:
             sleep_for = min(sleep_for, (next_due - redis_now) / 1000.0 - (time.monotonic() - received))
+        if held_any:
+            sleep_for = min(sleep_for, token_wait if token_wait != float("inf") else 0.01)
         sleep_for = min(sleep_for, max(0.0, self._next_reap - time.monotonic()), self._valid_for())
         return max(cfg.min_sleep, sleep_for)
 

@@ -173,3 +173,82 @@ async def test_frozen_replica_cannot_fire_a_partition_that_moved(redis_url: str,
         await stop_replica(b, b_task)
         coord.cut_off = False
         await stop_replica(a, a_task)
+
+
+def _fired(r: redis.Redis, client: Client, queue: str) -> int:
+    return sum(int(r.hget(client.keyspace.key(p, "c"), f"fired:{queue}") or 0)
+               for p in range(client.keyspace.partitions))
+
+
+async def test_rate_limited_herd_drains_as_a_stream_oldest_first(redis_url: str, etcd_endpoint: str) -> None:
+    client = Client.from_url(redis_url, namespace=NS, partitions=8)
+    r = redis.Redis.from_url(redis_url)
+    client.set_rate_limit("herd", 400)
+    assert client.rate_limits() == {"herd": (400.0, 40.0)}
+    procs = [await start_replica(redis_url, etcd_endpoint, f"r{n}") for n in range(2)]
+    try:
+        await settled(etcd_endpoint, [p for p, _ in procs], 8)
+        t0 = time.time() + 0.3
+        # 1600 jobs due within the same 100 ms, older ones first by due time
+        herd = client.schedule_many([(t0 + i * 0.0000625, i) for i in range(1600)], queue="herd")
+        other = client.schedule_many([(t0 + 1 + i * 0.01, i) for i in range(100)], queue="other")
+        await asyncio.sleep(0.35)
+        samples = []
+        while _fired(r, client, "herd") < 1600:
+            samples.append((time.monotonic(), _fired(r, client, "herd")))
+            assert len(samples) < 1000, "herd did not drain"
+            await asyncio.sleep(0.05)
+        # steady-state rate, ignoring the first and last 10 % (burst at start, tail at end)
+        lo = next(t for t, n in samples if n >= 160)
+        hi = next(t for t, n in samples if n >= 1440)
+        rate = (1440 - 160) / (hi - lo)
+        assert 360 <= rate <= 440, f"herd streamed at {rate:.0f}/s, limit 400/s"
+        # the other queue was not starved: all of it fired within its due times + a little
+        assert _fired(r, client, "other") == 100
+        # oldest first: a held job's due time is never older than a fired one's within a partition
+        st = snapshot(r, client)
+        assert all(st[i] == "ready" for i in herd + other)
+        rl = sum(int(p.metrics.rate_limited.labels(p.replica_id, "herd")._value.get()) for p, _ in procs)
+        assert rl > 0
+    finally:
+        for p, t in procs:
+            await stop_replica(p, t)
+
+
+async def test_held_jobs_can_be_inspected_cancelled_and_released_by_clearing_the_limit(
+        redis_url: str, etcd_endpoint: str) -> None:
+    client = Client.from_url(redis_url, namespace=NS, partitions=2)
+    r = redis.Redis.from_url(redis_url)
+    client.set_rate_limit("slow", 1, burst=1)
+    proc, task = await start_replica(redis_url, etcd_endpoint, "solo")
+    try:
+        await settled(etcd_endpoint, [proc], 2)
+        ids = client.schedule_many([(time.time() + 0.1, i) for i in range(50)], queue="slow")
+        await asyncio.sleep(1.0)
+        st = snapshot(r, client)
+        held = [i for i in ids if st[i] == "scheduled"]
+        assert 40 <= len(held) <= 49
+        info = client.get(held[-1])
+        assert info.state is JobState.SCHEDULED and info.run_at is not None
+        assert client.cancel(held[-1])
+        assert client.reschedule(held[-2], time.time() + 3600)
+        assert client.stats()["slow"]["scheduled"] >= len(held) - 1
+        assert client.clear_rate_limit("slow")
+        deadline = time.monotonic() + 3
+        while sum(1 for i in ids if snapshot(r, client).get(i) == "ready") < 48:
+            assert time.monotonic() < deadline, "clearing the limit did not release held jobs"
+            await asyncio.sleep(0.05)
+        assert client.get(held[-2]).state is JobState.SCHEDULED
+        assert client.get(held[-1]).state is JobState.CANCELLED
+    finally:
+        await stop_replica(proc, task)
+
+
+def test_rate_limit_validation(redis_url: str) -> None:
+    client = Client.from_url(redis_url, namespace=NS, partitions=2)
+    for bad in (0, -1, float("nan"), "10"):
+        with pytest.raises((ValueError, TypeError)):
+            client.set_rate_limit("q", bad)
+    with pytest.raises(ValueError):
+        client.set_rate_limit("bad:queue", 10)
+    assert not client.clear_rate_limit("never-limited")
