@@ -1,0 +1,77 @@
+"""Shared benchmark helpers: servers, payload, statistics, machine description."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from tests.servers import RedisServer  # noqa: E402
+
+PAYLOAD = {"user_id": 12345, "template": "welcome", "to": "someone@example.com", "pad": "x" * 40}
+
+
+@contextmanager
+def redis_server(*extra: str) -> Iterator[RedisServer]:
+    """A fresh redis-server (default config: no persistence, hz as Redis ships: 10)."""
+    srv = RedisServer(extra_args=["--hz", "10", *extra])
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"n": 0}
+    v = sorted(values)
+
+    def pct(p: float) -> float:
+        return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))]
+
+    return {"n": len(v), "p50": pct(50), "p99": pct(99), "max": v[-1], "mean": statistics.fmean(v)}
+
+
+def median_of(runs: list[float]) -> float:
+    return statistics.median(runs)
+
+
+def machine() -> dict[str, Any]:
+    def ver(cmd: list[str]) -> str:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=5).stdout.strip().splitlines()[0]
+        except Exception:
+            return "unknown"
+
+    return {
+        "date": time.strftime("%Y-%m-%d"),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "redis": ver(["redis-server", "--version"]),
+        "etcd": ver(["etcd", "--version"]),
+    }
+
+
+def emit(result: dict[str, Any]) -> None:
+    print(json.dumps(result, indent=2, default=str))
+    sys.stdout.flush()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User+system CPU seconds of a process (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks

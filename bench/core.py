@@ -1,0 +1,94 @@
+"""Core engine benchmarks (issue 2 / W1, W2 and tick throughput):
+
+* enqueue: jobs/s for ``schedule`` one by one and ``schedule_many`` (jobs due in 1 h)
+* memory: Redis ``used_memory`` delta per pending job, with where the bytes go
+* tick: jobs moved from timers to ready lists per second by the ``tick`` script
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+
+from bench.common import PAYLOAD, percentiles, redis_server
+from scheduler import Client
+from tests.helpers import Ops
+
+
+def enqueue(url: str, n_one: int = 20_000, n_many: int = 20_000, rounds: int = 3) -> dict[str, Any]:
+    one, many = [], []
+    for rnd in range(rounds):
+        r = redis.Redis.from_url(url)
+        r.flushall()
+        c = Client.from_url(url, namespace="bench")
+        at = time.time() + 3600
+        t = time.perf_counter()
+        for _ in range(n_one):
+            c.schedule(at, PAYLOAD)
+        one.append(n_one / (time.perf_counter() - t))
+        r.flushall()
+        c = Client.from_url(url, namespace="bench")
+        jobs = [(at, PAYLOAD)] * n_many
+        t = time.perf_counter()
+        c.schedule_many(jobs)
+        many.append(n_many / (time.perf_counter() - t))
+        c.close()
+    return {"schedule_one_jobs_per_s": percentiles(one)["p50"], "schedule_many_jobs_per_s": percentiles(many)["p50"],
+            "runs_one": [round(x) for x in one], "runs_many": [round(x) for x in many]}
+
+
+def memory(url: str, n: int) -> dict[str, Any]:
+    r = redis.Redis.from_url(url)
+    r.flushall()
+    c = Client.from_url(url, namespace="bench")
+    base = r.info("memory")["used_memory"]
+    at = time.time() + 3600
+    chunk = 50_000
+    t = time.perf_counter()
+    for s in range(0, n, chunk):
+        c.schedule_many([(at + (i % 3600), PAYLOAD) for i in range(s, min(n, s + chunk))])
+    elapsed = time.perf_counter() - t
+    used = r.info("memory")["used_memory"] - base
+    ks = c.keyspace
+    timers = sum(r.memory_usage(ks.key(p, "t"), samples=0) or 0 for p in range(ks.partitions))
+    others = {}
+    for suffix in ("g", "c", "q"):
+        others[suffix] = sum(r.memory_usage(ks.key(p, suffix), samples=0) or 0 for p in range(ks.partitions))
+    member = 15 + 9 + len(__import__("msgpack").packb(PAYLOAD))
+    return {
+        "pending_jobs": n,
+        "bytes_per_job": round(used / n, 1),
+        "timer_sets_bytes_per_job": round(timers / n, 1),
+        "per_partition_bookkeeping_bytes": sum(others.values()),
+        "timer_member_bytes": member,
+        "schedule_many_jobs_per_s": round(n / elapsed),
+    }
+
+
+def tick(url: str, n: int = 200_000, batch: int = 1000) -> dict[str, Any]:
+    r = redis.Redis.from_url(url)
+    r.flushall()
+    c = Client.from_url(url, namespace="bench")
+    due = time.time() + 2
+    for s in range(0, n, 50_000):
+        c.schedule_many([(due, PAYLOAD)] * min(50_000, n - s))
+    time.sleep(max(0.0, due - time.time()) + 0.05)
+    ops = Ops(c)
+    r.config_resetstat()
+    t = time.perf_counter()
+    moved = ops.tick_all(limit=batch)
+    wall = time.perf_counter() - t
+    stats = r.info("commandstats")["cmdstat_evalsha"]
+    return {"jobs": moved, "batch": batch, "jobs_per_s_wall": round(moved / wall),
+            "jobs_per_s_redis_cpu": round(moved / (stats["usec"] / 1e6)),
+            "redis_usec_per_tick_call": stats["usec_per_call"]}
+
+
+def run(args: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    with redis_server() as srv:
+        out["enqueue"] = enqueue(srv.url)
+        out["tick"] = tick(srv.url)
+        out["memory"] = [memory(srv.url, n) for n in args.memory_sizes]
+    return out
