@@ -4,7 +4,12 @@
 --       7 number n of rate-limited queues (optional, default 0); then n pairs: queue name, tokens granted for this tick.
 -- Returns: {-1, newest_epoch} when the epoch is refused; else
 --          {moved, next_due_ms or -1, now_ms, n, (queue, tokens_used, held_now, newly_held) * n,
---           lateness_ms...}: one lateness value per fired job (now - its due time).
+--           c, cron names * c, lateness_ms...}: the crons whose table of upcoming occurrences runs
+--          low (or ran out) and must be refilled by the caller (cron_fill), then one lateness
+--          value per fired job (now - its due time).
+-- Cron occurrences: when one fires (or misfires), the cron's next occurrence is scheduled in this
+-- same script, so a cron always has exactly one pending occurrence. Occurrences missed during an
+-- outage are coalesced into one catch-up run (run_late) or counted as misfired (skip).
 -- Invariants: each due member leaves 't' and enters exactly one of: 'j' + its queue's ready list
 -- (fired), 'j' + the queue's held set 'h:QUEUE' (rate-limited: still "scheduled", due but waiting
 -- for a token), a 'misfired' tombstone (skip policy, grace passed), or 'd' (record names an
@@ -36,6 +41,8 @@ for i = 1, #gauges, 2 do
   end
 end
 local lateness = {}
+local crons = {}
+local function attention(name) if name then crons[#crons + 1] = name end end
 local per_queue = {}
 local moved = 0
 local function fire(id, q, due)
@@ -64,7 +71,13 @@ for _, q in ipairs(lim_order) do
         tombstone(id, 'm', now, ttl)
         release_key(id, rec)
         bump(K_C, 'misfired:' .. q)
+        if rec_is_cron(rec) then attention(select(2, cron_advance(id, rec, now, true))) end
       else
+        if rec_is_cron(rec) then
+          local rec2, name = cron_advance(id, rec, now, false)
+          attention(name)
+          if rec2 ~= rec then redis.call('HSET', K_J, id, jval(rec2, due)) end
+        end
         fire(id, q, due)
         used[q] = used[q] + 1
       end
@@ -96,6 +109,7 @@ if nd > 0 then
         tombstone(id, 'm', now, ttl)
         release_key(id, rec)
         bump(K_C, 'misfired:' .. q)
+        if rec_is_cron(rec) then attention(select(2, cron_advance(id, rec, now, true))) end
       elseif tokens[q] ~= nil and used[q] >= tokens[q] then
         -- rate-limited and out of tokens: hold it (still counted as scheduled)
         jargs[#jargs + 1] = id
@@ -105,6 +119,11 @@ if nd > 0 then
         newly[q] = newly[q] + 1
       else
         bump(K_G, 's:' .. q, -1)
+        if rec_is_cron(rec) then
+          local name
+          rec, name = cron_advance(id, rec, now, false)
+          attention(name)
+        end
         jargs[#jargs + 1] = id
         jargs[#jargs + 1] = jval(rec, score)
         fire(id, q, score)
@@ -130,6 +149,8 @@ for i = 1, nlim do
   out[#out + 1] = redis.call('ZCARD', PREFIX .. 'h:' .. q)
   out[#out + 1] = newly[q]
 end
+out[#out + 1] = #crons
+for _, name in ipairs(crons) do out[#out + 1] = name end
 trim_tombstones(now, limit)
 flush_bumps()
 out[1] = nd  -- timers consumed: a full batch means "call again"

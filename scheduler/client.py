@@ -16,9 +16,12 @@ import redis
 import redis.asyncio as aredis
 
 from . import codec, config
-from .codec import build_record, decode_record, finite_number, pack_payload, unpack_payload
+import msgpack
+
+from .codec import build_record, decode_record, finite_number, pack_payload, split_template, unpack_payload
+from .cron import LOOKAHEAD, MAX_JITTER_S, CronInfo, occurrences, validate_expression, validate_tz, with_jitter
 from .errors import ScriptError
-from .ids import ID_BYTES, IdGenerator, decode_id, encode_id, partition_of
+from .ids import ID_BYTES, IdGenerator, decode_id, encode_id, partition_for_key, partition_of
 from .keys import Keyspace, validate_name
 from .models import JobError, JobInfo, JobState
 from .scripts import AsyncScripts, Scripts
@@ -266,6 +269,69 @@ class _Core:
                 q(ready[i].decode())["ready"] += int(ready[i + 1])
         return out
 
+    # -- cron ---------------------------------------------------------------------------------
+    def cron_set_call(self, name: str, expression: str, payload: Any, *, queue: str, tz: str, misfire: str,
+                      misfire_grace: float | None, jitter: float, max_attempts: int, lease: float,
+                      backoff: tuple[float, float] | None) -> tuple:
+        """Validate everything (nothing is written on error) and build the cron_set call."""
+        validate_name("cron name", name)
+        validate_expression(expression)
+        zone = validate_tz(tz)
+        opts = self.job_options(queue=queue, max_attempts=max_attempts, lease=lease, misfire=misfire,
+                                misfire_grace=misfire_grace, backoff=backoff, jitter=jitter)
+        if opts["jitter_ms"] > MAX_JITTER_S * 1000:
+            raise ValueError(f"jitter must be at most {MAX_JITTER_S} seconds, got {jitter!r}")
+        data = pack_payload(payload, self.max_payload)
+        rec = build_record(data, created_s=int(time.time()), max_attempts=opts["max_attempts"],
+                           lease_ms=opts["lease_ms"], misfire_skip=opts["misfire_skip"],
+                           misfire_grace_ms=opts["misfire_grace_ms"], backoff_base_ms=opts["backoff_base_ms"],
+                           backoff_cap_ms=opts["backoff_cap_ms"])
+        head, tail = split_template(rec)
+        nominals = occurrences(expression, zone, int(time.time() * 1000), LOOKAHEAD + 1)
+        if not nominals:
+            raise ValueError(f"cron expression {expression!r} never fires (e.g. a day that does not exist)")
+        pairs = with_jitter(nominals, opts["jitter_ms"])
+        definition = msgpack.packb({"expr": expression, "tz": tz, "queue": queue, "misfire": misfire,
+                                    "grace": misfire_grace, "jitter": jitter, "created": time.time()})
+        p = partition_for_key(name, self.ks.partitions)
+        flat = [x for pair in pairs for x in pair]
+        return self.call("cron_set", p, name, queue, definition, head, tail, self.tomb_ms, len(pairs), *flat)
+
+    def cron_remove_call(self, name: str) -> tuple:
+        validate_name("cron name", name)
+        return self.call("cron_remove", partition_for_key(name, self.ks.partitions), name, self.tomb_ms)
+
+    def cron_list_commands(self, pipe: Any) -> None:
+        for p in range(self.ks.partitions):
+            pipe.smembers(self.ks.key(p, "crons"))
+
+    def cron_detail_commands(self, pipe: Any, names_per_partition: list[set[bytes]]) -> list[tuple[int, str]]:
+        order = []
+        for p, names in enumerate(names_per_partition):
+            for raw in sorted(names):
+                name = raw.decode()
+                pipe.hmget(self.ks.key(p, f"cron:{name}"), "def", "pending", "pnom", "last")
+                order.append((p, name))
+        return order
+
+    def cron_infos(self, order: list[tuple[int, str]], details: list[list[Any]],
+                   pending: dict[str, JobInfo | None]) -> list[CronInfo]:
+        out = []
+        for (p, name), (d, pend, pnom, last) in zip(order, details):
+            if d is None:
+                continue  # removed meanwhile
+            spec = msgpack.unpackb(d, raw=False)
+            pid_text = encode_id(pend) if pend else None
+            job = pending.get(pid_text) if pid_text else None
+            out.append(CronInfo(
+                name=name, expression=spec["expr"], tz=spec["tz"], queue=spec["queue"], misfire=spec["misfire"],
+                misfire_grace=spec.get("grace"), jitter=spec.get("jitter", 0),
+                next_fire=job.run_at if job else None,
+                next_nominal=ms_to_datetime(int(pnom)) if pnom and pend else None,
+                last_fired=ms_to_datetime(int(last)) if last else None,
+                pending_id=pid_text, payload=job.payload if job else None))
+        return sorted(out, key=lambda c: c.name)
+
     def requeue_args(self, at: object | None) -> int:
         return 0 if at is None else to_ms(at)
 
@@ -377,6 +443,41 @@ class Client:
         """Per queue: counts of scheduled, ready, running and dead jobs."""
         calls = [self._core.call("stats", p) for p in range(self.keyspace.partitions)]
         return self._core.merge_stats(self._scripts.call_many(calls))
+
+
+    # -- cron -----------------------------------------------------------------------------------
+    def add_cron(self, name: str, expression: str, payload: Any = None, *, queue: str = "default",
+                 tz: str = "UTC", misfire: str = "run_late", misfire_grace: float | None = None,
+                 jitter: float = 0.0, max_attempts: int = 5, lease: float = 30.0,
+                 backoff: tuple[float, float] | None = None) -> str:
+        """Create or replace a recurring schedule; returns the id of its pending occurrence.
+
+        Each occurrence is an ordinary job (retries, leases, dead-letter) whose idempotency key is
+        ``cron:NAME:NOMINAL_MS``; a cron always has exactly one pending occurrence, and the
+        scheduler tier schedules the next one in the same atomic step that fires the current one.
+        ``misfire``: after an outage, ``run_late`` fires one catch-up run (the handler sees the
+        nominal time and how many were missed, ``job.cron``); ``skip`` drops the missed ones.
+        ``jitter``: each occurrence fires uniformly within [nominal, nominal + jitter] seconds.
+        """
+        reply = self._scripts.call(*self._core.cron_set_call(
+            name, expression, payload, queue=queue, tz=tz, misfire=misfire, misfire_grace=misfire_grace,
+            jitter=jitter, max_attempts=max_attempts, lease=lease, backoff=backoff))
+        return encode_id(reply[0])
+
+    def remove_cron(self, name: str) -> bool:
+        """Delete a cron and cancel its pending occurrence (one already running finishes)."""
+        return self._scripts.call(*self._core.cron_remove_call(name)) == 1
+
+    def crons(self) -> list[CronInfo]:
+        """Every cron of the namespace, by name."""
+        pipe = self.redis.pipeline(transaction=False)
+        self._core.cron_list_commands(pipe)
+        names = pipe.execute()
+        pipe = self.redis.pipeline(transaction=False)
+        order = self._core.cron_detail_commands(pipe, names)
+        details = pipe.execute() if order else []
+        pending = {encode_id(d[1]): self.get(encode_id(d[1])) for d in details if d[1]}
+        return self._core.cron_infos(order, details, pending)
 
     def set_rate_limit(self, queue: str, per_second: float, burst: float | None = None) -> None:
         """Limit how fast due jobs of ``queue`` are dispatched (jobs/s, namespace-wide), so a herd
@@ -508,6 +609,32 @@ class AsyncClient:
         core = await self._core()
         calls = [core.call("stats", p) for p in range(core.ks.partitions)]
         return core.merge_stats(await self._scripts.call_many(calls))
+
+
+    async def add_cron(self, name: str, expression: str, payload: Any = None, *, queue: str = "default",
+                       tz: str = "UTC", misfire: str = "run_late", misfire_grace: float | None = None,
+                       jitter: float = 0.0, max_attempts: int = 5, lease: float = 30.0,
+                       backoff: tuple[float, float] | None = None) -> str:
+        core = await self._core()
+        reply = await self._scripts.call(*core.cron_set_call(
+            name, expression, payload, queue=queue, tz=tz, misfire=misfire, misfire_grace=misfire_grace,
+            jitter=jitter, max_attempts=max_attempts, lease=lease, backoff=backoff))
+        return encode_id(reply[0])
+
+    async def remove_cron(self, name: str) -> bool:
+        core = await self._core()
+        return await self._scripts.call(*core.cron_remove_call(name)) == 1
+
+    async def crons(self) -> list[CronInfo]:
+        core = await self._core()
+        pipe = self.redis.pipeline(transaction=False)
+        core.cron_list_commands(pipe)
+        names = await pipe.execute()
+        pipe = self.redis.pipeline(transaction=False)
+        order = core.cron_detail_commands(pipe, names)
+        details = await pipe.execute() if order else []
+        pending = {encode_id(d[1]): await self.get(encode_id(d[1])) for d in details if d[1]}
+        return core.cron_infos(order, details, pending)
 
     async def set_rate_limit(self, queue: str, per_second: float, burst: float | None = None) -> None:
         core = await self._core()

@@ -6,7 +6,8 @@ Record layout (big-endian), designed so Lua reads it at fixed offsets without a 
   [4]   flags                                    [5:9] created, epoch seconds
   then, in this order, only when the flag is set:
   F_SKIP   uint32 misfire grace ms      F_LEASE  uint32 lease ms (default 30 000)
-  F_KEY    uint8 length + key bytes     F_OPTS   uint16 length + msgpack map (backoff, ...)
+  F_KEY    uint8 length + key bytes     F_CRON   uint48 nominal ms + uint16 missed (cron occurrences)
+  F_OPTS   uint16 length + msgpack map (backoff, ...)
   then the payload, msgpack.
 
 With a 98-byte payload a timer member (15-byte id + 9-byte header + payload) is 122 bytes, which
@@ -27,6 +28,7 @@ F_SKIP = 1
 F_OPTS = 2
 F_KEY = 4
 F_LEASE = 8
+F_CRON = 16  # a cron occurrence: uint48 nominal ms + uint16 missed occurrences follow the key
 
 DEFAULT_LEASE_MS = 30_000
 DEFAULT_BACKOFF_BASE_MS = 1_000
@@ -56,6 +58,8 @@ class Record:
     backoff_base_ms: int
     backoff_cap_ms: int
     payload_bytes: bytes
+    cron_nominal_ms: int | None = None  # cron occurrences: the nominal time this run stands for
+    cron_missed: int = 0                # cron occurrences: earlier occurrences coalesced into it
 
 
 def pack_payload(payload: Any, limit: int) -> bytes:
@@ -126,6 +130,16 @@ def build_record(
     return head + payload_bytes
 
 
+def split_template(rec: bytes) -> tuple[bytes, bytes]:
+    """Split a record built without key into (head: header + grace + lease, tail: opts + payload)
+    so Lua can insert a key and a cron section between them for each cron occurrence."""
+    flags = rec[4]
+    if flags & (F_KEY | F_CRON):
+        raise ValueError("cron templates carry no key or cron section")
+    pos = HEADER_SIZE + (4 if flags & F_SKIP else 0) + (4 if flags & F_LEASE else 0)
+    return rec[:pos], rec[pos:]
+
+
 def decode_record(rec: bytes) -> Record:
     """Parse a record; raises PayloadError if it is truncated or malformed (poison body)."""
     try:
@@ -145,6 +159,11 @@ def decode_record(rec: bytes) -> Record:
             n = rec[pos]
             key = rec[pos + 1 : pos + 1 + n].decode("utf-8")
             pos += 1 + n
+        cron_nominal, cron_missed = None, 0
+        if flags & F_CRON:
+            cron_nominal = int.from_bytes(rec[pos : pos + 6], "big")
+            (cron_missed,) = _U16.unpack_from(rec, pos + 6)
+            pos += 8
         if flags & F_OPTS:
             (n,) = _U16.unpack_from(rec, pos)
             opts = msgpack.unpackb(rec[pos + 2 : pos + 2 + n], max_str_len=n, max_map_len=n)
@@ -154,7 +173,8 @@ def decode_record(rec: bytes) -> Record:
             raise ValueError("truncated")
     except Exception as exc:
         raise PayloadError(f"job record is malformed ({type(exc).__name__}: {exc})") from None
-    return Record(q, attempt, max_attempts, created, bool(flags & F_SKIP), grace, lease, key, bb, bc, rec[pos:])
+    return Record(q, attempt, max_attempts, created, bool(flags & F_SKIP), grace, lease, key, bb, bc, rec[pos:],
+                  cron_nominal, cron_missed)
 
 
 def finite_number(name: str, value: object) -> float:

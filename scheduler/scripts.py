@@ -15,6 +15,7 @@ from redis.exceptions import NoScriptError, ResponseError
 SCRIPT_NAMES = (
     "schedule", "tick", "claim", "ack", "fail", "extend", "release", "reap",
     "cancel", "reschedule", "requeue", "purge", "inspect", "stats", "dead_list", "ratelimit",
+    "cron_set", "cron_remove", "cron_fill",
 )
 
 

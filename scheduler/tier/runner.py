@@ -15,7 +15,11 @@ from typing import Any, Awaitable, Callable
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+import msgpack
+from zoneinfo import ZoneInfo
+
 from ..client import _Core
+from ..cron import LOOKAHEAD, occurrences, with_jitter
 from ..metrics import SchedulerMetrics
 from ..scripts import AsyncScripts
 
@@ -64,6 +68,13 @@ class PartitionRunner:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"partition-{self.partition}")
 
+    async def _first_step(self) -> None:
+        try:
+            await self.sweep_crons()
+        except REDIS_ERRORS as exc:
+            log.warning("partition %d: cron sweep failed (%s); retried on the next acquisition or fire",
+                        self.partition, exc)
+
     async def stop(self) -> None:
         """Stop after the call in flight (if any) completes; never abandons a half-sent call."""
         self._stopping = True
@@ -79,6 +90,11 @@ class PartitionRunner:
     async def _run(self) -> None:
         backoff = 0.05
         down_since: float | None = None
+        if self._is_valid():
+            try:
+                await self._first_step()
+            except _Refused:
+                return
         while not self._stopping:
             if not self._is_valid():
                 if not self._paused_logged:
@@ -179,7 +195,11 @@ class PartitionRunner:
                 self._refund[q] = self._refund.get(q, 0) + unused
             if newly:
                 self._m.rate_limited.labels(self._m.replica, q).inc(newly)
-        lateness = tick[4 + 4 * nlim:]
+        ncron = int(tick[4 + 4 * nlim])
+        crons = [c.decode() for c in tick[5 + 4 * nlim: 5 + 4 * nlim + ncron]]
+        lateness = tick[5 + 4 * nlim + ncron:]
+        if crons:
+            await self.refill_crons(crons)
         if lateness:
             self._m.observe_lateness(lateness)
             self._m.fired.labels(self._m.replica).inc(len(lateness))
@@ -211,6 +231,47 @@ class PartitionRunner:
             sleep_for = min(sleep_for, token_wait if token_wait != float("inf") else 0.01)
         sleep_for = min(sleep_for, max(0.0, self._next_reap - time.monotonic()), self._valid_for())
         return max(cfg.min_sleep, sleep_for)
+
+    async def sweep_crons(self) -> None:
+        """On taking a partition: make sure every cron has its pending occurrence and a full table
+        (a previous owner may have died between firing and refilling)."""
+        names = await self._scripts.redis.smembers(self._core.ks.key(self.partition, "crons"))
+        if names:
+            await self.refill_crons(sorted(n.decode() for n in names), only_if_needed=True)
+
+    async def refill_crons(self, names: list[str], only_if_needed: bool = False) -> None:
+        """Compute upcoming occurrences (croniter, time zones) and hand them to ``cron_fill``."""
+        ks = self._core.ks
+        pipe = self._scripts.redis.pipeline(transaction=False)
+        for name in names:
+            pipe.hmget(ks.key(self.partition, f"cron:{name}"), "def", "ver", "pending", "pnom", "times")
+        rows = await pipe.execute()
+        now_ms = int(time.time() * 1000)
+        calls = []
+        for name, (d, ver, pending, pnom, times) in zip(names, rows):
+            if d is None or ver is None:
+                continue  # removed
+            times = times or b""
+            if only_if_needed and pending and len(times) // 6 >= LOOKAHEAD // 2:
+                continue
+            spec = msgpack.unpackb(d, raw=False)
+            after = now_ms
+            if pending:
+                after = max(int(pnom or 0), int.from_bytes(times[-6:], "big") if times else 0)
+            try:
+                nominals = occurrences(spec["expr"], ZoneInfo(spec["tz"]), after, LOOKAHEAD)
+            except Exception as exc:  # a definition we cannot evaluate any more: say so, keep going
+                log.error("cron %r: cannot compute occurrences (%s)", name, exc)
+                continue
+            jitter_ms = int(float(spec.get("jitter") or 0) * 1000)
+            flat = [x for pair in with_jitter(nominals, jitter_ms) for x in pair]
+            if not flat:
+                continue
+            calls.append(self._core.call("cron_fill", self.partition, self.epoch, name, ver, len(flat) // 2, *flat))
+        if calls:
+            for reply in await self._scripts.call_many(calls):
+                if reply[0] == -1:
+                    await self._refused(int(reply[1]))
 
     async def _refused(self, current: int) -> None:
         log.error("partition %d: Redis refused epoch %d (it has seen %d): another replica owns it now; "

@@ -1,0 +1,37 @@
+-- cron_fill: top up a cron's table of upcoming occurrences; when it has no pending occurrence
+-- (table ran out during a long outage), schedule the first of them as the pending one.
+-- Run by the partition owner (scheduler tier) when tick reports a cron needing attention.
+-- KEYS: the 13 partition keys (see _lib.lua).
+-- ARGV: 1-3 common; 4 epoch (0 = unfenced); 5 name; 6 version the occurrences were computed for;
+--       7 count n; then n pairs: nominal ms, fire ms, ascending, all after the table's last entry.
+-- Returns: {-1, newest_epoch} when refused; {0} when the cron changed or vanished meanwhile (the
+--          caller recomputes); {1, pending id} otherwise.
+-- Invariants: never creates a second pending occurrence; occurrences already in the table are
+-- not duplicated (only later ones are appended).
+local refused = check_epoch(tonumber(ARGV[4]))
+if refused then return {-1, refused} end
+local name, ver, n = ARGV[5], ARGV[6], tonumber(ARGV[7])
+local ck = PREFIX .. 'cron:' .. name
+local c = redis.call('HMGET', ck, 'ver', 'pending', 'times', 'fires', 'pnom')
+if c[1] ~= ver then return {0} end
+local times, fires = c[3] or '', c[4] or ''
+local last = -1
+if c[2] and c[2] ~= '' then last = tonumber(c[5] or '-1') end
+if #times > 0 then last = math.max(last, u48(times, #times - 5)) end
+local add_t, add_f = {}, {}
+local first = 1
+local pending = c[2]
+if not pending or pending == '' then
+  pending = cron_schedule(ck, name, tonumber(ARGV[8]), tonumber(ARGV[9]), 0)
+  first = 2
+end
+for i = first, n do
+  local nominal = tonumber(ARGV[6 + i * 2])
+  if nominal > last then
+    add_t[#add_t + 1] = p48(nominal)
+    add_f[#add_f + 1] = p48(tonumber(ARGV[7 + i * 2]))
+  end
+end
+redis.call('HSET', ck, 'times', times .. table.concat(add_t), 'fires', fires .. table.concat(add_f))
+flush_bumps()
+return {1, pending}

@@ -1,0 +1,140 @@
+"""Cron schedules end to end: real scheduler tier (in-process), real etcd and redis-server."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis
+
+from scheduler import Client, JobState
+from scheduler.ids import partition_for_key
+from tests.helpers import Ops, snapshot
+from tests.integration.test_scheduler_tier import settled, start_replica, stop_replica
+
+NS = "tier"  # the replicas of test_scheduler_tier use this namespace
+
+
+def cron_jobs(r: redis.Redis, client: Client, name: str) -> dict[str, str]:
+    """State of every live job that is an occurrence of cron ``name``."""
+    out = {}
+    for jid, state in snapshot(r, client).items():
+        info = client.get(jid)
+        if info.key and info.key.startswith(f"cron:{name}:"):
+            out[jid] = state
+    return out
+
+
+def fired_occurrences(client: Client, queue: str) -> list:
+    ops = Ops(client)
+    return sorted((j for j in ops.claim(queue, 1000)), key=lambda j: j.record.cron_nominal_ms)
+
+
+async def test_cron_fires_every_occurrence_on_time_with_one_pending(redis_url: str, etcd_endpoint: str) -> None:
+    client = Client.from_url(redis_url, namespace=NS, partitions=4)
+    r = redis.Redis.from_url(redis_url)
+    proc, task = await start_replica(redis_url, etcd_endpoint, "solo")
+    try:
+        await settled(etcd_endpoint, [proc], 4)
+        client.add_cron("tick", "* * * * * *", {"n": 1}, queue="cron")
+        t_end = time.time() + 3.3
+        while time.time() < t_end:
+            states = cron_jobs(r, client, "tick")
+            assert list(states.values()).count("scheduled") == 1, f"exactly one pending: {states}"
+            await asyncio.sleep(0.1)
+        runs = fired_occurrences(client, "cron")
+        assert 3 <= len(runs) <= 4
+        nominals = [j.record.cron_nominal_ms for j in runs]
+        assert all(b - a == 1000 for a, b in zip(nominals, nominals[1:])), nominals
+        assert all(n % 1000 == 0 for n in nominals)
+        # fired at its nominal time: the due time recorded when it landed in ready is the fire time
+        assert all(j.due_ms == j.record.cron_nominal_ms for j in runs)
+        assert all(j.record.cron_missed == 0 for j in runs)
+        assert [c.name for c in client.crons()] == ["tick"]
+    finally:
+        await stop_replica(proc, task)
+
+
+async def test_outage_across_three_occurrences_run_late_coalesces_skip_drops(redis_url: str, etcd_endpoint: str) -> None:
+    client = Client.from_url(redis_url, namespace=NS, partitions=4)
+    r = redis.Redis.from_url(redis_url)
+    client.add_cron("late", "* * * * * *", "L", queue="late")
+    client.add_cron("skip", "* * * * * *", "S", queue="skip", misfire="skip", misfire_grace=0.3)
+    await asyncio.sleep(3.6)  # no scheduler tier: at least 3 occurrences pass unfired
+    proc, task = await start_replica(redis_url, etcd_endpoint, "solo")
+    try:
+        await settled(etcd_endpoint, [proc], 4)
+        await asyncio.sleep(0.3)
+        [catch_up] = fired_occurrences(client, "late")
+        assert catch_up.record.cron_missed >= 2, "one run stands for the missed occurrences"
+        assert catch_up.record.cron_nominal_ms > catch_up.record.cron_nominal_ms - 1000 * catch_up.record.cron_missed
+        assert fired_occurrences(client, "skip") == []
+        misfired = sum(int(r.hget(client.keyspace.key(p, "c"), "misfired:skip") or 0) for p in range(4))
+        assert misfired >= 3
+        await asyncio.sleep(2.2)  # both resume on schedule
+        late_runs = fired_occurrences(client, "late")
+        skip_runs = fired_occurrences(client, "skip")
+        assert len(late_runs) >= 2 and len(skip_runs) >= 2
+        assert all(j.record.cron_missed == 0 for j in late_runs + skip_runs)
+        for name in ("late", "skip"):
+            assert list(cron_jobs(r, client, name).values()).count("scheduled") == 1
+    finally:
+        await stop_replica(proc, task)
+
+
+async def test_exhausted_occurrence_table_is_refilled_by_the_owner(redis_url: str, etcd_endpoint: str) -> None:
+    client = Client.from_url(redis_url, namespace=NS, partitions=4)
+    r = redis.Redis.from_url(redis_url)
+    client.add_cron("short", "* * * * * *", None, queue="short")
+    ck = client.keyspace.key(partition_for_key("short", 4), "cron:short")
+    r.hset(ck, mapping={"times": b"", "fires": b""})  # as after a very long outage
+    proc, task = await start_replica(redis_url, etcd_endpoint, "solo")
+    try:
+        await settled(etcd_endpoint, [proc], 4)
+        await asyncio.sleep(2.5)
+        runs = fired_occurrences(client, "short")
+        assert len(runs) >= 2, "the cron kept firing after its table ran out"
+        assert len(r.hget(ck, "times")) // 6 >= 16
+        assert list(cron_jobs(r, client, "short").values()).count("scheduled") == 1
+    finally:
+        await stop_replica(proc, task)
+
+
+def test_replace_remove_and_refused_cancel(redis_url: str) -> None:
+    client = Client.from_url(redis_url, namespace=NS, partitions=4)
+    r = redis.Redis.from_url(redis_url)
+    first = client.add_cron("digest", "0 9 * * *", {"v": 1}, queue="emails", tz="America/New_York",
+                            misfire="skip", misfire_grace=600, jitter=60)
+    info = client.get(first)
+    assert info.state is JobState.SCHEDULED and info.payload == {"v": 1}
+    local = info.run_at.astimezone(__import__("zoneinfo").ZoneInfo("America/New_York"))
+    assert (local.hour, local.minute) == (9, 0) and local.second + local.microsecond / 1e6 <= 60
+    assert not client.cancel(first), "a cron's pending occurrence cannot be cancelled alone"
+    second = client.add_cron("digest", "30 8 * * *", {"v": 2}, queue="emails", tz="America/New_York")
+    assert client.get(first).state is JobState.CANCELLED
+    assert client.get(second).payload == {"v": 2}
+    [c] = client.crons()
+    assert (c.name, c.expression, c.tz, c.queue, c.pending_id) == ("digest", "30 8 * * *", "America/New_York",
+                                                                    "emails", second)
+    assert client.remove_cron("digest") and not client.remove_cron("digest")
+    assert client.get(second).state is JobState.CANCELLED
+    assert client.crons() == [] and snapshot(r, client) == {}
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    (dict(expression="61 * * * *"), "invalid"),
+    (dict(tz="Mars/Base"), "unknown time zone"),
+    (dict(name="bad:name"), "cron name"),
+    (dict(misfire="sometimes"), "misfire"),
+    (dict(expression="0 0 30 2 *"), "never fires"),
+])
+def test_invalid_crons_write_nothing(redis_url: str, kwargs: dict, words: str) -> None:
+    client = Client.from_url(redis_url, namespace=NS, partitions=4)
+    r = redis.Redis.from_url(redis_url)
+    before = r.dbsize()
+    args = dict(name="c", expression="* * * * *", payload=None)
+    args.update(kwargs)
+    name, expr, payload = args.pop("name"), args.pop("expression"), args.pop("payload")
+    with pytest.raises(ValueError, match=words):
+        client.add_cron(name, expr, payload, **args)
+    assert r.dbsize() == before
