@@ -17,7 +17,7 @@ import redis.asyncio as aredis
 from .. import config
 from ..client import AsyncClient, parse_rate_limits
 from ..coord import Coordinator, EtcdCoordinator
-from ..metrics import SchedulerMetrics, serve
+from ..metrics import PartitionStatsCollector, SchedulerMetrics, serve
 from .ownership import Ownership, default_replica_id
 from .runner import REDIS_ERRORS, PartitionRunner, RunnerConfig
 
@@ -45,6 +45,8 @@ class SchedulerProcess:
     def __init__(self, cfg: SchedulerConfig, coord: Coordinator | None = None) -> None:
         self.cfg = cfg
         self.metrics = SchedulerMetrics(cfg.replica_id)
+        self.partition_stats = PartitionStatsCollector()
+        self.metrics.registry.register(self.partition_stats)
         self.redis = aredis.Redis.from_url(cfg.redis_url, health_check_interval=10)
         self.client = AsyncClient(self.redis, namespace=cfg.namespace, partitions=cfg.partitions,
                                   tombstone_ttl=cfg.tombstone_ttl)
@@ -55,6 +57,7 @@ class SchedulerProcess:
         self._stop = asyncio.Event()
         self._wake_task: asyncio.Task[None] | None = None
         self._config_task: asyncio.Task[None] | None = None
+        self._stats_task: asyncio.Task[None] | None = None
 
     @property
     def replica_id(self) -> str:
@@ -75,6 +78,7 @@ class SchedulerProcess:
         await self._load_config()
         self._wake_task = asyncio.create_task(self._wake_listener(), name="wake-listener")
         self._config_task = asyncio.create_task(self._config_poller(), name="config-poller")
+        self._stats_task = asyncio.create_task(self._stats_poller(), name="stats-poller")
         await self.ownership.start()
         log.info("scheduler replica %s up: namespace %s, %d partitions, lease ttl %.1fs",
                  self.replica_id, self.cfg.namespace, core.ks.partitions, self.cfg.lease_ttl)
@@ -99,7 +103,7 @@ class SchedulerProcess:
         t0 = time.monotonic()
         if self.ownership is not None:
             await self.ownership.shutdown()
-        for task in (self._wake_task, self._config_task):
+        for task in (self._wake_task, self._config_task, self._stats_task):
             if task is not None:
                 task.cancel()
                 try:
@@ -148,6 +152,26 @@ class SchedulerProcess:
             self.rate_limits = limits
             for runner in self.runners.values():
                 runner.wake.set()
+
+    async def _stats_poller(self, interval: float = 2.0) -> None:
+        """Refresh the exported counters/depths of owned partitions (one pipelined round trip)."""
+        core = self.client._core_obj
+        assert core is not None
+        while True:
+            owned = sorted(self.runners)
+            try:
+                replies = await self.client._scripts.call_many([core.call("stats", p) for p in owned]) if owned else []
+                t = await self.redis.time()
+                now_ms = int(t[0]) * 1000 + int(t[1]) // 1000
+                for p, reply in zip(owned, replies):
+                    if p in self.runners:
+                        self.partition_stats.update(p, reply, now_ms)
+            except REDIS_ERRORS as exc:
+                log.debug("stats refresh failed: %s", exc)
+            for p in list(self.partition_stats._stats):
+                if p not in self.runners:
+                    self.partition_stats.forget(p)
+            await asyncio.sleep(interval)
 
     async def _config_poller(self) -> None:
         while True:  # safety net; changes normally arrive over pub/sub at once
