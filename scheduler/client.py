@@ -655,13 +655,13 @@ class AsyncClient:
 
 
 def validate_rate(queue: str, per_second: object, burst: object | None) -> tuple[float, float]:
-    """Check a rate limit; burst defaults to a tenth of a second's worth (at least 1 job), so a herd
-    starts as a stream instead of a spike."""
+    """Check a rate limit; burst defaults to a quarter second's worth (at least 1 job): small enough
+    that a herd starts as a stream, large enough that a briefly delayed owner does not lose tokens."""
     validate_name("queue", queue)
     rate = finite_number("per_second", per_second)
     if not 0 < rate <= 1_000_000:
         raise ValueError(f"per_second must be > 0 and <= 1000000 jobs/s, got {per_second!r}")
-    b = max(1.0, rate / 10) if burst is None else finite_number("burst", burst)
+    b = max(1.0, rate / 4) if burst is None else finite_number("burst", burst)
     if not 1 <= b <= 10_000_000:
         raise ValueError(f"burst must be from 1 to 10000000 jobs, got {burst!r}")
     return rate, b

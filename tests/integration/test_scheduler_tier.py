@@ -184,7 +184,7 @@ async def test_rate_limited_herd_drains_as_a_stream_oldest_first(redis_url: str,
     client = Client.from_url(redis_url, namespace=NS, partitions=8)
     r = redis.Redis.from_url(redis_url)
     client.set_rate_limit("herd", 400)
-    assert client.rate_limits() == {"herd": (400.0, 40.0)}
+    assert client.rate_limits() == {"herd": (400.0, 100.0)}
     procs = [await start_replica(redis_url, etcd_endpoint, f"r{n}") for n in range(2)]
     try:
         await settled(etcd_endpoint, [p for p, _ in procs], 8)
