@@ -406,9 +406,21 @@ class _Server:
         self._paused = False
 
     def pause(self) -> None:
-        """SIGSTOP: the process keeps its sockets but answers nothing."""
+        """SIGSTOP: the process keeps its sockets but answers nothing. Returns once every thread
+        is stopped (signal delivery is asynchronous: a busy server could still answer otherwise)."""
         self._signal(signal.SIGSTOP)
         self._paused = True
+        pid = self.pid
+        deadline = time.monotonic() + 2.0
+        while pid is not None and time.monotonic() < deadline:
+            try:
+                states = [Path(f"/proc/{pid}/task/{t}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                          for t in os.listdir(f"/proc/{pid}/task")]
+            except OSError:
+                break
+            if all(st in ("T", "t", "Z", "X") for st in states):
+                break
+            time.sleep(0.001)
 
     def resume(self) -> None:
         """SIGCONT after ``pause()``."""
