@@ -240,11 +240,11 @@ class Ownership:
                 await self.coord.delete_if(self.owner_key(p), epoch)
                 log.info("partition %d: handed over (share is %d of %d with %d replicas)", p, share,
                          self.partitions, len(members))
-        elif len(mine) < share:
+        elif len(mine) < share and self.lease_id is not None:
             orphans = [p for p in range(self.partitions) if p not in owners]
             orphans.sort(key=lambda p: (p - self._offset) % self.partitions)
             for p in orphans[: share - len(mine)]:
-                kv = await self.coord.claim_if_absent(self.owner_key(p), self.replica_id.encode(), self.lease_id or 0)
+                kv = await self.coord.claim_if_absent(self.owner_key(p), self.replica_id.encode(), self.lease_id)
                 if kv is not None:
                     await self._adopt(p, kv.create_revision)
 
