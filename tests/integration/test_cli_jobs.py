@@ -522,3 +522,26 @@ def test_console_script_round_trip(redis_url: str, client: Client, ops: Ops) -> 
     assert p.returncode == 0 and "requeued" in p.stdout
     p = run("dead", "requeue", dead)
     assert p.returncode == 0 and "already requeued/not dead" in p.stdout
+
+
+def test_cron_add_list_remove_through_the_cli(redis_url: str, capsys) -> None:
+    from scheduler.cli import main as cli_main
+    base = ["--redis", redis_url, "--namespace", "clicron"]
+    assert cli_main(["cron", "add", "digest", "0 9 * * *", "--queue", "emails", "--payload", '{"a": 1}',
+                     "--tz", "America/New_York", "--misfire", "skip", "--grace", "600", "--jitter", "60", *base]) == 0
+    assert "next occurrence" in capsys.readouterr().out
+    assert cli_main(["cron", "list", "--json", *base]) == 0
+    import json
+    [c] = json.loads(capsys.readouterr().out)
+    assert (c["name"], c["expression"], c["tz"], c["misfire"], c["misfire_grace"]) == (
+        "digest", "0 9 * * *", "America/New_York", "skip", 600.0)
+    assert cli_main(["cron", "add", "bad", "61 * * * *", "--queue", "q", *base]) == 2
+    assert "invalid" in capsys.readouterr().err
+    assert cli_main(["cron", "add", "bad", "* * * * *", "--queue", "q", "--tz", "Nowhere/X", *base]) == 2
+    assert "unknown time zone" in capsys.readouterr().err
+    assert cli_main(["job", "cancel", c["pending_id"], *base]) == 1
+    assert "pending occurrence of cron 'digest'" in capsys.readouterr().err
+    assert cli_main(["cron", "remove", "digest", *base]) == 0
+    assert cli_main(["cron", "remove", "digest", *base]) == 1
+    assert cli_main(["cron", "list", *base]) == 0
+    assert "no crons" in capsys.readouterr().out
