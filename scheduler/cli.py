@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 _SUBCOMMANDS: list[tuple[str, str]] = [
     ("scheduler.tier.cli", "add_parser"),
     ("workers.cli", "add_parser"),
+    ("scheduler.dev", "add_parser"),
     ("scheduler.cli_jobs", "add_parsers"),
 ]
 

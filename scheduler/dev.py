@@ -1,0 +1,279 @@
+"""``zsched dev``: the whole stack on this machine, with a live view.
+
+A real redis-server and etcd as child processes (data under ``./.zsched/``), 3 scheduler replicas,
+2 workers running the demo handlers (``scheduler.demo``), a demo producer, and a terminal view
+refreshed every second. Ctrl-C stops everything, children first, and leaves no process behind.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from . import config
+from .client import Client
+from .coord import EtcdCoordinator
+from .devstack import Child, etcd_child, pick_port, redis_child, wait_etcd, wait_redis, zsched_child
+
+NS_DEFAULT = "zsched"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("dev", help="run the whole stack locally with a live view (Ctrl-C stops it)",
+                       description="Start redis-server and etcd (data in ./.zsched/), 3 scheduler replicas, 2 "
+                                   "workers with demo handlers and a demo producer, and show a live view.")
+    p.add_argument("--no-demo", action="store_true",
+                   help="no demo producer or demo workers: the stack for your own producer and workers")
+    p.add_argument("--worker", metavar="MODULE:ATTR", action="append", default=[],
+                   help="run 2 workers of this Worker too (repeatable); with the demo, replaces the demo workers")
+    p.add_argument("--redis", metavar="URL", help="use this Redis instead of starting one")
+    p.add_argument("--etcd", metavar="ENDPOINTS", help="use this etcd instead of starting one")
+    p.add_argument("--namespace", default=None, help=f"namespace (default {NS_DEFAULT})")
+    p.add_argument("--replicas", type=int, default=3, help="scheduler replicas (default 3)")
+    p.add_argument("--workers", type=int, default=2, help="worker processes per worker app (default 2)")
+    p.add_argument("--home", default=".zsched", help="data and logs directory (default ./.zsched)")
+    p.add_argument("--duration", type=float, default=None, help="stop by itself after this many seconds")
+    p.add_argument("--plain", action="store_true",
+                   help="print the view as plain text blocks instead of redrawing the screen")
+    p.set_defaults(func=run)
+
+
+class Stack:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.home = Path(args.home).resolve()
+        self.children: list[Child] = []
+        self.ns = config.namespace(args.namespace)
+        self.metrics_ports: dict[str, int] = {}
+
+    def start(self) -> None:
+        a = self.args
+        if a.redis:
+            self.redis_url = config.redis_url(a.redis)
+        else:
+            port = pick_port(16379)
+            self.children.append(redis_child(self.home, port).start())
+            wait_redis(port)
+            self.redis_url = f"redis://127.0.0.1:{port}/0"
+        if a.etcd:
+            self.etcd = a.etcd
+        else:
+            cport, pport = pick_port(12379), pick_port(12380)
+            self.children.append(etcd_child(self.home, cport, pport).start())
+            wait_etcd(cport)
+            self.etcd = f"127.0.0.1:{cport}"
+        common = ["--redis", self.redis_url, "--namespace", self.ns]
+        Client.from_url(self.redis_url, namespace=self.ns).close()  # fixes the partition count once
+        for i in range(a.replicas):
+            port = pick_port(19100 + i)
+            self.metrics_ports[f"scheduler-{i + 1}"] = port
+            self.children.append(zsched_child(f"scheduler-{i + 1}", [
+                "scheduler", *common, "--etcd", self.etcd, "--replica-id", f"scheduler-{i + 1}",
+                "--metrics-port", str(port)], self.home).start())
+        apps = list(a.worker) or ([] if a.no_demo else ["scheduler.demo:worker"])
+        n = 0
+        for app in apps:
+            for _ in range(a.workers):
+                n += 1
+                port = pick_port(19200 + n)
+                self.metrics_ports[f"worker-{n}"] = port
+                self.children.append(zsched_child(f"worker-{n}", [
+                    "worker", app, *common, "--metrics-port", str(port)], self.home).start())
+
+    def stop(self) -> None:
+        # workers first (they hand unfinished jobs back), then schedulers (they release ownership),
+        # then the servers
+        order = ([c for c in self.children if c.name.startswith("worker")]
+                 + [c for c in self.children if c.name.startswith("scheduler")]
+                 + [c for c in self.children if c.name in ("etcd", "redis")])
+        for group in (order[: sum(c.name.startswith("worker") for c in order)], order):
+            for c in group:
+                if c.alive and c.proc is not None:
+                    c.proc.send_signal(signal.SIGTERM)
+            for c in group:
+                c.stop(timeout=35)
+
+    def dead_children(self) -> list[str]:
+        return [c.name for c in self.children if not c.alive]
+
+
+class Producer(threading.Thread):
+    """A realistic mix: one-off jobs seconds to minutes ahead, a job that always fails and ends
+    dead, and now and then a herd of reports due in the same second (rate-limited)."""
+
+    def __init__(self, url: str, ns: str) -> None:
+        super().__init__(daemon=True, name="demo-producer")
+        self.url, self.ns = url, ns
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        c = Client.from_url(self.url, namespace=self.ns)
+        c.set_rate_limit("reports", 200)
+        rnd = random.Random()
+        c.schedule(time.time() + 2, {"partner": "acme"}, queue="flaky", max_attempts=3, backoff=(0.5, 4))
+        next_herd = time.time() + 10
+        while not self.stop_event.wait(0.2):
+            now = time.time()
+            c.schedule_many([(now + rnd.choice((1, 2, 5, 10, 30, 60, 120)) * rnd.random(),
+                              {"to": f"user{rnd.randint(1, 10**6)}@example.com", "template": "welcome"})
+                             for _ in range(rnd.randint(5, 40))], queue="emails")
+            if now >= next_herd:
+                at = now + 5
+                c.schedule_many([(at, {"report": i}) for i in range(1000)], queue="reports")
+                if rnd.random() < 0.5:
+                    c.schedule(now + 3, {"partner": "globex"}, queue="flaky", max_attempts=3, backoff=(0.5, 4))
+                next_herd = now + 45
+        c.close()
+
+
+def _scrape(port: int) -> dict[str, list[Any]]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=0.5) as r:
+        text = r.read().decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def _quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """histogram_quantile over cumulative (le, count) buckets."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in buckets:
+        if c >= rank:
+            if le == float("inf"):
+                return prev_le
+            return prev_le + (le - prev_le) * ((rank - prev_c) / max(c - prev_c, 1e-9))
+        prev_le, prev_c = le, c
+    return prev_le
+
+
+class View:
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.client = Client.from_url(stack.redis_url, namespace=stack.ns)
+        self.prev_counts: dict[str, int] = {}
+        self.prev_buckets: dict[float, float] = {}
+        self.prev_t = time.monotonic()
+
+    def counts(self) -> dict[str, int]:
+        ks = self.client.keyspace
+        pipe = self.client.redis.pipeline(transaction=False)
+        for p in range(ks.partitions):
+            pipe.hgetall(ks.key(p, "c"))
+        out: dict[str, int] = {}
+        for h in pipe.execute():
+            for k, v in h.items():
+                ev = k.decode().split(":", 1)[0]
+                out[ev] = out.get(ev, 0) + int(v)
+        return out
+
+    def lateness(self) -> tuple[float | None, float | None]:
+        total: dict[float, float] = {}
+        for name, port in self.stack.metrics_ports.items():
+            if not name.startswith("scheduler"):
+                continue
+            try:
+                fams = _scrape(port)
+            except OSError:
+                continue
+            for s in fams.get("zsched_firing_lateness_seconds", []):
+                if s.name.endswith("_bucket"):
+                    le = float(s.labels["le"])
+                    total[le] = total.get(le, 0.0) + s.value
+        delta = sorted((le, total[le] - self.prev_buckets.get(le, 0.0)) for le in total)
+        self.prev_buckets = total
+        return _quantile(delta, 0.5), _quantile(delta, 0.99)
+
+    def owners(self) -> dict[str, list[int]]:
+        async def read() -> dict[str, list[int]]:
+            async with EtcdCoordinator.from_endpoints(self.stack.etcd, timeout=0.5) as c:
+                kvs, _ = await c.get_prefix(f"/zsched/{self.stack.ns}/owners/")
+            out: dict[str, list[int]] = {}
+            for kv in kvs:
+                out.setdefault(kv.value.decode(), []).append(int(kv.key.rsplit("/", 1)[1]))
+            return out
+        try:
+            return asyncio.run(read())
+        except Exception as exc:  # the view must keep going while etcd is down
+            return {f"(etcd unreachable: {type(exc).__name__})": []}
+
+    def render(self) -> str:
+        now = time.monotonic()
+        dt = max(1e-3, now - self.prev_t)
+        self.prev_t = now
+        counts = self.counts()
+        rates = {k: (counts.get(k, 0) - self.prev_counts.get(k, 0)) / dt for k in ("scheduled", "fired", "acked")}
+        first = not self.prev_counts
+        self.prev_counts = counts
+        p50, p99 = self.lateness()
+        stats = self.client.stats()
+        lines = [f"zsched dev - namespace {self.stack.ns} - redis {self.stack.redis_url} - etcd {self.stack.etcd}",
+                 time.strftime("%H:%M:%S") + "   (Ctrl-C stops everything)", ""]
+        if not first:
+            lines.append("per second:  scheduled {scheduled:8.0f}   fired {fired:8.0f}   acked {acked:8.0f}".format(**rates))
+        fmt = lambda v: "-" if v is None else f"{v * 1000:.1f} ms"  # noqa: E731
+        lines.append(f"firing lateness (last interval): p50 {fmt(p50)}   p99 {fmt(p99)}")
+        lines.append(f"dead-lettered: {sum(q['dead'] for q in stats.values())}   "
+                     f"totals: scheduled {counts.get('scheduled', 0)}  fired {counts.get('fired', 0)}  "
+                     f"acked {counts.get('acked', 0)}  retried {counts.get('retried', 0)}  "
+                     f"misfired {counts.get('misfired', 0)}")
+        lines += ["", f"{'QUEUE':<12}{'SCHEDULED':>11}{'READY':>9}{'RUNNING':>9}{'DEAD':>7}"]
+        for q, s in sorted(stats.items()):
+            lines.append(f"{q:<12}{s['scheduled']:>11}{s['ready']:>9}{s['running']:>9}{s['dead']:>7}")
+        lines += ["", "partition owners:"]
+        for rid, parts in sorted(self.owners().items()):
+            lines.append(f"  {rid:<16} {len(parts):>2}: {' '.join(str(p) for p in sorted(parts))}")
+        dead = self.stack.dead_children()
+        if dead:
+            lines += ["", f"exited: {', '.join(dead)} (see {self.stack.home}/logs/)"]
+        return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    stack = Stack(args)
+    producer: Producer | None = None
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        stack.start()
+        print(f"stack up: export ZSCHED_REDIS_URL={stack.redis_url} ZSCHED_ETCD_ENDPOINTS={stack.etcd} "
+              f"ZSCHED_NAMESPACE={stack.ns}", flush=True)
+        if not args.no_demo:
+            producer = Producer(stack.redis_url, stack.ns)
+            producer.start()
+        view = View(stack)
+        deadline = time.monotonic() + args.duration if args.duration else None
+        tty = sys.stdout.isatty() and not args.plain
+        while not stopping.wait(1.0):
+            text = view.render()
+            if tty:
+                sys.stdout.write("\x1b[H\x1b[2J" + text + "\n")
+            else:
+                sys.stdout.write(text + "\n\n")
+            sys.stdout.flush()
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+    finally:
+        if producer is not None:
+            producer.stop_event.set()
+            producer.join(5)
+        print("stopping: workers, schedulers, etcd, redis ...", flush=True)
+        stack.stop()
+        left = [c.name for c in stack.children if c.alive]
+        print("stopped" + (f"; still running: {left}" if left else ", no process left behind"), flush=True)
+    return 0
