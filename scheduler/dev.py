@@ -253,6 +253,8 @@ def run(args: argparse.Namespace) -> int:
         stack.start()
         print(f"stack up: export ZSCHED_REDIS_URL={stack.redis_url} ZSCHED_ETCD_ENDPOINTS={stack.etcd} "
               f"ZSCHED_NAMESPACE={stack.ns}", flush=True)
+        print("metrics: " + " ".join(f"{name}=127.0.0.1:{port}" for name, port in stack.metrics_ports.items()),
+              flush=True)
         if not args.no_demo:
             producer = Producer(stack.redis_url, stack.ns)
             producer.start()
