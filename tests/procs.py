@@ -75,13 +75,47 @@ class ZschedProc:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as r:
             return r.read().decode()
 
-    def metric(self, name: str) -> float:
-        """Sum of all samples of ``name`` (any labels) on this process's /metrics."""
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of all samples of ``name`` on this process's /metrics whose labels include ``labels``
+        (any labels when none are given)."""
         total = 0.0
         for line in self.scrape().splitlines():
             if line.startswith(name + "{") or line.startswith(name + " "):
+                if labels:
+                    have = _labels(line[len(name):].rsplit(" ", 1)[0])
+                    if any(have.get(k) != v for k, v in labels.items()):
+                        continue
                 total += float(line.rsplit(" ", 1)[1])
         return total
+
+    def try_metric(self, name: str, default: float | None = None, **labels: str) -> float | None:
+        """``metric()``, or ``default`` while /metrics does not answer (process starting or frozen)."""
+        try:
+            return self.metric(name, **labels)
+        except OSError:
+            return default
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines of the log, prefixed with the command, for assertion messages."""
+        text = "\n".join(self.output().splitlines()[-lines:])
+        return f"--- log of {' '.join(self.args[:9])} (pid {self.proc.pid if self.proc else None}) ---\n{text}"
+
+
+def _labels(text: str) -> dict[str, str]:
+    """``{a="x",b="y"}`` -> {"a": "x", "b": "y"} (Prometheus text format; no escaped quotes expected)."""
+    text = text.strip()
+    if not text.startswith("{"):
+        return {}
+    out: dict[str, str] = {}
+    for part in text[1:-1].split('",'):
+        if "=" in part:
+            k, v = part.split("=", 1)
+            out[k.strip()] = v.strip().strip('"')
+    return out
 
 
 def scheduler_proc(redis_url: str, etcd: str, namespace: str, replica: str, *, ttl: float = 2.0,

@@ -256,7 +256,7 @@ class Ownership:
         await self.on_acquire(p, epoch)
 
     async def _drop(self, p: int, why: str) -> None:
-        self.owned.pop(p, None)
-        self.m.ownership_changes.labels(self.replica_id, why).inc()
+        if self.owned.pop(p, None) is not None:  # count once, even if a refusal dropped it meanwhile
+            self.m.ownership_changes.labels(self.replica_id, why).inc()
         self.m.partitions_owned.labels(self.replica_id).set(len(self.owned))
         await self.on_release(p)

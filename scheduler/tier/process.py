@@ -13,6 +13,9 @@ import time
 from dataclasses import dataclass, field
 
 import redis.asyncio as aredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .. import config
 from ..client import AsyncClient, parse_rate_limits
@@ -47,7 +50,11 @@ class SchedulerProcess:
         self.metrics = SchedulerMetrics(cfg.replica_id)
         self.partition_stats = PartitionStatsCollector()
         self.metrics.registry.register(self.partition_stats)
-        self.redis = aredis.Redis.from_url(cfg.redis_url, health_check_interval=10)
+        # one transparent retry on a dead pooled connection: after a Redis restart, idle connections
+        # of the pool are stale, and without it each would cost a partition a full backoff round
+        # (re-sending tick/reap/stats is safe: a second tick finds fewer due jobs; epochs still apply)
+        self.redis = aredis.Redis.from_url(cfg.redis_url, health_check_interval=10, retry=Retry(NoBackoff(), 1),
+                                           retry_on_error=[RedisConnectionError])
         self.client = AsyncClient(self.redis, namespace=cfg.namespace, partitions=cfg.partitions,
                                   tombstone_ttl=cfg.tombstone_ttl)
         self.coord = coord or EtcdCoordinator.from_endpoints(cfg.etcd_endpoints)
@@ -207,8 +214,8 @@ class SchedulerProcess:
             except asyncio.CancelledError:
                 await pubsub.aclose()
                 raise
-            except REDIS_ERRORS as exc:
-                log.warning("wake-up subscription lost (%s); resubscribing in %.1fs", exc, delay)
+            except Exception as exc:  # Redis errors, or anything unexpected: never stop listening
+                log.warning("wake-up subscription lost (%s: %s); resubscribing in %.1fs", type(exc).__name__, exc, delay)
                 await pubsub.aclose()
                 await asyncio.sleep(delay)
                 delay = min(2.0, delay * 2)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import RedisError
 
 import msgpack
 from zoneinfo import ZoneInfo
@@ -25,7 +25,9 @@ from ..scripts import AsyncScripts
 
 log = logging.getLogger("zsched.scheduler")
 
-REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+# Any Redis failure, not only lost connections: a READONLY old master after a failover, OOM, a
+# script error. A firing loop must log, back off and retry on all of them, never end silently.
+REDIS_ERRORS = (RedisError, ConnectionError, OSError)
 
 
 @dataclass
@@ -113,6 +115,7 @@ class PartitionRunner:
                 sleep_for = await self._step()
             except REDIS_ERRORS as exc:
                 self._m.redis_errors.labels(self._m.replica).inc()
+                backoff *= random.uniform(0.8, 1.2)  # replicas and partitions must not retry in lockstep
                 if down_since is None:
                     down_since = time.monotonic()
                     log.error("partition %d: Redis call failed (%s: %s); retrying with backoff up to %.1fs",
@@ -122,6 +125,13 @@ class PartitionRunner:
                 continue
             except _Refused:
                 return
+            except Exception:  # a bug must not leave the partition dark without a word
+                self._m.redis_errors.labels(self._m.replica).inc()
+                log.exception("partition %d: unexpected error in the firing loop; retrying in %.1fs",
+                              self.partition, backoff)
+                await self._sleep(backoff)
+                backoff = min(self._cfg.backoff_max, backoff * 2)
+                continue
             if down_since is not None:
                 log.info("partition %d: Redis reachable again after %.1fs", self.partition,
                          time.monotonic() - down_since)
