@@ -1,0 +1,96 @@
+"""Worker fault tests: kill -9 of a real ``zsched worker`` mid-job, Redis crashing under a worker.
+
+Lease expiry is driven by ``TierStandIn`` (a test stand-in for the scheduler tier's reaper).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from scheduler import Client, JobState
+from tests.integration.test_worker_support import (
+    TierStandIn, read_runs, serving, spawn_worker, wait_for, wait_worker_ready, write_app,
+)
+from tests.servers import RedisServer
+from workers import Job, Worker
+
+pytestmark = pytest.mark.fault
+
+
+async def test_kill9_mid_job_runs_it_again_once_after_its_lease(redis_url: str, tmp_path: Path) -> None:
+    write_app(tmp_path)
+    client = Client.from_url(redis_url)
+    lease = 1.0
+    p1 = spawn_worker(tmp_path, redis_url, "--concurrency", "4")
+    p2 = None
+    try:
+        async with TierStandIn(redis_url) as tier:
+            await wait_worker_ready(p1)
+            fast = client.schedule_many([(0, {"i": i}) for i in range(30)], lease=lease)
+            await wait_for(lambda: p1.metric("zsched_worker_acked_total") == 30, 10, what="fast jobs acked")
+            slow = client.schedule(0, {"slow": True}, lease=lease, max_attempts=3)
+            await wait_for(lambda: any(r[1] == slow for r in read_runs(tmp_path)), 5, what="slow job to start")
+            await asyncio.sleep(lease * 0.8)  # heartbeats have extended the lease meanwhile
+            p1.kill()
+            killed_at = time.time()
+            assert client.get(slow).state is JobState.RUNNING
+
+            p2 = spawn_worker(tmp_path, redis_url, "--concurrency", "4")
+            await wait_for(lambda: sum(1 for r in read_runs(tmp_path) if r[1] == slow and r[0] == "END"), 10,
+                           what="the slow job to run again")
+            await asyncio.sleep(lease * 2)  # time for a wrongful third run
+            assert tier.reaped == 1
+        runs = read_runs(tmp_path)
+        slow_starts = [r for r in runs if r[1] == slow and r[0] == "START"]
+        assert [(r[2], r[3]) for r in slow_starts] == [(1, p1.pid), (2, p2.pid)]
+        # It ran again only once its lease (last extended < lease/3 before the kill) had expired.
+        assert killed_at + lease * 0.5 <= slow_starts[1][4] <= killed_at + lease + 3
+        ends = Counter(r[1] for r in runs if r[0] == "END")
+        assert all(ends[j] == 1 for j in fast) and ends[slow] == 1
+        assert sum(1 for r in runs if r[0] == "START") == len(fast) + 2  # nothing else ran twice
+        assert client.get(slow).state is JobState.DONE
+        assert client.get(slow) is not None
+    finally:
+        for p in (p1, p2):
+            if p is not None and p.alive:
+                p.term(10)
+        client.close()
+
+
+async def test_redis_crash_outcomes_are_delivered_after_restart(tmp_path: Path) -> None:
+    # AOF with fsync on every write, so a kill -9 of Redis loses nothing and the job's lease survives.
+    srv = RedisServer(extra_args=["--appendonly", "yes", "--appendfsync", "always"]).start()
+    client = Client.from_url(srv.url)
+    gate = asyncio.Event()
+    ran: list[tuple[str, int]] = []
+    w = Worker.from_url(srv.url, shutdown_grace=2)
+
+    @w.handler("default")
+    async def handle(job: Job) -> None:
+        ran.append((job.id, job.attempt))
+        if job.payload == "blocked":
+            await gate.wait()
+
+    try:
+        async with serving(w):
+            jid = client.schedule(0, "blocked")
+            await wait_for(lambda: ran, 5, what="job to start")
+            srv.kill()
+            gate.set()  # the handler returns while Redis is down: the ack cannot be delivered
+            await asyncio.sleep(0.7)
+            assert w.stats.acked == 0 and w.serving
+            srv.restart()
+            await wait_for(lambda: w.stats.acked == 1, 10, what="ack delivered after restart")
+            assert client.get(jid).state is JobState.DONE
+            # The pub/sub connection came back too: a new job is picked up at once.
+            jid2 = client.schedule(0, "after")
+            await wait_for(lambda: w.stats.acked == 2, 5, what="job after restart")
+        assert ran == [(jid, 1), (jid2, 1)]
+        assert w.stats.lease_lost == 0 and w.stats.failed == 0
+    finally:
+        client.close()
+        srv.stop()

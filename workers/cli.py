@@ -1,0 +1,104 @@
+"""``zsched worker MODULE:ATTR``: run a :class:`workers.Worker` defined in your code."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import Any
+
+from .worker import Worker
+
+
+def _csv(value: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of queue names, e.g. default,emails")
+    return items
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return n
+
+
+def _port(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a TCP port number, got {value!r}") from None
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port number (0-65535), got {value!r}")
+    return n
+
+
+def _seconds(value: str) -> float:
+    try:
+        s = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {value!r}") from None
+    if not s >= 0 or s == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {value!r}")
+    return s
+
+
+def add_parser(subparsers: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
+    """Register the ``worker`` subcommand (called by scheduler/cli.py)."""
+    p = subparsers.add_parser(
+        "worker", help="run job handlers: zsched worker MODULE:ATTR",
+        description="Run the Worker object named by MODULE:ATTR (the current directory is on the import "
+                    "path). Options given here override the Worker's own settings. SIGTERM/SIGINT stop "
+                    "gracefully (a second signal exits at once).")
+    p.add_argument("app", metavar="MODULE:ATTR", help="e.g. myapp.tasks:worker (a Worker, or a function returning one)")
+    p.add_argument("--redis", metavar="URL", help="Redis URL (default: the Worker's, else ZSCHED_REDIS_URL, "
+                                                   "else redis://127.0.0.1:6379/0)")
+    p.add_argument("--namespace", metavar="NS", help="namespace (default: the Worker's, else ZSCHED_NAMESPACE, else zsched)")
+    p.add_argument("--queues", metavar="A,B", type=_csv, help="queues to serve (default: the queues with handlers)")
+    p.add_argument("--concurrency", metavar="N", type=_positive_int, help="handlers running at once (default 16)")
+    p.add_argument("--metrics-port", metavar="PORT", type=_port, help="serve Prometheus metrics on 127.0.0.1:PORT")
+    p.add_argument("--shutdown-grace", metavar="S", type=_seconds,
+                   help="seconds running handlers get to finish on SIGTERM (default 30)")
+    p.set_defaults(func=main)
+    return p
+
+
+def load_worker(spec: str) -> Worker:
+    """Import ``MODULE:ATTR`` (ATTR may be dotted) with the current directory on sys.path."""
+    mod_name, sep, attr = spec.partition(":")
+    if not sep or not mod_name or not attr:
+        raise ValueError(f"expected MODULE:ATTR (e.g. myapp.tasks:worker), got {spec!r}")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(mod_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (mod_name == exc.name or mod_name.startswith(exc.name + ".")):
+            raise ValueError(f"cannot import module {mod_name!r} (from {spec!r}): {exc}; run from the directory "
+                             "that contains it, or install it") from None
+        raise
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"module {mod_name!r} has no attribute {attr!r} (from {spec!r})") from None
+    if not isinstance(obj, Worker) and callable(obj):
+        obj = obj()  # a factory
+    if not isinstance(obj, Worker):
+        raise TypeError(f"{spec!r} is a {type(obj).__name__}, expected a workers.Worker (or a function returning one)")
+    return obj
+
+
+def main(args: argparse.Namespace) -> int:
+    worker = load_worker(args.app)
+    worker.configure(redis_url=args.redis, namespace=args.namespace, queues=args.queues,
+                     concurrency=args.concurrency, metrics_port=args.metrics_port,
+                     shutdown_grace=args.shutdown_grace)
+    worker.run()
+    return 0

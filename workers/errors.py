@@ -1,0 +1,30 @@
+"""Exceptions a handler raises to choose what happens to its job."""
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+
+class Retry(Exception):
+    """Raise from a handler to run the job again after ``delay`` seconds (or a timedelta).
+
+    The attempt counts like a failure against ``max_attempts`` (it was a claim), but the error is
+    recorded as a requested retry, not a failure. ``delay=None`` uses the job's exponential
+    backoff with full jitter, as for an ordinary exception.
+    """
+
+    def __init__(self, delay: float | timedelta | None = None, message: str = "") -> None:
+        if isinstance(delay, timedelta):
+            delay = delay.total_seconds()
+        if delay is not None:
+            if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not math.isfinite(delay):
+                raise TypeError(f"Retry delay must be a finite number of seconds or a timedelta, got {delay!r}")
+            delay = max(0.0, float(delay))
+        self.delay: float | None = delay
+        self.message = message
+        super().__init__(message or (f"retry requested in {delay:g} s" if delay is not None else "retry requested"))
+
+
+class PermanentError(Exception):
+    """Raise from a handler when retrying cannot help (bad input, ...): the job is dead-lettered now,
+    with this error as its last error, whatever attempts remain."""
