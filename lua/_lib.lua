@@ -39,7 +39,8 @@ local function p48(n) return p16(math.floor(n / 4294967296)) .. p32(n % 42949672
 local function flag(flags, bitv) return math.floor(flags / bitv) % 2 == 1 end
 
 -- Record accessors; layout in scheduler/codec.py (1-based offsets here).
-local function rec_qidx(rec) return u16(rec, 1) end
+-- 0 (no queue has index 0) for a body too short to hold one, so lookups fail cleanly
+local function rec_qidx(rec) if #rec < 9 then return 0 end return u16(rec, 1) end
 local function rec_attempt(rec) return string.byte(rec, 3) end
 local function rec_max(rec) return string.byte(rec, 4) end
 -- misfire grace ms (nil for run_late), lease ms, idempotency key (or nil)
@@ -53,6 +54,22 @@ local function rec_opts(rec)
     key = string.sub(rec, pos + 1, pos + n)
   end
   return grace, lease, key
+end
+-- A record is well-formed when its header and every optional section its flags announce fit.
+-- Only direct writes or bugs produce bad ones; the entry points (tick, claim) dead-letter them
+-- instead of failing halfway, since Redis does not roll a script back on error.
+local function rec_valid(rec)
+  if type(rec) ~= 'string' or #rec < 9 then return false end
+  local flags = string.byte(rec, 5)
+  local pos = 10
+  if flag(flags, 1) then pos = pos + 4 end
+  if flag(flags, 8) then pos = pos + 4 end
+  if flag(flags, 4) then
+    if #rec < pos then return false end
+    pos = pos + 1 + string.byte(rec, pos)
+  end
+  if flag(flags, 16) then pos = pos + 8 end
+  return #rec >= pos - 1
 end
 local function rec_with_attempt(rec, a)
   return string.sub(rec, 1, 2) .. string.char(a) .. string.sub(rec, 4)

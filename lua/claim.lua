@@ -4,7 +4,8 @@
 -- Returns: {now_ms, id, record, token, deadline_ms, due_ms, id, ...}; just {now_ms} when empty.
 --   due_ms: when this attempt became due (its fire time), for end-to-end lateness.
 -- Invariants: a job popped from the ready list is in 'i' (score = lease deadline) with a new
--- token in 'l' in the same script, so a claimed job always has a lease. attempt + 1 is written to
+-- token in 'l' in the same script, so a claimed job always has a lease; a malformed body goes to
+-- 'd' (CorruptRecord) instead, never lost. attempt + 1 is written to
 -- the record. Tokens come from one per-partition counter: every claim of a job gets a larger
 -- token, which is the job's fence.
 local queue, n = ARGV[4], tonumber(ARGV[5])
@@ -16,7 +17,12 @@ local base = redis.call('HINCRBY', K_META, 'fence', #ids) - #ids
 local out, jargs, zargs, largs = {now}, {}, {}, {}
 for i, id in ipairs(ids) do
   local v = recs[i]
-  if v then
+  if v and not rec_valid(string.sub(v, 7)) then
+    redis.call('ZADD', K_D, now, id)
+    redis.call('HSET', K_E, id, error_blob(now, 'CorruptRecord', 'job record is malformed (shorter than its header or sections)'))
+    bump(K_G, 'd:' .. queue)
+    bump(K_C, 'dead:' .. queue)
+  elseif v then
     local rec, due = string.sub(v, 7), u48(v, 1)
     local a = rec_attempt(rec) + 1
     if a > 255 then a = 255 end
@@ -35,6 +41,6 @@ if #jargs > 0 then
   multi('ZADD', K_I, zargs)
   multi('HSET', K_L, largs)
   bump(K_G, 'a:' .. queue, #zargs / 2)
-  flush_bumps()
 end
+flush_bumps()
 return out

@@ -97,11 +97,11 @@ if nd > 0 then
     local member, score = due[i], tonumber(due[i + 1])
     local id, rec = string.sub(member, 1, ID_LEN), string.sub(member, ID_LEN + 1)
     if has_moved then redis.call('HDEL', K_M, id) end
-    local q = queue_name(rec_qidx(rec))
+    local q = rec_valid(rec) and queue_name(rec_qidx(rec))
     if not q then
       redis.call('HSET', K_J, id, jval(rec, score))
       redis.call('ZADD', K_D, now, id)
-      redis.call('HSET', K_E, id, error_blob(now, 'CorruptRecord', 'record names unknown queue index ' .. rec_qidx(rec)))
+      redis.call('HSET', K_E, id, error_blob(now, 'CorruptRecord', 'job record is malformed or names an unknown queue'))
     else
       local grace = rec_opts(rec)
       if grace and now - score > grace then

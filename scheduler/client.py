@@ -20,7 +20,7 @@ import msgpack
 
 from .codec import build_record, decode_record, finite_number, pack_payload, split_template, unpack_payload
 from .cron import LOOKAHEAD, MAX_JITTER_S, CronInfo, occurrences, validate_expression, validate_tz, with_jitter
-from .errors import ScriptError
+from .errors import PayloadError, ScriptError
 from .ids import ID_BYTES, IdGenerator, decode_id, encode_id, partition_for_key, partition_of
 from .keys import Keyspace, validate_name
 from .models import JobError, JobInfo, JobState
@@ -225,10 +225,15 @@ class _Core:
         score_ms = int(float(score)) if score is not None else None
         if rec_b is None:
             return JobInfo(id=job_id, state=state, expires_at=ms_to_datetime(score_ms))
-        rec = decode_record(rec_b)
+        try:
+            rec = decode_record(rec_b)
+        except PayloadError as exc:  # a poison body must not make get()/dead() unusable
+            return JobInfo(id=job_id, state=state, queue=qname.decode() if qname else None,
+                           died_at=ms_to_datetime(score_ms) if state is JobState.DEAD else None,
+                           last_error=parse_error(err), payload={"_undecodable": str(exc)})
         try:
             payload = unpack_payload(rec.payload_bytes, self.max_payload)
-        except Exception as exc:  # a poison body must not make get() unusable
+        except PayloadError as exc:
             payload = {"_undecodable": str(exc)}
         return JobInfo(
             id=job_id, state=state, queue=qname.decode() if qname else None, key=rec.key,

@@ -383,3 +383,18 @@ def test_unknown_and_malformed_ids(client: Client) -> None:
         client.get("nope")
     assert client.get("0" * 30) is None
     assert client.cancel("0" * 30) is False
+
+
+def test_malformed_bodies_are_dead_lettered_not_lost(client: Client, ops: Ops, r: redis.Redis) -> None:
+    from scheduler.ids import decode_id
+    ready = client.schedule(0, "ok")
+    short = client.schedule(0, "short")
+    raw = decode_id(short)
+    k = client.keyspace.key(__import__("scheduler.ids", fromlist=["partition_of"]).partition_of(raw), "j")
+    r.hset(k, raw, r.hget(k, raw)[:6] + b"\x00")  # 1-byte record
+    claimed = ops.claim("default", 10)
+    assert [c.raw_id for c in claimed] == [decode_id(ready)]
+    info = client.get(short)
+    assert info.state is JobState.DEAD and info.last_error.type == "CorruptRecord"
+    assert "_undecodable" in info.payload
+    assert [d.id for d in client.dead()] == [short]
