@@ -55,6 +55,8 @@ class SchedulerMetrics:
         for change in ("acquired", "released", "lost"):
             self.ownership_changes.labels(replica, change)
         self.partitions_owned.labels(replica).set(0)
+        self.partitions = Gauge("zsched_partitions", "Partition count of the namespace (fixed at its first use)",
+                                ["namespace"], registry=r)
 
     def observe_lateness(self, values_ms: Iterable[int]) -> None:
         h = self.firing_lateness.labels(self.replica)
@@ -103,7 +105,8 @@ class PartitionStatsCollector:
         events = CounterMetricFamily("zsched_jobs", "Job events by queue (kept in Redis per partition, "
                                      "exported by the partition's owner)", labels=["event", "queue", "partition"])
         depth = GaugeMetricFamily("zsched_jobs_depth", "Jobs per state and queue in the partitions this "
-                                  "replica owns", labels=["state", "queue", "partition"])
+                                  "replica owns (state=held: due jobs waiting for a rate-limit token, also "
+                                  "counted in scheduled)", labels=["state", "queue", "partition"])
         age = GaugeMetricFamily("zsched_oldest_due_age_seconds",
                                 "Age of the oldest due-but-not-fired timer per owned partition (0 when none)",
                                 labels=["partition"])
@@ -120,6 +123,8 @@ class PartitionStatsCollector:
                 depth.add_metric(["ready", q, ps], st["ready"].get(q, 0))
                 depth.add_metric(["running", q, ps], st["gauges"].get(f"a:{q}", 0))
                 depth.add_metric(["dead", q, ps], st["gauges"].get(f"d:{q}", 0))
+                # due but held back by a rate limit (included in "scheduled")
+                depth.add_metric(["held", q, ps], st["gauges"].get(f"h:{q}", 0))
             age.add_metric([ps], st["oldest_due_age"])
         yield events
         yield depth

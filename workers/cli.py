@@ -60,7 +60,8 @@ def add_parser(subparsers: "argparse._SubParsersAction[Any]") -> argparse.Argume
     p.add_argument("--namespace", metavar="NS", help="namespace (default: the Worker's, else ZSCHED_NAMESPACE, else zsched)")
     p.add_argument("--queues", metavar="A,B", type=_csv, help="queues to serve (default: the queues with handlers)")
     p.add_argument("--concurrency", metavar="N", type=_positive_int, help="handlers running at once (default 16)")
-    p.add_argument("--metrics-port", metavar="PORT", type=_port, help="serve Prometheus metrics on 127.0.0.1:PORT")
+    p.add_argument("--metrics-port", metavar="PORT", type=_port, help="serve Prometheus metrics on this port")
+    p.add_argument("--metrics-host", metavar="ADDR", help="address for /metrics (default 127.0.0.1)")
     p.add_argument("--shutdown-grace", metavar="S", type=_seconds,
                    help="seconds running handlers get to finish on SIGTERM (default 30)")
     p.set_defaults(func=main)
@@ -99,6 +100,6 @@ def main(args: argparse.Namespace) -> int:
     worker = load_worker(args.app)
     worker.configure(redis_url=args.redis, namespace=args.namespace, queues=args.queues,
                      concurrency=args.concurrency, metrics_port=args.metrics_port,
-                     shutdown_grace=args.shutdown_grace)
+                     metrics_host=args.metrics_host, shutdown_grace=args.shutdown_grace)
     worker.run()
     return 0

@@ -23,11 +23,14 @@ class Job:
         fence: lease token of this attempt; grows with every claim of the job. Pass it to
             downstream systems so they can refuse a write from an older (stale) attempt.
         lease: the lease (visibility timeout) in seconds; the worker extends it while you run.
+        cron_nominal: for an occurrence of a cron, the nominal time it stands for (after an outage
+            with ``misfire="run_late"``, the latest missed occurrence); None for other jobs.
+        cron_missed: for a cron catch-up run, how many earlier missed occurrences it also covers.
     """
 
     # Cheap to build (one per job on the hot path): id and run_at are computed on first use.
     __slots__ = ("_raw_id", "_id", "key", "queue", "payload", "attempt", "max_attempts", "_due_ms",
-                 "_run_at", "fence", "lease", "_lost")
+                 "_run_at", "fence", "lease", "_lost", "_cron_ms", "cron_missed")
 
     def __init__(self, raw_id: bytes, queue: str, payload: Any, key: str | None, attempt: int,
                  max_attempts: int, due_ms: int, fence: int, lease: float) -> None:
@@ -43,6 +46,8 @@ class Job:
         self.fence = fence
         self.lease = lease
         self._lost = False  # set by the worker (no reference back to it: no cycles to collect)
+        self._cron_ms: int | None = None
+        self.cron_missed = 0
 
     @property
     def id(self) -> str:
@@ -55,6 +60,10 @@ class Job:
         if self._run_at is None:
             self._run_at = ms_to_datetime(self._due_ms)
         return self._run_at  # type: ignore[return-value]
+
+    @property
+    def cron_nominal(self) -> datetime | None:
+        return ms_to_datetime(self._cron_ms) if self._cron_ms is not None else None
 
     @property
     def lease_lost(self) -> bool:

@@ -76,9 +76,68 @@ _DOCS = {
 }
 
 
+# End-to-end lateness is usually milliseconds; retries and backlogs push it to minutes.
+_LATENESS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
+_DURATION_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+_RTT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1)
+
+
+class PrometheusHistograms:
+    """Per-job histograms, fed through the :class:`WorkerMetrics` hook: end-to-end lateness
+    (handler start minus the attempt's due time), handler duration, and Redis round trips of the
+    claim and outcome (ack/fail/extend/release) pipelines."""
+
+    def __init__(self, namespace: str, queues: Iterable[str], registry: Any) -> None:
+        from prometheus_client import Histogram
+
+        self.ns = namespace
+        self.lateness = Histogram("zsched_end_to_end_lateness_seconds",
+                                  "Handler start minus the time the job became due", ["namespace", "queue"],
+                                  buckets=_LATENESS_BUCKETS, registry=registry)
+        self.duration = Histogram("zsched_handler_duration_seconds", "Handler run time", ["namespace", "queue"],
+                                  buckets=_DURATION_BUCKETS, registry=registry)
+        self.rtt = Histogram("zsched_redis_roundtrip_seconds",
+                             "Redis round trip of a worker pipeline: op=claim (claims, with outcomes riding "
+                             "along) or op=ack (outcome flush: ack/fail/extend/release)", ["namespace", "op"],
+                             buckets=_RTT_BUCKETS, registry=registry)
+        self._lat = {q: self.lateness.labels(namespace, q) for q in queues}
+        self._dur = {q: self.duration.labels(namespace, q) for q in queues}
+        self._rtt = {op: self.rtt.labels(namespace, op) for op in ("claim", "ack")}
+
+    def job_started(self, job: "Job") -> None:
+        import time as _t
+
+        h = self._lat.get(job.queue)
+        if h is not None:
+            h.observe(max(0.0, _t.time() - job._due_ms / 1000.0))
+
+    def job_finished(self, job: "Job", outcome: str, seconds: float) -> None:
+        h = self._dur.get(job.queue)
+        if h is not None:
+            h.observe(seconds)
+
+    def roundtrip(self, op: str, seconds: float) -> None:
+        self._rtt[op].observe(seconds)
+
+
+class Tee:
+    """Calls several :class:`WorkerMetrics` hooks (the user's and the built-in histograms)."""
+
+    def __init__(self, *hooks: Any) -> None:
+        self.hooks = [h for h in hooks if h is not None]
+
+    def job_started(self, job: "Job") -> None:
+        for h in self.hooks:
+            h.job_started(job)
+
+    def job_finished(self, job: "Job", outcome: str, seconds: float) -> None:
+        for h in self.hooks:
+            h.job_finished(job, outcome, seconds)
+
+
 def start_metrics_server(port: int, namespace: str, by_queue: Callable[[], dict[str, WorkerStats]],
                          running: Callable[[], int], concurrency: Callable[[], int],
-                         addr: str = "127.0.0.1") -> Any:
+                         addr: str = "127.0.0.1", histograms: Callable[[Any], Any] | None = None) -> Any:
     """Serve ``/metrics`` on ``addr:port`` from a private registry: ``zsched_worker_<name>_total``
     counters labelled by namespace and queue (every served queue present from the start), plus
     ``zsched_worker_running`` and ``zsched_worker_concurrency`` gauges. Returns the HTTP server
@@ -107,6 +166,8 @@ def start_metrics_server(port: int, namespace: str, by_queue: Callable[[], dict[
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector())  # type: ignore[arg-type]
+    if histograms is not None:
+        histograms(registry)
     res = start_http_server(port, addr=addr, registry=registry)
     server = res[0] if isinstance(res, tuple) else None
     log.info("metrics on http://%s:%d/metrics", addr, port)

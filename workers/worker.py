@@ -57,7 +57,7 @@ from scheduler.scripts import load_scripts
 
 from .errors import PermanentError, Retry
 from .job import Job
-from .stats import WorkerMetrics, WorkerStats, start_metrics_server
+from .stats import PrometheusHistograms, Tee, WorkerMetrics, WorkerStats, start_metrics_server
 
 log = logging.getLogger("zsched.worker")
 
@@ -199,6 +199,7 @@ class Worker:
         self.handler_timeouts: dict[str, float] = {}
         self.shutdown_grace = 30.0
         self.metrics_port: int | None = None
+        self.metrics_host = "127.0.0.1"  # loopback unless the operator asks for more
         self.configure(redis_url=redis_url, namespace=namespace, queues=queues, concurrency=concurrency, handler_timeouts=handler_timeouts,
                        shutdown_grace=shutdown_grace, metrics_port=metrics_port)
         self.tombstone_ttl = float(tombstone_ttl)
@@ -217,6 +218,8 @@ class Worker:
         self._ready_evt: asyncio.Event | None = None
         self._threads_busy = 0
         self._threads_lock = threading.Lock()
+        self._mhook: Any = metrics        # the user's hook, teed with the histograms when exporting
+        self._hist: PrometheusHistograms | None = None
 
     @classmethod
     def from_url(cls, url: str | None = None, **kwargs: Any) -> "Worker":
@@ -235,6 +238,7 @@ class Worker:
         handler_timeouts: Mapping[str, float] | None = None,
         shutdown_grace: float | None = None,
         metrics_port: int | None = None,
+        metrics_host: str | None = None,
     ) -> "Worker":
         """Change settings before the worker starts (the CLI uses this for its overrides); ``None``
         leaves a setting unchanged."""
@@ -254,6 +258,10 @@ class Worker:
         if concurrency is not None:
             _check_positive("concurrency", concurrency, integer=True)
             self.concurrency = concurrency
+        if metrics_host is not None:
+            if not isinstance(metrics_host, str) or not metrics_host:
+                raise ValueError(f"metrics_host must be an address like '127.0.0.1', got {metrics_host!r}")
+            self.metrics_host = metrics_host
         if handler_timeouts is not None:
             for q, t in handler_timeouts.items():
                 validate_name("queue", q)
@@ -381,10 +389,16 @@ class Worker:
                 return
             if any(not h.is_async for q, h in self._handlers.items() if q in self._qstats):
                 self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="zsched-handler")
+            self._mhook = self.metrics
+            self._hist = None
             if self.metrics_port is not None:
+                def add_histograms(registry: Any) -> None:
+                    self._hist = PrometheusHistograms(self._ns, list(self._qstats), registry)
+                    self._mhook = Tee(self.metrics, self._hist)
+
                 metrics_server = start_metrics_server(
                     self.metrics_port, self._ns, self.stats_by_queue, lambda: len(self._running),
-                    lambda: self.concurrency)
+                    lambda: self.concurrency, addr=self.metrics_host, histograms=add_histograms)
             tasks = [
                 self._loop.create_task(self._supervise("pubsub", self._pubsub_loop)),
                 self._loop.create_task(self._supervise("claim", self._claim_loop)),
@@ -644,6 +658,8 @@ class Worker:
             t0 = loop_time()
             try:
                 replies = await self._exec(self._claim_conn, calls)
+                if self._hist is not None:
+                    self._hist.roundtrip("claim", loop_time() - t0)
             except _REDIS_ERRORS as exc:
                 self._free += reserved
                 self._requeue(meta)
@@ -679,7 +695,7 @@ class Worker:
         spec = self._specs[q]
         limit = self.max_payload_bytes
         create_task = self._loop.create_task
-        metrics = self.metrics
+        metrics = self._mhook
         for c in jobs:
             r = _Run(p, q, c, spec, stats, t0)
             if self._stopping:
@@ -701,6 +717,8 @@ class Worker:
                 self._poison(r, "PoisonJob", f"payload cannot be decoded: {exc}")
                 continue
             job = Job(c.raw_id, q, payload, rec.key, rec.attempt, rec.max_attempts, c.due_ms, c.token, r.lease_s)
+            if rec.cron_nominal_ms is not None:
+                job._cron_ms, job.cron_missed = rec.cron_nominal_ms, rec.cron_missed
             r.job = job
             self._running.add(r)
             if metrics is not None:
@@ -800,9 +818,9 @@ class Worker:
         if not keep_slot:
             self._free += 1
             self._claim_wake.set()
-        if self.metrics is not None:
+        if self._mhook is not None:
             try:
-                self.metrics.job_finished(r.job, outcome, time.monotonic() - r.t0)  # type: ignore[arg-type]
+                self._mhook.job_finished(r.job, outcome, time.monotonic() - r.t0)  # type: ignore[arg-type]
             except Exception:
                 log.exception("metrics.job_finished failed")
 
@@ -901,7 +919,10 @@ class Worker:
                 continue  # the claim loop took them along with its claims
             self._flushing = True
             try:
+                t_flush = time.perf_counter()
                 results = await self._exec(self._flush_conn, calls)
+                if self._hist is not None:
+                    self._hist.roundtrip("ack", time.perf_counter() - t_flush)
             except _REDIS_ERRORS as exc:
                 self._requeue(meta)
                 self._flushing = False
@@ -1134,9 +1155,9 @@ class Worker:
                 self._running.discard(r)
                 if not r.lost:
                     self._queue_release(r)
-                if self.metrics is not None and r.job is not None:
+                if self._mhook is not None and r.job is not None:
                     try:
-                        self.metrics.job_finished(r.job, "released", time.monotonic() - r.t0)
+                        self._mhook.job_finished(r.job, "released", time.monotonic() - r.t0)
                     except Exception:
                         log.exception("metrics.job_finished failed")
                 if r.task is not None:

@@ -77,6 +77,7 @@ class SchedulerProcess:
         await self.coord.connect()
         if self.cfg.metrics_port is not None:
             serve(self.metrics.registry, self.cfg.metrics_port, self.cfg.metrics_host)
+        self.metrics.partitions.labels(self.cfg.namespace).set(core.ks.partitions)
         self.ownership = Ownership(
             self.coord, namespace=self.cfg.namespace, partitions=core.ks.partitions,
             replica_id=self.cfg.replica_id, ttl=self.cfg.lease_ttl, metrics=self.metrics,
@@ -137,6 +138,7 @@ class SchedulerProcess:
         runner.start()
 
     async def _stop_partition(self, p: int) -> None:
+        self.partition_stats.forget(p)  # the new owner exports it now: never count it twice
         runner = self.runners.pop(p, None)
         if runner is not None:
             await runner.stop()

@@ -1,0 +1,496 @@
+"""The Grafana dashboards and alert rules in deploy/, checked against a real Prometheus (Debian
+package ``prometheus``, installed by scripts/bootstrap) scraping a running ``zsched dev`` stack.
+
+Grafana cannot be installed on these machines, so the dashboard files are checked structurally
+(datasource uid = the provisioned one, unique panel ids, targets, variables, layout), and every
+panel query of every dashboard is evaluated through Prometheus's HTTP API: each must parse, return
+at least one series, and name only metrics Prometheus actually scraped from zsched. The alert rules
+are loaded into the same Prometheus and must evaluate without error.
+
+Processes: the ``zsched dev`` stack (stopped by its PID with SIGTERM; it stops its own children)
+and Prometheus (stopped by its PID). Nothing else is signalled.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.test_compose import load_yaml
+from tests.servers import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+DASHBOARDS = sorted((DEPLOY / "grafana" / "dashboards").glob("*.json"))
+ALERTS = DEPLOY / "prometheus" / "alerts.yml"
+PROM_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
+DATASOURCES = DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
+
+# Grafana's built-in interval variables, replaced by fixed windows (scrape interval here: 1 s).
+BUILTINS = {"__rate_interval": "15s", "__interval": "15s", "__range": "1m", "__range_s": "60",
+            "__interval_ms": "15000"}
+JOBS = {"scheduler": "zsched-scheduler", "worker": "zsched-worker"}  # job names of deploy/prometheus/prometheus.yml
+SETTLE_TIMEOUT_S = 45.0  # after every target is up: time for every query to return data
+
+
+# --------------------------------------------------------------------------- dashboard files
+
+
+def provisioned_uid() -> str:
+    sources = load_yaml(DATASOURCES)["datasources"]
+    assert len(sources) == 1 and sources[0]["type"] == "prometheus" and sources[0].get("uid"), sources
+    return str(sources[0]["uid"])
+
+
+def load_dashboard(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def all_panels(board: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for p in board.get("panels", []):
+        out.append(p)
+        out.extend(p.get("panels", []))  # panels inside collapsed rows
+    return out
+
+
+def variables(board: dict[str, Any]) -> list[dict[str, Any]]:
+    return board.get("templating", {}).get("list", [])
+
+
+def variable_query(var: dict[str, Any]) -> str:
+    q = var.get("query")
+    return str(q.get("query", "") if isinstance(q, dict) else q or var.get("definition", ""))
+
+
+LABEL_VALUES = re.compile(r"^\s*label_values\(\s*([a-zA-Z_:][\w:]*(?:\{[^}]*\})?)\s*,\s*([a-zA-Z_]\w*)\s*\)\s*$")
+VAR_REF = re.compile(r"\$\{(\w+)(?::[^}]*)?\}|\$(\w+)|\[\[(\w+)(?::[^\]]*)?\]\]")
+
+
+def substitute(expr: str, values: dict[str, str]) -> str:
+    def repl(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(2) or m.group(3)
+        if name in values:
+            return values[name]
+        if name in BUILTINS:
+            return BUILTINS[name]
+        raise KeyError(name)
+    return VAR_REF.sub(repl, expr)
+
+
+def panel_queries() -> list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]]]:
+    """(dashboard file name, dashboard, panel, target) for every target of every panel."""
+    out = []
+    for path in DASHBOARDS:
+        board = load_dashboard(path)
+        for panel in all_panels(board):
+            for target in panel.get("targets", []):
+                out.append((path.name, board, panel, target))
+    return out
+
+
+# PromQL words that are not metric names (identifiers followed by "(" are functions; aggregations
+# may be followed by "by (...)" first).
+KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset", "and", "or",
+            "unless", "atan2", "inf", "nan", "start", "end",
+            "sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values", "bottomk", "topk",
+            "quantile", "limitk", "limit_ratio"}
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names a PromQL expression selects (strings, label matchers, ranges and label lists
+    removed first)."""
+    s = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`', '""', expr)
+    s = re.sub(r"\{[^}]*\}", " ", s)
+    s = re.sub(r"\[[^\]]*\]", " ", s)
+    s = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", r" \1 ", s)
+    names = set()
+    for m in re.finditer(r"(?<![\w.])([a-zA-Z_:][\w:]*)\s*(\()?", s):
+        word, call = m.group(1), m.group(2)
+        if not call and word.lower() not in KEYWORDS:
+            names.add(word)
+    return names
+
+
+def test_metric_name_extraction() -> None:
+    e = ('sum by (queue, le) (rate(zsched_x_bucket{queue=~"$queue"}[5m])) / on (instance) group_left (replica) '
+         'group by (instance, replica) (zsched_y) > bool 0.5 and up{job="a"} offset 1m')
+    assert metric_names(e) == {"zsched_x_bucket", "zsched_y", "up"}
+    assert metric_names("histogram_quantile(0.99, sum by (le) (rate(a_bucket[1m]))) > 1e3") == {"a_bucket"}
+
+
+def test_dashboard_files_are_well_formed() -> None:
+    uid = provisioned_uid()
+    assert [p.name for p in DASHBOARDS] == ["zsched-overview.json", "zsched-scheduler.json", "zsched-workers.json"]
+    problems: list[str] = []
+    uids = set()
+    for path in DASHBOARDS:
+        board = load_dashboard(path)
+        name = path.name
+        if board.get("uid") in uids or not board.get("uid") or not board.get("title"):
+            problems.append(f"{name}: missing or duplicate dashboard uid/title")
+        uids.add(board.get("uid"))
+        if "__inputs" in board or "${DS_" in path.read_text():
+            problems.append(f"{name}: export-for-sharing placeholders (__inputs/${{DS_...}}) do not provision")
+
+        # every datasource reference is the provisioned Prometheus (or Grafana's built-in annotations)
+        def walk(node: Any, where: str) -> None:
+            if isinstance(node, dict):
+                for k, v in node.items():
+                    if k == "datasource":
+                        ok = isinstance(v, dict) and (v.get("uid") == uid and v.get("type") == "prometheus"
+                                                      or v.get("uid") == "-- Grafana --")
+                        if not ok:
+                            problems.append(f"{name}: {where}: datasource {v!r} is not {{type: prometheus, uid: {uid}}}")
+                    else:
+                        walk(v, f"{where}.{k}")
+            elif isinstance(node, list):
+                for i, v in enumerate(node):
+                    walk(v, f"{where}[{i}]")
+        walk(board, "$")
+
+        panels = all_panels(board)
+        if not panels:
+            problems.append(f"{name}: no panels")
+        ids = [p.get("id") for p in panels]
+        dupes = sorted({i for i in ids if ids.count(i) > 1 or not isinstance(i, int)}, key=str)
+        if dupes:
+            problems.append(f"{name}: panel ids not unique integers: {dupes}")
+        defined = {v["name"] for v in variables(board)}
+        placed: list[tuple[str, dict[str, int]]] = []
+        for p in panels:
+            title = f"{name}: panel {p.get('id')} {p.get('title')!r}"
+            if p.get("type") == "row":
+                problems.append(f"{title}: rows carry no query; this repo's dashboards use none")
+                continue
+            targets = p.get("targets") or []
+            if not targets:
+                problems.append(f"{title}: no targets")
+            if p.get("datasource") is None or any(t.get("datasource") is None for t in targets):
+                problems.append(f"{title}: panel and targets must name the datasource (uid {uid})")
+            refs = [t.get("refId") for t in targets]
+            if len(set(refs)) != len(refs) or None in refs:
+                problems.append(f"{title}: refIds not unique: {refs}")
+            for t in targets:
+                if not str(t.get("expr", "")).strip():
+                    problems.append(f"{title}: target {t.get('refId')} has no expr")
+                for m in VAR_REF.finditer(str(t.get("expr", ""))):
+                    v = m.group(1) or m.group(2) or m.group(3)
+                    if v not in defined and v not in BUILTINS:
+                        problems.append(f"{title}: uses undefined variable ${v}")
+            g = p.get("gridPos") or {}
+            if not all(isinstance(g.get(k), int) for k in ("x", "y", "w", "h")) or g["x"] + g["w"] > 24:
+                problems.append(f"{title}: bad gridPos {g}")
+                continue
+            for other, o in placed:
+                if (g["x"] < o["x"] + o["w"] and o["x"] < g["x"] + g["w"]
+                        and g["y"] < o["y"] + o["h"] and o["y"] < g["y"] + g["h"]):
+                    problems.append(f"{title}: overlaps {other}")
+            placed.append((f"panel {p.get('id')}", g))
+        for v in variables(board):
+            if v.get("type") == "query" and v.get("datasource") is None:
+                problems.append(f"{name}: variable {v.get('name')} must name the datasource (uid {uid})")
+            if v.get("type") == "query" and not LABEL_VALUES.match(variable_query(v)):
+                problems.append(f"{name}: variable {v.get('name')}: expected label_values(metric, label), "
+                                f"got {variable_query(v)!r}")
+    assert not problems, "\n".join(problems)
+
+
+# --------------------------------------------------------------------------- live stack + Prometheus
+
+
+def _proc_start_time(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _children(pid: int) -> dict[int, str]:
+    """Direct children of ``pid`` with their start times (to tell them from a reused pid later)."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                rest = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(rest[1]) == pid:
+            out[int(entry)] = rest[19]
+    return out
+
+
+@dataclass
+class DevStack:
+    proc: subprocess.Popen[str]
+    lines: list[str] = field(default_factory=list)
+    children: dict[int, str] = field(default_factory=dict)
+    targets: dict[str, str] = field(default_factory=dict)  # name -> host:port
+
+    def output(self) -> str:
+        return "".join(self.lines[-80:])
+
+
+@pytest.fixture(scope="module")
+def dev_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
+    """``zsched dev`` (redis, etcd, 3 replicas, 2 demo workers, demo producer), stopped at the end.
+    --duration is a safety net: the stack stops by itself even if this process dies."""
+    home = tmp_path_factory.mktemp("dashstack")
+    proc = subprocess.Popen([sys.executable, "-m", "scheduler.cli", "dev", "--plain", "--home", str(home / "zs"),
+                             "--namespace", "dashtest", "--duration", "150"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=home)
+    stack = DevStack(proc)
+    got_metrics = threading.Event()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            stack.lines.append(line)
+            if line.startswith("metrics: "):
+                stack.targets = dict(item.split("=", 1) for item in line.split()[1:])
+                got_metrics.set()
+    reader = threading.Thread(target=pump, daemon=True, name="dev-stack-output")
+    reader.start()
+    try:
+        if not got_metrics.wait(60):
+            pytest.fail(f"zsched dev printed no 'metrics:' line:\n{stack.output()}")
+        stack.children = _children(proc.pid)
+        yield stack
+    finally:
+        if proc.poll() is None:
+            stack.children.update(_children(proc.pid))
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        # children of a stack that could not stop them: by pid, only if it is still the same process
+        for pid, started in stack.children.items():
+            if _proc_start_time(pid) == started:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        reader.join(5)
+
+
+@dataclass
+class Prometheus:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    up_at: float = 0.0  # monotonic time every target was first scraped
+
+    def settle_deadline(self, seconds: float) -> float:
+        """Wait for data at most until ``seconds`` after the targets came up."""
+        return max(time.monotonic(), self.up_at + seconds)
+
+    def get(self, path: str, **params: str | list[str]) -> Any:
+        q = urllib.parse.urlencode(params, doseq=True)
+        try:
+            with urllib.request.urlopen(f"{self.url}{path}?{q}", timeout=10) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as exc:  # 400/422: bad query, the body says why
+            return json.loads(exc.read() or b"{}") or {"status": "error", "error": str(exc)}
+
+    def query(self, expr: str) -> Any:
+        return self.get("/api/v1/query", query=expr)
+
+    def log_tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
+
+
+def _pdeathsig() -> None:  # Prometheus dies with this test process, whatever happens to it
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+@pytest.fixture(scope="module")
+def prometheus(dev_stack: DevStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    exe = shutil.which("prometheus")
+    assert exe, ("prometheus not found: it comes from the Debian package 'prometheus' (scripts/bootstrap "
+                 "installs it; or: sudo apt-get install prometheus)")
+    deploy_jobs = {sc["job_name"] for sc in load_yaml(PROM_CONFIG)["scrape_configs"]}
+    assert set(JOBS.values()) <= deploy_jobs, f"deploy/prometheus/prometheus.yml jobs {deploy_jobs}"
+    d = tmp_path_factory.mktemp("prometheus")
+    scrape = []
+    for kind, job in JOBS.items():
+        targets = sorted(addr for name, addr in dev_stack.targets.items() if name.startswith(kind))
+        assert targets, f"no {kind} metrics endpoint in: {dev_stack.targets}"
+        scrape.append({"job_name": job, "static_configs": [{"targets": targets}]})
+    config = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+              "rule_files": [str(ALERTS)], "scrape_configs": scrape}
+    (d / "prometheus.yml").write_text(json.dumps(config, indent=2))  # JSON is YAML
+    port = free_port()
+    log = d / "prometheus.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([exe, f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'data'}",
+                                 f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h",
+                                 "--log.level=warn"], stdout=fh, stderr=subprocess.STDOUT, cwd=d,
+                                preexec_fn=_pdeathsig)
+    prom = Prometheus(f"http://127.0.0.1:{port}", proc, log)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"{prom.url}/-/ready", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None, f"prometheus exited:\n{prom.log_tail()}"
+            assert time.monotonic() < deadline, f"prometheus not ready:\n{prom.log_tail()}"
+            time.sleep(0.2)
+        # every target scraped successfully
+        deadline = time.monotonic() + 30
+        while True:
+            active = prom.get("/api/v1/targets")["data"]["activeTargets"]
+            down = [(t["scrapeUrl"], t["health"], t.get("lastError")) for t in active if t["health"] != "up"]
+            if active and not down:
+                prom.up_at = time.monotonic()
+                break
+            assert time.monotonic() < deadline, f"targets not up: {down}\n{dev_stack.output()}"
+            time.sleep(0.5)
+        yield prom
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+def label_values(prom: Prometheus, query: str) -> list[str]:
+    m = LABEL_VALUES.match(query)
+    assert m, query
+    res = prom.get(f"/api/v1/label/{m.group(2)}/values", **{"match[]": m.group(1)})
+    assert res.get("status") == "success", res
+    return sorted(res["data"])
+
+
+def variable_sets(prom: Prometheus, board: dict[str, Any]) -> list[dict[str, str]]:
+    """The values each panel query is evaluated with: every variable at 'All' (its allValue), then
+    every variable at its first real value."""
+    all_, first = {}, {}
+    for v in variables(board):
+        values = label_values(prom, variable_query(v))
+        all_[v["name"]] = v.get("allValue") or "|".join(map(re.escape, values))
+        first[v["name"]] = values[0] if values else "__no_value__"
+    return [all_, first]
+
+
+def _known_metrics(prom: Prometheus) -> set[str]:
+    return set(prom.get("/api/v1/label/__name__/values")["data"])
+
+
+def _evaluate_all(prom: Prometheus) -> list[str]:
+    """Every panel query with every variable set: the problems found (empty = all good)."""
+    problems = []
+    sets_by_board: dict[str, list[dict[str, str]]] = {}
+    for fname, board, panel, target in panel_queries():
+        if fname not in sets_by_board:
+            sets_by_board[fname] = variable_sets(prom, board)
+        for values in sets_by_board[fname]:
+            expr = substitute(target["expr"], values)
+            res = prom.query(expr)
+            where = f"{fname} panel {panel['id']} {panel['title']!r} {target['refId']} [{values}]"
+            if res.get("status") != "success":
+                problems.append(f"{where}: {res.get('errorType')}: {res.get('error')}\n    {expr}")
+            elif not res["data"]["result"]:
+                problems.append(f"{where}: no series\n    {expr}")
+    return problems
+
+
+def test_every_panel_query_returns_data(prometheus: Prometheus, dev_stack: DevStack) -> None:
+    """Retried until every query returns series (rates need two scrapes, histograms their first
+    observations), at most SETTLE_TIMEOUT_S; then the remaining problems fail the test."""
+    deadline = prometheus.settle_deadline(SETTLE_TIMEOUT_S)
+    while True:
+        problems = _evaluate_all(prometheus)
+        if not problems or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert not problems, (f"{len(problems)} panel queries failed or returned nothing:\n" + "\n".join(problems))
+
+
+def test_variables_resolve(prometheus: Prometheus) -> None:
+    deadline = prometheus.settle_deadline(20)
+    while True:
+        problems = []
+        for path in DASHBOARDS:
+            for v in variables(load_dashboard(path)):
+                if not label_values(prometheus, variable_query(v)):
+                    problems.append(f"{path.name}: ${v['name']} = {variable_query(v)} has no values")
+        if not problems or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert not problems, "\n".join(problems)
+
+
+def test_queries_and_alerts_name_only_exported_metrics(prometheus: Prometheus) -> None:
+    """A dashboard or alert naming a metric zsched does not export must fail, even inside an
+    expression that would still return data (``a or b``)."""
+    used: dict[str, set[str]] = {}
+    for fname, _, panel, target in panel_queries():
+        for n in metric_names(target["expr"]):
+            used.setdefault(n, set()).add(f"{fname} panel {panel['id']} {panel['title']!r}")
+    for group in load_yaml(ALERTS)["groups"]:
+        for rule in group["rules"]:
+            for n in metric_names(str(rule["expr"])):
+                used.setdefault(n, set()).add(f"alerts.yml {rule.get('alert') or rule.get('record')}")
+    deadline = prometheus.settle_deadline(20)
+    while True:
+        known = _known_metrics(prometheus)
+        unknown = {n: sorted(w) for n, w in used.items() if n not in known}
+        if not unknown or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert not unknown, "metrics not exported by the running stack:\n" + "\n".join(
+        f"  {n}: {', '.join(w)}" for n, w in sorted(unknown.items()))
+
+
+def test_alert_rules_evaluate(prometheus: Prometheus) -> None:
+    expected = {r["alert"] for g in load_yaml(ALERTS)["groups"] for r in g["rules"] if "alert" in r}
+    deadline = time.monotonic() + 15
+    while True:
+        groups = prometheus.get("/api/v1/rules")["data"]["groups"]
+        rules = {r["name"]: r for g in groups for r in g["rules"]}
+        pending = [n for n, r in rules.items() if r.get("health") == "unknown"]
+        if set(rules) >= expected and not pending or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert set(rules) >= expected, f"rules not loaded: {expected - set(rules)}"
+    bad = {n: (r.get("health"), r.get("lastError")) for n, r in rules.items() if r.get("health") != "ok"}
+    assert not bad, f"alert rules that do not evaluate: {bad}"
+
+
+def test_promtool_accepts_the_deploy_config_and_rules() -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool not found: it comes with the Debian package 'prometheus'"
+    for args in (["check", "config", str(PROM_CONFIG)], ["check", "rules", str(ALERTS)]):
+        out = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, f"promtool {' '.join(args)}:\n{out.stdout}\n{out.stderr}"
