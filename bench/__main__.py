@@ -1,21 +1,76 @@
-"""``python -m bench [core] [--memory-sizes 1000000]``: runs benchmarks on loopback servers it
-starts itself and prints JSON."""
+"""``python -m bench [SUITE ...] [--quick]``: benchmarks on loopback servers they start themselves.
+Prints JSON; ``all`` also writes bench/out/results.json and bench/RESULTS.md.
+
+Suites: core (W1 enqueue, W2 memory, tick), drain (W3), lateness (W4), herd (W5), scale (W6),
+failover (W7), pg (the seed's PostgreSQL design), all.
+"""
 from __future__ import annotations
 
 import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
 
 from bench import common
 
+SUITES = ("core", "drain", "lateness", "herd", "scale", "failover", "pg")
+
+
+def run_suite(name: str, quick: bool, memory_sizes: list[int]) -> Any:
+    from bench import workloads as w
+    if name == "core":
+        from bench import core
+        return core.run(argparse.Namespace(memory_sizes=memory_sizes))
+    if name == "drain":
+        n = 5000 if quick else 20_000
+        return [w.w3_drain(n, workers=k) for k in (1, 2)]
+    if name == "lateness":
+        return [w.w4_lateness(200 if quick else 2000, 2 if quick else 20),
+                w.w4_lateness(2000 if quick else 20_000, 2 if quick else 20)]
+    if name == "herd":
+        n = 20_000 if quick else 100_000
+        return [w.w5_herd(n), w.w5_herd(n, limit=5000)]
+    if name == "scale":
+        big = 200_000 if quick else 10_000_000
+        small = w.w6_scale(10_000, 2000 if quick else 20_000, 2 if quick else 20)
+        large = w.w6_scale(big, 2000 if quick else 20_000, 2 if quick else 20)
+        ratio = None
+        if small["firing_lateness"].get("p99_ms_est") and large["firing_lateness"].get("p99_ms_est"):
+            ratio = round(large["firing_lateness"]["p99_ms_est"] / max(small["firing_lateness"]["p99_ms_est"], 0.1), 2)
+        return {"small": small, "large": large, "p99_firing_lateness_ratio": ratio,
+                "tick_throughput_ratio": round(small["tick_jobs_per_redis_cpu_s"] / large["tick_jobs_per_redis_cpu_s"], 2)
+                if small.get("tick_jobs_per_redis_cpu_s") and large.get("tick_jobs_per_redis_cpu_s") else None}
+    if name == "failover":
+        return w.w7_failover()
+    if name == "pg":
+        from bench import pg_baseline
+        return pg_baseline.run(argparse.Namespace(quick=quick))
+    raise SystemExit(f"unknown suite {name!r}; choose from {SUITES} or all")
+
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m bench")
-    p.add_argument("suite", nargs="?", default="core", choices=["core"])
-    p.add_argument("--memory-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1_000_000],
-                   help="pending-job counts for the memory benchmark (comma-separated)")
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("suites", nargs="*", default=["core"], help=f"{', '.join(SUITES)} or all (default core)")
+    p.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    p.add_argument("--memory-sizes", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                   help="pending-job counts for the memory benchmark (default 1000000,10000000; quick: 100000)")
     args = p.parse_args()
-    from bench import core
-    result = {"machine": common.machine(), args.suite: core.run(args)}
-    common.emit(result)
+    names = list(SUITES) if "all" in args.suites else args.suites
+    sizes = args.memory_sizes or ([100_000] if args.quick else [1_000_000, 10_000_000])
+    result: dict[str, Any] = {"machine": common.machine()}
+    for name in names:
+        t = time.time()
+        result[name] = run_suite(name, args.quick, sizes)
+        result.setdefault("seconds", {})[name] = round(time.time() - t, 1)
+        common.emit({name: result[name]})
+    if "all" in args.suites:
+        out = Path(__file__).resolve().parent / "out"
+        out.mkdir(exist_ok=True)
+        (out / "results.json").write_text(json.dumps(result, indent=2, default=str))
+        from bench.report import write_markdown
+        write_markdown(result, Path(__file__).resolve().parent / "RESULTS.md")
 
 
 if __name__ == "__main__":

@@ -641,7 +641,7 @@ def collect_stats(client: Client, *, etcd_endpoints: str | None = None, etcd_tim
     kinds = {"s": "scheduled", "a": "running", "d": "dead"}
     out: list[PartitionStats] = []
     for p, reply in enumerate(replies):
-        gauges, _counters, ready, head = reply[0], reply[1], reply[2], int(float(reply[3]))
+        gauges, ready, head = reply[0], reply[2], int(float(reply[3]))
         ps = PartitionStats(p, owners.get(p), int(reply[7] or 0), head if head >= 0 else None)
         for i in range(0, len(gauges), 2):
             kind, _, _name = gauges[i].decode().partition(":")

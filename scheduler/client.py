@@ -21,7 +21,7 @@ import msgpack
 from .codec import build_record, decode_record, finite_number, pack_payload, split_template, unpack_payload
 from .cron import LOOKAHEAD, MAX_JITTER_S, CronInfo, occurrences, validate_expression, validate_tz, with_jitter
 from .errors import PayloadError, ScriptError
-from .ids import ID_BYTES, IdGenerator, decode_id, encode_id, partition_for_key, partition_of
+from .ids import IdGenerator, decode_id, encode_id, partition_for_key, partition_of
 from .keys import Keyspace, validate_name
 from .models import JobError, JobInfo, JobState
 from .scripts import AsyncScripts, Scripts
@@ -265,7 +265,7 @@ class _Core:
 
         names = {"s": "scheduled", "a": "running", "d": "dead"}
         for reply in replies:
-            gauges, _counters, ready = reply[0], reply[1], reply[2]
+            gauges, ready = reply[0], reply[2]
             for i in range(0, len(gauges), 2):
                 kind, _, name = gauges[i].decode().partition(":")
                 if kind in names:

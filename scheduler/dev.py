@@ -8,21 +8,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import signal
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from . import config
 from .client import Client
 from .coord import EtcdCoordinator
+from .metrics import bucket_quantile, scrape_histogram
 from .devstack import Child, etcd_child, pick_port, redis_child, wait_etcd, wait_redis, zsched_child
 
 NS_DEFAULT = "zsched"
@@ -136,27 +133,6 @@ class Producer(threading.Thread):
         c.close()
 
 
-def _scrape(port: int) -> dict[str, list[Any]]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=0.5) as r:
-        text = r.read().decode()
-    return {f.name: f.samples for f in text_string_to_metric_families(text)}
-
-
-def _quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
-    """histogram_quantile over cumulative (le, count) buckets."""
-    if not buckets or buckets[-1][1] <= 0:
-        return None
-    rank = q * buckets[-1][1]
-    prev_le, prev_c = 0.0, 0.0
-    for le, c in buckets:
-        if c >= rank:
-            if le == float("inf"):
-                return prev_le
-            return prev_le + (le - prev_le) * ((rank - prev_c) / max(c - prev_c, 1e-9))
-        prev_le, prev_c = le, c
-    return prev_le
-
-
 class View:
     def __init__(self, stack: Stack) -> None:
         self.stack = stack
@@ -183,16 +159,13 @@ class View:
             if not name.startswith("scheduler"):
                 continue
             try:
-                fams = _scrape(port)
+                for le, c in scrape_histogram(port, "zsched_firing_lateness_seconds", timeout=0.5).items():
+                    total[le] = total.get(le, 0.0) + c
             except OSError:
                 continue
-            for s in fams.get("zsched_firing_lateness_seconds", []):
-                if s.name.endswith("_bucket"):
-                    le = float(s.labels["le"])
-                    total[le] = total.get(le, 0.0) + s.value
         delta = sorted((le, total[le] - self.prev_buckets.get(le, 0.0)) for le in total)
         self.prev_buckets = total
-        return _quantile(delta, 0.5), _quantile(delta, 0.99)
+        return bucket_quantile(delta, 0.5), bucket_quantile(delta, 0.99)
 
     def owners(self) -> dict[str, list[int]]:
         async def read() -> dict[str, list[int]]:

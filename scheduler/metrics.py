@@ -129,3 +129,37 @@ class PartitionStatsCollector:
         yield events
         yield depth
         yield age
+
+
+def scrape_histogram(port: int, name: str, host: str = "127.0.0.1", timeout: float = 2.0) -> dict[float, float]:
+    """Cumulative bucket counts (le -> count) of histogram ``name`` on a /metrics endpoint, summed
+    over label sets (used by ``zsched dev`` and the benchmarks)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout) as resp:
+        text = resp.read().decode()
+    out: dict[float, float] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name == name:
+            for smp in fam.samples:
+                if smp.name.endswith("_bucket"):
+                    le = float(smp.labels["le"])
+                    out[le] = out.get(le, 0.0) + smp.value
+    return out
+
+
+def bucket_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """Prometheus' histogram_quantile over cumulative (le, count) buckets, sorted by le."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in buckets:
+        if c >= rank:
+            if le == float("inf"):
+                return prev_le
+            return prev_le + (le - prev_le) * ((rank - prev_c) / max(c - prev_c, 1e-9))
+        prev_le, prev_c = le, c
+    return prev_le

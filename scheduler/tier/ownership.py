@@ -25,7 +25,7 @@ import time
 import zlib
 from typing import Awaitable, Callable
 
-from ..coord import Coordinator, CoordinatorUnavailable, CoordinationError, LeaseLost, WatchCompacted
+from ..coord import Coordinator, CoordinationError, LeaseLost, WatchCompacted
 from ..metrics import SchedulerMetrics
 
 log = logging.getLogger("zsched.ownership")

@@ -11,7 +11,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
 from redis.exceptions import RedisError
 

@@ -2,7 +2,6 @@
 stops everything it started."""
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys

@@ -9,7 +9,6 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from scheduler import Client
-from scheduler.ids import partition_of
 from tests.helpers import Ops, snapshot
 
 TERMINAL = "terminal"

@@ -1,0 +1,28 @@
+"""Bench worker: a no-op handler that records (job id, due ms, handler start) per job and writes
+them to $BENCH_RECORD when the worker exits. ``zsched worker bench.handlers:worker``"""
+from __future__ import annotations
+
+import atexit
+import os
+import time
+
+from workers import Job, Worker
+
+worker = Worker(queues=["bench"], concurrency=int(os.environ.get("BENCH_CONCURRENCY", "16")))
+_records: list[tuple[str, int, float]] = []
+
+
+@worker.handler("bench")
+async def noop(job: Job) -> None:
+    _records.append((job.id, job._due_ms, time.time()))
+
+
+def _dump() -> None:
+    path = os.environ.get("BENCH_RECORD")
+    if path:
+        with open(path, "w") as f:
+            for jid, due, start in _records:
+                f.write(f"{jid} {due} {start:.6f}\n")
+
+
+atexit.register(_dump)

@@ -1,0 +1,135 @@
+"""A benchmark stack: redis-server (AOF everysec by default: durable like a production setup),
+etcd, scheduler replicas and worker processes, all on loopback, stopped by PID."""
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bench.common import cpu_seconds
+from scheduler import Client
+from scheduler.metrics import bucket_quantile, scrape_histogram
+from tests.procs import ZschedProc, scheduler_proc
+from tests.servers import EtcdServer, RedisServer
+
+NS = "bench"
+
+
+class Stack:
+    def __init__(self, partitions: int = 16, aof: bool = True, lease_ttl: float = 2.0) -> None:
+        extra = ["--hz", "10"]
+        extra += ["--appendonly", "yes", "--appendfsync", "everysec"] if aof else ["--appendonly", "no"]
+        self.redis_srv = RedisServer(extra_args=extra)
+        self.etcd = EtcdServer()
+        self.partitions = partitions
+        self.lease_ttl = lease_ttl
+        self.schedulers: list[ZschedProc] = []
+        self.workers: list[tuple[ZschedProc, Path]] = []
+        self.tmp = Path(tempfile.mkdtemp(prefix="zsched-bench-"))
+
+    def __enter__(self) -> "Stack":
+        self.redis_srv.start()
+        self.etcd.start()
+        self.url = self.redis_srv.url
+        self.client = Client.from_url(self.url, namespace=NS, partitions=self.partitions)
+        self.r = redis.Redis.from_url(self.url)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_workers()
+        for s in self.schedulers:
+            s.stop()
+        self.client.close()
+        self.etcd.stop()
+        self.redis_srv.stop()
+
+    def start_schedulers(self, n: int) -> None:
+        for i in range(n):
+            self.schedulers.append(scheduler_proc(self.url, self.etcd.endpoint, NS, f"s{len(self.schedulers)}",
+                                                  ttl=self.lease_ttl).start())
+        self.wait_owned()
+
+    def owners(self) -> dict[int, str]:
+        import asyncio
+
+        from scheduler.coord import EtcdCoordinator
+
+        async def read() -> dict[int, str]:
+            async with EtcdCoordinator.from_endpoints(self.etcd.endpoint) as c:
+                kvs, _ = await c.get_prefix(f"/zsched/{NS}/owners/")
+            return {int(kv.key.rsplit("/", 1)[1]): kv.value.decode() for kv in kvs}
+        return asyncio.run(read())
+
+    def wait_owned(self, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        live = {f"s{i}" for i, s in enumerate(self.schedulers) if s.proc and s.proc.poll() is None}
+        while time.monotonic() < deadline:
+            own = self.owners()
+            if len(own) == self.partitions and set(own.values()) <= live and len(set(own.values())) == len(live):
+                time.sleep(0.3)
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"partitions not settled: {self.owners()}")
+
+    def start_workers(self, n: int, concurrency: int = 16) -> None:
+        for i in range(n):
+            rec = self.tmp / f"worker-{len(self.workers)}.txt"
+            p = ZschedProc(["worker", "bench.handlers:worker", "--redis", self.url, "--namespace", NS],
+                           env={"BENCH_RECORD": str(rec), "BENCH_CONCURRENCY": str(concurrency),
+                                "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+                           cwd=str(Path(__file__).resolve().parent.parent)).start()
+            self.workers.append((p, rec))
+        time.sleep(1.5)  # imported, connected, subscribed
+
+    def stop_workers(self) -> list[tuple[str, int, float]]:
+        records: list[tuple[str, int, float]] = []
+        for p, rec in self.workers:
+            p.stop()
+            if rec.exists():
+                for line in rec.read_text().splitlines():
+                    jid, due, start = line.split()
+                    records.append((jid, int(due), float(start)))
+        self.workers = []
+        return records
+
+    def counter(self, event: str, queue: str = "bench") -> int:
+        pipe = self.r.pipeline(transaction=False)
+        for p in range(self.partitions):
+            pipe.hget(self.client.keyspace.key(p, "c"), f"{event}:{queue}")
+        return sum(int(v or 0) for v in pipe.execute())
+
+    def cpu(self) -> dict[str, float]:
+        out = {"redis": cpu_seconds(self.redis_srv.pid)}
+        out["schedulers"] = sum(cpu_seconds(s.pid) for s in self.schedulers if s.proc and s.proc.poll() is None)
+        out["workers"] = sum(cpu_seconds(p.pid) for p, _ in self.workers if p.proc and p.proc.poll() is None)
+        return out
+
+    def firing_buckets(self) -> dict[float, float]:
+        total: dict[float, float] = {}
+        for s in self.schedulers:
+            if s.proc and s.proc.poll() is None:
+                assert s.metrics_port is not None
+                for le, c in scrape_histogram(s.metrics_port, "zsched_firing_lateness_seconds").items():
+                    total[le] = total.get(le, 0.0) + c
+        return total
+
+
+def bucket_summary(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
+    """Firing lateness from histogram bucket deltas: share within 1/2/5/10 ms and estimated quantiles."""
+    delta = sorted((le, after.get(le, 0.0) - before.get(le, 0.0)) for le in after)
+    n = delta[-1][1] if delta else 0.0
+    if n <= 0:
+        return {"n": 0}
+
+    def share(limit: float) -> float:
+        return round(next((c for le, c in delta if le >= limit), n) / n, 4)
+
+    def quant(q: float) -> float:
+        return bucket_quantile(delta, q) or 0.0
+
+    return {"n": int(n), "p50_ms_est": round(quant(0.5) * 1000, 2), "p99_ms_est": round(quant(0.99) * 1000, 2),
+            "share_le_1ms": share(0.001), "share_le_2ms": share(0.002), "share_le_5ms": share(0.005),
+            "share_le_10ms": share(0.01)}
