@@ -1,0 +1,77 @@
+"""End to end with every real process: redis-server, etcd, `zsched scheduler` replicas and
+`zsched worker` processes. Jobs scheduled for the next seconds run once each, at their time."""
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from scheduler import Client, JobState
+from tests.integration.test_worker_support import read_runs, spawn_worker, wait_for, wait_worker_ready, write_app
+from tests.procs import scheduler_proc
+
+NS = "e2e"
+
+
+@pytest.mark.parametrize("n_workers", [1, 3])
+async def test_jobs_for_the_next_seconds_run_once_each_at_their_time(
+        redis_url: str, etcd_endpoint: str, tmp_path: Path, n_workers: int) -> None:
+    client = Client.from_url(redis_url, namespace=NS, partitions=8)
+    write_app(tmp_path)
+    replicas = [scheduler_proc(redis_url, etcd_endpoint, NS, f"s{i}", ttl=2.0).start() for i in range(2)]
+    workers = [spawn_worker(tmp_path, redis_url, "--namespace", NS) for _ in range(n_workers)]
+    try:
+        for w in workers:
+            await wait_worker_ready(w)
+        t0 = time.time() + 1.0
+        due = {jid: at for jid, at in zip(
+            client.schedule_many([(t0 + i * 0.01, {"i": i}) for i in range(300)]),
+            [t0 + i * 0.01 for i in range(300)])}
+        await wait_for(lambda: len([r for r in read_runs(tmp_path) if r[0] == "END"]) >= 300, 20,
+                       what="all jobs to run")
+        time.sleep(0.3)
+        starts = [r for r in read_runs(tmp_path) if r[0] == "START"]
+        assert sorted(r[1] for r in starts) == sorted(due), "each job ran exactly once"
+        lateness = sorted(r[4] - due[r[1]] for r in starts)
+        assert lateness[0] >= -0.001, f"a job started {-lateness[0]:.4f}s before its run_at"
+        assert lateness[len(lateness) // 2] < 0.05 and lateness[-1] < 0.5, lateness[-5:]
+        if n_workers > 1:
+            assert len({r[3] for r in starts}) > 1, "the work was shared between worker processes"
+        assert all(client.get(j).state is JobState.DONE for j in list(due)[:20])
+    finally:
+        for p in workers + replicas:
+            p.stop()
+
+
+async def test_worker_killed_mid_job_is_rerun_once_by_the_real_scheduler_tier(
+        redis_url: str, etcd_endpoint: str, tmp_path: Path) -> None:
+    client = Client.from_url(redis_url, namespace=NS, partitions=4)
+    write_app(tmp_path)
+    replica = scheduler_proc(redis_url, etcd_endpoint, NS, "s0", ttl=2.0).start()
+    victim = spawn_worker(tmp_path, redis_url, "--namespace", NS, env={"SLOW_SECONDS": "30"})
+    try:
+        await wait_worker_ready(victim)
+        slow = client.schedule(time.time() + 0.3, {"slow": True}, lease=1.0)
+        others = client.schedule_many([(time.time() + 0.3, {"i": i}) for i in range(20)])
+        await wait_for(lambda: any(r[1] == slow and r[0] == "START" for r in read_runs(tmp_path)), 10,
+                       what="the slow job to start")
+        await wait_for(lambda: sum(1 for r in read_runs(tmp_path) if r[0] == "END") >= 20, 10, what="others")
+        victim.signal(signal.SIGKILL)
+        victim.wait(5)
+        t_kill = time.time()
+        rescuer = spawn_worker(tmp_path, redis_url, "--namespace", NS)
+        await wait_worker_ready(rescuer)
+        await wait_for(lambda: any(r[1] == slow and r[0] == "END" for r in read_runs(tmp_path)), 15,
+                       what="the slow job to run again after its lease expired")
+        runs = [r for r in read_runs(tmp_path) if r[1] == slow and r[0] == "START"]
+        assert [r[2] for r in runs] == [1, 2], "ran once more, as attempt 2"
+        assert runs[1][4] - t_kill < 1.0 + 2.0, "reaped by the scheduler tier soon after the lease expired"
+        assert sorted(r[1] for r in read_runs(tmp_path) if r[0] == "START" and r[1] in others) == sorted(others)
+        time.sleep(0.5)
+        assert client.get(slow).state is JobState.DONE
+        rescuer.stop()
+    finally:
+        for p in (victim, replica):
+            p.stop()
