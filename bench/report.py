@@ -20,7 +20,7 @@ def _fmt(v: Any, unit: str = "") -> str:
     if v is None:
         return "n/a"
     if isinstance(v, float):
-        v = round(v, 1) if abs(v) < 100 else round(v)
+        v = round(v, 2) if abs(v) < 10 else round(v, 1) if abs(v) < 100 else round(v)
     if isinstance(v, int) and abs(v) >= 10_000:
         v = f"{v:,}".replace(",", " ")
     return f"{v}{unit}"
@@ -37,13 +37,13 @@ def rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
                 _fmt(_get(pg, "enqueue", "one_jobs_per_s")), ">= 8 000"))
     for m in core.get("memory", []) or []:
         pgm = next((d for d in (pg.get("disk") or []) if d.get("pending_jobs") == m["pending_jobs"]), None)
-        out.append(("W2 memory", f"bytes per pending job at {m['pending_jobs']:,}".replace(",", " "),
+        out.append(("W2 memory", f"bytes per pending job at {m['pending_jobs']:_}".replace("_", " "),
                     _fmt(m["bytes_per_job"]), _fmt(_get(pgm, "bytes_per_job")) + (" (disk)" if pgm else ""), "<= 256"))
     for d in r.get("drain") or []:
         pgd = [x for x in (pg.get("drain") or []) if x.get("workers") == d["worker_processes"]]
         best = max((x["jobs_per_s"] for x in pgd), default=None)
         target = ">= 15 000" if d["worker_processes"] == 1 else ">= 25 000"
-        out.append(("W3 drain", f"{d['worker_processes']} worker process(es), jobs/s (dup {d['duplicates']}, missing {d['missing']})",
+        out.append(("W3 drain", f"{d['worker_processes']} worker process(es), concurrency {d.get('concurrency', 16)}, jobs/s (dup {d['duplicates']}, missing {d['missing']})",
                     _fmt(d["jobs_per_s"]), _fmt(best), target))
     for lt in r.get("lateness") or []:
         rate = lt["rate_per_s"]
@@ -58,14 +58,14 @@ def rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
                     f"{_fmt(fl.get('p50_ms_est'))} / {_fmt(fl.get('p99_ms_est'))} ms, {_fmt(fl.get('share_le_5ms'))}", "-", ""))
     for h in r.get("herd") or []:
         if h["rate_limit"]:
-            out.append(("W5 herd", f"{h['jobs']:,} due at once, limit {h['rate_limit']:g}/s: fire rate".replace(",", " "),
+            out.append(("W5 herd", f"{h['jobs']:_} due at once, limit {h['rate_limit']:g}/s: fire rate".replace("_", " "),
                         _fmt(h["fire_rate_10_90_per_s"]), "-", "within 10 % of the limit"))
         else:
-            out.append(("W5 herd", f"{h['jobs']:,} due at once, no limit: drain jobs/s (all fired after)".replace(",", " "),
+            out.append(("W5 herd", f"{h['jobs']:_} due at once, no limit: drain jobs/s (all fired after)".replace("_", " "),
                         f"{_fmt(h['drain_rate_per_s'])} ({h['all_fired_after_s']} s)", "-", "the W3 rate"))
     sc = r.get("scale") or {}
     if sc:
-        out.append(("W6 scale", f"firing p99 ratio, {sc['large']['backlog']:,} vs {sc['small']['backlog']:,} pending".replace(",", " "),
+        out.append(("W6 scale", f"firing p99 ratio, {sc['large']['backlog']:_} vs {sc['small']['backlog']:_} pending".replace("_", " "),
                     _fmt(sc.get("p99_firing_lateness_ratio")), "-", "<= 1.2"))
         out.append(("W6 scale", "tick throughput ratio (small / large backlog)", _fmt(sc.get("tick_throughput_ratio")), "-", "<= 1.2"))
     fo = r.get("failover") or {}

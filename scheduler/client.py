@@ -377,6 +377,7 @@ class Client:
         return cls(redis.Redis.from_url(config.redis_url(url)), **kwargs)
 
     def close(self) -> None:
+        self._scripts.close()
         self.redis.close()
 
     def __enter__(self) -> "Client":

@@ -53,6 +53,7 @@ from scheduler.errors import PayloadError
 from scheduler.ids import encode_id
 from scheduler.keys import validate_name
 from scheduler.ops import Claimed, backoff_delay_ms, parse_claim
+from scheduler.runtime import settle_gc
 from scheduler.scripts import load_scripts
 
 from .errors import PermanentError, Retry
@@ -405,6 +406,7 @@ class Worker:
                 self._loop.create_task(self._supervise("flush", self._flush_loop)),
                 self._loop.create_task(self._supervise("heartbeat", self._heartbeat_loop)),
             ]
+            settle_gc()
             log.info("worker serving namespace %r, queues %s, %d partitions, concurrency %d",
                      self._ns, ",".join(queues), self._P, self.concurrency)
             await self._stop_requested.wait()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from .. import config
 from ..client import AsyncClient, parse_rate_limits
 from ..coord import Coordinator, EtcdCoordinator
+from ..runtime import settle_gc
 from ..metrics import PartitionStatsCollector, SchedulerMetrics, serve
 from .ownership import Ownership, default_replica_id
 from .runner import REDIS_ERRORS, PartitionRunner, RunnerConfig
@@ -57,7 +59,10 @@ class SchedulerProcess:
                                            retry_on_error=[RedisConnectionError])
         self.client = AsyncClient(self.redis, namespace=cfg.namespace, partitions=cfg.partitions,
                                   tombstone_ttl=cfg.tombstone_ttl)
-        self.coord = coord or EtcdCoordinator.from_endpoints(cfg.etcd_endpoints)
+        # TLS material comes from files named in the environment (URLs carry user:password and https)
+        self.coord = coord or EtcdCoordinator.from_endpoints(
+            cfg.etcd_endpoints, ca_cert=os.environ.get("ZSCHED_ETCD_CA") or None,
+            cert_cert=os.environ.get("ZSCHED_ETCD_CERT") or None, cert_key=os.environ.get("ZSCHED_ETCD_KEY") or None)
         self.runners: dict[int, PartitionRunner] = {}
         self.ownership: Ownership | None = None
         self.rate_limits: dict[str, tuple[float, float]] = {}
@@ -88,6 +93,7 @@ class SchedulerProcess:
         self._config_task = asyncio.create_task(self._config_poller(), name="config-poller")
         self._stats_task = asyncio.create_task(self._stats_poller(), name="stats-poller")
         await self.ownership.start()
+        settle_gc()
         log.info("scheduler replica %s up: namespace %s, %d partitions, lease ttl %.1fs",
                  self.replica_id, self.cfg.namespace, core.ks.partitions, self.cfg.lease_ttl)
         await self._stop.wait()

@@ -1,0 +1,67 @@
+"""rediss:// (TLS) to a real redis-server with a private CA, for the producer and the worker."""
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from scheduler import Client, JobState
+from tests.servers import RedisServer, free_port
+
+
+def make_certs(d: Path) -> tuple[Path, Path, Path]:
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+        "-subj", "/CN=zsched-test-ca")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
+    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "server.pem", "-days", "2", "-extfile", "ext.cnf")
+    return d / "ca.pem", d / "server.pem", d / "server.key"
+
+
+@pytest.fixture
+def tls_redis(tmp_path: Path):
+    ca, cert, key = make_certs(tmp_path)
+    port = free_port()
+    srv = RedisServer(extra_args=["--tls-port", str(port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
+                                  "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no"])
+    srv.start()
+    yield f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={ca}", srv
+    srv.stop()
+
+
+def test_producer_over_tls(tls_redis) -> None:
+    url, _ = tls_redis
+    c = Client.from_url(url, namespace="tls", partitions=2)
+    jid = c.schedule(time.time() + 60, {"secure": True})
+    assert c.get(jid).payload == {"secure": True}
+    assert c.cancel(jid)
+
+
+def test_tls_with_an_untrusted_certificate_is_refused(tls_redis) -> None:
+    url, _ = tls_redis
+    import redis
+    with pytest.raises(redis.ConnectionError):
+        Client.from_url(url.split("?")[0], namespace="tls", partitions=2)  # system CAs do not know ours
+
+
+async def test_worker_over_tls(tls_redis) -> None:
+    from tests.integration.test_worker_support import serving, wait_for
+    from workers import Worker
+    url, _ = tls_redis
+    c = Client.from_url(url, namespace="tls", partitions=2)
+    ran = []
+    w = Worker.from_url(url, namespace="tls")
+
+    @w.handler("default")
+    async def handle(job):
+        ran.append(job.payload)
+
+    async with serving(w):
+        jid = c.schedule(0, "over tls")
+        await wait_for(lambda: ran == ["over tls"], 10, what="job over TLS")
+    await wait_for(lambda: c.get(jid).state is JobState.DONE, 5, what="acked")
