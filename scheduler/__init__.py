@@ -7,11 +7,12 @@ Producer API::
     job_id = client.schedule(timedelta(hours=4), {"to": "a@example.com"}, queue="emails")
 """
 from .client import AsyncClient, Client
-from .errors import ConfigError, EpochRefused, PayloadError, ScriptError, ZschedError
+from .cron import CronInfo
+from .errors import ConfigError, PayloadError, ScriptError, ZschedError
 from .keys import Keyspace
 from .models import JobError, JobInfo, JobState
 
 __all__ = [
-    "AsyncClient", "Client", "ConfigError", "EpochRefused", "JobError", "JobInfo", "JobState", "Keyspace",
+    "AsyncClient", "Client", "ConfigError", "CronInfo", "JobError", "JobInfo", "JobState", "Keyspace",
     "PayloadError", "ScriptError", "ZschedError",
 ]

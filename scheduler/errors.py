@@ -16,16 +16,3 @@ class PayloadError(ZschedError, ValueError):
 
 class ScriptError(ZschedError):
     """A Lua script returned an unexpected reply (a bug or an incompatible Redis)."""
-
-
-class EpochRefused(ZschedError):
-    """Redis refused a scheduler-tier call because a newer owner (higher epoch) has acted on the partition."""
-
-    def __init__(self, partition: int, epoch: int, current: int) -> None:
-        super().__init__(
-            f"partition {partition}: epoch {epoch} refused, Redis has seen epoch {current}; "
-            "another replica owns this partition now, so this replica must stop ticking it"
-        )
-        self.partition = partition
-        self.epoch = epoch
-        self.current = current

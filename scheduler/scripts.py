@@ -4,6 +4,7 @@ restart or failover), also inside pipelines."""
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import threading
 from dataclasses import dataclass
@@ -100,11 +101,11 @@ class Scripts:
 
     def _conn(self) -> Any:
         conn = getattr(self._local, "conn", None)
-        if conn is None:
+        if conn is None or self._local.pid != os.getpid():  # a forked child must not share the socket
             conn = self.redis.connection_pool.make_connection()
             with self._lock:
                 self._conns.append(conn)
-            self._local.conn = conn
+            self._local.conn, self._local.pid = conn, os.getpid()
         return conn
 
     def _drop(self, conn: Any) -> None:
