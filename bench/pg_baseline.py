@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import json
 import os
-import pickle
 import queue
 import shutil
 import statistics
@@ -262,8 +262,8 @@ def _worker(idx: int, conninfo: str, poll_s: float, stop: Any, ready: Any, done_
                 done_count.value += len(rows)
                 last_done.value = time.time()
     finally:
-        with open(out_path, "wb") as f:
-            pickle.dump({"records": records, "claims": claims, "empty_claims": empty}, f)
+        with open(out_path, "w") as f:
+            json.dump({"records": records, "claims": claims, "empty_claims": empty}, f)
         conn.close()
 
 
@@ -278,7 +278,7 @@ def _run_workers(srv: PostgresServer, conn: Any, n: int, offsets: Callable[[int]
     done_count, last_done = ctx.Value("q", 0), ctx.RawValue("d", 0.0)
     tmp = tempfile.mkdtemp(prefix="zsched-pgbench-")
     try:
-        paths = [os.path.join(tmp, f"w{i}.pickle") for i in range(workers)]
+        paths = [os.path.join(tmp, f"w{i}.json") for i in range(workers)]
         procs = [ctx.Process(target=_worker, args=(i, srv.conninfo, poll_s, stop, ready, done_count, last_done, paths[i]),
                              daemon=True) for i in range(workers)]
         try:
@@ -316,8 +316,8 @@ def _run_workers(srv: PostgresServer, conn: Any, n: int, offsets: Callable[[int]
         data: dict[str, Any] = {"records": [], "claims": 0, "empty_claims": 0, "per_worker_jobs": []}
         for path in paths:
             try:
-                with open(path, "rb") as f:
-                    d = pickle.load(f)
+                with open(path) as f:
+                    d = json.load(f)
             except OSError:
                 d = {"records": [], "claims": 0, "empty_claims": 0}
             data["records"] += d["records"]
