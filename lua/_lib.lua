@@ -200,6 +200,20 @@ end
 local function publish_ready()
   for qname in pairs(ready_touched) do redis.call('PUBLISH', CHAN .. 'ready:' .. qname, PART) end
 end
+-- Put a job back to work at 'at': its ready list when due (body in 'j', due = at), else the timer
+-- set (body inside the timer member). Returns 'at' when it went to the timer set, so the caller
+-- can wake the partition's owner if it lands before the earliest timer; nil otherwise.
+local function place(id, rec, q, at, now)
+  if at <= now then
+    redis.call('HSET', K_J, id, jval(rec, at))
+    push_ready(id, q, false)
+    return nil
+  end
+  redis.call('HDEL', K_J, id)
+  put_timer(id, rec, at)
+  bump(K_G, 's:' .. q)
+  return at
+end
 local function wake_scheduler() redis.call('PUBLISH', CHAN .. 'wake', PART) end
 
 local function tombstone(id, letter, now, ttl)

@@ -30,16 +30,8 @@ for b = 4, #ARGV, 5 do
       out[#out + 1] = 2
     else
       bump(K_C, 'retried:' .. q)
-      if delay <= 0 then
-        redis.call('HSET', K_J, id, jval(rec, now))
-        push_ready(id, q, false)
-      else
-        local at = now + delay
-        redis.call('HDEL', K_J, id)
-        put_timer(id, rec, at)
-        bump(K_G, 's:' .. q)
-        if earliest == nil or at < earliest then earliest = at end
-      end
+      local t = place(id, rec, q, now + math.max(delay, 0), now)
+      if t and (earliest == nil or t < earliest) then earliest = t end
       out[#out + 1] = 1
     end
   end

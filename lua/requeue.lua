@@ -21,15 +21,8 @@ for b = 5, #ARGV do
     redis.call('ZREM', K_D, id)
     bump(K_G, 'd:' .. q, -1)
     bump(K_C, 'requeued:' .. q)
-    if at <= now then
-      redis.call('HSET', K_J, id, jval(rec, at))
-      push_ready(id, q, false)
-    else
-      redis.call('HDEL', K_J, id)
-      put_timer(id, rec, at)
-      bump(K_G, 's:' .. q)
-      if earliest == nil or at < earliest then earliest = at end
-    end
+    local t = place(id, rec, q, at, now)
+    if t and (earliest == nil or t < earliest) then earliest = t end
     out[#out + 1] = 1
   end
 end

@@ -24,14 +24,8 @@ else
   end
   redis.call('HDEL', K_J, id)
 end
-if at <= now then
-  redis.call('HSET', K_J, id, jval(rec, at))
-  push_ready(id, q, false)
-else
-  put_timer(id, rec, at)
-  bump(K_G, 's:' .. q)
-  if head == nil or at < head then wake_scheduler() end
-end
+local t = place(id, rec, q, at, now)
+if t and (head == nil or t < head) then wake_scheduler() end
 bump(K_C, 'rescheduled:' .. q)
 flush_bumps()
 publish_ready()

@@ -157,22 +157,12 @@ class Scripts:
             for i in pending:
                 name, keys, args = calls[i]
                 pipe.evalsha(self.by_name[name].sha, len(keys), *keys, *args)
-            replies = pipe.execute(raise_on_error=False)
-            missing: list[int] = []
-            for i, r in zip(pending, replies):
-                if isinstance(r, Exception) and _is_noscript(r):
-                    missing.append(i)
-                else:
-                    results[i] = r
-            if not missing:
+            pending = _collect(calls, pending, pipe.execute(raise_on_error=False), results)
+            if not pending:
                 break
-            for name in {calls[i][0] for i in missing}:
+            for name in {calls[i][0] for i in pending}:
                 self.redis.script_load(self.by_name[name].source)
-            pending = missing
-        for r in results:
-            if isinstance(r, Exception):
-                raise r
-        return results
+        return _raise_first(results)
 
 
 class AsyncScripts:
@@ -198,19 +188,27 @@ class AsyncScripts:
             for i in pending:
                 name, keys, args = calls[i]
                 pipe.evalsha(self.by_name[name].sha, len(keys), *keys, *args)
-            replies = await pipe.execute(raise_on_error=False)
-            missing: list[int] = []
-            for i, r in zip(pending, replies):
-                if isinstance(r, Exception) and _is_noscript(r):
-                    missing.append(i)
-                else:
-                    results[i] = r
-            if not missing:
+            pending = _collect(calls, pending, await pipe.execute(raise_on_error=False), results)
+            if not pending:
                 break
-            for name in {calls[i][0] for i in missing}:
+            for name in {calls[i][0] for i in pending}:
                 await self.redis.script_load(self.by_name[name].source)
-            pending = missing
-        for r in results:
-            if isinstance(r, Exception):
-                raise r
-        return results
+        return _raise_first(results)
+
+
+def _collect(calls: Sequence[Any], pending: list[int], replies: list[Any], results: list[Any]) -> list[int]:
+    """Store the pipeline's replies; return the indexes refused with NOSCRIPT (to load and re-send)."""
+    missing = []
+    for i, r in zip(pending, replies):
+        if isinstance(r, Exception) and _is_noscript(r):
+            missing.append(i)
+        else:
+            results[i] = r
+    return missing
+
+
+def _raise_first(results: list[Any]) -> list[Any]:
+    for r in results:
+        if isinstance(r, Exception):
+            raise r
+    return results
