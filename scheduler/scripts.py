@@ -126,6 +126,10 @@ class Scripts:
         for attempt in range(2):
             conn = self._conn()
             try:
+                # like redis-py's pool: a connection that has something to read before we asked
+                # anything was closed by the server (e.g. a restart); reconnect before sending
+                if conn._sock is not None and conn.can_read(timeout=0):
+                    conn.disconnect()
                 conn.send_command("EVALSHA", s.sha, len(keys), *keys, *args)
             except (ConnectionError, TimeoutError, OSError):
                 # nothing reached Redis on a dead connection (e.g. after a restart): reconnect once

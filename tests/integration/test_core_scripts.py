@@ -398,3 +398,16 @@ def test_malformed_bodies_are_dead_lettered_not_lost(client: Client, ops: Ops, r
     assert info.state is JobState.DEAD and info.last_error.type == "CorruptRecord"
     assert "_undecodable" in info.payload
     assert [d.id for d in client.dead()] == [short]
+
+
+def test_client_survives_a_redis_restart(fresh_redis) -> None:
+    c = Client.from_url(fresh_redis.url, namespace="rs", partitions=2)
+    first = c.schedule(time.time() + 60, 1)
+    assert c.get(first).state is JobState.SCHEDULED
+    fresh_redis.kill()
+    fresh_redis.restart()  # no persistence: the job is gone, the connection is stale
+    c2 = Client.from_url(fresh_redis.url, namespace="rs", partitions=2)  # re-creates the namespace
+    second = c.schedule(time.time() + 60, 2)  # the stale thread-owned connection is replaced
+    assert c2.get(second).payload == 2
+    c.close()
+    c2.close()
