@@ -145,3 +145,27 @@ def test_invalid_crons_write_nothing(redis_url: str, kwargs: dict, words: str) -
     with pytest.raises(ValueError, match=words):
         client.add_cron(name, expr, payload, **args)
     assert r.dbsize() == before
+
+
+async def test_handler_sees_the_nominal_time_of_a_cron_occurrence(redis_url: str, etcd_endpoint: str) -> None:
+    from tests.integration.test_worker_support import serving, wait_for
+    from workers import Worker
+    client = Client.from_url(redis_url, namespace=NS, partitions=4)
+    seen = []
+    w = Worker.from_url(redis_url, namespace=NS)
+
+    @w.handler("nominal")
+    async def handle(job):
+        seen.append((job.cron_nominal, job.cron_missed, job.key))
+
+    proc, task = await start_replica(redis_url, etcd_endpoint, "solo")
+    try:
+        await settled(etcd_endpoint, [proc], 4)
+        client.add_cron("nom", "* * * * * *", None, queue="nominal")
+        async with serving(w):
+            await wait_for(lambda: len(seen) >= 2, 5, what="two occurrences")
+        nominal, missed, key = seen[0]
+        assert nominal is not None and nominal.microsecond == 0 and missed == 0
+        assert key == f"cron:nom:{int(nominal.timestamp() * 1000)}"
+    finally:
+        await stop_replica(proc, task)
