@@ -319,6 +319,17 @@ class _Core:
                 order.append((p, name))
         return order
 
+    def inspect_calls(self, job_ids: list[str]) -> list[tuple]:
+        """``inspect`` calls for many jobs, to pipeline in one round trip."""
+        out = []
+        for jid in job_ids:
+            raw, p = self.locate(jid)
+            out.append(self.call("inspect", p, raw))
+        return out
+
+    def job_infos(self, job_ids: list[str], replies: list[Any]) -> dict[str, JobInfo | None]:
+        return {jid: self.job_info(jid, reply) for jid, reply in zip(job_ids, replies)}
+
     def cron_infos(self, order: list[tuple[int, str]], details: list[list[Any]],
                    pending: dict[str, JobInfo | None]) -> list[CronInfo]:
         out = []
@@ -482,7 +493,9 @@ class Client:
         pipe = self.redis.pipeline(transaction=False)
         order = self._core.cron_detail_commands(pipe, names)
         details = pipe.execute() if order else []
-        pending = {encode_id(d[1]): self.get(encode_id(d[1])) for d in details if d[1]}
+        ids = [encode_id(d[1]) for d in details if d[1]]
+        calls = self._core.inspect_calls(ids)
+        pending = self._core.job_infos(ids, self._scripts.call_many(calls) if calls else [])
         return self._core.cron_infos(order, details, pending)
 
     def set_rate_limit(self, queue: str, per_second: float, burst: float | None = None) -> None:
@@ -639,7 +652,9 @@ class AsyncClient:
         pipe = self.redis.pipeline(transaction=False)
         order = core.cron_detail_commands(pipe, names)
         details = await pipe.execute() if order else []
-        pending = {encode_id(d[1]): await self.get(encode_id(d[1])) for d in details if d[1]}
+        ids = [encode_id(d[1]) for d in details if d[1]]
+        calls = core.inspect_calls(ids)
+        pending = core.job_infos(ids, await self._scripts.call_many(calls) if calls else [])
         return core.cron_infos(order, details, pending)
 
     async def set_rate_limit(self, queue: str, per_second: float, burst: float | None = None) -> None:

@@ -44,3 +44,16 @@ async def test_async_client_refuses_partition_mismatch(redis_url: str) -> None:
     with pytest.raises(ConfigError, match="created with 3"):
         await c.schedule(0, 1)
     await c.close()
+
+
+async def test_async_client_crons_and_rate_limits(redis_url: str) -> None:
+    async with AsyncClient.from_url(redis_url, namespace="acron", partitions=4) as c:
+        pid = await c.add_cron("daily", "0 9 * * *", {"a": 1}, queue="q", tz="Europe/Berlin")
+        [info] = await c.crons()
+        assert (info.name, info.pending_id, info.payload) == ("daily", pid, {"a": 1})
+        assert info.next_fire is not None and info.next_fire.astimezone(
+            __import__("zoneinfo").ZoneInfo("Europe/Berlin")).hour == 9
+        assert await c.remove_cron("daily") and await c.crons() == []
+        await c.set_rate_limit("q", 10)
+        assert await c.rate_limits() == {"q": (10.0, 2.5)}
+        assert await c.clear_rate_limit("q") and await c.rate_limits() == {}
