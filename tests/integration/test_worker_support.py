@@ -181,7 +181,9 @@ def read_runs(dirpath: Path) -> list[tuple[str, str, int, int, float]]:
     """All (kind, job id, attempt, pid, time) lines written by subprocess handlers, oldest first."""
     out = []
     for f in dirpath.glob("runs-*.log"):
-        for line in f.read_text().splitlines():
+        text = f.read_text()
+        # a handler may be writing its line right now: only complete lines count
+        for line in text[: text.rfind("\n") + 1].splitlines():
             kind, jid, attempt, pid, t = line.split()
             out.append((kind, jid, int(attempt), int(pid), float(t)))
     out.sort(key=lambda r: r[4])
