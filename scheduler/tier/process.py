@@ -66,6 +66,7 @@ class SchedulerProcess:
         self.runners: dict[int, PartitionRunner] = {}
         self.ownership: Ownership | None = None
         self.rate_limits: dict[str, tuple[float, float]] = {}
+        self._closing = False
         self._stop = asyncio.Event()
         self._wake_task: asyncio.Task[None] | None = None
         self._config_task: asyncio.Task[None] | None = None
@@ -117,11 +118,14 @@ class SchedulerProcess:
         t0 = time.monotonic()
         if self.ownership is not None:
             await self.ownership.shutdown()
+        # a flag as well as cancel(): redis-py can turn a cancellation inside a command into a
+        # connection error, which these loops survive by design; never wait on them for long
+        self._closing = True
         for task in (self._wake_task, self._config_task, self._stats_task):
             if task is not None:
                 task.cancel()
                 try:
-                    await task
+                    await asyncio.wait_for(task, 2.0)
                 except (asyncio.CancelledError, Exception):
                     pass
         await self.coord.close()
@@ -172,7 +176,7 @@ class SchedulerProcess:
         """Refresh the exported counters/depths of owned partitions (one pipelined round trip)."""
         core = self.client._core_obj
         assert core is not None
-        while True:
+        while not self._closing:
             owned = sorted(self.runners)
             try:
                 replies = await self.client._scripts.call_many([core.call("stats", p) for p in owned]) if owned else []
@@ -189,7 +193,7 @@ class SchedulerProcess:
             await asyncio.sleep(interval)
 
     async def _config_poller(self) -> None:
-        while True:  # safety net; changes normally arrive over pub/sub at once
+        while not self._closing:  # safety net; changes normally arrive over pub/sub at once
             await asyncio.sleep(5.0)
             await self._load_config()
 
@@ -199,7 +203,7 @@ class SchedulerProcess:
         channel = self.client.keyspace.wake_channel
         config_channel = self.client.keyspace.config_channel
         delay = 0.1
-        while True:
+        while not self._closing:
             pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(channel, config_channel)

@@ -34,6 +34,7 @@ class TierStandIn:
         self.namespace = namespace
         self.interval = interval
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self.reaped = 0
         self.errors = 0
         self.last_error: BaseException | None = None
@@ -46,7 +47,7 @@ class TierStandIn:
             assert core is not None
             scripts = AsyncScripts(r)
             parts = range(core.ks.partitions)
-            while True:
+            while not self._stopping:
                 try:
                     calls = [core.call("tick", p, 0, 1000, core.tomb_ms) for p in parts]
                     calls += [core.call("reap", p, 0, 1000) for p in parts]
@@ -67,9 +68,12 @@ class TierStandIn:
 
     async def __aexit__(self, *exc: object) -> None:
         assert self._task is not None
+        # a flag as well as cancel(): redis-py may turn a cancellation inside a pipeline into a
+        # connection error, which the loop would survive
+        self._stopping = True
         self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
+            await asyncio.wait_for(self._task, 5)
 
 
 @contextlib.asynccontextmanager
