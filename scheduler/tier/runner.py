@@ -73,9 +73,11 @@ class PartitionRunner:
     async def _first_step(self) -> None:
         try:
             await self.sweep_crons()
-        except REDIS_ERRORS as exc:
-            log.warning("partition %d: cron sweep failed (%s); retried on the next acquisition or fire",
-                        self.partition, exc)
+        except _Refused:
+            raise
+        except Exception as exc:  # never let the sweep keep the partition from firing
+            log.warning("partition %d: cron sweep failed (%s: %s); retried on the next acquisition or fire",
+                        self.partition, type(exc).__name__, exc)
 
     async def stop(self) -> None:
         """Stop after the call in flight (if any) completes; never abandons a half-sent call."""
@@ -209,7 +211,13 @@ class PartitionRunner:
         crons = [c.decode() for c in tick[5 + 4 * nlim: 5 + 4 * nlim + ncron]]
         lateness = tick[5 + 4 * nlim + ncron:]
         if crons:
-            await self.refill_crons(crons)
+            try:
+                await self.refill_crons(crons)
+            except (_Refused, *REDIS_ERRORS):
+                raise
+            except Exception as exc:  # a bad definition must not stop the partition's firing
+                log.error("partition %d: refilling crons %s failed (%s: %s)", self.partition, crons,
+                          type(exc).__name__, exc)
         if lateness:
             self._m.observe_lateness(lateness)
             self._m.fired.labels(self._m.replica).inc(len(lateness))
