@@ -35,14 +35,13 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.servers import HOST, free_port  # noqa: E402
+from tests.servers import HOST, OWNER_FILE, _pid_alive, free_port  # noqa: E402
 
 INSTALL_HINT = (
     "PostgreSQL server binaries (initdb, postgres) not found. Install them with "
     "`apt-get install postgresql` (Debian/Ubuntu), or point "
     "ZSCHED_PG_BIN at the directory that holds them."
 )
-OWNER_FILE = ".zsched-owner"
 # Durability exactly as PostgreSQL ships it, written out so the output can state it.
 DURABLE_SETTINGS = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
 
@@ -116,16 +115,6 @@ def filesystem_of(path: str | os.PathLike[str]) -> str:
     except OSError:
         pass
     return f"{best[1]} on {best[0] or '?'} ({best[2]})"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def sweep_stale_dirs() -> None:
