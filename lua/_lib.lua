@@ -166,6 +166,15 @@ local function find_timer(id)
   return nil
 end
 
+-- Does a job with this id exist in any state, or as a tombstone? (re-sent schedule calls)
+local function job_exists(id)
+  if redis.call('HEXISTS', K_J, id) == 1 or find_timer(id) then return true end
+  for _, letter in ipairs({'d', 'c', 'm'}) do
+    if redis.call('ZSCORE', K_X, id .. letter) then return true end
+  end
+  return false
+end
+
 -- Remove a job that has a body in 'j' and is neither running nor dead: it is either in its ready
 -- list or held back by its queue's rate limit ('h:QUEUE'). Returns false if it is in neither.
 local function unlink_waiting(id, q)
@@ -226,6 +235,20 @@ end
 
 -- Errors are stored as: at_ms NUL type NUL message NUL traceback (simple to build here and in Python).
 local function error_blob(now, etype, msg) return fmt(now) .. '\0' .. etype .. '\0' .. msg .. '\0' end
+
+-- Lease tokens (fences) never go backwards, even when Redis loses its latest writes (AOF
+-- everysec after a crash, failover to an asynchronous replica): the next token is above both the
+-- stored counter and the server clock in microseconds, so a counter rolled back by a few writes
+-- still hands out tokens larger than any it handed out before the loss (the clock has moved on).
+-- Returns the first of n consecutive tokens (~1.7e15: exact in a Lua double, below 2^53).
+local function next_tokens(n)
+  local t = redis.call('TIME')
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local cur = tonumber(redis.call('HGET', K_META, 'fence') or '0')
+  local base = math.max(cur, us)
+  redis.call('HSET', K_META, 'fence', fmt(base + n))
+  return base + 1
+end
 
 -- Fencing for the scheduler tier: refuse an epoch older than the newest one seen. 0 = unfenced.
 local function check_epoch(epoch)

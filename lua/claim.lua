@@ -1,23 +1,54 @@
 -- claim: ready -> running. Run by workers.
 -- KEYS: the 13 partition keys (see _lib.lua).
--- ARGV: 1-3 common; 4 queue name; 5 max jobs to claim.
+-- ARGV: 1-3 common; 4 queue name; 5 max jobs to claim; 6 request id (optional, '' for none);
+--       7 receipt ttl ms (with a request id); 8 an earlier request id of the same caller whose
+--       reply arrived, so its receipt can go now (optional, '' for none).
 -- Returns: {now_ms, id, record, token, deadline_ms, due_ms, id, ...}; just {now_ms} when empty.
 --   due_ms: when this attempt became due (its fire time), for end-to-end lateness.
+-- Retry safety: with a request id, the claimed ids are kept in a receipt PREFIX.."cr:"..rid for
+-- the receipt ttl; a re-sent claim (same request id, e.g. after its reply was lost to a timeout)
+-- returns the jobs of the receipt that still hold the tokens it gave them, and claims nothing new.
+-- Without the receipt the lost jobs would sit leased to nobody until their lease expired, with
+-- an attempt spent.
 -- Invariants: a job popped from the ready list is in 'i' (score = lease deadline) with a new
 -- token in 'l' in the same script, so a claimed job always has a lease; a malformed body goes to
 -- 'd' (CorruptRecord) instead, never lost. attempt + 1 is written to
--- the record. Tokens come from one per-partition counter: every claim of a job gets a larger
--- token, which is the job's fence.
-local queue, n = ARGV[4], tonumber(ARGV[5])
+-- the record. Tokens come from next_tokens (a per-partition counter kept above the server clock
+-- in microseconds): every claim of a job gets a larger token, which is the job's fence, even
+-- after Redis lost recent writes. An id that is already running (a duplicate ready entry: only
+-- a bug or a hand edit makes one) is dropped from the list, never handed out twice.
+local queue, n, rid = ARGV[4], tonumber(ARGV[5]), ARGV[6] or ''
 local now = now_ms()
+local receipt = rid ~= '' and PREFIX .. 'cr:' .. rid
+if (ARGV[8] or '') ~= '' then redis.call('DEL', PREFIX .. 'cr:' .. ARGV[8]) end
+if receipt then
+  local prev = redis.call('GET', receipt)
+  if prev then
+    local out = {now}
+    for s = 1, #prev, ID_LEN + 16 do
+      local id, token = string.sub(prev, s, s + ID_LEN - 1), string.sub(prev, s + ID_LEN, s + ID_LEN + 15)
+      token = fmt(tonumber(token))
+      local deadline = redis.call('ZSCORE', K_I, id)
+      local rec, due = jget(id)
+      if deadline and rec and redis.call('HGET', K_L, id) == token then
+        out[#out + 1] = id; out[#out + 1] = rec; out[#out + 1] = tonumber(token)
+        out[#out + 1] = tonumber(deadline); out[#out + 1] = due
+      end
+    end
+    return out
+  end
+end
 local ids = redis.call('RPOP', PREFIX .. 'r:' .. queue, n)
 if not ids then return {now} end
 local recs = redis.call('HMGET', K_J, unpack(ids))
-local base = redis.call('HINCRBY', K_META, 'fence', #ids) - #ids
-local out, jargs, zargs, largs = {now}, {}, {}, {}
+local running = redis.call('ZMSCORE', K_I, unpack(ids))
+local base = next_tokens(#ids) - 1
+local out, jargs, zargs, largs, kept = {now}, {}, {}, {}, {}
 for i, id in ipairs(ids) do
   local v = recs[i]
-  if v and not rec_valid(string.sub(v, 7)) then
+  if running[i] then
+    -- already running under another token: handing it out again would run it twice
+  elseif v and not rec_valid(string.sub(v, 7)) then
     redis.call('ZADD', K_D, now, id)
     redis.call('HSET', K_E, id, error_blob(now, 'CorruptRecord', 'job record is malformed (shorter than its header or sections)'))
     bump(K_G, 'd:' .. queue)
@@ -31,7 +62,8 @@ for i, id in ipairs(ids) do
     local token, deadline = base + i, now + lease
     jargs[#jargs + 1] = id; jargs[#jargs + 1] = jval(rec, due)
     zargs[#zargs + 1] = deadline; zargs[#zargs + 1] = id
-    largs[#largs + 1] = id; largs[#largs + 1] = token
+    largs[#largs + 1] = id; largs[#largs + 1] = fmt(token)
+    if receipt then kept[#kept + 1] = id .. string.format('%016d', token) end
     out[#out + 1] = id; out[#out + 1] = rec; out[#out + 1] = token; out[#out + 1] = deadline
     out[#out + 1] = due
   end
@@ -41,6 +73,7 @@ if #jargs > 0 then
   multi('ZADD', K_I, zargs)
   multi('HSET', K_L, largs)
   bump(K_G, 'a:' .. queue, #zargs / 2)
+  if receipt then redis.call('SET', receipt, table.concat(kept), 'PX', tonumber(ARGV[7])) end
 end
 flush_bumps()
 return out

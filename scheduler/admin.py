@@ -4,7 +4,7 @@ Everything here is reusable without the command line: parsing WHEN and DURATION 
 job lookups with precise "which state is it in" errors, paging through the dead-letter sets of all
 partitions with bounded memory, filtered and paced requeues, bounded purges and the stats report.
 
-Scripts are called through the client's own machinery (``client._scripts`` / ``client._core``),
+Scripts are called through the client's own machinery (``client.transport`` / ``client._core``),
 so calls are EVALSHA with NOSCRIPT recovery and every state change stays one atomic script.
 """
 from __future__ import annotations
@@ -20,12 +20,12 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Iterator, Sequence, cast
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
 from . import config
 from .client import Client
+from .connection import mask_url, sync_redis
 from .ids import decode_id, encode_id, partition_of
 from .keys import Keyspace, validate_name
 from .models import JobError, JobInfo, JobState
@@ -174,18 +174,8 @@ def parse_queue(text: str) -> str:
 
 
 def safe_url(url: str) -> str:
-    """A Redis URL with its password masked, for messages."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable url>"
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    user = parts.username or ""
-    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
+    """A Redis URL with its credentials masked, for messages."""
+    return mask_url(url)
 
 
 def open_client(url: str | None, namespace: str | None, *, create: bool = False) -> Client:
@@ -197,7 +187,7 @@ def open_client(url: str | None, namespace: str | None, *, create: bool = False)
     """
     u = config.redis_url(url)
     ns = config.namespace(namespace)
-    r = redis.Redis.from_url(u, socket_connect_timeout=5, socket_timeout=60)
+    r = sync_redis(u, socket_connect_timeout=5, socket_timeout=60)
     try:
         if not create and not r.exists(Keyspace(ns, 1).config_key):
             raise NotFound(f"namespace {ns!r} does not exist at {safe_url(u)} (nothing was ever scheduled in it); "
@@ -215,13 +205,13 @@ def redis_now_ms(client: Client) -> int:
 
 
 def _call(client: Client, name: str, partition: int, *args: Any) -> Any:
-    return client._scripts.call(*client._core.call(name, partition, *args))
+    return client.transport.call(*client._core.call(name, partition, *args))
 
 
 def _call_many(client: Client, calls: Sequence[tuple[str, int, Sequence[Any]]]) -> list[Any]:
     if not calls:
         return []
-    return client._scripts.call_many([client._core.call(name, p, *args) for name, p, args in calls])
+    return client.transport.call_many([client._core.call(name, p, *args) for name, p, args in calls])
 
 
 # ------------------------------------------------------------------------------------- jobs

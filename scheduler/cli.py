@@ -13,6 +13,7 @@ _SUBCOMMANDS: list[tuple[str, str]] = [
     ("workers.cli", "add_parser"),
     ("scheduler.dev", "add_parser"),
     ("scheduler.cli_jobs", "add_parsers"),
+    ("scheduler.cli_epochs", "add_parsers"),
 ]
 
 

@@ -21,6 +21,7 @@ import redis
 from . import admin, config
 from .admin import AdminError, BadInput, NotFound
 from .client import MISFIRE_POLICIES, Client
+from .errors import DurabilityError
 from .models import JobInfo
 
 EXIT_OK, EXIT_NOT_FOUND, EXIT_BAD_INPUT, EXIT_UNAVAILABLE = 0, 1, 2, 3
@@ -123,6 +124,11 @@ def add_parsers(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> N
                    help="when it comes due late: run_late (default) or skip (drop it past --grace)")
     p.add_argument("--grace", type=_number("seconds", 0, 4233600), metavar="S",
                    help="with --misfire skip: how late it may still run, seconds (default 60)")
+    p.add_argument("--durable", choices=("replica", "fsync"),
+                   help="return only once a replica has the job (WAIT) or the AOF is fsynced (WAITAOF, "
+                        "Redis 7.2+); exit 3 with the id if not confirmed in time (the job may exist)")
+    p.add_argument("--durable-timeout", type=_number("seconds", 0.001, 3600), default=1.0, metavar="S",
+                   help="how long --durable waits, seconds (default 1)")
 
     job = group("job", help="show, cancel or reschedule one job", description="Operations on one job.")
     p = leaf(job, "show", _job_show, help="show a job's state, times, attempts, error and payload")
@@ -336,9 +342,17 @@ def _job_lines(info: JobInfo, *, full_error: bool = False) -> str:
 def _schedule(client: Client, args: argparse.Namespace) -> int:
     if args.grace is not None and args.misfire != "skip":
         raise BadInput("--grace only applies with --misfire skip (how late a skipped job may still run)")
-    jid = client.schedule(args.at / 1000.0, args.payload, queue=args.queue, key=args.key,
-                          max_attempts=args.max_attempts, lease=args.lease, misfire=args.misfire,
-                          misfire_grace=args.grace)
+    if args.durable:
+        client = Client(client.redis, namespace=client.keyspace.namespace, durable=args.durable,
+                        durable_timeout=args.durable_timeout)
+    try:
+        jid = client.schedule(args.at / 1000.0, args.payload, queue=args.queue, key=args.key,
+                              max_attempts=args.max_attempts, lease=args.lease, misfire=args.misfire,
+                              misfire_grace=args.grace)
+    except DurabilityError as exc:
+        print(exc.job_id)  # the job may exist: scripts can check it
+        _fail(str(exc))
+        return EXIT_UNAVAILABLE
     if args.json:
         info = client.get(jid)
         _print_json(admin.job_doc(info) if info else {"id": jid})

@@ -24,7 +24,9 @@ from .errors import PayloadError, ScriptError
 from .ids import IdGenerator, decode_id, encode_id, partition_for_key, partition_of
 from .keys import Keyspace, validate_name
 from .models import JobError, JobInfo, JobState
-from .scripts import AsyncScripts, Scripts
+from . import durability as dur
+from .connection import async_redis, sync_redis
+from .transport import DEFAULT_RETRY, AsyncScriptTransport, RetryPolicy, ScriptTransport
 from .timeutil import MAX_MS, ms_to_datetime, to_ms
 
 BATCH = 1000  # jobs per schedule script call: bounded work per EVALSHA
@@ -177,7 +179,7 @@ class _Core:
             idx = order[p]
             for s in range(0, len(idx), BATCH):
                 chunk = flat[s * 3 : (s + BATCH) * 3]
-                calls.append(self.call("schedule", p, opts["queue"], self.tomb_ms, len(chunk) // 3, *chunk))
+                calls.append(self.call("schedule", p, opts["queue"], self.tomb_ms, len(chunk) // 3, 0, *chunk))
                 positions.append(idx[s : s + BATCH])
         return calls, positions
 
@@ -192,7 +194,7 @@ class _Core:
                            misfire_skip=opts["misfire_skip"], misfire_grace_ms=opts["misfire_grace_ms"],
                            backoff_base_ms=opts["backoff_base_ms"], backoff_cap_ms=opts["backoff_cap_ms"])
         raw, p = self.ids.new(ms, self.ks.partitions, key)
-        return self.call("schedule", p, opts["queue"], self.tomb_ms, 1, raw + rec, ms, key or "")
+        return self.call("schedule", p, opts["queue"], self.tomb_ms, 1, 0, raw + rec, ms, key or "")
 
     @staticmethod
     def one_id(reply: list[Any]) -> str:
@@ -364,14 +366,48 @@ _SCHEDULE_DOC = """Schedule one job; returns its id.
         job with that key is live, scheduling again returns the existing id and writes nothing.
         ``misfire``: ``run_late`` (default) or ``skip`` (drop it when it comes due more than
         ``misfire_grace`` seconds late, default 60). ``jitter``: spread run_at uniformly over
-        [at, at + jitter] seconds. ``backoff``: (base, cap) seconds for retries."""
+        [at, at + jitter] seconds. ``backoff``: (base, cap) seconds for retries.
+        ``durable``: ``"replica"`` (wait until ``durable_replicas`` replicas have the job) or
+        ``"fsync"`` (wait for the master's AOF fsync, Redis 7.2+); default: the client's setting.
+        Raises :class:`~scheduler.errors.DurabilityTimeout` (with the id) when that is not confirmed
+        in time: the job may exist. A call whose reply is lost (timeout, dropped connection) is
+        re-sent under the client's :class:`~scheduler.transport.RetryPolicy`; the script makes the
+        re-send idempotent, so a job is never created twice."""
+
+_UNSET: Any = object()
+
+
+class _Options:
+    """Transport and durability settings shared by the sync and async clients."""
+
+    def __init__(self, core: _Core, retry: RetryPolicy | None, durable: str | None, durable_replicas: int,
+                 durable_timeout: float) -> None:
+        self.retry = retry or DEFAULT_RETRY
+        self.durable_replicas = durable_replicas
+        self.durable_timeout = durable_timeout
+        self.durable = dur.resolve(durable, durable_replicas, durable_timeout)
+        # A re-sent schedule recognises its jobs by id, finished ones by their tombstone: re-send
+        # only while tombstones outlive the retry window by a wide margin.
+        self.resend_schedule = core.tomb_ms >= 2000 * self.retry.budget
+        self.version: str | None = None
+
+    def durability(self, durable: Any) -> dur.Durability | None:
+        if durable is _UNSET:
+            return self.durable
+        return dur.resolve(durable, self.durable_replicas, self.durable_timeout)
 
 
 class Client:
     """Blocking producer client. Thread-safe (redis-py connection pool)."""
 
     def __init__(self, redis_client: redis.Redis, *, namespace: str | None = None, partitions: int | None = None,
-                 max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD, tombstone_ttl: float = 3600.0) -> None:
+                 max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD, tombstone_ttl: float = 3600.0,
+                 retry: RetryPolicy | None = None, durable: str | None = None, durable_replicas: int = 1,
+                 durable_timeout: float = 1.0) -> None:
+        """``retry``: how long and how often calls are retried when Redis is unreachable or a reply
+        is lost (default: :data:`~scheduler.transport.DEFAULT_RETRY`, up to 10 s). ``durable``:
+        default durability of ``schedule``/``schedule_many`` (None, ``"replica"``, ``"fsync"``),
+        waiting for ``durable_replicas`` replicas up to ``durable_timeout`` seconds."""
         ns = config.namespace(namespace)
         want = config.partitions(partitions)
         cfg = Keyspace(ns, 1).config_key
@@ -380,16 +416,32 @@ class Client:
         self.redis = redis_client
         self.keyspace = Keyspace(ns, count)
         self._core = _Core(self.keyspace, **_core_kwargs(max_payload_bytes, tombstone_ttl))
-        self._scripts = Scripts(redis_client)
+        self._opts = _Options(self._core, retry, durable, durable_replicas, durable_timeout)
+        self.transport = ScriptTransport(redis_client, self._opts.retry)
 
     @classmethod
-    def from_url(cls, url: str | None = None, **kwargs: Any) -> "Client":
-        """Connect with a ``redis://`` / ``rediss://`` URL (user:password@ for ACL); default ZSCHED_REDIS_URL."""
-        return cls(redis.Redis.from_url(config.redis_url(url)), **kwargs)
+    def from_url(cls, url: str | None = None, *, redis_options: dict[str, Any] | None = None,
+                 **kwargs: Any) -> "Client":
+        """Connect with a URL (default ZSCHED_REDIS_URL): ``redis://``, ``rediss://`` (TLS),
+        ``unix://`` or ``redis+sentinel://host:port[,host:port...]/MASTER[/db]`` (see
+        :mod:`scheduler.connection`); user:password@ for ACL. ``redis_options``: extra redis-py
+        connection arguments (e.g. ``socket_timeout``)."""
+        return cls(sync_redis(config.redis_url(url), **(redis_options or {})), **kwargs)
 
     def close(self) -> None:
-        self._scripts.close()
         self.redis.close()
+
+    def _durability(self, durable: Any) -> dur.Durability | None:
+        d = self._opts.durability(durable)
+        if d is not None and d.mode == "fsync" and self._opts.version is None:
+            dur.require_waitaof(self.redis.info("server"))
+            self._opts.version = "waitaof"
+        return d
+
+    def _schedule_calls(self, calls: list[Any], d: dur.Durability | None) -> list[Any]:
+        replies = self.transport.call_many(calls, resend=self._opts.resend_schedule,
+                                           then=d.command() if d else None)
+        return replies
 
     def __enter__(self) -> "Client":
         return self
@@ -400,41 +452,56 @@ class Client:
     def schedule(self, at: Any, payload: Any = None, *, queue: str = "default", key: str | None = None,
                  max_attempts: int = 5, lease: float = 30.0, misfire: str = "run_late",
                  misfire_grace: float | None = None, backoff: tuple[float, float] | None = None,
-                 jitter: float = 0.0) -> str:
+                 jitter: float = 0.0, durable: str | None = _UNSET) -> str:
         opts = self._core.job_options(queue=queue, max_attempts=max_attempts, lease=lease, misfire=misfire,
                                       misfire_grace=misfire_grace, backoff=backoff, jitter=jitter)
-        return self._core.one_id(self._scripts.call(*self._core.prepare_one(at, payload, key, opts)))
+        call = self._core.prepare_one(at, payload, key, opts)
+        d = self._durability(durable)
+        if d is None and self._opts.resend_schedule:
+            return self._core.one_id(self.transport.call(*call))
+        replies = self._schedule_calls([call], d)
+        job_id = self._core.one_id(replies[0])
+        if d is not None:
+            d.check(replies[1], [job_id])
+        return job_id
 
     schedule.__doc__ = _SCHEDULE_DOC
 
     def schedule_many(self, jobs: Iterable[Sequence[Any]], *, queue: str = "default", max_attempts: int = 5,
                       lease: float = 30.0, misfire: str = "run_late", misfire_grace: float | None = None,
-                      backoff: tuple[float, float] | None = None, jitter: float = 0.0) -> list[str]:
+                      backoff: tuple[float, float] | None = None, jitter: float = 0.0,
+                      durable: str | None = _UNSET) -> list[str]:
         """Schedule many ``(at, payload)`` or ``(at, payload, key)`` jobs in one pipelined round trip
         (one script call per partition and 1000 jobs); returns ids in input order. Every job is
-        validated before anything is written."""
+        validated before anything is written. ``durable``: as for :meth:`schedule` (one WAIT for
+        the whole batch; a :class:`~scheduler.errors.DurabilityTimeout` carries every id)."""
         items = list(jobs)
         opts = self._core.job_options(queue=queue, max_attempts=max_attempts, lease=lease, misfire=misfire,
                                       misfire_grace=misfire_grace, backoff=backoff, jitter=jitter)
         calls, pos = self._core.prepare(items, opts)
         if not calls:
             return []
-        return self._core.collect_ids(self._scripts.call_many(calls), pos, len(items))
+        d = self._durability(durable)
+        replies = self._schedule_calls(calls, d)
+        ids = self._core.collect_ids(replies[:len(calls)], pos, len(items))
+        if d is not None:
+            d.check(replies[-1], ids)
+        return ids
 
     def cancel(self, job_id: str) -> bool:
         """Cancel a scheduled or ready job. False if unknown, finished, running or dead."""
         raw, p = self._core.locate(job_id)
-        return self._scripts.call(*self._core.call("cancel", p, raw, self._core.tomb_ms)) == 1
+        return self.transport.call(*self._core.call("cancel", p, raw, self._core.tomb_ms)) == 1
 
     def reschedule(self, job_id: str, at: Any) -> bool:
         """Move a scheduled or ready job to a new time. False if unknown, running or dead."""
         ms = to_ms(at)
         raw, p = self._core.locate(job_id)
-        return self._scripts.call(*self._core.call("reschedule", p, raw, ms)) == 1
+        return self.transport.call(*self._core.call("reschedule", p, raw, ms)) == 1
 
     def get(self, job_id: str) -> JobInfo | None:
         raw, p = self._core.locate(job_id)
-        return self._core.job_info(job_id, self._scripts.call(*self._core.call("inspect", p, raw)))
+        return self._core.job_info(job_id, self.transport.call(*self._core.call("inspect", p, raw)))
 
     def dead(self, queue: str | None = None, limit: int = 100) -> list[JobInfo]:
         """Newest dead-lettered jobs across partitions (optionally of one queue)."""
@@ -442,24 +509,24 @@ class Client:
             validate_name("queue", queue)
         calls = [self._core.call("dead_list", p, queue or "", limit, 10 * limit + 1000)
                  for p in range(self.keyspace.partitions)]
-        return self._core.dead_infos(self._scripts.call_many(calls), limit)
+        return self._core.dead_infos(self.transport.call_many(calls), limit)
 
     def requeue(self, job_id: str, at: Any = None) -> bool:
         """Bring a dead job back (attempts reset), now or at ``at``. False if it is not dead, so a
         second requeue of the same job does nothing."""
         ms = self._core.requeue_args(at)
         raw, p = self._core.locate(job_id)
-        return self._scripts.call(*self._core.call("requeue", p, ms, raw))[0] == 1
+        return self.transport.call(*self._core.call("requeue", p, ms, raw))[0] == 1
 
     def purge(self, job_id: str) -> bool:
         """Delete a dead job for good."""
         raw, p = self._core.locate(job_id)
-        return self._scripts.call(*self._core.call("purge", p, "ids", 0, raw)) == 1
+        return self.transport.call(*self._core.call("purge", p, "ids", 0, raw)) == 1
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Per queue: counts of scheduled, ready, running and dead jobs."""
         calls = [self._core.call("stats", p) for p in range(self.keyspace.partitions)]
-        return self._core.merge_stats(self._scripts.call_many(calls))
+        return self._core.merge_stats(self.transport.call_many(calls))
 
 
     # -- cron -----------------------------------------------------------------------------------
@@ -476,14 +543,14 @@ class Client:
         nominal time and how many were missed, ``job.cron``); ``skip`` drops the missed ones.
         ``jitter``: each occurrence fires uniformly within [nominal, nominal + jitter] seconds.
         """
-        reply = self._scripts.call(*self._core.cron_set_call(
+        reply = self.transport.call(*self._core.cron_set_call(
             name, expression, payload, queue=queue, tz=tz, misfire=misfire, misfire_grace=misfire_grace,
             jitter=jitter, max_attempts=max_attempts, lease=lease, backoff=backoff))
         return encode_id(reply[0])
 
     def remove_cron(self, name: str) -> bool:
         """Delete a cron and cancel its pending occurrence (one already running finishes)."""
-        return self._scripts.call(*self._core.cron_remove_call(name)) == 1
+        return self.transport.call(*self._core.cron_remove_call(name)) == 1
 
     def crons(self) -> list[CronInfo]:
         """Every cron of the namespace, by name."""
@@ -495,7 +562,7 @@ class Client:
         details = pipe.execute() if order else []
         ids = [encode_id(d[1]) for d in details if d[1]]
         calls = self._core.inspect_calls(ids)
-        pending = self._core.job_infos(ids, self._scripts.call_many(calls) if calls else [])
+        pending = self._core.job_infos(ids, self.transport.call_many(calls) if calls else [])
         return self._core.cron_infos(order, details, pending)
 
     def set_rate_limit(self, queue: str, per_second: float, burst: float | None = None) -> None:
@@ -526,24 +593,36 @@ class AsyncClient:
     """
 
     def __init__(self, redis_client: aredis.Redis, *, namespace: str | None = None, partitions: int | None = None,
-                 max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD, tombstone_ttl: float = 3600.0) -> None:
+                 max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD, tombstone_ttl: float = 3600.0,
+                 retry: RetryPolicy | None = None, durable: str | None = None, durable_replicas: int = 1,
+                 durable_timeout: float = 1.0) -> None:
+        """Arguments as for :class:`Client`; nothing is sent to Redis before the first call."""
         self.redis = redis_client
         self._ns = config.namespace(namespace)
         self._want = config.partitions(partitions)
         self._kw = _core_kwargs(max_payload_bytes, tombstone_ttl)
         self._core_obj: _Core | None = None
-        self._scripts = AsyncScripts(redis_client)
+        self._retry = retry or DEFAULT_RETRY
+        dur.resolve(durable, durable_replicas, durable_timeout)  # fail here, not on first use
+        self._dur_args = (durable, durable_replicas, durable_timeout)
+        self._opts: _Options | None = None
+        self.transport = AsyncScriptTransport(redis_client, self._retry)
 
     @classmethod
-    def from_url(cls, url: str | None = None, **kwargs: Any) -> "AsyncClient":
-        return cls(aredis.Redis.from_url(config.redis_url(url)), **kwargs)
+    def from_url(cls, url: str | None = None, *, redis_options: dict[str, Any] | None = None,
+                 **kwargs: Any) -> "AsyncClient":
+        """See :meth:`Client.from_url`."""
+        return cls(async_redis(config.redis_url(url), **(redis_options or {})), **kwargs)
 
     async def connect(self) -> "AsyncClient":
+        """Read (or fix, for a new namespace) the partition count; idempotent."""
         if self._core_obj is None:
             cfg = Keyspace(self._ns, 1).config_key
             await self.redis.hsetnx(cfg, "partitions", self._want or config.DEFAULT_PARTITIONS)
             count = config.resolve_partitions(await self.redis.hget(cfg, "partitions"), self._want, self._ns)
-            self._core_obj = _Core(Keyspace(self._ns, count), **self._kw)
+            core = _Core(Keyspace(self._ns, count), **self._kw)
+            self._opts = _Options(core, self._retry, *self._dur_args)
+            self._core_obj = core
         return self
 
     @property
@@ -551,6 +630,13 @@ class AsyncClient:
         if self._core_obj is None:
             raise RuntimeError("AsyncClient not connected yet: await client.connect() first")
         return self._core_obj.ks
+
+    @property
+    def core(self) -> _Core:
+        """The connected client's call builder (after ``connect()``)."""
+        if self._core_obj is None:
+            raise RuntimeError("AsyncClient not connected yet: await client.connect() first")
+        return self._core_obj
 
     async def _core(self) -> _Core:
         if self._core_obj is None:
@@ -567,67 +653,92 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    async def _durability(self, durable: Any) -> dur.Durability | None:
+        assert self._opts is not None
+        d = self._opts.durability(durable)
+        if d is not None and d.mode == "fsync" and self._opts.version is None:
+            dur.require_waitaof(await self.redis.info("server"))
+            self._opts.version = "waitaof"
+        return d
+
     async def schedule(self, at: Any, payload: Any = None, *, queue: str = "default", key: str | None = None,
                        max_attempts: int = 5, lease: float = 30.0, misfire: str = "run_late",
                        misfire_grace: float | None = None, backoff: tuple[float, float] | None = None,
-                       jitter: float = 0.0) -> str:
+                       jitter: float = 0.0, durable: str | None = _UNSET) -> str:
         core = await self._core()
+        assert self._opts is not None
         opts = core.job_options(queue=queue, max_attempts=max_attempts, lease=lease, misfire=misfire,
                                 misfire_grace=misfire_grace, backoff=backoff, jitter=jitter)
-        return core.one_id(await self._scripts.call(*core.prepare_one(at, payload, key, opts)))
+        call = core.prepare_one(at, payload, key, opts)
+        d = await self._durability(durable)
+        replies = await self.transport.call_many([call], resend=self._opts.resend_schedule,
+                                                 then=d.command() if d else None)
+        job_id = core.one_id(replies[0])
+        if d is not None:
+            d.check(replies[1], [job_id])
+        return job_id
 
     schedule.__doc__ = _SCHEDULE_DOC
 
     async def schedule_many(self, jobs: Iterable[Sequence[Any]], *, queue: str = "default", max_attempts: int = 5,
                             lease: float = 30.0, misfire: str = "run_late", misfire_grace: float | None = None,
-                            backoff: tuple[float, float] | None = None, jitter: float = 0.0) -> list[str]:
+                            backoff: tuple[float, float] | None = None, jitter: float = 0.0,
+                            durable: str | None = _UNSET) -> list[str]:
+        """See :meth:`Client.schedule_many`."""
         core = await self._core()
+        assert self._opts is not None
         items = list(jobs)
         opts = core.job_options(queue=queue, max_attempts=max_attempts, lease=lease, misfire=misfire,
                                 misfire_grace=misfire_grace, backoff=backoff, jitter=jitter)
         calls, pos = core.prepare(items, opts)
         if not calls:
             return []
-        return core.collect_ids(await self._scripts.call_many(calls), pos, len(items))
+        d = await self._durability(durable)
+        replies = await self.transport.call_many(calls, resend=self._opts.resend_schedule,
+                                                 then=d.command() if d else None)
+        ids = core.collect_ids(replies[:len(calls)], pos, len(items))
+        if d is not None:
+            d.check(replies[-1], ids)
+        return ids
 
     async def cancel(self, job_id: str) -> bool:
         core = await self._core()
         raw, p = core.locate(job_id)
-        return await self._scripts.call(*core.call("cancel", p, raw, core.tomb_ms)) == 1
+        return await self.transport.call(*core.call("cancel", p, raw, core.tomb_ms)) == 1
 
     async def reschedule(self, job_id: str, at: Any) -> bool:
         core = await self._core()
         ms = to_ms(at)
         raw, p = core.locate(job_id)
-        return await self._scripts.call(*core.call("reschedule", p, raw, ms)) == 1
+        return await self.transport.call(*core.call("reschedule", p, raw, ms)) == 1
 
     async def get(self, job_id: str) -> JobInfo | None:
         core = await self._core()
         raw, p = core.locate(job_id)
-        return core.job_info(job_id, await self._scripts.call(*core.call("inspect", p, raw)))
+        return core.job_info(job_id, await self.transport.call(*core.call("inspect", p, raw)))
 
     async def dead(self, queue: str | None = None, limit: int = 100) -> list[JobInfo]:
         core = await self._core()
         if queue is not None:
             validate_name("queue", queue)
         calls = [core.call("dead_list", p, queue or "", limit, 10 * limit + 1000) for p in range(core.ks.partitions)]
-        return core.dead_infos(await self._scripts.call_many(calls), limit)
+        return core.dead_infos(await self.transport.call_many(calls), limit)
 
     async def requeue(self, job_id: str, at: Any = None) -> bool:
         core = await self._core()
         ms = core.requeue_args(at)
         raw, p = core.locate(job_id)
-        return (await self._scripts.call(*core.call("requeue", p, ms, raw)))[0] == 1
+        return (await self.transport.call(*core.call("requeue", p, ms, raw)))[0] == 1
 
     async def purge(self, job_id: str) -> bool:
         core = await self._core()
         raw, p = core.locate(job_id)
-        return await self._scripts.call(*core.call("purge", p, "ids", 0, raw)) == 1
+        return await self.transport.call(*core.call("purge", p, "ids", 0, raw)) == 1
 
     async def stats(self) -> dict[str, dict[str, int]]:
         core = await self._core()
         calls = [core.call("stats", p) for p in range(core.ks.partitions)]
-        return core.merge_stats(await self._scripts.call_many(calls))
+        return core.merge_stats(await self.transport.call_many(calls))
 
 
     async def add_cron(self, name: str, expression: str, payload: Any = None, *, queue: str = "default",
@@ -635,14 +746,14 @@ class AsyncClient:
                        jitter: float = 0.0, max_attempts: int = 5, lease: float = 30.0,
                        backoff: tuple[float, float] | None = None) -> str:
         core = await self._core()
-        reply = await self._scripts.call(*core.cron_set_call(
+        reply = await self.transport.call(*core.cron_set_call(
             name, expression, payload, queue=queue, tz=tz, misfire=misfire, misfire_grace=misfire_grace,
             jitter=jitter, max_attempts=max_attempts, lease=lease, backoff=backoff))
         return encode_id(reply[0])
 
     async def remove_cron(self, name: str) -> bool:
         core = await self._core()
-        return await self._scripts.call(*core.cron_remove_call(name)) == 1
+        return await self.transport.call(*core.cron_remove_call(name)) == 1
 
     async def crons(self) -> list[CronInfo]:
         core = await self._core()
@@ -654,7 +765,7 @@ class AsyncClient:
         details = await pipe.execute() if order else []
         ids = [encode_id(d[1]) for d in details if d[1]]
         calls = core.inspect_calls(ids)
-        pending = core.job_infos(ids, await self._scripts.call_many(calls) if calls else [])
+        pending = core.job_infos(ids, await self.transport.call_many(calls) if calls else [])
         return core.cron_infos(order, details, pending)
 
     async def set_rate_limit(self, queue: str, per_second: float, burst: float | None = None) -> None:

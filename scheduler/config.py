@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+from .connection import check_url
 from .errors import ConfigError
 from .keys import validate_name, validate_partitions
 
@@ -13,13 +14,10 @@ DEFAULT_ETCD_ENDPOINTS = "127.0.0.1:2379"
 
 
 def redis_url(value: str | None = None) -> str:
+    """The Redis URL to use (argument, else ZSCHED_REDIS_URL, else the local default), checked:
+    redis://, rediss://, unix:// or redis+sentinel:// / rediss+sentinel:// (see scheduler.connection)."""
     url = value or os.environ.get("ZSCHED_REDIS_URL") or DEFAULT_REDIS_URL
-    if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError(
-            f"Redis URL {url!r} is invalid: expected redis://[user:password@]host:port/db, rediss:// for "
-            "TLS, or unix:///path (set --redis or ZSCHED_REDIS_URL)"
-        )
-    return url
+    return check_url(url)
 
 
 def namespace(value: str | None = None) -> str:

@@ -16,3 +16,30 @@ class PayloadError(ZschedError, ValueError):
 
 class ScriptError(ZschedError):
     """A Lua script returned an unexpected reply (a bug or an incompatible Redis)."""
+
+
+class DurabilityError(ZschedError):
+    """The jobs were written to the Redis master, but the durability asked for (``durable=``) was
+    not confirmed. The jobs *may* exist: they are live on the master now, and are lost only if the
+    master fails before replicating or persisting them. ``ids`` are the affected job ids (in the
+    order of the call) so the caller can check them with ``get()`` or schedule again with the same
+    idempotency key."""
+
+    def __init__(self, message: str, ids: list[str]) -> None:
+        super().__init__(message)
+        self.ids = ids
+
+    @property
+    def job_id(self) -> str | None:
+        """The id when the call scheduled one job."""
+        return self.ids[0] if len(self.ids) == 1 else None
+
+
+class DurabilityTimeout(DurabilityError):
+    """Fewer replicas (``durable="replica"``) or no local fsync (``durable="fsync"``) confirmed the
+    write within ``durable_timeout``."""
+
+
+class DurabilityUnsupported(ZschedError, ValueError):
+    """The server cannot give the durability asked for (e.g. ``durable="fsync"`` needs WAITAOF,
+    Redis 7.2+). Raised before anything is written."""

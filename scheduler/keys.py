@@ -16,7 +16,7 @@ Per partition ``{ns:p}:`` +
   ``q``        queue names interned to small numbers: ``n:NAME`` -> idx, ``i:IDX`` -> name
   ``g``        gauges per queue (``s:Q`` scheduled, ``a:Q`` running, ``d:Q`` dead)
   ``c``        counters per queue (``scheduled:Q``, ``fired:Q``, ...) exported by the partition owner
-  ``meta``     ``fence`` (claim counter), ``epoch`` (highest scheduler epoch seen)
+  ``meta``     ``fence`` (last lease token: above the server clock in µs), ``epoch`` (highest scheduler epoch seen)
 Namespace-wide: ``{ns}:cfg`` (partition count, ``rate:QUEUE`` limits), ``{ns}:rl:QUEUE`` token buckets. Pub/sub: ``ns:wake`` (scheduler), ``ns:ready:QUEUE``.
 """
 from __future__ import annotations

@@ -34,6 +34,17 @@ class SchedulerMetrics:
         self.epoch_refusals = Counter("zsched_epoch_refusals_total",
                                       "Ticks/reaps refused by Redis because a newer owner acted",
                                       ["replica"], registry=r)
+        # An epoch conflict is not a hand-over: etcd still names this replica as the partition's
+        # owner with exactly the refused epoch, so Redis has seen an epoch etcd never handed out
+        # since (etcd restored from a snapshot or replaced). Counted apart from epoch_refusals so
+        # the "stale replica" alert does not point operators at GC pauses.
+        self.epoch_conflicts = Counter("zsched_epoch_conflicts_total",
+                                       "Ticks refused by Redis while etcd still names this replica as the owner "
+                                       "with that epoch (etcd history restored or replaced); every retry counts",
+                                       ["replica"], registry=r)
+        self.epoch_conflict_partitions = Gauge("zsched_epoch_conflict_partitions",
+                                               "Owned partitions stuck in an epoch conflict now (nothing fires "
+                                               "there until 'zsched epochs reset')", ["replica"], registry=r)
         self.deadline_pauses = Counter("zsched_ownership_deadline_pauses_total",
                                        "Times ticking stopped because ownership could not be confirmed in time",
                                        ["replica"], registry=r)
@@ -49,12 +60,13 @@ class SchedulerMetrics:
                                     registry=r)
         self.rate_limited = Counter("zsched_rate_limited_total",
                                     "Due jobs held back by a queue rate limit", ["replica", "queue"], registry=r)
-        for m in (self.lease_refresh_failures, self.leases_lost, self.epoch_refusals, self.deadline_pauses,
-                  self.fired, self.reaped, self.redis_errors):
+        for m in (self.lease_refresh_failures, self.leases_lost, self.epoch_refusals, self.epoch_conflicts,
+                  self.deadline_pauses, self.fired, self.reaped, self.redis_errors):
             m.labels(replica)
         for change in ("acquired", "released", "lost"):
             self.ownership_changes.labels(replica, change)
         self.partitions_owned.labels(replica).set(0)
+        self.epoch_conflict_partitions.labels(replica).set(0)
         self.partitions = Gauge("zsched_partitions", "Partition count of the namespace (fixed at its first use)",
                                 ["namespace"], registry=r)
 

@@ -10,6 +10,7 @@ from tests.servers import (
     EtcdCluster,
     EtcdServer,
     RedisServer,
+    SentinelSet,
     etcd_delete_all,
     etcd_revoke_all_leases,
 )
@@ -47,6 +48,21 @@ def fresh_redis() -> Iterator[RedisServer]:
     """A dedicated, started redis-server the test may kill/pause/restart; stopped afterwards."""
     with RedisServer() as srv:
         yield srv
+
+
+@pytest.fixture
+def aof_redis() -> Iterator[RedisServer]:
+    """Like ``fresh_redis`` but with AOF (appendonly yes, appendfsync everysec): data survives kill -9 + restart."""
+    with RedisServer(aof=True) as srv:
+        yield srv
+
+
+@pytest.fixture
+def sentinel_set() -> Iterator[SentinelSet]:
+    """A started Sentinel setup (1 master, 1 replica, 3 sentinels, every one knowing the others), for
+    failover tests; ``.url`` is ``redis+sentinel://...``.  Stopped afterwards (about 2 s to start)."""
+    with SentinelSet() as s:
+        yield s
 
 
 # --------------------------------------------------------------------------- etcd

@@ -11,7 +11,7 @@ from scheduler import Client
 from scheduler.client import error_arg
 from scheduler.ids import ID_BYTES, encode_id, partition_of
 from scheduler.ops import Claimed, parse_claim
-from scheduler.scripts import Scripts
+from scheduler.transport import ScriptTransport
 
 
 class Ops:
@@ -21,7 +21,7 @@ class Ops:
     def __init__(self, client: Client) -> None:
         self.client = client
         self.core = client._core
-        self.scripts = Scripts(client.redis)
+        self.scripts = ScriptTransport(client.redis)
         self.parts = client.keyspace.partitions
 
     def run(self, name: str, p: int, *args: Any) -> Any:

@@ -6,6 +6,11 @@ the standard library only (no pytest, no redis-py) so it works anywhere.
 Every server runs in its own temp dir (data + log), listens on 127.0.0.1 only,
 and is signalled only through the pid of the Popen that started it.  An atexit
 hook kills whatever this module started and is still alive.
+
+Redis faults: ``RedisServer.kill()``/``restart()`` (with ``aof=True`` the data survives a
+kill -9), ``pause()``/``resume()`` (SIGSTOP), ``stall(ms)`` (a busy Lua script: every other
+client waits), ``save_point()`` + ``crash_to_save_point()`` (a real rollback of acknowledged
+writes).  ``SentinelSet`` is a master, a replica and three sentinels for failover tests.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import random
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -26,7 +32,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -39,6 +45,9 @@ __all__ = [
     "EtcdCluster",
     "EtcdServer",
     "RedisServer",
+    "RedisStall",
+    "SentinelServer",
+    "SentinelSet",
     "ServerError",
     "etcd_delete_all",
     "etcd_get",
@@ -49,6 +58,7 @@ __all__ = [
     "free_port",
     "free_ports",
     "redis_command",
+    "redis_info",
     "sweep_stale_dirs",
 ]
 
@@ -136,14 +146,44 @@ def _read_resp(f: Any) -> Any:
     raise ServerError(f"unexpected RESP line {line!r}")
 
 
+def _encode(*args: str | bytes | int) -> bytes:
+    """One command as a RESP array of bulk strings."""
+    parts = [a if isinstance(a, bytes) else str(a).encode() for a in args]
+    return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+
+
 def redis_command(port: int, *args: str | bytes | int, host: str = HOST, timeout: float = 2.0) -> Any:
     """Send one command over a fresh connection and return the parsed reply."""
-    parts = [a if isinstance(a, bytes) else str(a).encode() for a in args]
-    payload = b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
     with socket.create_connection((host, port), timeout=timeout) as s:
-        s.sendall(payload)
+        s.sendall(_encode(*args))
         with s.makefile("rb") as f:
             return _read_resp(f)
+
+
+def redis_info(port: int, section: str | None = None, host: str = HOST, timeout: float = 2.0) -> dict[str, str]:
+    """``INFO [section]`` as a dict (``{"role": "master", "connected_slaves": "1", ...}``)."""
+    raw = redis_command(port, "INFO", *([section] if section else []), host=host, timeout=timeout)
+    out: dict[str, str] = {}
+    for line in (raw or b"").decode(errors="replace").splitlines():
+        if line and not line.startswith("#") and ":" in line:
+            k, v = line.split(":", 1)
+            out[k] = v.strip()
+    return out
+
+
+def _pairs(reply: Any) -> dict[str, str]:
+    """A flat ``[k1, v1, k2, v2, ...]`` reply (``SENTINEL master``) as a dict of strings."""
+    items = [x.decode(errors="replace") if isinstance(x, bytes) else str(x) for x in (reply or [])]
+    return dict(zip(items[::2], items[1::2], strict=False))
+
+
+def _wait_for(pred: Callable[[], bool], timeout: float, what: Callable[[], str] | str, poll: float = 0.02) -> None:
+    """Poll ``pred`` until true; after ``timeout`` s raise ServerError naming ``what`` (str or thunk)."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise ServerError(f"timed out after {timeout}s waiting for {what() if callable(what) else what}")
+        time.sleep(poll)
 
 
 def etcd_request(endpoint: str, path: str, body: dict[str, Any] | None = None, timeout: float = 2.0) -> dict[str, Any]:
@@ -467,7 +507,16 @@ def _kill_leftovers() -> None:
 
 
 class RedisServer(_Server):
-    """A throwaway ``redis-server`` on 127.0.0.1 without persistence."""
+    """A throwaway ``redis-server`` on 127.0.0.1, without persistence unless ``aof=True``.
+
+    ``aof=True`` runs with ``appendonly yes`` and ``appendfsync`` (``everysec`` by default), so a
+    kill -9 + ``restart()`` (same port, same dir) reloads the data.  Without AOF a restart starts
+    empty, unless a ``save_point()`` left a ``dump.rdb`` in the dir: then it loads that.
+
+    ``conf_lines`` (None: no config file) writes ``<dir>/redis.conf`` before the first start and
+    runs with it, so ``CONFIG REWRITE`` works (Sentinel rewrites a server's ``replicaof`` there)
+    and a restart keeps what was rewritten; command-line options still win over the file.
+    """
 
     kind = "redis"
 
@@ -478,12 +527,21 @@ class RedisServer(_Server):
         extra_args: Sequence[str] = (),
         keep: bool = False,
         binary: str | None = None,
+        *,
+        aof: bool = False,
+        appendfsync: str = "everysec",
+        conf_lines: Sequence[str] | None = None,
     ) -> None:
         super().__init__(dir, keep)
         self._auto_port = port is None
         self._port = port if port is not None else free_port()
+        self._started_once = False  # after the first start the port is fixed, even if auto-picked
         self.extra_args = list(extra_args)
         self.binary = binary or os.environ.get("ZSCHED_REDIS_SERVER", "redis-server")
+        self.aof = aof
+        self.appendfsync = appendfsync
+        self.conf_lines: list[str] | None = None if conf_lines is None else list(conf_lines)
+        self._once_args: list[str] = []  # appended to the next spawn's argv only
 
     @property
     def port(self) -> int:
@@ -493,18 +551,30 @@ class RedisServer(_Server):
     def url(self) -> str:
         return f"redis://{HOST}:{self._port}/0"
 
+    @property
+    def conf_path(self) -> Path:
+        return self.dir / "redis.conf"
+
+    @property
+    def rdb_path(self) -> Path:
+        """Where ``save_point()`` writes (``dbfilename`` is left at its default)."""
+        return self.dir / "dump.rdb"
+
     def _argv(self) -> list[str]:
         return [
             self.binary,
+            *([str(self.conf_path)] if self.conf_lines is not None else []),
             "--port", str(self._port),
             "--bind", HOST,
             "--save", "",
-            "--appendonly", "no",
+            "--appendonly", "yes" if self.aof else "no",
+            *(["--appendfsync", self.appendfsync] if self.aof else []),
             "--dir", str(self.dir),
             "--daemonize", "no",
             "--protected-mode", "yes",
             "--hz", "100",
             *self.extra_args,
+            *self._once_args,
         ]  # fmt: skip
 
     def _ready(self) -> bool:
@@ -513,14 +583,30 @@ class RedisServer(_Server):
         except (OSError, ServerError):  # refused, or -LOADING while starting
             return False
 
+    def spawn(self) -> None:
+        if self.conf_lines is not None and not self.conf_path.exists():
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self.conf_path.write_text("".join(f"{line}\n" for line in self.conf_lines))
+        try:
+            super().spawn()
+        finally:
+            self._once_args = []
+
     def start(self) -> Self:
-        # An auto-picked port can be grabbed by someone else before we bind it: retry with a new one.
+        # An auto-picked port can be grabbed by someone else before we bind it: retry with a new
+        # one, but only before the first successful start (a restart must keep its port).
         for attempt in range(3):
             try:
                 super().start()
+                self._started_once = True
                 return self
             except ServerError:
-                if not (self._auto_port and attempt < 2 and "Address already in use" in self.log_tail()):
+                if not (
+                    self._auto_port
+                    and not self._started_once
+                    and attempt < 2
+                    and "Address already in use" in self.log_tail()
+                ):
                     raise
                 self._port = free_port()
         return self
@@ -536,8 +622,656 @@ class RedisServer(_Server):
         """Run one command (raw RESP, no client library needed)."""
         return redis_command(self._port, *args, timeout=timeout)
 
+    def info(self, section: str | None = None, timeout: float = 2.0) -> dict[str, str]:
+        """``INFO [section]`` as a dict of strings."""
+        return redis_info(self._port, section, timeout=timeout)
+
+    # -- faults
+
+    def stall(self, ms: float, busy_after_ms: int | None = None) -> RedisStall:
+        """Make the server busy for ``ms`` ms: every other client waits (nothing is lost).
+
+        Runs a Lua script that spins on ``redis.call('TIME')`` from its own connection and returns
+        once the server has read it (it runs the script in the same step), so a command sent after
+        this returns is answered only after the stall.  Returns a ``RedisStall``: ``.join()`` it,
+        or use it as a context manager.
+
+        Redis answers ``-BUSY`` to other clients once a script has run for
+        ``busy-reply-threshold`` ms (alias ``lua-time-limit``, 5000 by default); for longer stalls
+        it is raised for the stall's duration so clients keep waiting.  ``busy_after_ms`` sets it
+        instead (e.g. 100: clients get ``BUSY`` errors after 100 ms), restored when the stall ends.
+        """
+        return RedisStall(self, ms, busy_after_ms)._begin()
+
+    def save_point(self, timeout: float = 30.0) -> None:
+        """``SAVE``: write ``dump.rdb`` now; ``crash_to_save_point()`` comes back to this state."""
+        reply = self.command("SAVE", timeout=timeout)
+        if reply != "OK":
+            raise ServerError(f"SAVE on {self!r} answered {reply!r}")
+
+    def crash_to_save_point(self, timeout: float = 10.0) -> Self:
+        """Lose every write since the last ``save_point()``: a real rollback of acknowledged writes.
+
+        ``SHUTDOWN NOSAVE NOW``, then start again on the same port and dir, loading the older
+        ``dump.rdb`` (an empty dataset if there was no save point).  With ``aof=True`` the AOF is
+        deleted, the server starts once from the RDB with ``appendonly no`` and AOF is switched
+        back on (``CONFIG SET appendonly yes`` rewrites it from the rolled-back data); a later
+        ``restart()`` runs with the usual options again.
+        """
+        if not self.running or self._proc is None:
+            raise ServerError(f"{self!r} is not running")
+        if self.paused:
+            self.resume()
+        aof_dir = self.dir / "appendonlydir"
+        if self.aof:
+            name = self.command("CONFIG", "GET", "appenddirname")
+            if isinstance(name, list) and len(name) == 2:
+                aof_dir = self.dir / name[1].decode()
+        try:
+            self.command("SHUTDOWN", "NOSAVE", "NOW", timeout=timeout)
+        except (OSError, ServerError):  # the server closes the connection without a reply
+            pass
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise ServerError(f"{self!r} did not exit after SHUTDOWN NOSAVE; log tail:\n{self.log_tail()}") from None
+        self._paused = False
+        if self.aof:
+            shutil.rmtree(aof_dir, ignore_errors=True)
+            self._once_args = ["--appendonly", "no"]
+        self.start()
+        if self.aof:
+            self.command("CONFIG", "SET", "appendonly", "yes")
+
+            def aof_on() -> bool:
+                p = self.info("persistence")
+                if p.get("aof_last_bgrewrite_status") == "err":
+                    return True  # reported just below
+                return (
+                    p.get("aof_enabled") == "1"
+                    and p.get("aof_rewrite_in_progress") == "0"
+                    and p.get("aof_rewrite_scheduled") == "0"
+                    and any(aof_dir.glob("*.manifest"))
+                )
+
+            _wait_for(aof_on, timeout, f"AOF rewrite after the rollback of {self!r}")
+            if self.info("persistence").get("aof_last_bgrewrite_status") != "ok":
+                raise ServerError(f"AOF rewrite failed on {self!r}; log tail:\n{self.log_tail()}")
+        return self
+
     def __repr__(self) -> str:
         return f"RedisServer(port={self._port}, pid={self.pid})"
+
+
+# Spins until ARGV[1] microseconds have passed on the server's clock; returns the microseconds.
+_STALL_LUA = (
+    "local t0 = redis.call('TIME') "
+    "while true do "
+    "local t = redis.call('TIME') "
+    "local us = (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) "
+    "if us >= tonumber(ARGV[1]) then return us end "
+    "end"
+)
+
+
+def _tcp_unread_diag(local_port: int, remote_port: int) -> int | None:
+    """``_tcp_unread`` through netlink sock_diag: one exact-socket lookup, however many sockets exist."""
+    netlink_sock_diag, sock_diag_by_family, nlm_f_request, nlmsg_error, tcp_established = 4, 20, 1, 2, 1
+    addr = socket.inet_aton(HOST) + bytes(12)
+    req = (
+        struct.pack("=BBBBI", socket.AF_INET, socket.IPPROTO_TCP, 0, 0, 1 << tcp_established)
+        + struct.pack("!HH", local_port, remote_port)
+        + addr
+        + addr
+        + struct.pack("=III", 0, 0xFFFFFFFF, 0xFFFFFFFF)  # any interface, INET_DIAG_NOCOOKIE
+    )
+    msg = struct.pack("=IHHII", 16 + len(req), sock_diag_by_family, nlm_f_request, 1, 0) + req
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, netlink_sock_diag) as s:
+        s.settimeout(1.0)
+        s.sendall(msg)
+        data = s.recv(65536)
+    if len(data) < 16 + 4 + 48 + 12 or struct.unpack_from("=H", data, 4)[0] == nlmsg_error:
+        return None  # ENOENT: no such socket
+    # inet_diag_msg: family, state, timer, retrans; sockid (sport, dport, src, dst, if, cookie); expires, rqueue
+    state = data[17]
+    sport, dport = struct.unpack_from("!HH", data, 20)
+    if state != tcp_established or (sport, dport) != (local_port, remote_port):
+        return None  # the kernel fell back to the listening socket
+    return int(struct.unpack_from("=I", data, 16 + 4 + 48 + 4)[0])
+
+
+def _tcp_unread(local_port: int, remote_port: int) -> int | None:
+    """Bytes not yet read by the owner of the IPv4 loopback socket ``local_port`` <- ``remote_port``;
+    None if there is no such socket.  Uses sock_diag, else /proc/net/tcp (``rx_queue``), which can
+    take tens of ms to read on a machine with thousands of sockets (TIME_WAIT left by tests)."""
+    try:
+        return _tcp_unread_diag(local_port, remote_port)
+    except (OSError, AttributeError, struct.error):  # no AF_NETLINK / sock_diag here
+        pass
+    try:
+        lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return None
+    for line in lines:
+        f = line.split()
+        if len(f) < 5:
+            continue
+        try:
+            if int(f[1].rsplit(":", 1)[1], 16) == local_port and int(f[2].rsplit(":", 1)[1], 16) == remote_port:
+                return int(f[4].split(":")[1], 16)
+        except (ValueError, IndexError):
+            continue
+    return None
+
+
+class RedisStall:
+    """A running ``RedisServer.stall()``: a busy Lua script holding the server's command loop.
+
+    ``join()`` waits for the end and returns how long the script ran (server clock, ms), re-raising
+    what went wrong in between (e.g. a ConnectionError if the server was killed meanwhile).  As a
+    context manager, leaving the block joins.
+
+    ``sent_at`` (``time.monotonic()`` just before the script was sent) is a lower bound of its start,
+    so a client blocked by the stall gets its reply after ``sent_at + ms / 1000``: a bound that holds
+    however loaded the machine is.  ``started_at`` is when this process saw that the server had read
+    the script; on a machine with more busy processes than cores that can lag the real start by tens
+    of ms, so timing checks should use stalls of several hundred ms.
+    """
+
+    def __init__(self, server: RedisServer, ms: float, busy_after_ms: int | None = None) -> None:
+        if ms <= 0:
+            raise ValueError("stall needs ms > 0")
+        self.server = server
+        self.port = server.port
+        self.ms = float(ms)
+        self.busy_after_ms = busy_after_ms
+        self.sent_at = 0.0
+        self.started_at = 0.0
+        self.elapsed_ms: float | None = None
+        self._error: BaseException | None = None
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+
+    def _call(self, f: Any, *args: str | bytes | int) -> Any:
+        assert self._sock is not None
+        self._sock.sendall(_encode(*args))
+        return _read_resp(f)
+
+    def _begin(self) -> Self:
+        sock = socket.create_connection((HOST, self.port), timeout=5.0)
+        self._sock = sock
+        f = sock.makefile("rb")
+        try:
+            # A reply proves the server accepted and registered this connection.
+            self._call(f, "CLIENT", "SETNAME", "zsched-test-stall")
+            old = int(self._call(f, "CONFIG", "GET", "lua-time-limit")[1])
+            want = self.busy_after_ms
+            if want is None and self.ms + 1000 >= old:
+                want = int(self.ms) + 5000
+            restore = old if want is not None and want != old else None
+            if restore is not None:
+                self._call(f, "CONFIG", "SET", "lua-time-limit", want)
+            sock.settimeout(self.ms / 1000 + 10.0)
+        except BaseException as e:
+            f.close()
+            sock.close()
+            if isinstance(e, TimeoutError):
+                raise ServerError(f"{self.server!r} did not answer within 5 s (paused?)") from e
+            raise
+        # The reader thread is running before the script is sent: Thread.start() waits for the new
+        # thread to be scheduled, which on a loaded machine would eat into the stall.
+        self._thread = threading.Thread(target=self._finish, args=(f, restore), name="redis-stall", daemon=True)
+        self._thread.start()
+        self.sent_at = time.monotonic()
+        sock.sendall(_encode("EVAL", _STALL_LUA, 0, int(self.ms * 1000)))
+        client_port = int(sock.getsockname()[1])
+        # Redis reads a query and runs it in the same step (no I/O threads): once the server's
+        # socket has no unread bytes left, the script is running.
+        deadline = time.monotonic() + 5.0
+        while (unread := _tcp_unread(self.port, client_port)) is not None and unread > 0 and not self.done:
+            if time.monotonic() > deadline:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the reader thread, which closes the socket
+                raise ServerError(f"{self.server!r} did not read the stall script within 5 s (paused?)")
+            time.sleep(0.0005)
+        self.started_at = time.monotonic()
+        return self
+
+    def _finish(self, f: Any, restore: int | None) -> None:
+        assert self._sock is not None
+        try:
+            self.elapsed_ms = int(_read_resp(f)) / 1000.0
+            if restore is not None:
+                self._call(f, "CONFIG", "SET", "lua-time-limit", restore)
+        except BaseException as e:  # noqa: BLE001 - handed to join()
+            self._error = e
+        finally:
+            f.close()
+            self._sock.close()
+
+    @property
+    def done(self) -> bool:
+        return self._thread is not None and not self._thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> float:
+        """Wait for the stall to end (default: up to ``ms`` + 10 s); return its duration in ms."""
+        assert self._thread is not None, "stall not started"
+        self._thread.join(self.ms / 1000 + 10.0 if timeout is None else timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"stall of {self.ms} ms on port {self.port} still running")
+        if self._error is not None:
+            raise self._error
+        assert self.elapsed_ms is not None
+        return self.elapsed_ms
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.join()
+        else:  # don't hide the test's own failure behind a join error
+            try:
+                self.join()
+            except BaseException:  # noqa: BLE001, S110
+                pass
+
+    def __repr__(self) -> str:
+        return f"RedisStall(port={self.port}, ms={self.ms}, done={self.done})"
+
+
+# --------------------------------------------------------------------------- redis sentinel
+
+
+class SentinelServer(_Server):
+    """One ``redis-server CONF --sentinel`` on loopback, monitoring one master.
+
+    A sentinel rewrites its config file, so each has its own dir with ``sentinel.conf``, written
+    before the first start (from ``master_port`` etc. as they are then) and left as the sentinel
+    rewrote it for restarts.
+    """
+
+    kind = "sentinel"
+
+    def __init__(
+        self,
+        master_name: str = "mymaster",
+        master_port: int = 0,
+        port: int | None = None,
+        dir: str | os.PathLike[str] | None = None,
+        *,
+        quorum: int = 2,
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 5000,
+        keep: bool = False,
+        binary: str | None = None,
+    ) -> None:
+        super().__init__(dir, keep)
+        self._auto_port = port is None
+        self._port = port if port is not None else free_port()
+        self._started_once = False
+        self.master_name = master_name
+        self.master_port = master_port
+        self.quorum = quorum
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+        self.binary = binary or os.environ.get("ZSCHED_REDIS_SERVER", "redis-server")
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def addr(self) -> tuple[str, int]:
+        return (HOST, self._port)
+
+    @property
+    def conf_path(self) -> Path:
+        return self.dir / "sentinel.conf"
+
+    def _conf_text(self) -> str:
+        n = self.master_name
+        return "".join(
+            f"{line}\n"
+            for line in (
+                f"port {self._port}",
+                f"bind {HOST}",
+                f"dir {self.dir}",
+                "daemonize no",
+                'logfile ""',
+                f"sentinel monitor {n} {HOST} {self.master_port} {self.quorum}",
+                f"sentinel down-after-milliseconds {n} {self.down_after_ms}",
+                f"sentinel failover-timeout {n} {self.failover_timeout_ms}",
+                f"sentinel parallel-syncs {n} 1",
+            )
+        )
+
+    def _argv(self) -> list[str]:
+        return [self.binary, str(self.conf_path), "--sentinel"]
+
+    def _ready(self) -> bool:
+        try:
+            return bool(redis_command(self._port, "PING", timeout=0.5) == "PONG")
+        except (OSError, ServerError):
+            return False
+
+    def spawn(self) -> None:
+        if not self.master_port:
+            raise ServerError(f"{self!r}: set master_port before starting")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if not self.conf_path.exists():
+            self.conf_path.write_text(self._conf_text())
+        super().spawn()
+
+    def start(self) -> Self:
+        for attempt in range(3):  # port race on the first start: new port, new config
+            try:
+                super().start()
+                self._started_once = True
+                return self
+            except ServerError:
+                if not (
+                    self._auto_port
+                    and not self._started_once
+                    and attempt < 2
+                    and "Address already in use" in self.log_tail()
+                ):
+                    raise
+                self._port = free_port()
+                self.conf_path.unlink(missing_ok=True)
+        return self
+
+    def command(self, *args: str | bytes | int, timeout: float = 2.0) -> Any:
+        return redis_command(self._port, *args, timeout=timeout)
+
+    def master_info(self, timeout: float = 1.0) -> dict[str, str]:
+        """``SENTINEL master NAME`` as a dict (``num-slaves``, ``num-other-sentinels``, ``flags``...)."""
+        return _pairs(self.command("SENTINEL", "master", self.master_name, timeout=timeout))
+
+    def replicas_info(self, timeout: float = 1.0) -> list[dict[str, str]]:
+        """``SENTINEL replicas NAME``, one dict per replica."""
+        return [_pairs(r) for r in self.command("SENTINEL", "replicas", self.master_name, timeout=timeout) or []]
+
+    def master_addr(self, timeout: float = 1.0) -> tuple[str, int] | None:
+        """``SENTINEL get-master-addr-by-name NAME``: the master this sentinel names now."""
+        reply = self.command("SENTINEL", "get-master-addr-by-name", self.master_name, timeout=timeout)
+        if not reply:
+            return None
+        return reply[0].decode(), int(reply[1])
+
+    def __repr__(self) -> str:
+        return f"SentinelServer(port={self._port}, master={self.master_name}, pid={self.pid})"
+
+
+class SentinelSet:
+    """Redis under Sentinel on loopback: 1 master, 1 replica (``replicaof``) and 3 sentinels.
+
+    Sentinels use quorum 2, ``down-after-milliseconds`` 1000 and ``failover-timeout`` 5000, so
+    after a kill -9 of the master the replica is promoted in about 2.5 s.  The two Redis servers
+    run with a config file each, so Sentinel's ``CONFIG REWRITE`` keeps their roles across a
+    restart, as in production.  ``master``/``replica`` are the servers in those roles as this
+    object last saw them (``start()``, ``wait_failover()``).
+
+        with SentinelSet() as s:
+            old = s.kill_master().port
+            new = s.wait_failover(old)
+    """
+
+    start_timeout = 20.0
+
+    def __init__(
+        self,
+        master_name: str = "mymaster",
+        aof: bool = False,
+        *,
+        sentinels: int = 3,
+        quorum: int = 2,
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 5000,
+        redis_args: Sequence[str] = (),
+        keep: bool = False,
+    ) -> None:
+        self.master_name = master_name
+        self.keep = keep
+        # A master waits repl-diskless-sync-delay (5 s) for more replicas before a full sync.
+        args = ["--repl-diskless-sync-delay", "0", *redis_args]
+        self.servers: list[RedisServer] = [
+            RedisServer(extra_args=args, keep=keep, aof=aof, conf_lines=[]) for _ in range(2)
+        ]
+        self.sentinels: list[SentinelServer] = [
+            SentinelServer(
+                master_name,
+                quorum=quorum,
+                down_after_ms=down_after_ms,
+                failover_timeout_ms=failover_timeout_ms,
+                keep=keep,
+            )
+            for _ in range(sentinels)
+        ]
+        self._master_i = 0
+
+    # -- addresses and roles
+
+    @property
+    def master(self) -> RedisServer:
+        """The server in the master role (as of ``start()`` or the last ``wait_failover()``)."""
+        return self.servers[self._master_i]
+
+    @property
+    def replica(self) -> RedisServer:
+        """The server in the replica role (after a failover: the old master, maybe not running)."""
+        return self.servers[1 - self._master_i]
+
+    @property
+    def sentinel_addrs(self) -> list[tuple[str, int]]:
+        return [s.addr for s in self.sentinels]
+
+    @property
+    def url(self) -> str:
+        """``redis+sentinel://127.0.0.1:S1,127.0.0.1:S2,127.0.0.1:S3/NAME/0``."""
+        hosts = ",".join(f"{h}:{p}" for h, p in self.sentinel_addrs)
+        return f"redis+sentinel://{hosts}/{self.master_name}/0"
+
+    def sentinel_command(self, *args: str | bytes | int, timeout: float = 1.0) -> Any:
+        """Run a command on the first running sentinel that answers."""
+        errors = []
+        for s in self.sentinels:
+            if not s.running or s.paused:
+                continue
+            try:
+                return s.command(*args, timeout=timeout)
+            except (OSError, ServerError) as e:
+                errors.append(f"{s!r}: {e}")
+        raise ServerError(f"no sentinel answered {args!r}: {errors or 'none running'}")
+
+    def master_ports(self, timeout: float = 0.5) -> dict[int, int | None]:
+        """Each running sentinel's view: sentinel port -> the master port it names (None: no answer)."""
+        views: dict[int, int | None] = {}
+        for s in self.sentinels:
+            if not s.running or s.paused:
+                continue
+            try:
+                addr = s.master_addr(timeout)
+                views[s.port] = addr[1] if addr else None
+            except (OSError, ServerError):
+                views[s.port] = None
+        return views
+
+    def master_port(self, timeout: float = 5.0) -> int:
+        """The master port the first sentinel that answers names (``SENTINEL get-master-addr-by-name``),
+        skipping a sentinel that names a master it sees down (``s_down``/``o_down``), as redis-py's
+        ``Sentinel`` does: after a failover a lagging sentinel names the old, dead master for up to ~2 s."""
+        found: list[int] = []
+
+        def ask() -> bool:
+            for s in self.sentinels:
+                if not s.running or s.paused:
+                    continue
+                try:
+                    addr = s.master_addr(0.5)
+                    mi = s.master_info(0.5)
+                except (OSError, ServerError):
+                    continue
+                flags = mi.get("flags", "").split(",")
+                if addr is None or (mi.get("port") == str(addr[1]) and ("s_down" in flags or "o_down" in flags)):
+                    continue
+                found[:] = [addr[1]]
+                return True
+            return False
+
+        _wait_for(ask, timeout, lambda: f"a sentinel to name a master that is up: {self._sentinel_views()}")
+        return found[0]
+
+    # -- lifecycle
+
+    def _replica_online(self, m: RedisServer, r: RedisServer) -> bool:
+        try:
+            mi, ri = m.info("replication", timeout=0.5), r.info("replication", timeout=0.5)
+        except (OSError, ServerError):
+            return False
+        return (
+            mi.get("connected_slaves") == "1"
+            and "state=online" in mi.get("slave0", "")
+            and ri.get("master_link_status") == "up"
+            and ri.get("master_port") == str(m.port)
+        )
+
+    def _sentinel_views(self) -> dict[int, str]:
+        out: dict[int, str] = {}
+        for s in self.sentinels:
+            try:
+                mi = s.master_info(0.5)
+                reps = s.replicas_info(0.5)
+                out[s.port] = (
+                    f"flags={mi.get('flags')} port={mi.get('port')} num-slaves={mi.get('num-slaves')} "
+                    f"num-other-sentinels={mi.get('num-other-sentinels')} "
+                    f"replicas={[(r.get('port'), r.get('flags')) for r in reps]}"
+                )
+            except (OSError, ServerError) as e:
+                out[s.port] = repr(e)
+        return out
+
+    def _settled(self, master: RedisServer) -> bool:
+        """Every sentinel sees ``master`` up, one healthy replica and all the other sentinels."""
+        want_others = str(len(self.sentinels) - 1)
+        for s in self.sentinels:
+            try:
+                mi = s.master_info(0.5)
+                reps = s.replicas_info(0.5)
+            except (OSError, ServerError):
+                return False
+            if not (
+                mi.get("flags") == "master"
+                and mi.get("port") == str(master.port)
+                and mi.get("num-slaves") == "1"
+                and mi.get("num-other-sentinels") == want_others
+                and len(reps) == 1
+                and reps[0].get("flags") == "slave"
+                and reps[0].get("master-link-status") == "ok"
+            ):
+                return False
+        return True
+
+    def wait_settled(self, timeout: float = 20.0) -> None:
+        """Wait until the master has its replica online and every sentinel knows the master, the
+        replica and every other sentinel (``SENTINEL master NAME``: num-slaves, num-other-sentinels)."""
+        m, r = self.master, self.replica
+        _wait_for(lambda: self._replica_online(m, r), timeout, lambda: f"{r!r} to sync from {m!r}")
+        _wait_for(lambda: self._settled(m), timeout, lambda: f"sentinels to settle: {self._sentinel_views()}", 0.05)
+
+    def start(self) -> Self:
+        """Start master, then the replica (waits until it is in sync: sentinels learn replicas from
+        the master's INFO), then the sentinels; wait until everyone knows everyone."""
+        self._master_i = 0
+        m, r = self.servers
+        try:
+            deadline = time.monotonic() + self.start_timeout
+            m.start()
+            r.conf_lines = [f"replicaof {HOST} {m.port}"]
+            r.start()
+            _wait_for(lambda: self._replica_online(m, r), max(0.1, deadline - time.monotonic()),
+                      lambda: f"{r!r} to sync from {m!r}; replica log:\n{r.log_tail(10)}")
+            for s in self.sentinels:
+                s.master_port = m.port
+                s.start()
+            _wait_for(lambda: self._settled(m), max(0.1, deadline - time.monotonic()),
+                      lambda: f"sentinels to settle: {self._sentinel_views()}", 0.05)
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def kill_master(self) -> RedisServer:
+        """kill -9 the current master; returns it (its port is what ``wait_failover`` needs)."""
+        m = self.master
+        m.kill()
+        return m
+
+    def wait_failover(self, old_port: int, timeout: float = 30.0, all_sentinels: bool = False) -> int:
+        """Wait until a sentinel (every running one with ``all_sentinels``) names a master other than
+        ``old_port`` and that server reports ``role:master``; return its port and update roles."""
+        found: list[int] = []
+
+        def done() -> bool:
+            views = self.master_ports()
+            named = {p for p in views.values() if p is not None and p != old_port}
+            if all_sentinels and (len(named) != 1 or None in views.values() or old_port in views.values()):
+                return False
+            for p in named:
+                try:
+                    if redis_info(p, "replication", timeout=0.5).get("role") == "master":
+                        found[:] = [p]
+                        return True
+                except (OSError, ServerError):
+                    pass
+            return False
+
+        _wait_for(done, timeout, lambda: f"a failover away from port {old_port}: sentinel views "
+                                         f"{self.master_ports()}; {self._sentinel_views()}", 0.05)
+        new_port = found[0]
+        for i, srv in enumerate(self.servers):
+            if srv.port == new_port:
+                self._master_i = i
+                return new_port
+        raise ServerError(f"sentinels promoted port {new_port}, which is none of {self.servers!r}")
+
+    def restart_old_master_as_replica(self, timeout: float = 60.0, replicaof_in_config: bool = False) -> RedisServer:
+        """Start the old master (killed, now ``replica``) again and wait until it is a synced replica
+        of the new master and every sentinel sees it as a healthy replica; returns it.
+
+        By default it comes back as it was killed: a master with its old data (empty without AOF),
+        until a sentinel reconfigures it, which Sentinel does only after the instance has reported
+        the wrong role for 8 s, so this takes about 20 s.  ``replicaof_in_config=True`` first adds
+        ``replicaof NEW_MASTER`` to its config file (as an operator would), so it starts as a
+        replica at once (about 1 s).
+        """
+        old = self.replica
+        if not old.running:
+            if replicaof_in_config:
+                with open(old.conf_path, "a") as f:  # the last replicaof line wins
+                    f.write(f"replicaof {HOST} {self.master.port}\n")
+            old.start()
+        self.wait_settled(timeout)
+        return old
+
+    def kill(self) -> None:
+        """SIGKILL everything (dirs kept; the atexit hook or ``stop()`` removes them)."""
+        for srv in [*self.sentinels, *self.servers]:
+            srv.kill()
+
+    def stop(self, keep: bool | None = None, grace: float = 2.0) -> None:
+        """Stop the sentinels first (no failover while stopping), then the replica, then the master
+        (a master asked to stop with replicas attached waits for them to catch up)."""
+        for srv in [*self.sentinels, self.replica, self.master]:
+            srv.stop(keep, grace=grace)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"SentinelSet({self.master_name}, master={self.master!r}, sentinels={[s.port for s in self.sentinels]})"
 
 
 # --------------------------------------------------------------------------- etcd

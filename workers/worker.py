@@ -32,29 +32,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
-import redis.asyncio as aredis
-from redis.asyncio.retry import Retry as _RedisRetry
-from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError, ResponseError
-
-try:
-    from hiredis import pack_command as _pack
-except ImportError:  # pragma: no cover - redis[hiredis] is a dependency
-    def _pack(args: tuple[Any, ...]) -> bytes:
-        out = [b"*%d\r\n" % len(args)]
-        for a in args:
-            b = a if isinstance(a, bytes) else str(a).encode()
-            out.append(b"$%d\r\n%s\r\n" % (len(b), b))
-        return b"".join(out)
+from redis.exceptions import RedisError
 
 from scheduler import codec, config
 from scheduler.client import AsyncClient, error_arg
+from scheduler.connection import async_redis
 from scheduler.errors import PayloadError
 from scheduler.ids import encode_id
 from scheduler.keys import validate_name
 from scheduler.ops import Claimed, backoff_delay_ms, parse_claim
 from scheduler.runtime import settle_gc
-from scheduler.scripts import load_scripts
+from scheduler.transport import AsyncScriptTransport, RetryPolicy
 
 from .errors import PermanentError, Retry
 from .job import Job
@@ -69,10 +57,15 @@ CLAIM_CHUNK = 16        # max jobs asked from one (queue, partition) known to be
 FLUSH_DELAY = 0.001     # outcomes wait this long to share a round trip...
 FLUSH_BIG = 200         # ...unless this many are queued
 CALL_BATCH = 200        # outcomes per script call (bounded work per EVALSHA)
+CLAIM_RECEIPT_MS = 30_000  # how long Redis keeps a claim's receipt for a re-send after a lost reply
 PUBSUB_PING = 30.0      # idle pub/sub connection health check
 BACKOFF_BASE, BACKOFF_CAP = 0.05, 5.0
 DRAIN_TIMEOUT = 10.0    # at shutdown, how long to keep trying to deliver outcomes
 _REDIS_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+# Transport retries only before a call reaches Redis (connect failures, a restart in progress):
+# outcomes and claims that may have run are never re-sent by the transport; the worker's own
+# loops re-send them knowing a refusal may then mean "already applied" (see _Run.uncertain).
+WORKER_RETRY = RetryPolicy(budget=0.5, attempts=4)
 
 _RUNNING, _DONE, _RELEASED = 0, 1, 2
 
@@ -375,16 +368,13 @@ class Worker:
                     signals.append(sig)
                 except (NotImplementedError, RuntimeError, ValueError):  # not main thread / platform
                     pass
-        kw: dict[str, Any] = dict(socket_timeout=10.0, socket_connect_timeout=5.0, socket_keepalive=True,
-                                  # The worker retries by itself: it knows which calls are safe to re-send.
-                                  retry=_RedisRetry(NoBackoff(), 0))
+        kw: dict[str, Any] = dict(socket_timeout=10.0, socket_connect_timeout=5.0, socket_keepalive=True)
         kw.update(self.redis_kwargs)
-        self._redis = aredis.Redis.from_url(config.redis_url(self.redis_url), **kw)
+        self._redis = async_redis(config.redis_url(self.redis_url), **kw)
+        self._transport = AsyncScriptTransport(self._redis, WORKER_RETRY)
         metrics_server = None
         tasks: list[asyncio.Task[Any]] = []
         self._pool: ThreadPoolExecutor | None = None
-        self._claim_conn: Any = None
-        self._flush_conn: Any = None
         try:
             if not await self._connect():
                 return
@@ -423,12 +413,6 @@ class Worker:
                 if metrics_server is not None:
                     metrics_server.shutdown()
                     metrics_server.server_close()
-                for conn in (self._claim_conn, self._flush_conn):
-                    if conn is not None:
-                        try:
-                            await conn.disconnect()
-                        except Exception:  # closing a broken connection must not mask the real outcome
-                            pass
                 try:
                     await self._redis.aclose()
                 except Exception:
@@ -472,6 +456,13 @@ class Worker:
         self._qrot = 0
         self._prot: dict[str, int] = {q: 0 for q in queues}
         self._claim_wake = asyncio.Event()
+        # Claim request ids: a claim whose reply was lost is re-sent with the same id and Redis
+        # answers from its receipt (lua/claim.lua) instead of stranding the jobs until their lease
+        # expires. The last answered id per (queue, partition) lets the next claim drop its receipt.
+        self._rid_prefix = os.urandom(6).hex()
+        self._rid_n = 0
+        self._last_rid: dict[tuple[str, int], str] = {}
+        self._lost_claims: list[tuple[str, int, int, int, str]] | None = None
         self._last_sweep = time.monotonic()  # the first sweep follows the pub/sub subscription
         # outbox: partition -> items
         self._o_ack: defaultdict[int, list[_Run]] = defaultdict(list)
@@ -483,9 +474,6 @@ class Worker:
         self._flush_wake = asyncio.Event()
         self._hb_wake = asyncio.Event()
         self._hb_next = math.inf
-        scripts = load_scripts()
-        self._sha = {n: s.sha for n, s in scripts.items()}
-        self._src = {n: s.source for n, s in scripts.items()}
 
     async def _connect(self) -> bool:
         """Resolve the namespace's partition count (retrying while Redis is down); False if stopped."""
@@ -500,13 +488,8 @@ class Worker:
                 if await self._wait_stop(outage.failed(exc)):
                     return False
         outage.ok()
-        core = client._core_obj
-        assert core is not None
+        core = client.core
         self._core = core
-        pool = self._redis.connection_pool
-        # Dedicated connections, outside the pool's book-keeping; they reconnect on next use.
-        self._claim_conn = pool.make_connection()
-        self._flush_conn = pool.make_connection()
         self._ns = core.ks.namespace
         self._P = core.ks.partitions
         self._tomb_ms = core.tomb_ms
@@ -538,37 +521,12 @@ class Worker:
                 await asyncio.sleep(1.0)
 
     # -- Redis calls ----------------------------------------------------------------------------
-    async def _exec(self, conn: Any, calls: Sequence[tuple[str, list[str], list[Any]]]) -> list[Any]:
-        """Pipeline script calls in one round trip on ``conn`` (a dedicated connection: each loop
-        has at most one round trip in flight). Per-call errors come back as exception objects (one
-        bad partition does not hide the others' results); connection errors raise.
-
-        Commands are packed by hiredis (C) and sent in one write: redis.asyncio's pure-Python
-        packing and pipeline bookkeeping cost more CPU than the rest of a job's handling.
-        NOSCRIPT replies (Redis restarted or flushed) are re-sent once after loading the script:
-        a command refused with NOSCRIPT did not run."""
-        results: list[Any] = [None] * len(calls)
-        pending: Sequence[int] = range(len(calls))
-        sha = self._sha
-        for _ in range(2):
-            data = b"".join([_pack(("EVALSHA", sha[calls[i][0]], len(calls[i][1]), *calls[i][1], *calls[i][2]))
-                             for i in pending])
-            await conn.send_packed_command(data, check_health=False)
-            missing = []
-            for i in pending:
-                try:
-                    results[i] = await conn.read_response()
-                except ResponseError as exc:  # the reply was read: the connection is still in sync
-                    results[i] = exc
-                    if isinstance(exc, NoScriptError) or str(exc).startswith("NOSCRIPT"):
-                        missing.append(i)
-            if not missing:
-                break
-            for name in {calls[i][0] for i in missing}:
-                await conn.send_command("SCRIPT", "LOAD", self._src[name], check_health=False)
-                await conn.read_response()
-            pending = missing
-        return results
+    async def _exec(self, calls: Sequence[tuple[str, list[str], list[Any]]]) -> list[Any]:
+        """Run script calls in one round trip (the claim and flush loops each have at most one in
+        flight). Per-call errors come back as exception objects (one bad partition does not hide
+        the others' results); connection errors raise, and nothing that may have reached Redis is
+        re-sent by the transport: the caller's loop does that, marking outcomes uncertain."""
+        return await self._transport.call_many(calls, resend=False, raise_on_error=False)
 
     # -- candidates & claiming ------------------------------------------------------------------
     def _notify(self, queue: str, p: int) -> None:
@@ -633,8 +591,9 @@ class Worker:
         # The safety-net sweep costs one claim per (queue, partition): keep it under ~16 calls/s
         # per worker, however many partitions and queues (notifications do the real work).
         every = self.idle_sweep * max(1.0, len(self._queues) * self._P / 32)
-        while not self._stopping:
-            if self._free <= 0 or not any(self._cands[q] for q in self._queues):
+        while not self._stopping or self._lost_claims is not None:
+            lost = self._lost_claims
+            if lost is None and (self._free <= 0 or not any(self._cands[q] for q in self._queues)):
                 self._claim_wake.clear()
                 wait = self._last_sweep + every * random.uniform(0.8, 1.0) - loop_time()
                 if wait <= 0:
@@ -648,31 +607,43 @@ class Worker:
                 except TimeoutError:
                     pass
                 continue
-            plan = self._plan()
-            reserved = sum(n for _, _, n, _ in plan)
-            self._free -= reserved  # slots are taken before the round trip: never over-claim
+            if lost is not None:
+                plan = lost  # the same request ids: Redis answers from the receipts; slots still reserved
+            else:
+                plan = []
+                for q, p, n, gen in self._plan():
+                    self._rid_n += 1
+                    plan.append((q, p, n, gen, f"{self._rid_prefix}{self._rid_n:x}"))
+                self._free -= sum(item[2] for item in plan)  # slots are taken before the round trip
             # Outcomes waiting for the flush loop ride along (one round trip instead of two); they
             # go first, so a job failed with no delay is back in ready before the claims run.
             calls, meta = self._take_outbox()
             k = len(calls)
             call = self._core.call
-            calls += [call("claim", p, q, n) for q, p, n, _ in plan]
+            calls += [call("claim", p, q, n, rid, CLAIM_RECEIPT_MS, self._last_rid.get((q, p), ""))
+                      for q, p, n, _, rid in plan]
             t0 = loop_time()
             try:
-                replies = await self._exec(self._claim_conn, calls)
+                replies = await self._exec(calls)
                 if self._hist is not None:
                     self._hist.roundtrip("claim", loop_time() - t0)
             except _REDIS_ERRORS as exc:
-                self._free += reserved
                 self._requeue(meta)
-                if await self._wait_stop(outage.failed(exc)):
+                if self._stopping:  # give up: those jobs are reaped when their leases expire
+                    self._free += sum(item[2] for item in plan)
+                    self._lost_claims = None
                     return
+                self._lost_claims = plan  # the claims may have run: ask again with the same ids
+                if await self._wait_stop(outage.failed(exc)):
+                    continue  # one last re-send so claimed jobs are released now, not reaped later
                 self._mark_all()  # anything may have become ready meanwhile
                 continue
+            self._lost_claims = None
             outage.ok()
             if k:
                 self._apply_outcomes(meta, replies[:k])
-            for (q, p, n, gen), reply in zip(plan, replies[k:]):
+            for (q, p, n, gen, rid), reply in zip(plan, replies[k:]):
+                self._last_rid[(q, p)] = rid
                 if isinstance(reply, Exception):
                     self._free += n
                     self._cands[q].pop(p, None)  # back with the next notification or sweep
@@ -922,7 +893,7 @@ class Worker:
             self._flushing = True
             try:
                 t_flush = time.perf_counter()
-                results = await self._exec(self._flush_conn, calls)
+                results = await self._exec(calls)
                 if self._hist is not None:
                     self._hist.roundtrip("ack", time.perf_counter() - t_flush)
             except _REDIS_ERRORS as exc:

@@ -95,6 +95,22 @@ class Ownership:
     def request_reconcile(self) -> None:
         self._reconcile.set()
 
+    async def still_owner(self, p: int, epoch: int, *, timeout: float = 2.0) -> bool | None:
+        """Whether etcd still names this replica as ``p``'s owner with exactly ``epoch`` (the key's
+        create revision): asked when Redis refused that epoch, to tell an epoch conflict (True:
+        Redis has seen an epoch etcd never handed out since, i.e. etcd's history was restored or
+        replaced) from a hand-over (False: the key is gone, another replica's, or re-created).
+        None when etcd did not answer in time (the caller treats that like a hand-over: etcd then
+        decides through the normal reconcile, which does nothing while etcd is unreachable)."""
+        if self.owned.get(p) != epoch:
+            return False  # already dropped locally: a hand-over in progress
+        try:
+            kv = await self.coord.get(self.owner_key(p), timeout=timeout)
+        except CoordinationError as exc:
+            log.warning("partition %d: cannot ask etcd whether epoch %d is still ours (%s)", p, epoch, exc)
+            return None
+        return kv is not None and kv.value == self.replica_id.encode() and kv.create_revision == epoch
+
     async def partition_refused(self, p: int, current_epoch: int) -> None:
         """A runner saw its epoch refused: forget the partition; etcd says who owns it now."""
         if p in self.owned:

@@ -13,20 +13,20 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-import redis.asyncio as aredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-
 from .. import config
 from ..client import AsyncClient, parse_rate_limits
+from ..connection import async_redis, mask_url
+from ..transport import AsyncScriptTransport, RetryPolicy
 from ..coord import Coordinator, EtcdCoordinator
 from ..runtime import settle_gc
 from ..metrics import PartitionStatsCollector, SchedulerMetrics, serve
+from ..epochs import reset_channel
 from .ownership import Ownership, default_replica_id
 from .runner import REDIS_ERRORS, PartitionRunner, RunnerConfig
 
 log = logging.getLogger("zsched.scheduler")
+
+TIER_RETRY = RetryPolicy(budget=0.5, attempts=4)
 
 
 @dataclass
@@ -40,6 +40,7 @@ class SchedulerConfig:
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     tombstone_ttl: float = 3600.0
+    redis_timeout: float = 5.0   # socket timeout of every Redis call (a stall longer than this is retried)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     ignore_deadline: bool = False  # fault tests only
 
@@ -52,18 +53,26 @@ class SchedulerProcess:
         self.metrics = SchedulerMetrics(cfg.replica_id)
         self.partition_stats = PartitionStatsCollector()
         self.metrics.registry.register(self.partition_stats)
-        # one transparent retry on a dead pooled connection: after a Redis restart, idle connections
-        # of the pool are stale, and without it each would cost a partition a full backoff round
-        # (re-sending tick/reap/stats is safe: a second tick finds fewer due jobs; epochs still apply)
-        self.redis = aredis.Redis.from_url(cfg.redis_url, health_check_interval=10, retry=Retry(NoBackoff(), 1),
-                                           retry_on_error=[RedisConnectionError])
+        # The socket timeout bounds how long one call may hang on a stalled Redis; the firing loops
+        # keep their own deadlines and back off, and the epoch fences a call that lands late.
+        self.redis = async_redis(cfg.redis_url, health_check_interval=10, socket_timeout=cfg.redis_timeout)
         self.client = AsyncClient(self.redis, namespace=cfg.namespace, partitions=cfg.partitions,
                                   tombstone_ttl=cfg.tombstone_ttl)
+        # Short retries only (a stale pooled connection after a restart, a failover in progress):
+        # a firing loop must get back to checking its ownership deadline, and it backs off itself.
+        # Re-sending tick/reap/cron_fill is safe (epoch-fenced), see scheduler.transport.RESEND.
+        self.transport = AsyncScriptTransport(self.redis, TIER_RETRY)
         # TLS material comes from files named in the environment (URLs carry user:password and https)
         self.coord = coord or EtcdCoordinator.from_endpoints(
             cfg.etcd_endpoints, ca_cert=os.environ.get("ZSCHED_ETCD_CA") or None,
             cert_cert=os.environ.get("ZSCHED_ETCD_CERT") or None, cert_key=os.environ.get("ZSCHED_ETCD_KEY") or None)
         self.runners: dict[int, PartitionRunner] = {}
+        # owned partitions whose epoch Redis refuses although etcd says they are ours (epoch
+        # conflict) -> the newest epoch Redis has seen; exported as zsched_epoch_conflict_partitions
+        self.conflicts: dict[int, int] = {}
+        # partition -> Redis's epoch when its conflict was last logged: one error per partition per
+        # outage (an outage is identified by the epoch that blocks it: refusals do not change it)
+        self._conflict_reported: dict[int, int] = {}
         self.ownership: Ownership | None = None
         self.rate_limits: dict[str, tuple[float, float]] = {}
         self._closing = False
@@ -78,8 +87,7 @@ class SchedulerProcess:
 
     async def run(self) -> None:
         await self._connect_redis()
-        core = self.client._core_obj
-        assert core is not None
+        core = self.client.core
         await self.coord.connect()
         if self.cfg.metrics_port is not None:
             serve(self.metrics.registry, self.cfg.metrics_port, self.cfg.metrics_host)
@@ -110,7 +118,7 @@ class SchedulerProcess:
                 await self.client.connect()
                 return
             except REDIS_ERRORS as exc:
-                log.error("cannot reach Redis at %s (%s); retrying in %.1fs", _safe_url(self.cfg.redis_url), exc, delay)
+                log.error("cannot reach Redis at %s (%s); retrying in %.1fs", mask_url(self.cfg.redis_url), exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(2.0, delay * 2)
 
@@ -138,12 +146,12 @@ class SchedulerProcess:
             await old.stop()
         own = self.ownership
         assert own is not None
-        core = self.client._core_obj
-        assert core is not None
+        core = self.client.core
         runner = PartitionRunner(
-            p, epoch, scripts=self.client._scripts, core=core, metrics=self.metrics, config=self.cfg.runner,
+            p, epoch, scripts=self.transport, core=core, metrics=self.metrics, config=self.cfg.runner,
             is_valid=lambda: own.owns(p, epoch), valid_for=own.valid_for, on_refused=self._refused,
-            limits=lambda: self.rate_limits)
+            limits=lambda: self.rate_limits, check_conflict=self._check_conflict,
+            on_conflict_resolved=self._conflict_resolved)
         self.runners[p] = runner
         runner.start()
 
@@ -152,12 +160,59 @@ class SchedulerProcess:
         runner = self.runners.pop(p, None)
         if runner is not None:
             await runner.stop()
+        self._set_conflict(p, None)  # not ours any more: not our conflict either
 
     async def _refused(self, p: int, current: int) -> None:
         # called from inside the runner's own task: do not await its stop(), just forget it
         self.runners.pop(p, None)
+        self._set_conflict(p, None)
         if self.ownership is not None:
             await self.ownership.partition_refused(p, current)
+
+    def _set_conflict(self, p: int, newest: int | None) -> None:
+        if newest is None:
+            self.conflicts.pop(p, None)
+        else:
+            self.conflicts[p] = newest
+        self.metrics.epoch_conflict_partitions.labels(self.replica_id).set(len(self.conflicts))
+
+    async def _check_conflict(self, p: int, epoch: int, current: int) -> bool:
+        """Redis refused ``epoch`` for ``p`` (it has seen ``current``): an epoch conflict, or a
+        hand-over? Only etcd can tell (see Ownership.still_owner)."""
+        own = self.ownership
+        if own is None or current <= epoch:
+            return False
+        if not await own.still_owner(p, epoch):
+            return False  # a hand-over (or etcd did not answer): stop, reconcile decides as before
+        runner = self.runners.get(p)
+        if runner is None or runner.epoch != epoch:
+            # released while we asked etcd (stop() is waiting for this runner): record nothing; the
+            # runner's backoff returns at once since it is stopping
+            return True
+        self.metrics.epoch_conflicts.labels(self.replica_id).inc()
+        self._set_conflict(p, current)
+        if self._conflict_reported.get(p) != current:
+            self._conflict_reported[p] = current
+            log.error(
+                "partition %d: EPOCH CONFLICT: Redis refused epoch %d although etcd still names this replica "
+                "(%s) as the partition's owner with exactly that epoch. Likely cause: etcd was restored or "
+                "replaced (its revisions went back); Redis has seen epoch %d, newer than any epoch etcd hands "
+                "out now (or another scheduler tier with a different etcd uses this Redis namespace: check "
+                "--etcd of every replica). Due jobs of this partition do NOT fire until this is fixed; this "
+                "replica keeps the partition and retries with backoff up to %.0fs. Fix: zsched epochs reset "
+                "--partition %d --namespace %s --redis %s (or --all for every partition; see 'Epoch conflict "
+                "runbook' in docs/operations.md)",
+                p, epoch, self.replica_id, current, self.cfg.runner.conflict_retry_max, p, self.cfg.namespace,
+                mask_url(self.cfg.redis_url))
+        else:
+            log.debug("partition %d: epoch %d still refused (Redis has seen %d)", p, epoch, current)
+        return True
+
+    def _conflict_resolved(self, p: int, epoch: int, refused: int, seconds: float) -> None:
+        self._conflict_reported.pop(p, None)
+        self._set_conflict(p, None)
+        log.info("partition %d: epoch conflict resolved: Redis accepted epoch %d again after %d refused "
+                 "attempt(s) over %.1fs; firing resumed", p, epoch, refused, seconds)
 
     async def _load_config(self) -> None:
         """Rate limits from the namespace config (set with Client.set_rate_limit)."""
@@ -174,12 +229,11 @@ class SchedulerProcess:
 
     async def _stats_poller(self, interval: float = 2.0) -> None:
         """Refresh the exported counters/depths of owned partitions (one pipelined round trip)."""
-        core = self.client._core_obj
-        assert core is not None
+        core = self.client.core
         while not self._closing:
             owned = sorted(self.runners)
             try:
-                replies = await self.client._scripts.call_many([core.call("stats", p) for p in owned]) if owned else []
+                replies = await self.transport.call_many([core.call("stats", p) for p in owned]) if owned else []
                 t = await self.redis.time()
                 now_ms = int(t[0]) * 1000 + int(t[1]) // 1000
                 for p, reply in zip(owned, replies):
@@ -199,14 +253,16 @@ class SchedulerProcess:
 
     async def _wake_listener(self) -> None:
         """Wake a partition's runner when a producer schedules a job before its earliest timer,
-        and reload the config when it changes."""
+        reload the config when it changes, and retry a partition in an epoch conflict at once
+        when an operator reset its epoch (``zsched epochs reset``)."""
         channel = self.client.keyspace.wake_channel
         config_channel = self.client.keyspace.config_channel
+        epoch_channel = reset_channel(self.client.keyspace.namespace)
         delay = 0.1
         while not self._closing:
             pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(channel, config_channel)
+                await pubsub.subscribe(channel, config_channel, epoch_channel)
                 delay = 0.1
                 for runner in list(self.runners.values()):  # we may have missed wake-ups while away
                     runner.wake.set()
@@ -221,7 +277,9 @@ class SchedulerProcess:
                         runner = self.runners.get(int(msg["data"]))
                     except (TypeError, ValueError):
                         continue
-                    if runner is not None:
+                    if runner is not None and msg["channel"] == epoch_channel.encode():
+                        runner.retry_now()
+                    elif runner is not None:
                         runner.wake.set()
             except asyncio.CancelledError:
                 await pubsub.aclose()
@@ -231,16 +289,6 @@ class SchedulerProcess:
                 await pubsub.aclose()
                 await asyncio.sleep(delay)
                 delay = min(2.0, delay * 2)
-
-
-def _safe_url(url: str) -> str:
-    """The URL without its password, for logs."""
-    if "@" in url:
-        scheme, rest = url.split("://", 1)
-        creds, host = rest.rsplit("@", 1)
-        user = creds.split(":", 1)[0]
-        return f"{scheme}://{user}:***@{host}"
-    return url
 
 
 def run_forever(cfg: SchedulerConfig) -> int:

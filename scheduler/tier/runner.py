@@ -3,6 +3,14 @@
 
 Work per wake-up is bounded by the batch size; an idle partition costs one tick per ``idle_check``
 seconds (a safety net for lost wake-up messages), never a tight poll.
+
+When Redis refuses the epoch, the runner asks (``check_conflict``) whether that is a hand-over
+(another replica owns the partition now: stop) or an **epoch conflict** (etcd still says this
+replica owns it with exactly this epoch, yet Redis has seen a newer one: etcd's history was
+restored or replaced). A conflict cannot be solved by re-acquiring: every epoch etcd hands out is
+still too old. So the runner keeps the partition and retries with capped exponential backoff, a
+handful of refused calls per minute instead of a re-acquire loop, until an operator resets the
+stored epoch (``zsched epochs reset``) and a tick is accepted again.
 """
 from __future__ import annotations
 
@@ -21,7 +29,7 @@ from zoneinfo import ZoneInfo
 from ..client import _Core
 from ..cron import LOOKAHEAD, occurrences, with_jitter
 from ..metrics import SchedulerMetrics
-from ..scripts import AsyncScripts
+from ..transport import AsyncScriptTransport
 
 log = logging.getLogger("zsched.scheduler")
 
@@ -38,16 +46,25 @@ class RunnerConfig:
     reap_interval: float = 0.5   # reap at least this often while jobs are in flight
     min_sleep: float = 0.0005    # never spin: Redis may see the job due a hair later than we do
     backoff_max: float = 2.0     # Redis retry backoff cap
+    conflict_retry_min: float = 1.0   # first retry after an epoch conflict (then doubling, with jitter)
+    conflict_retry_max: float = 30.0  # cap: a conflict costs each partition ~2 refused calls per minute
 
 
 class PartitionRunner:
     """Ticks one partition while ``is_valid()`` says this replica may act for it."""
 
-    def __init__(self, partition: int, epoch: int, *, scripts: AsyncScripts, core: _Core,
+    def __init__(self, partition: int, epoch: int, *, scripts: AsyncScriptTransport, core: _Core,
                  metrics: SchedulerMetrics, config: RunnerConfig,
                  is_valid: Callable[[], bool], valid_for: Callable[[], float],
                  on_refused: Callable[[int, int], Awaitable[None]],
-                 limits: Callable[[], dict[str, tuple[float, float]]] = dict) -> None:
+                 limits: Callable[[], dict[str, tuple[float, float]]] = dict,
+                 check_conflict: Callable[[int, int, int], Awaitable[bool]] | None = None,
+                 on_conflict_resolved: Callable[[int, int, int, float], None] | None = None) -> None:
+        """``on_refused(partition, newest_epoch)``: a hand-over, the runner has stopped.
+        ``check_conflict(partition, epoch, newest_epoch)``: asked on every refusal; True means an
+        epoch conflict (keep the partition, retry with backoff). Without it every refusal is a
+        hand-over. ``on_conflict_resolved(partition, epoch, refused_attempts, seconds)``: a tick
+        was accepted again after a conflict."""
         self.partition = partition
         self.epoch = epoch
         self._scripts = scripts
@@ -57,11 +74,20 @@ class PartitionRunner:
         self._is_valid = is_valid
         self._valid_for = valid_for
         self._on_refused = on_refused
+        self._check_conflict = check_conflict
+        self._on_conflict_resolved = on_conflict_resolved
         self._limits = limits
         self._held: dict[str, int] = {}     # rate-limited queue -> jobs held in this partition
         self._refund: dict[str, int] = {}   # tokens granted but not used, returned next time
         self.wake = asyncio.Event()
         self._stopping = False
+        # set only by stop(): the epoch-conflict backoff waits on this, not on ``wake``, so that
+        # producers' wake-ups cannot turn the backoff back into a refused call per new job
+        self._stopped = asyncio.Event()
+        self._retry = asyncio.Event()  # an operator reset the epoch: end the conflict backoff now
+        self._conflict_since: float | None = None  # monotonic time of the first refusal of this conflict
+        self._conflict_refusals = 0
+        self._conflict_base = 0.0                  # current backoff step (0: not backing off)
         self._task: asyncio.Task[None] | None = None
         self._next_reap = 0.0
         self._paused_logged = False
@@ -73,7 +99,7 @@ class PartitionRunner:
     async def _first_step(self) -> None:
         try:
             await self.sweep_crons()
-        except _Refused:
+        except (_Refused, _EpochConflict):
             raise
         except Exception as exc:  # never let the sweep keep the partition from firing
             log.warning("partition %d: cron sweep failed (%s: %s); retried on the next acquisition or fire",
@@ -83,6 +109,7 @@ class PartitionRunner:
         """Stop after the call in flight (if any) completes; never abandons a half-sent call."""
         self._stopping = True
         self.wake.set()
+        self._stopped.set()
         if self._task is not None:
             try:
                 await self._task
@@ -91,15 +118,60 @@ class PartitionRunner:
             except Exception:  # already logged by _run
                 pass
 
+    @property
+    def in_conflict(self) -> bool:
+        """True while this partition's epoch is refused in an epoch conflict."""
+        return self._conflict_since is not None
+
+    def _next_conflict_wait(self) -> float:
+        """Capped exponential backoff (min, 2*min, ... max) with jitter: many partitions and
+        replicas hit by the same etcd restore must not retry in lockstep. The jitter only
+        shortens a step, so no wait exceeds ``conflict_retry_max``."""
+        cfg = self._cfg
+        self._conflict_base = (cfg.conflict_retry_min if self._conflict_base <= 0
+                               else min(cfg.conflict_retry_max, self._conflict_base * 2))
+        return self._conflict_base * random.uniform(0.75, 1.0)
+
+    def retry_now(self) -> None:
+        """The partition's stored epoch was reset: end an epoch-conflict backoff at once (a lost
+        message only costs the rest of the current backoff step)."""
+        if self._conflict_since is not None:
+            self._retry.set()
+
+    async def _conflict_backoff(self, seconds: float) -> None:
+        """Sleep until stop(), retry_now() or the timeout; wake-ups from producers do not count."""
+        waits = [asyncio.ensure_future(self._stopped.wait()), asyncio.ensure_future(self._retry.wait())]
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        self._retry.clear()
+
+    def _conflict_over(self) -> None:
+        """A call with our epoch was accepted after a conflict (an operator reset the epoch)."""
+        since, refused = self._conflict_since, self._conflict_refusals
+        self._conflict_since, self._conflict_refusals, self._conflict_base = None, 0, 0.0
+        self._retry.clear()
+        if since is not None and self._on_conflict_resolved is not None:
+            self._on_conflict_resolved(self.partition, self.epoch, refused, time.monotonic() - since)
+
     async def _run(self) -> None:
         backoff = 0.05
         down_since: float | None = None
+        conflict_wait = 0.0
         if self._is_valid():
             try:
                 await self._first_step()
             except _Refused:
                 return
+            except _EpochConflict:
+                conflict_wait = self._next_conflict_wait()
         while not self._stopping:
+            if conflict_wait > 0:
+                await self._conflict_backoff(conflict_wait)
+                conflict_wait = 0.0
+                continue
             if not self._is_valid():
                 if not self._paused_logged:
                     log.warning("partition %d: ownership not confirmed in time (etcd unreachable?); "
@@ -127,6 +199,9 @@ class PartitionRunner:
                 continue
             except _Refused:
                 return
+            except _EpochConflict:
+                conflict_wait = self._next_conflict_wait()
+                continue
             except Exception:  # a bug must not leave the partition dark without a word
                 self._m.redis_errors.labels(self._m.replica).inc()
                 log.exception("partition %d: unexpected error in the firing loop; retrying in %.1fs",
@@ -139,6 +214,15 @@ class PartitionRunner:
                          time.monotonic() - down_since)
                 down_since = None
             backoff = 0.05
+            if self._conflict_since is not None:
+                self._conflict_over()
+                try:  # the cron sweep was refused with everything else while in conflict
+                    await self._first_step()
+                except _Refused:
+                    return
+                except _EpochConflict:  # a newer epoch again (another replica): back off once more
+                    conflict_wait = self._next_conflict_wait()
+                    continue
             if sleep_for > 0:
                 await self._sleep(sleep_for)
             else:
@@ -213,7 +297,7 @@ class PartitionRunner:
         if crons:
             try:
                 await self.refill_crons(crons)
-            except (_Refused, *REDIS_ERRORS):
+            except (_Refused, _EpochConflict, *REDIS_ERRORS):
                 raise
             except Exception as exc:  # a bad definition must not stop the partition's firing
                 log.error("partition %d: refilling crons %s failed (%s: %s)", self.partition, crons,
@@ -292,6 +376,12 @@ class PartitionRunner:
                     await self._refused(int(reply[1]))
 
     async def _refused(self, current: int) -> None:
+        """Redis refused our epoch: stop (hand-over), or raise _EpochConflict to back off and retry."""
+        if self._check_conflict is not None and await self._check_conflict(self.partition, self.epoch, current):
+            if self._conflict_since is None:
+                self._conflict_since = time.monotonic()
+            self._conflict_refusals += 1
+            raise _EpochConflict(current)
         log.error("partition %d: Redis refused epoch %d (it has seen %d): another replica owns it now; "
                   "stopping this partition", self.partition, self.epoch, current)
         self._m.epoch_refusals.labels(self._m.replica).inc()
@@ -301,6 +391,10 @@ class PartitionRunner:
 
 
 class _Refused(Exception):
-    pass
+    """The partition was handed over: the runner ends."""
+
+
+class _EpochConflict(Exception):
+    """Refused, yet etcd says the partition is still ours with this epoch: back off and retry."""
 
 

@@ -9,11 +9,13 @@ from collections.abc import Callable
 
 import pytest
 import redis
+from redis.sentinel import Sentinel
 
 from tests.servers import (
     EtcdCluster,
     EtcdServer,
     RedisServer,
+    SentinelSet,
     ServerError,
     etcd_get,
     etcd_put,
@@ -100,6 +102,162 @@ def test_redis_bad_args_report_log_tail() -> None:
         assert not srv.running
     finally:
         srv.stop()
+
+
+# --------------------------------------------------------------------------- redis faults
+
+
+def test_redis_stall_blocks_other_clients_then_answers(fresh_redis: RedisServer) -> None:
+    ms = 500
+    r = redis.Redis(host="127.0.0.1", port=fresh_redis.port, socket_timeout=ms / 1000 + 5)
+    try:
+        assert r.ping()  # connected before the stall, so only the PING is measured
+        stall = fresh_redis.stall(ms)
+        t0 = time.monotonic()
+        assert r.ping()
+        t1 = time.monotonic()
+        rtt = t1 - t0
+        assert stall.join() >= ms
+        assert t1 >= stall.sent_at + ms / 1000  # answered only after the stall
+        assert rtt >= 0.8 * ms / 1000, f"PING took {rtt:.3f}s during a {ms} ms stall"
+        assert rtt < ms / 1000 + 2.0
+        t0 = time.monotonic()
+        assert r.ping()
+        assert time.monotonic() - t0 < 1.0  # answers at once afterwards
+    finally:
+        r.close()
+
+
+def test_redis_stall_context_manager_and_busy_replies(fresh_redis: RedisServer) -> None:
+    with fresh_redis.stall(200) as stall:
+        assert fresh_redis.command("PING", timeout=5) == "PONG"
+        assert time.monotonic() >= stall.sent_at + 0.2  # the PING waited for the stall's end
+    assert stall.done and stall.elapsed_ms is not None and stall.elapsed_ms >= 200
+
+    # busy_after_ms: once the script has run that long, other clients get -BUSY instead of waiting.
+    with fresh_redis.stall(600, busy_after_ms=50) as stall:
+        with pytest.raises(ServerError, match="BUSY"):
+            while not stall.done:  # a PING is answered BUSY once the script has run for 50 ms
+                fresh_redis.command("PING", timeout=5)
+    assert fresh_redis.command("CONFIG", "GET", "busy-reply-threshold") == [b"busy-reply-threshold", b"5000"]
+
+
+@pytest.mark.parametrize("aof", [False, True], ids=["rdb", "aof"])
+def test_redis_crash_to_save_point_rolls_back_acknowledged_writes(aof: bool, request: pytest.FixtureRequest) -> None:
+    srv: RedisServer = request.getfixturevalue("aof_redis" if aof else "fresh_redis")
+    port, d, pid = srv.port, srv.dir, srv.pid
+    r = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2)
+    try:
+        r.set("before", "1")
+        srv.save_point()
+        assert r.set("after", "2")  # acknowledged...
+        assert r.get("after") == b"2"
+        srv.crash_to_save_point()
+        assert (srv.port, srv.dir) == (port, d) and srv.pid != pid
+        assert r.get("before") == b"1"
+        assert r.get("after") is None  # ...and lost
+        if aof:  # AOF is back on, rewritten from the rolled-back data: a kill -9 keeps it
+            assert srv.info("persistence")["aof_enabled"] == "1"
+            r.set("later", "3")
+            srv.kill()
+            srv.restart()
+            assert (r.get("before"), r.get("after"), r.get("later")) == (b"1", None, b"3")
+    finally:
+        r.close()
+
+
+@pytest.mark.parametrize("aof", [False, True], ids=["no-aof", "aof"])
+def test_redis_kill9_and_restart_keeps_data_only_with_aof(aof: bool, request: pytest.FixtureRequest) -> None:
+    srv: RedisServer = request.getfixturevalue("aof_redis" if aof else "fresh_redis")
+    port, d = srv.port, srv.dir
+    assert srv.command("CONFIG", "GET", "appendonly")[1] == (b"yes" if aof else b"no")
+    r = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2)
+    try:
+        r.set("k", "v")
+        r.zadd("z", {"a": 1.5})
+        srv.kill()
+        srv.restart()
+        assert (srv.port, srv.dir) == (port, d)
+        if aof:
+            assert r.get("k") == b"v" and r.zscore("z", "a") == 1.5
+            srv.restart()  # a graceful restart too
+            assert r.get("k") == b"v"
+        else:
+            assert r.dbsize() == 0
+    finally:
+        r.close()
+
+
+# --------------------------------------------------------------------------- redis sentinel
+
+
+def _retry(fn: Callable[[], object], timeout: float) -> object:
+    """Call ``fn`` until it stops raising a failover-time error (for up to ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return fn()
+        except (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def test_sentinel_failover_with_redis_py_and_clean_stop(sentinel_set: SentinelSet) -> None:
+    s = sentinel_set
+    ports = [p for _, p in s.sentinel_addrs]
+    assert s.url == "redis+sentinel://" + ",".join(f"127.0.0.1:{p}" for p in ports) + "/mymaster/0"
+    old_master, old_replica = s.master, s.replica
+    assert s.master_port() == old_master.port
+    assert old_replica.info("replication")["role"] == "slave"
+
+    sentinel = Sentinel(s.sentinel_addrs, socket_timeout=0.5)
+    client = sentinel.master_for("mymaster", socket_timeout=0.5)
+    try:
+        client.set("before", "1")
+        assert client.execute_command("WAIT", 1, 2000) == 1  # on the replica before the kill
+        t0 = time.monotonic()
+        assert s.kill_master() is old_master and not old_master.running
+        new_port = s.wait_failover(old_master.port, timeout=30)
+        failover_s = time.monotonic() - t0
+        assert new_port == old_replica.port
+        assert s.master is old_replica and s.replica is old_master
+        assert s.master_port() == new_port
+
+        _retry(lambda: client.set("after", "2"), 15.0)  # the same client finds the new master
+        assert client.get("after") == b"2" and client.get("before") == b"1"
+        assert old_replica.command("GET", "after") == b"2"
+        assert failover_s < 15.0
+    finally:
+        client.close()
+        for sc in sentinel.sentinels:
+            sc.close()
+
+    procs = [*s.servers, *s.sentinels]
+    pids = [p.pid for p in procs]
+    dirs = [p.dir for p in procs]
+    assert len({p.port for p in procs}) == 5
+    s.stop()
+    for pid in pids:
+        assert pid is not None
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not any(d.exists() for d in dirs)
+
+
+def test_sentinel_old_master_rejoins_as_replica(sentinel_set: SentinelSet) -> None:
+    s = sentinel_set
+    s.master.command("SET", "k", "v")
+    old = s.kill_master()
+    new_port = s.wait_failover(old.port, all_sentinels=True)
+    assert set(s.master_ports().values()) == {new_port}
+    s.master.command("SET", "k2", "v2")
+    assert s.restart_old_master_as_replica(replicaof_in_config=True) is old
+    info = old.info("replication")
+    assert info["role"] == "slave" and info["master_port"] == str(new_port)
+    assert old.command("GET", "k2") == b"v2"
+    # Sentinel's CONFIG REWRITE made the promotion stick in the new master's config file.
+    assert "replicaof" not in s.master.conf_path.read_text()
 
 
 # --------------------------------------------------------------------------- etcd

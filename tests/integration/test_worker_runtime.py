@@ -141,7 +141,7 @@ async def test_ack_refused_after_lease_lost_is_counted_not_raised(redis_url: str
         p = partition_of(raw)
         client.redis.zadd(client.keyspace.key(p, "i"), {raw: 0}, xx=True)
         core = client._core
-        assert client._scripts.call(*core.call("reap", p, 0, 100))[0] == 1
+        assert client.transport.call(*core.call("reap", p, 0, 100))[0] == 1
         await wait_for(lambda: w.stats.acked == 1, 5, what="second attempt acked")
         release_first.set()
         await wait_for(lambda: w.stats.lease_lost == 1, 5, what="refused ack counted")

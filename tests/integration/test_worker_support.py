@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Callable
 import redis.asyncio as aredis
 
 from scheduler import AsyncClient
-from scheduler.scripts import AsyncScripts
+from scheduler.transport import AsyncScriptTransport
 from tests.procs import ZschedProc
 from workers import Worker
 
@@ -45,7 +45,7 @@ class TierStandIn:
             client = await AsyncClient(r, namespace=self.namespace).connect()
             core = client._core_obj
             assert core is not None
-            scripts = AsyncScripts(r)
+            scripts = AsyncScriptTransport(r)
             parts = range(core.ks.partitions)
             while not self._stopping:
                 try:

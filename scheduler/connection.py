@@ -1,0 +1,211 @@
+"""Redis connections from URLs: plain, TLS, unix socket and Sentinel, sync and asyncio.
+
+Every component (clients, the scheduler tier, workers, the operator CLI) builds its Redis client
+here, so a URL means the same thing everywhere:
+
+* ``redis://[user:password@]host:port/db`` and ``rediss://...`` (TLS; ``?ssl_ca_certs=...`` etc.)
+* ``unix:///path/to/redis.sock?db=0``
+* ``redis+sentinel://[user:password@]host:port[,host:port...]/MASTER_NAME[/db]`` and
+  ``rediss+sentinel://...`` (TLS to the master and the sentinels). ``user:password`` authenticate
+  to the master; sentinels that need their own credentials take ``?sentinel_username=`` and
+  ``?sentinel_password=``. The master is looked up through the sentinels on every new connection,
+  so a failover is followed without a restart.
+
+Clients are built with redis-py's own retry switched off: zsched's script transport
+(:mod:`scheduler.transport`) decides which calls may be re-sent, and a library that re-sends a
+non-idempotent command on its own runs a job twice.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import redis
+import redis.asyncio as aredis
+import redis.asyncio.sentinel as asentinel
+import redis.sentinel as sentinel
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from .errors import ConfigError
+
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+PLAIN_SCHEMES = ("redis", "rediss", "unix")
+
+# Defaults for long-running components; producers may pass their own (see Client.from_url).
+DEFAULT_SOCKET_CONNECT_TIMEOUT = 5.0
+# Query options of Sentinel URLs that go to the sentinels, not to the master.
+_SENTINEL_ONLY = ("sentinel_username", "sentinel_password")
+_HINT = ("expected redis://[user:password@]host:port/db, rediss:// for TLS, unix:///path, or "
+         "redis+sentinel://[user:password@]host:port[,host:port...]/MASTER_NAME[/db] "
+         "(rediss+sentinel:// for TLS)")
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """A parsed Sentinel URL."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    master_name: str
+    db: int
+    ssl: bool
+    username: str | None
+    password: str | None
+    options: dict[str, str] = field(default_factory=dict)
+    sentinel_options: dict[str, str] = field(default_factory=dict)
+
+
+def _bad(url: str, why: str) -> ConfigError:
+    return ConfigError(f"Redis URL {mask_url(url)!r} is invalid: {why}; {_HINT} (set --redis or ZSCHED_REDIS_URL)")
+
+
+def check_url(url: str) -> str:
+    """Validate a Redis URL (any supported scheme); returns it unchanged."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme in SENTINEL_SCHEMES:
+        parse_sentinel_url(url)
+    elif scheme not in PLAIN_SCHEMES:
+        raise _bad(url, f"unknown scheme {scheme + '://' if scheme else '(none)'}")
+    return url
+
+
+def parse_sentinel_url(url: str) -> SentinelTarget:
+    """Split ``redis+sentinel://[user:pass@]h:p[,h:p...]/MASTER[/db][?opts]``."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in SENTINEL_SCHEMES:
+        raise _bad(url, "not a Sentinel URL")
+    netloc = parts.netloc
+    username = password = None
+    if "@" in netloc:
+        creds, netloc = netloc.rsplit("@", 1)
+        user, _, pw = creds.partition(":")
+        username, password = (unquote(user) or None), (unquote(pw) or None)
+    hosts: list[tuple[str, int]] = []
+    for item in netloc.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if item.startswith("["):  # [::1]:26379
+            host, _, port_s = item[1:].partition("]:")
+        else:
+            host, _, port_s = item.rpartition(":")
+            if not host:
+                host, port_s = item, "26379"
+        try:
+            port = int(port_s)
+        except ValueError:
+            raise _bad(url, f"sentinel address {item!r} has no valid port") from None
+        if not host or not 0 < port < 65536:
+            raise _bad(url, f"sentinel address {item!r} is not host:port")
+        hosts.append((host, port))
+    if not hosts:
+        raise _bad(url, "no sentinel address")
+    path = [p for p in parts.path.split("/") if p]
+    if not path:
+        raise _bad(url, "no master name (the name the sentinels monitor, e.g. /mymaster)")
+    if len(path) > 2:
+        raise _bad(url, "the path must be /MASTER_NAME or /MASTER_NAME/DB")
+    db = 0
+    if len(path) == 2:
+        try:
+            db = int(path[1])
+        except ValueError:
+            raise _bad(url, f"database {path[1]!r} is not a number") from None
+    opts: dict[str, str] = {}
+    sopts: dict[str, str] = {}
+    for k, v in parse_qs(parts.query, keep_blank_values=True).items():
+        (sopts if k in _SENTINEL_ONLY else opts)[k] = v[-1]
+    return SentinelTarget(tuple(hosts), unquote(path[0]), db, scheme == "rediss+sentinel", username, password,
+                          opts, sopts)
+
+
+def mask_url(url: str) -> str:
+    """The URL with every credential replaced by ``***`` (user info and password-like query
+    options), for logs, errors and banners."""
+    if "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    query = ""
+    if "?" in rest:
+        rest, query = rest.split("?", 1)
+    if "@" in rest:
+        creds, host = rest.rsplit("@", 1)
+        user = creds.split(":", 1)[0] if ":" in creds else ""
+        rest = f"{user}:***@{host}" if user else f"***@{host}"
+    if query:
+        parts = []
+        for item in query.split("&"):
+            k, sep, _ = item.partition("=")
+            parts.append(f"{k}=***" if sep and "password" in k.lower() else item)
+        query = "?" + "&".join(parts)
+    return f"{scheme}://{rest}{query}"
+
+
+def _coerce(options: dict[str, str]) -> dict[str, Any]:
+    """Query options of a Sentinel URL as connection keyword arguments (numbers and booleans
+    converted the way redis-py's own URL parser does)."""
+    out: dict[str, Any] = {}
+    for k, v in options.items():
+        if k in ("socket_timeout", "socket_connect_timeout", "health_check_interval"):
+            out[k] = float(v)
+        elif k in ("ssl_check_hostname", "socket_keepalive"):
+            out[k] = v.lower() in ("1", "true", "yes", "on")
+        else:
+            out[k] = v
+    return out
+
+
+def _defaults(kwargs: dict[str, Any], retry: Any) -> dict[str, Any]:
+    kw = dict(kwargs)
+    kw.setdefault("socket_connect_timeout", DEFAULT_SOCKET_CONNECT_TIMEOUT)
+    kw.setdefault("socket_keepalive", True)
+    kw["retry"] = retry  # redis-py must never re-send a command by itself (see module docstring)
+    return kw
+
+
+def _sentinel_parts(url: str, kw: dict[str, Any]) -> tuple[SentinelTarget, dict[str, Any], dict[str, Any]]:
+    t = parse_sentinel_url(url)
+    master_kw = {**_coerce(t.options), **kw}
+    if t.username:
+        master_kw.setdefault("username", t.username)
+    if t.password:
+        master_kw.setdefault("password", t.password)
+    master_kw["db"] = t.db
+    skw: dict[str, Any] = {k: v for k, v in master_kw.items()
+                           if k in ("socket_timeout", "socket_connect_timeout", "socket_keepalive")}
+    skw.setdefault("socket_timeout", 2.0)  # a silent sentinel must not hang a failover lookup
+    if t.sentinel_options.get("sentinel_username"):
+        skw["username"] = t.sentinel_options["sentinel_username"]
+    if t.sentinel_options.get("sentinel_password"):
+        skw["password"] = t.sentinel_options["sentinel_password"]
+    if t.ssl:
+        master_kw["ssl"] = True
+        for k, v in master_kw.items():
+            if k.startswith("ssl"):
+                skw[k] = v
+    return t, master_kw, skw
+
+
+def sync_redis(url: str, **kwargs: Any) -> redis.Redis:
+    """A blocking redis-py client for ``url`` (any supported scheme), without redis-py retries."""
+    check_url(url)
+    kw = _defaults(kwargs, Retry(NoBackoff(), 0))
+    if url.split("://", 1)[0].lower() in SENTINEL_SCHEMES:
+        t, master_kw, skw = _sentinel_parts(url, kw)
+        s = sentinel.Sentinel(list(t.sentinels), sentinel_kwargs=skw, **master_kw)
+        return s.master_for(t.master_name)
+    return redis.Redis.from_url(url, **kw)
+
+
+def async_redis(url: str, **kwargs: Any) -> aredis.Redis:
+    """An asyncio redis-py client for ``url`` (any supported scheme), without redis-py retries."""
+    check_url(url)
+    kw = _defaults(kwargs, AsyncRetry(NoBackoff(), 0))
+    if url.split("://", 1)[0].lower() in SENTINEL_SCHEMES:
+        t, master_kw, skw = _sentinel_parts(url, kw)
+        s = asentinel.Sentinel(list(t.sentinels), sentinel_kwargs=skw, **master_kw)
+        return s.master_for(t.master_name)
+    return aredis.Redis.from_url(url, **kw)

@@ -1,0 +1,127 @@
+"""The script transport's retry-safety rules, proved on a real redis-server: every script a
+client may send twice leaves the same state as sending it once."""
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+import redis
+
+from scheduler import Client
+from scheduler.ops import parse_claim
+from scheduler.transport import RESEND, RetryPolicy, mark_resend
+from scheduler.scripts import SCRIPT_NAMES
+from tests.helpers import Ops
+
+LATER = timedelta(minutes=5)
+
+
+@pytest.fixture
+def client(redis_url: str) -> Client:
+    c = Client.from_url(redis_url, namespace="tr", partitions=1)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def r(redis_url: str) -> redis.Redis:
+    conn = redis.Redis.from_url(redis_url)
+    yield conn
+    conn.close()
+
+
+def _opts(c: Client) -> dict:
+    return c._core.job_options(queue="q", max_attempts=3, lease=30.0, misfire="run_late", misfire_grace=None,
+                               backoff=None, jitter=0.0)
+
+
+def test_every_script_has_a_retry_rule() -> None:
+    assert set(SCRIPT_NAMES) <= set(RESEND), "a new script must say whether a re-send is safe (transport.RESEND)"
+
+
+@pytest.mark.parametrize("at", [LATER, 0], ids=["scheduled", "due-now"])
+def test_a_resent_schedule_returns_the_same_id_and_writes_nothing(client: Client, r: redis.Redis, at: object) -> None:
+    call = client._core.prepare_one(at, {"n": 1}, None, _opts(client))
+    first = client.transport.call(*call)
+    again = client.transport.call(*mark_resend(call))
+    assert again == first
+    assert int(r.hget("{tr:0}:c", "scheduled:q")) == 1
+    if at == 0:
+        assert r.lrange("{tr:0}:r:q", 0, -1) == first  # exactly one ready entry
+    else:
+        assert r.zcard("{tr:0}:t") == 1
+
+
+def test_a_resent_schedule_of_a_job_that_already_finished_does_not_run_it_again(client: Client, r: redis.Redis) -> None:
+    ops = Ops(client)
+    call = client._core.prepare_one(0, "once", None, _opts(client))
+    client.transport.call(*call)
+    (job,) = ops.claim("q", 10)
+    assert ops.ack(job) == 1
+    client.transport.call(*mark_resend(call))  # the reply of the first send was "lost"
+    assert ops.claim("q", 10) == []
+    assert int(r.hget("{tr:0}:c", "scheduled:q")) == 1
+
+
+def test_without_the_flag_a_batch_is_not_checked_so_the_first_send_stays_cheap(client: Client, r: redis.Redis) -> None:
+    # documents why the flag exists: the same blob sent twice WITHOUT it creates a duplicate
+    call = client._core.prepare_one(LATER, "x", None, _opts(client))
+    client.transport.call(*call)
+    client.transport.call(*call)
+    assert int(r.hget("{tr:0}:c", "scheduled:q")) == 2
+
+
+def test_claim_never_hands_out_a_job_that_is_already_running(client: Client, r: redis.Redis) -> None:
+    ops = Ops(client)
+    job_id = client.schedule(0, "x", queue="q")
+    (job,) = ops.claim("q", 10)
+    r.lpush("{tr:0}:r:q", job.raw_id)  # a duplicate ready entry (a bug or a hand edit)
+    assert ops.claim("q", 10) == []
+    assert client.get(job_id).fence == job.token
+
+
+def test_a_resent_claim_is_answered_from_its_receipt(client: Client, r: redis.Redis) -> None:
+    core = client._core
+    client.schedule_many([(0, i) for i in range(5)], queue="q")
+    first = parse_claim(client.transport.call(*core.call("claim", 0, "q", 3, "rid-1", 30_000, "")))[1]
+    again = parse_claim(client.transport.call(*core.call("claim", 0, "q", 3, "rid-1", 30_000, "")))[1]
+    assert [(j.raw_id, j.token) for j in again] == [(j.raw_id, j.token) for j in first]
+    assert all(j.record is not None and j.record.attempt == 1 for j in again)
+    other = parse_claim(client.transport.call(*core.call("claim", 0, "q", 3, "rid-2", 30_000, "rid-1")))[1]
+    assert len(other) == 2 and not {j.raw_id for j in other} & {j.raw_id for j in first}
+    assert not r.exists("{tr:0}:cr:rid-1"), "the next claim drops the receipt of an answered one"
+    # a job acked since the claim is not returned by a late re-send of that claim
+    Ops(client).ack(other[0])
+    late = parse_claim(client.transport.call(*core.call("claim", 0, "q", 3, "rid-2", 30_000, "")))[1]
+    assert [j.raw_id for j in late] == [other[1].raw_id]
+
+
+def test_fences_are_above_the_server_clock_in_microseconds(client: Client, r: redis.Redis) -> None:
+    ops = Ops(client)
+    client.schedule_many([(0, i) for i in range(3)], queue="q")
+    secs, usecs = r.time()
+    now_us = int(secs) * 1_000_000 + int(usecs)
+    jobs = ops.claim("q", 3)
+    tokens = [j.token for j in jobs]
+    assert tokens == sorted(tokens) and len(set(tokens)) == 3
+    assert tokens[0] > now_us and tokens[-1] < now_us + 10_000_000
+    # a counter set far ahead (clock skew of a previous server) is still respected
+    r.hset("{tr:0}:meta", "fence", str(now_us + 3_600_000_000))
+    client.schedule(0, "later", queue="q")
+    (j,) = ops.claim("q", 1)
+    assert j.token == now_us + 3_600_000_000 + 1
+
+
+def test_retry_policy_is_bounded_by_attempts_and_time() -> None:
+    assert list(RetryPolicy(attempts=1).delays()) == []
+    d = list(RetryPolicy(attempts=5, budget=100, base=0.01, cap=0.02).delays())
+    assert len(d) == 4 and all(0 <= x <= 0.02 for x in d)
+    t0 = time.monotonic()
+    n = 0
+    for x in RetryPolicy(attempts=1000, budget=0.2, base=0.05, cap=0.05).delays():
+        time.sleep(x)
+        n += 1
+    assert time.monotonic() - t0 < 0.4 and n < 1000
+    with pytest.raises(ValueError):
+        RetryPolicy(attempts=0)

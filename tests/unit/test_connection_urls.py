@@ -1,0 +1,59 @@
+"""Redis URLs: every scheme accepted everywhere, Sentinel URLs parsed, credentials masked."""
+from __future__ import annotations
+
+import pytest
+
+from scheduler import config
+from scheduler.connection import async_redis, mask_url, parse_sentinel_url, sync_redis
+from scheduler.errors import ConfigError
+
+
+def test_sentinel_url_with_several_sentinels_master_and_db() -> None:
+    t = parse_sentinel_url("redis+sentinel://app:s3cret@127.0.0.1:26379,127.0.0.1:26380/mymaster/2")
+    assert t.sentinels == (("127.0.0.1", 26379), ("127.0.0.1", 26380))
+    assert (t.master_name, t.db, t.username, t.password, t.ssl) == ("mymaster", 2, "app", "s3cret", False)
+    t = parse_sentinel_url("rediss+sentinel://[::1]:26379/m?sentinel_password=x&socket_timeout=1.5")
+    assert t.sentinels == (("::1", 26379),) and t.ssl and t.db == 0
+    assert t.sentinel_options == {"sentinel_password": "x"} and t.options == {"socket_timeout": "1.5"}
+
+
+@pytest.mark.parametrize("url, why", [
+    ("redis+sentinel://127.0.0.1:26379", "no master name"),
+    ("redis+sentinel:///mymaster", "no sentinel address"),
+    ("redis+sentinel://127.0.0.1:x/m", "no valid port"),
+    ("redis+sentinel://127.0.0.1:26379/m/notadb", "not a number"),
+    ("redis+sentinel://127.0.0.1:26379/m/0/extra", "MASTER_NAME/DB"),
+    ("http://127.0.0.1:6379", "unknown scheme"),
+    ("127.0.0.1:6379", "unknown scheme"),
+])
+def test_bad_urls_say_what_is_wrong_and_what_is_expected(url: str, why: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        config.redis_url(url)
+    msg = str(err.value)
+    assert why in msg and "redis+sentinel://" in msg and "ZSCHED_REDIS_URL" in msg
+
+
+def test_every_scheme_is_accepted() -> None:
+    for url in ("redis://127.0.0.1:6379/0", "rediss://127.0.0.1:6379/0", "unix:///tmp/redis.sock",
+                "redis+sentinel://127.0.0.1:26379/mymaster", "rediss+sentinel://h:1,h:2/m/3"):
+        assert config.redis_url(url) == url
+
+
+def test_clients_are_built_without_redis_py_retries() -> None:
+    """zsched's transport decides what may be re-sent; redis-py must never re-send by itself."""
+    for r in (sync_redis("redis://127.0.0.1:1/0"), sync_redis("redis+sentinel://127.0.0.1:1/m")):
+        conn = r.connection_pool.make_connection()  # inspect only; never connected
+        assert conn.retry.get_retries() == 0
+    a = async_redis("redis://127.0.0.1:1/0")
+    assert a.connection_pool.connection_kwargs["retry"].get_retries() == 0
+
+
+@pytest.mark.parametrize("url, masked", [
+    ("redis://u:pw@h:1/0", "redis://u:***@h:1/0"),
+    ("redis://:pw@h:1/0", "redis://***@h:1/0"),
+    ("redis://h:1/0?password=pw&db=0", "redis://h:1/0?password=***&db=0"),
+    ("redis+sentinel://u:pw@a:1,b:2/m?sentinel_password=x", "redis+sentinel://u:***@a:1,b:2/m?sentinel_password=***"),
+    ("redis://h:1/0", "redis://h:1/0"),
+])
+def test_credentials_are_masked(url: str, masked: str) -> None:
+    assert mask_url(url) == masked
