@@ -377,24 +377,39 @@ _SCHEDULE_DOC = """Schedule one job; returns its id.
 _UNSET: Any = object()
 
 
+def _socket_timeout(redis_client: Any) -> float | None:
+    pool = getattr(redis_client, "connection_pool", None)
+    t = getattr(pool, "connection_kwargs", {}).get("socket_timeout") if pool is not None else None
+    return float(t) if isinstance(t, (int, float)) else None
+
+
 class _Options:
     """Transport and durability settings shared by the sync and async clients."""
 
     def __init__(self, core: _Core, retry: RetryPolicy | None, durable: str | None, durable_replicas: int,
-                 durable_timeout: float) -> None:
+                 durable_timeout: float, socket_timeout: float | None = None) -> None:
         self.retry = retry or DEFAULT_RETRY
         self.durable_replicas = durable_replicas
         self.durable_timeout = durable_timeout
-        self.durable = dur.resolve(durable, durable_replicas, durable_timeout)
+        self.socket_timeout = socket_timeout
+        self.durable = self._check(dur.resolve(durable, durable_replicas, durable_timeout))
         # A re-sent schedule recognises its jobs by id, finished ones by their tombstone: re-send
         # only while tombstones outlive the retry window by a wide margin.
         self.resend_schedule = core.tomb_ms >= 2000 * self.retry.budget
         self.version: str | None = None
 
+    def _check(self, d: dur.Durability | None) -> dur.Durability | None:
+        t = self.socket_timeout
+        if d is not None and t is not None and d.timeout_ms >= t * 1000:
+            raise ValueError(f"durable_timeout ({d.timeout_ms / 1000:g} s) must be shorter than the Redis socket "
+                             f"timeout ({t:g} s), or every WAIT that runs out would look like a lost connection; "
+                             "lower durable_timeout or raise socket_timeout")
+        return d
+
     def durability(self, durable: Any) -> dur.Durability | None:
         if durable is _UNSET:
             return self.durable
-        return dur.resolve(durable, self.durable_replicas, self.durable_timeout)
+        return self._check(dur.resolve(durable, self.durable_replicas, self.durable_timeout))
 
 
 class Client:
@@ -416,7 +431,8 @@ class Client:
         self.redis = redis_client
         self.keyspace = Keyspace(ns, count)
         self._core = _Core(self.keyspace, **_core_kwargs(max_payload_bytes, tombstone_ttl))
-        self._opts = _Options(self._core, retry, durable, durable_replicas, durable_timeout)
+        self._opts = _Options(self._core, retry, durable, durable_replicas, durable_timeout,
+                              _socket_timeout(redis_client))
         self.transport = ScriptTransport(redis_client, self._opts.retry)
 
     @classmethod
@@ -621,7 +637,7 @@ class AsyncClient:
             await self.redis.hsetnx(cfg, "partitions", self._want or config.DEFAULT_PARTITIONS)
             count = config.resolve_partitions(await self.redis.hget(cfg, "partitions"), self._want, self._ns)
             core = _Core(Keyspace(self._ns, count), **self._kw)
-            self._opts = _Options(core, self._retry, *self._dur_args)
+            self._opts = _Options(core, self._retry, *self._dur_args, _socket_timeout(self.redis))
             self._core_obj = core
         return self
 

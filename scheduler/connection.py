@@ -36,6 +36,9 @@ PLAIN_SCHEMES = ("redis", "rediss", "unix")
 
 # Defaults for long-running components; producers may pass their own (see Client.from_url).
 DEFAULT_SOCKET_CONNECT_TIMEOUT = 5.0
+# A reply that takes longer than this is treated as lost (the transport then re-sends what is safe
+# to re-send); without one, a Redis host that vanished mid-call would hang the caller for good.
+DEFAULT_SOCKET_TIMEOUT = 10.0
 # Query options of Sentinel URLs that go to the sentinels, not to the master.
 _SENTINEL_ONLY = ("sentinel_username", "sentinel_password")
 _HINT = ("expected redis://[user:password@]host:port/db, rediss:// for TLS, unix:///path, or "
@@ -161,6 +164,7 @@ def _coerce(options: dict[str, str]) -> dict[str, Any]:
 def _defaults(kwargs: dict[str, Any], retry: Any) -> dict[str, Any]:
     kw = dict(kwargs)
     kw.setdefault("socket_connect_timeout", DEFAULT_SOCKET_CONNECT_TIMEOUT)
+    kw.setdefault("socket_timeout", DEFAULT_SOCKET_TIMEOUT)
     kw.setdefault("socket_keepalive", True)
     kw["retry"] = retry  # redis-py must never re-send a command by itself (see module docstring)
     return kw

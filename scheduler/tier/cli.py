@@ -23,6 +23,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lease-ttl", type=float, default=float(os.environ.get("ZSCHED_LEASE_TTL", "5")),
                    help="etcd lease TTL in seconds (default 5): failover takes about this long")
     p.add_argument("--batch", type=int, default=1000, help="jobs moved per tick call (default 1000)")
+    p.add_argument("--redis-timeout", type=float, default=5.0, metavar="S",
+                   help="socket timeout of a Redis call, seconds (default 5): a reply slower than this is "
+                        "treated as lost and the call retried (ticks are epoch-fenced, so that is safe)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", default="127.0.0.1", help="address for /metrics (default 127.0.0.1)")
     p.set_defaults(func=_run)
@@ -31,6 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     if args.batch < 1 or args.batch > 5000:
         raise ValueError(f"--batch must be from 1 to 5000, got {args.batch}")
+    if not 0.01 <= args.redis_timeout <= 3600:
+        raise ValueError(f"--redis-timeout must be from 0.01 to 3600 seconds, got {args.redis_timeout}")
     cfg = SchedulerConfig(
         redis_url=config.redis_url(args.redis),
         etcd_endpoints=config.etcd_endpoints(args.etcd),
@@ -40,6 +45,7 @@ def _run(args: argparse.Namespace) -> int:
         lease_ttl=args.lease_ttl,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        redis_timeout=args.redis_timeout,
         ignore_deadline=os.environ.get("ZSCHED_FAULT_IGNORE_OWNERSHIP_DEADLINE") == "1",
     )
     cfg.runner.batch = args.batch

@@ -249,3 +249,95 @@ def test_fences_never_repeat_after_redis_loses_its_latest_writes() -> None:
         assert second[0].token > first[0].token, (
             f"fence went backwards after a rollback: {second[0].token} <= {first[0].token}")
         c.close()
+
+
+# --------------------------------------------------------------------------- the whole stack
+
+
+@pytest.mark.parametrize("aof", [False, True], ids=["no-persistence", "aof"])
+async def test_the_whole_stack_recovers_from_a_redis_restart_without_a_restart_of_its_own(
+        aof: bool, etcd_endpoint: str, tmp_path: Any) -> None:
+    """kill -9 Redis while a sync client, an async client, 2 scheduler replicas and 2 workers run;
+    start it again on the same port: every component carries on (same processes), jobs scheduled
+    after the restart run once each, and acknowledged jobs persisted by AOF run too."""
+    from tests.integration.test_worker_support import read_runs, spawn_worker, wait_worker_ready, write_app
+    from tests.procs import scheduler_proc
+
+    ns = "rstack"
+    with RedisServer(aof=aof) as srv:
+        sync_c = Client.from_url(srv.url, namespace=ns, partitions=8, retry=FAST_FAIL)
+        async_c = await AsyncClient.from_url(srv.url, namespace=ns, partitions=8, retry=FAST_FAIL).connect()
+        write_app(tmp_path)
+        replicas = [scheduler_proc(srv.url, etcd_endpoint, ns, f"s{i}", ttl=2.0).start() for i in range(2)]
+        workers = [spawn_worker(tmp_path, srv.url, "--namespace", ns) for _ in range(2)]
+        try:
+            for w in workers:
+                await wait_worker_ready(w)
+            before = sync_c.schedule_many([(time.time() + 0.2, {"i": i}) for i in range(50)])
+            await wait_for(lambda: len({r[1] for r in read_runs(tmp_path) if r[0] == "END"}) >= 50, 15,
+                           what="jobs before the restart")
+            # due a few seconds after the restart; with AOF they must survive the crash
+            persisted = sync_c.schedule_many([(time.time() + 4.0, {"p": i}) for i in range(20)])
+            time.sleep(1.5)  # appendfsync everysec: older than a second is on disk
+            srv.kill()
+            for _ in range(5):
+                with pytest.raises((redis.ConnectionError, redis.TimeoutError)):
+                    sync_c.schedule(LATER, "down")
+                with pytest.raises((redis.ConnectionError, redis.TimeoutError)):
+                    await async_c.schedule(LATER, "down")
+            time.sleep(0.5)
+            srv.restart()
+            t_back = time.monotonic()
+            after = [sync_c.schedule(time.time() + 0.3, {"sync": i}) for i in range(20)]
+            after += [await async_c.schedule(time.time() + 0.3, {"async": i}) for i in range(20)]
+            assert time.monotonic() - t_back < 2.0
+            expected = set(after) | (set(persisted) if aof else set())
+            await wait_for(lambda: expected <= {r[1] for r in read_runs(tmp_path) if r[0] == "END"}, 20,
+                           interval=0.1, what="jobs scheduled after the restart to run")
+            assert all(p.alive for p in replicas + workers), "a component died instead of recovering"
+            starts = Counter(r[1] for r in read_runs(tmp_path) if r[0] == "START")
+            assert all(starts[j] == 1 for j in expected | set(before)), "a job ran twice"
+            assert connected_clients(srv) <= 40
+        finally:
+            for p in workers + replicas:
+                p.stop()
+            sync_c.close()
+            await async_c.close()
+
+
+async def test_stalls_longer_than_every_timeout_do_not_wedge_the_tier_or_the_workers(
+        etcd_endpoint: str, tmp_path: Any) -> None:
+    """A real `zsched scheduler` and a real worker, both with a 100 ms Redis timeout, while Redis
+    stalls for 400 ms again and again: they keep firing and running, every job once, none early."""
+    from tests.integration.test_worker_support import read_runs, spawn_worker, wait_worker_ready, write_app
+    from tests.procs import scheduler_proc
+
+    ns, n = "stier", 200
+    with RedisServer() as srv:
+        c = Client.from_url(srv.url, namespace=ns, partitions=4)
+        write_app(tmp_path)
+        tier = scheduler_proc(srv.url, etcd_endpoint, ns, "s0", ttl=2.0, extra=["--redis-timeout", "0.1"]).start()
+        worker = spawn_worker(tmp_path, srv.url + "?socket_timeout=0.1", "--namespace", ns)
+        try:
+            await wait_worker_ready(worker)
+            t0 = time.time() + 0.5
+            due = dict(zip(c.schedule_many([(t0 + i * 0.02, {"i": i}) for i in range(n)]),
+                           [t0 + i * 0.02 for i in range(n)]))
+            stalls = 0
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and len({r[1] for r in read_runs(tmp_path) if r[0] == "END"}) < n:
+                if stalls < 8:
+                    stall = srv.stall(400)
+                    await asyncio.to_thread(stall.join)
+                    stalls += 1
+                await asyncio.sleep(0.1)
+            starts = [r for r in read_runs(tmp_path) if r[0] == "START"]
+            assert sorted(r[1] for r in starts) == sorted(due), "every job ran exactly once"
+            assert min(r[4] - due[r[1]] for r in starts) >= -0.001, "a job ran before its run_at"
+            assert stalls >= 4 and tier.alive and worker.alive
+            assert "Redis call failed" in tier.output() or "Redis unavailable" in worker.output(), \
+                "no timeout happened: the stalls did not exercise the fault path"
+        finally:
+            worker.stop()
+            tier.stop()
+            c.close()

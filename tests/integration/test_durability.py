@@ -100,6 +100,13 @@ def test_bad_durability_settings_are_refused_with_a_clear_error(redis_url: str) 
         Client.from_url(redis_url, namespace="durb", durable="always")
     with pytest.raises(ValueError, match="durable_timeout"):
         Client.from_url(redis_url, namespace="durb", durable="replica", durable_timeout=0)
+    with pytest.raises(ValueError, match="shorter than the Redis socket timeout"):
+        Client.from_url(redis_url, namespace="durb", redis_options={"socket_timeout": 1.0}, durable="replica",
+                        durable_timeout=2.0)
+    quick = Client.from_url(redis_url, namespace="durb", redis_options={"socket_timeout": 1.0}, durable_timeout=2.0)
+    with pytest.raises(ValueError, match="shorter than the Redis socket timeout"):
+        quick.schedule(LATER, 1, durable="replica")
+    quick.close()
     c = Client.from_url(redis_url, namespace="durb")
     with pytest.raises(ValueError, match="durable must be"):
         c.schedule(LATER, 1, durable="disk")

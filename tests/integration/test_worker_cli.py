@@ -64,7 +64,12 @@ async def test_sigterm_under_load_finishes_or_hands_back_every_job(redis_url: st
     try:
         await wait_worker_ready(p1)
         ids = client.schedule_many([(0, {"i": i}) for i in range(80)])
-        await wait_for(lambda: sum(1 for r in read_runs(tmp_path) if r[0] == "END") >= 16, 10, what="progress")
+        def in_flight() -> bool:  # progress made, and handlers running right now (so SIGTERM catches some)
+            runs = read_runs(tmp_path)
+            ended = {r[1] for r in runs if r[0] == "END"}
+            return len(ended) >= 16 and bool({r[1] for r in runs if r[0] == "START"} - ended)
+
+        await wait_for(in_flight, 10, interval=0.005, what="progress with handlers running")
         t = time.monotonic()
         assert p1.term(10) == 0, p1.tail()
         assert time.monotonic() - t < 5
