@@ -2,7 +2,8 @@
 Prints JSON; ``all`` also writes bench/out/results.json and bench/RESULTS.md.
 
 Suites: core (W1 enqueue, W2 memory, tick), drain (W3), lateness (W4), herd (W5), scale (W6),
-failover (W7), pg (the seed's PostgreSQL design), all.
+failover (W7), pg (the seed's PostgreSQL design), transport (old vs new script transport, W1 and
+W3 side by side; not part of all), all.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from typing import Any
 
 from bench import common
 
-SUITES = ("core", "drain", "lateness", "herd", "scale", "failover", "pg")
+SUITES = ("core", "drain", "lateness", "herd", "scale", "failover", "pg", "transport")
+NOT_IN_ALL = ("transport",)  # needs git and the old commit; minutes of interleaved runs
 
 
 def run_suite(name: str, quick: bool, memory_sizes: list[int]) -> Any:
@@ -46,6 +48,9 @@ def run_suite(name: str, quick: bool, memory_sizes: list[int]) -> Any:
     if name == "pg":
         from bench import pg_baseline
         return pg_baseline.run(argparse.Namespace(quick=quick))
+    if name == "transport":
+        from bench import transport_compare
+        return transport_compare.run(quick)
     raise SystemExit(f"unknown suite {name!r}; choose from {SUITES} or all")
 
 
@@ -62,7 +67,7 @@ def main() -> None:
         from bench.report import write_markdown
         write_markdown(json.loads(Path(args.report).read_text()), Path(__file__).resolve().parent / "RESULTS.md")
         return
-    names = list(SUITES) if "all" in args.suites else args.suites
+    names = [s for s in SUITES if s not in NOT_IN_ALL] if "all" in args.suites else args.suites
     sizes = args.memory_sizes or ([100_000] if args.quick else [1_000_000, 10_000_000])
     result: dict[str, Any] = {"machine": common.machine()}
     for name in names:

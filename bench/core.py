@@ -3,6 +3,8 @@
 * enqueue: jobs/s for ``schedule`` one by one and ``schedule_many`` (jobs due in 1 h)
 * memory: Redis ``used_memory`` delta per pending job, with where the bytes go
 * tick: jobs moved from timers to ready lists per second by the ``tick`` script
+* tombstone: Redis ``used_memory`` delta per finished (acked) job: the summary ``get`` reads for
+  ``tombstone_ttl``, without and with a 20-byte idempotency key
 """
 from __future__ import annotations
 
@@ -66,6 +68,55 @@ def memory(url: str, n: int) -> dict[str, Any]:
     }
 
 
+def tombstone(url: str, n: int = 100_000, key_bytes: int = 0, partitions: int = 16) -> dict[str, Any]:
+    """Schedule ``n`` due jobs, claim and ack them all (workers' batched acks: 500 per call), and
+    measure what stays: the tombstone summaries (1 h TTL, so none expires meanwhile)."""
+    r = redis.Redis.from_url(url)
+    r.flushall()
+    c = Client.from_url(url, namespace="bench", partitions=partitions)
+    core = c._core
+    ops = Ops(c)
+    c.schedule(time.time() + 3600, PAYLOAD)  # creates the per-partition bookkeeping (q, g, c)
+
+    def claim_ack(ttl_ms: int) -> int:
+        done = 0
+        while True:
+            jobs = ops.claim("default", 5000)
+            if not jobs:
+                return done
+            by_part: dict[int, list[Any]] = {}
+            for j in jobs:
+                by_part.setdefault(int.from_bytes(j.raw_id[6:8], "big"), []).extend((j.raw_id, j.token))
+            calls = [core.call("ack", p, ttl_ms, *flat[s:s + 1000])
+                     for p, flat in by_part.items() for s in range(0, len(flat), 1000)]
+            done += sum(sum(reply) for reply in c.transport.call_many(calls))
+
+    # warm-up without tombstones: the in-flight sets' hash tables grow to a batch's size and stay
+    c.schedule_many([(0, PAYLOAD)] * 5000)
+    claim_ack(0)
+    c.redis.connection_pool.disconnect()  # no client buffers in either reading
+    time.sleep(0.2)
+    base = r.info("memory")["used_memory"]
+    keyfmt = "k%0" + str(max(1, key_bytes - 1)) + "d"
+    for s in range(0, n, 50_000):
+        m = min(50_000, n - s)
+        if key_bytes:
+            c.schedule_many([(0, PAYLOAD, keyfmt % (s + i)) for i in range(m)])
+        else:
+            c.schedule_many([(0, PAYLOAD)] * m)
+    t = time.perf_counter()
+    acked = claim_ack(core.tomb_ms)
+    wall = time.perf_counter() - t
+    c.redis.connection_pool.disconnect()
+    time.sleep(0.2)
+    used = r.info("memory")["used_memory"] - base
+    ks = c.keyspace
+    f_bytes = sum(r.memory_usage(ks.key(p, "f"), samples=0) or 0 for p in range(ks.partitions))
+    c.close()
+    return {"finished_jobs": acked, "key_bytes": key_bytes, "bytes_per_finished_job": round(used / acked, 1),
+            "f_hash_bytes_per_job": round(f_bytes / acked, 1), "claim_ack_jobs_per_s": round(acked / wall)}
+
+
 def tick(url: str, n: int = 200_000, batch: int = 1000) -> dict[str, Any]:
     r = redis.Redis.from_url(url)
     r.flushall()
@@ -91,4 +142,5 @@ def run(args: Any) -> dict[str, Any]:
         out["enqueue"] = enqueue(srv.url)
         out["tick"] = tick(srv.url)
         out["memory"] = [memory(srv.url, n) for n in args.memory_sizes]
+        out["tombstone"] = [tombstone(srv.url, 100_000, k) for k in (0, 20)]
     return out

@@ -39,6 +39,10 @@ def rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
         pgm = next((d for d in (pg.get("disk") or []) if d.get("pending_jobs") == m["pending_jobs"]), None)
         out.append(("W2 memory", f"bytes per pending job at {m['pending_jobs']:_}".replace("_", " "),
                     _fmt(m["bytes_per_job"]), _fmt(_get(pgm, "bytes_per_job")) + (" (disk)" if pgm else ""), "<= 256"))
+    for t in core.get("tombstone", []) or []:
+        key = f", {t['key_bytes']}-byte key" if t.get("key_bytes") else ""
+        out.append(("W2 memory", f"bytes per finished job (tombstone summary{key})",
+                    _fmt(t["bytes_per_finished_job"]), "-", "< 120" if not t.get("key_bytes") else ""))
     for d in r.get("drain") or []:
         pgd = [x for x in (pg.get("drain") or []) if x.get("workers") == d["worker_processes"]]
         best = max((x["jobs_per_s"] for x in pgd), default=None)

@@ -1,33 +1,37 @@
 -- ack: running -> done. Run by workers after a handler returned.
--- KEYS: the 13 partition keys (see _lib.lua).
+-- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; 4 tombstone ttl ms (0 = keep none); then pairs: id, token.
 -- Returns: one code per pair: 1 acked, 0 refused (token stale: the lease was lost and the job
 -- was reaped, maybe claimed again; or the job is not running).
 -- Invariants: only the holder of the current token can finish a job; a refused ack changes
 -- nothing. An acked job leaves 'i', 'l', 'j', 'e', frees its idempotency key and, with ttl > 0,
--- leaves a 'done' tombstone.
+-- leaves a 'done' summary in 'f' (attempts, due time of this attempt, queue, key, created, last
+-- error of an earlier attempt). Expired summaries are trimmed as it goes: 4 entries of 'f' are
+-- visited per job acked (sweep_after_tombstones), so trimming keeps up with any ack rate.
 local ttl = tonumber(ARGV[4])
 local now = now_ms()
-local out = {}
+local out, active = {}, {}
 for b = 5, #ARGV, 2 do
   local id, token = ARGV[b], ARGV[b + 1]
   if redis.call('HGET', K_L, id) ~= token then
     out[#out + 1] = 0
   else
-    local rec = jget(id)
+    local rec, due = jget(id)
     redis.call('ZREM', K_I, id)
     redis.call('HDEL', K_L, id)
     redis.call('HDEL', K_J, id)
-    redis.call('HDEL', K_E, id)
-    tombstone(id, 'd', now, ttl)
+    tombstone(id, 'd', now, ttl, rec, due) -- also drops its last error
     if rec then
       release_key(id, rec)
       local q = queue_name(rec_qidx(rec)) or '?'
       bump(K_G, 'a:' .. q, -1)
       bump(K_C, 'acked:' .. q)
+      active[rec_qidx(rec)] = true
     end
     out[#out + 1] = 1
   end
 end
 flush_bumps()
+for idx in pairs(active) do touch_queue(idx, now) end -- activity keeps a queue name from retiring
+sweep_after_tombstones(now)
 return out

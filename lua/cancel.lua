@@ -1,11 +1,11 @@
 -- cancel: scheduled (timer, or due and held by a rate limit) -> cancelled, or ready -> cancelled.
--- KEYS: the 13 partition keys (see _lib.lua).
+-- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; 4 id; 5 tombstone ttl ms.
 -- Returns: 1 cancelled; 0 no live job with that id; -1 it is running (cannot be stopped, it will
 -- finish or fail); -2 it is dead (use purge); -3 it is a cron's pending occurrence (remove or
 -- replace the cron instead: a cron always has exactly one pending occurrence).
 -- Invariants: a cancelled job is in no live structure, its idempotency key is free, and with
--- ttl > 0 a 'cancelled' tombstone answers get().
+-- ttl > 0 a 'cancelled' summary in 'f' answers get() (due time, attempts, queue, key, last error).
 local id, ttl = ARGV[4], tonumber(ARGV[5])
 local member = find_timer(id)
 local rec = member and string.sub(member, ID_LEN + 1) or jget(id)
@@ -13,6 +13,8 @@ if rec and rec_is_cron(rec) then
   local name = cron_name_of(rec)
   if name and redis.call('HGET', PREFIX .. 'cron:' .. name, 'pending') == id then return -3 end
 end
-local code = cancel_job(id, now_ms(), ttl)
+local now = now_ms()
+local code = cancel_job(id, now, ttl)
 flush_bumps()
+sweep_after_tombstones(now)
 return code

@@ -1,5 +1,5 @@
 -- claim: ready -> running. Run by workers.
--- KEYS: the 13 partition keys (see _lib.lua).
+-- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; 4 queue name; 5 max jobs to claim; 6 request id (optional, '' for none);
 --       7 receipt ttl ms (with a request id); 8 an earlier request id of the same caller whose
 --       reply arrived, so its receipt can go now (optional, '' for none).

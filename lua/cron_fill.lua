@@ -1,7 +1,7 @@
 -- cron_fill: top up a cron's table of upcoming occurrences; when it has no pending occurrence
 -- (table ran out during a long outage), schedule the first of them as the pending one.
 -- Run by the partition owner (scheduler tier) when tick reports a cron needing attention.
--- KEYS: the 13 partition keys (see _lib.lua).
+-- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; 4 epoch (0 = unfenced); 5 name; 6 version the occurrences were computed for;
 --       7 count n; then n pairs: nominal ms, fire ms, ascending, all after the table's last entry.
 -- Returns: {-1, newest_epoch} when refused; {0} when the cron changed or vanished meanwhile (the

@@ -1,5 +1,5 @@
 -- cron_remove: delete a cron and cancel its pending occurrence.
--- KEYS: the 13 partition keys (see _lib.lua); the partition is the cron name's.
+-- KEYS: the 14 partition keys (see _lib.lua); the partition is the cron name's.
 -- ARGV: 1-3 common; 4 name; 5 tombstone ttl ms.
 -- Returns: 1 removed, 0 no such cron.
 -- Invariants: no pending occurrence is left behind (one already running finishes normally).

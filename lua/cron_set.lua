@@ -1,5 +1,5 @@
 -- cron_set: create or replace a cron and its one pending occurrence.
--- KEYS: the 13 partition keys (see _lib.lua); the partition is the cron name's.
+-- KEYS: the 14 partition keys (see _lib.lua); the partition is the cron name's.
 -- ARGV: 1-3 common; 4 name; 5 queue; 6 definition (msgpack, for Python readers); 7 record head;
 --       8 record tail (see codec.split_template); 9 tombstone ttl ms; 10 count n of occurrences;
 --       then n pairs: nominal ms, fire ms (jitter applied), ascending.

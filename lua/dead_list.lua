@@ -1,7 +1,8 @@
 -- dead_list: newest dead jobs of a partition (no state change; dead-letter tooling).
--- KEYS: the 13 partition keys (see _lib.lua).
+-- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; 4 queue filter ('' = all); 5 limit; 6 scan at most this many dead entries.
--- Returns: flat list of {id, record, died_at_ms, error or false, queue name} groups, newest first.
+-- Returns: flat list of {id, record, died_at_ms, error or false, queue name, due ms of the last
+--          attempt} groups, newest first.
 local want, limit, scan = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local out, found, offset, page = {}, 0, 0, 200
 while found < limit and offset < scan do
@@ -9,11 +10,11 @@ while found < limit and offset < scan do
   if #ids == 0 then break end
   for i = 1, #ids, 2 do
     local id = ids[i]
-    local rec = jget(id)
+    local rec, due = jget(id)
     local q = rec and queue_name(rec_qidx(rec)) or false
     if rec and (want == '' or q == want) and found < limit then
       out[#out + 1] = id; out[#out + 1] = rec; out[#out + 1] = ids[i + 1]
-      out[#out + 1] = redis.call('HGET', K_E, id); out[#out + 1] = q
+      out[#out + 1] = redis.call('HGET', K_E, id); out[#out + 1] = q; out[#out + 1] = fmt(due)
       found = found + 1
     end
   end

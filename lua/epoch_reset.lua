@@ -1,7 +1,7 @@
 -- epoch_reset: forget the highest scheduler epoch a partition has seen (operator repair after an
 -- epoch conflict: etcd was restored or replaced, so every epoch it hands out now is older than
 -- meta.epoch and every tick is refused). Run by `zsched epochs reset`, never by the tier itself.
--- KEYS: the 13 partition keys (see _lib.lua); only K_META (field 'epoch') is read or written.
+-- KEYS: the 14 partition keys (see _lib.lua); only K_META (field 'epoch') is read or written.
 -- ARGV: 1-3 common; 4 expected epoch: the value the operator saw (decimal; 0 = none stored).
 -- Publishes: the partition number on CHAN.."epoch-reset" after a reset, so a replica backing off
 -- from the conflict retries at once instead of at its next backoff step (up to 30 s later).

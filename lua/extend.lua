@@ -1,5 +1,5 @@
 -- extend: lease heartbeat (running -> running with a later deadline). Run by workers.
--- KEYS: the 13 partition keys (see _lib.lua).
+-- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; then triples: id, token, lease_ms (0 = the job's own lease).
 -- Returns: one value per triple: the new deadline ms, or 0 when refused (stale token: the lease
 -- was lost; the worker must not assume it still owns the job).

@@ -1,29 +1,52 @@
--- inspect: read one job atomically (no state change; used by get()).
--- KEYS: the 13 partition keys (see _lib.lua).
--- ARGV: 1-3 common; 4 id.
--- Returns: {} when unknown; else {state, record or false, score or false, token or false,
---          error or false, queue name or false}. score: run_at for scheduled, due time for ready, lease deadline for
---          running, time of death for dead, tombstone expiry for done/cancelled/misfired.
-local id = ARGV[4]
-local member, s = find_timer(id)
-if member then
-  local rec = string.sub(member, ID_LEN + 1)
-  return {'scheduled', rec, fmt(s), false, redis.call('HGET', K_E, id), queue_name(rec_qidx(rec))}
+-- inspect: read jobs atomically (no state change; used by get() and get_many()).
+-- KEYS: the 14 partition keys (see _lib.lua).
+-- ARGV: 1-3 common; 4.. job ids (15 bytes each, all of this partition; the client sends at most
+--       a few hundred per call).
+-- Returns: one reply per id, in order. A reply is {} when the id is unknown (or its tombstone
+--          expired); else {state, record or false, score or false, token or false, error or false,
+--          queue name or false, due ms or false, summary or false}:
+--   score: run_at for scheduled (in the timer set), due time for scheduled-held (rate limit) and
+--          ready, lease deadline for running, time of death for dead, expiry for tombstones.
+--   due:   when the current or last attempt became due: the timer score for a scheduled job, the
+--          due time stored in 'j' for held/ready/running/dead, the summary's for a tombstone.
+--   token: the lease token (fence) of a running job.
+--   summary: done/cancelled/misfired only: the packed summary from 'f' (layout in _lib.lua
+--          tombstone(); its queue index is resolved into 'queue name'), or false for a
+--          tombstone written before summaries existed (legacy 'x': only its expiry is known).
+local function look(id)
+  local member, s = find_timer(id)
+  if member then
+    local rec = string.sub(member, ID_LEN + 1)
+    return {'scheduled', rec, fmt(s), false, redis.call('HGET', K_E, id), queue_name(rec_qidx(rec)), fmt(s), false}
+  end
+  local rec, due = jget(id)
+  if rec then
+    local q, err = queue_name(rec_qidx(rec)), redis.call('HGET', K_E, id)
+    local dl = redis.call('ZSCORE', K_I, id)
+    if dl then return {'running', rec, dl, redis.call('HGET', K_L, id), err, q, fmt(due), false} end
+    local dd = redis.call('ZSCORE', K_D, id)
+    if dd then return {'dead', rec, dd, false, err, q, fmt(due), false} end
+    -- held back by a rate limit: due, not fired yet, so still scheduled
+    if q and redis.call('ZSCORE', PREFIX .. 'h:' .. q, id) then
+      return {'scheduled', rec, fmt(due), false, err, q, fmt(due), false}
+    end
+    return {'ready', rec, fmt(due), false, err, q, fmt(due), false}
+  end
+  local names = {d = 'done', c = 'cancelled', m = 'misfired'}
+  local v = redis.call('HGET', K_F, id)
+  if v and #v >= 28 and names[string.sub(v, 1, 1)] then
+    return {names[string.sub(v, 1, 1)], false, fmt(u48(v, 8)), false, false, queue_name(u16(v, 14)),
+            fmt(u48(v, 18)), v}
+  end
+  if redis.call('EXISTS', K_X) == 1 then
+    for letter, state in pairs(names) do
+      local x = redis.call('ZSCORE', K_X, id .. letter)
+      if x then return {state, false, x, false, false, false, false, false} end
+    end
+  end
+  return {}
 end
-local rec, due = jget(id)
-if rec then
-  local q, err = queue_name(rec_qidx(rec)), redis.call('HGET', K_E, id)
-  local dl = redis.call('ZSCORE', K_I, id)
-  if dl then return {'running', rec, dl, redis.call('HGET', K_L, id), err, q} end
-  local dd = redis.call('ZSCORE', K_D, id)
-  if dd then return {'dead', rec, dd, false, err, q} end
-  -- held back by a rate limit: due, not fired yet, so still scheduled
-  if q and redis.call('ZSCORE', PREFIX .. 'h:' .. q, id) then return {'scheduled', rec, fmt(due), false, err, q} end
-  return {'ready', rec, fmt(due), false, err, q}
-end
-local names = {d = 'done', c = 'cancelled', m = 'misfired'}
-for letter, state in pairs(names) do
-  local x = redis.call('ZSCORE', K_X, id .. letter)
-  if x then return {state, false, x, false, false, false} end
-end
-return {}
+
+local out = {}
+for b = 4, #ARGV do out[#out + 1] = look(ARGV[b]) end
+return out

@@ -1,5 +1,5 @@
 -- purge: dead -> gone (the end of the dead-letter runbook).
--- KEYS: the 13 partition keys (see _lib.lua).
+-- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; 4 mode: 'ids' (then job ids from ARGV[6]) or 'older' (died at or before
 --       ARGV[5] ms, at most ARGV[6] jobs per call); 5 cutoff ms; 6.. limit or ids.
 -- Returns: the number of jobs purged.

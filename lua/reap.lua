@@ -1,11 +1,12 @@
 -- reap: expired leases. Run only by the partition's owner (scheduler tier).
--- KEYS: the 13 partition keys (see _lib.lua).
+-- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; 4 epoch (0 = unfenced); 5 batch limit.
 -- Returns: {-1, newest_epoch} when the epoch is refused; else
 --          {reaped_count, next_lease_deadline_ms or -1, now_ms}.
 -- Invariants: a job whose lease deadline passed leaves 'i'/'l' (so its token is void and the old
 -- holder's ack/fail/extend are refused) and is rescheduled at now, which for a due job means its
--- ready list; or, when its attempts are spent, it goes to 'd' with a LeaseExpired error.
+-- ready list; or, when its attempts are spent, it goes to 'd' with a LeaseExpired error (and its
+-- idempotency key is free again).
 -- Bounded by the batch limit.
 local refused = check_epoch(tonumber(ARGV[4]))
 if refused then return {-1, refused} end
@@ -25,6 +26,7 @@ for _, id in ipairs(expired) do
     redis.call('HSET', K_E, id, error_blob(now, 'LeaseExpired', msg))
     if a >= mx then
       redis.call('ZADD', K_D, now, id)
+      release_key(id, rec)
       bump(K_G, 'd:' .. q)
       bump(K_C, 'dead:' .. q)
     else

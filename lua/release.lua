@@ -1,6 +1,6 @@
 -- release: running -> ready, without spending an attempt (graceful worker shutdown hands back
 -- jobs it did not finish).
--- KEYS: the 13 partition keys (see _lib.lua).
+-- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; then pairs: id, token.
 -- Returns: one code per pair: 1 released, 0 refused (stale token / not running).
 -- Invariants: the job leaves 'i'/'l' and goes to the front of its ready list with attempt - 1.

@@ -1,10 +1,11 @@
 -- requeue: dead -> scheduled (or ready when due), attempts reset to 0.
--- KEYS: the 13 partition keys (see _lib.lua).
+-- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; 4 run_at ms (0 = now); then job ids.
 -- Returns: one code per id: 1 requeued, 0 not dead (already requeued, live, or unknown), so
 -- requeuing twice runs the job once.
 -- Invariants: the job leaves 'd' and enters exactly one of 't' or its ready list. Its last error
--- stays readable until it succeeds.
+-- stays readable until it succeeds. It takes its idempotency key back if no other live job holds
+-- it (the key was freed when it died).
 local at = tonumber(ARGV[4])
 local now = now_ms()
 if at <= 0 then at = now end
@@ -21,6 +22,8 @@ for b = 5, #ARGV do
     redis.call('ZREM', K_D, id)
     bump(K_G, 'd:' .. q, -1)
     bump(K_C, 'requeued:' .. q)
+    local _, _, key = rec_opts(rec)
+    if key then redis.call('HSETNX', K_K, key, id) end  -- takes its key back unless a live job has it
     local t = place(id, rec, q, at, now)
     if t and (earliest == nil or t < earliest) then earliest = t end
     out[#out + 1] = 1

@@ -1,5 +1,5 @@
 -- reschedule: scheduled/ready -> scheduled at a new time (or ready when it is due).
--- KEYS: the 13 partition keys (see _lib.lua).
+-- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; 4 id; 5 new run_at ms.
 -- Returns: 1 moved; 0 no live job with that id; -1 running; -2 dead (use requeue).
 -- Invariants: the job keeps its id, attempts and payload and is in exactly one state after.

@@ -1,28 +1,49 @@
 -- schedule: create jobs (scheduled, or ready when already due).
--- KEYS: the 13 partition keys (see _lib.lua).
+-- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; 4 queue name; 5 tombstone ttl ms; 6 job count n; 7 re-send flag (1 when the
 --       client sends this call again after a lost reply, else 0);
---       then n triples: blob (id(15) .. record with a 2-byte placeholder queue index), run_at ms,
---       idempotency key ('' for none).
--- Returns: the job ids in order (15 bytes each); for a key that is already live, the existing id.
+--       then n triples: blob (id(15) .. record with a 2-byte placeholder queue index), run_at,
+--       idempotency key ('' for none). run_at is absolute epoch ms, or for a time relative to
+--       "now" (a timedelta) "ESTrDELTA": the client's estimate of the absolute time in Redis's
+--       clock and the offset in ms. The script resolves it against its own clock (TIME): the job
+--       is due at now + DELTA, so a producer whose clock is off cannot fire a job early or
+--       misfire it. When the estimate is within RELATIVE_SLACK_MS of that it is kept (the id
+--       embeds it, and a timer whose score is its id's time needs no 'm' entry).
+-- Returns: {now_ms, m, positions (1-based) of the m jobs that misfired at schedule time..., ids
+--          in order (15 bytes each)}; for a key that is already live, the existing id.
 -- Retry safety: ids are made by the client, so a re-sent call carries the same ids. With the
 -- re-send flag, a job whose id already exists in any state (or as a tombstone) is left alone and
 -- its id returned: the call is idempotent. The first send skips that check (new random ids
 -- cannot exist), so the common path costs nothing extra.
 -- Invariants: a new job enters exactly one state: timer set 't' (score run_at), or 'j' + ready
 -- list when run_at <= now, or a 'misfired' tombstone when it is due, skip-policy and past grace.
--- An idempotency key maps to at most one live job. The owner is woken (pub/sub) only when a job
+-- An idempotency key maps to at most one live job. Keys starting with "cron:" are refused (they
+-- belong to cron occurrences; the client refuses them too). The owner is woken (pub/sub) only when a job
 -- lands before the partition's current earliest timer.
 local queue, ttl, n, resend = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1'
+for i = 0, n - 1 do  -- before any write: Redis does not roll a script back on error
+  if string.sub(ARGV[10 + i * 3], 1, 5) == 'cron:' then
+    error('zsched: idempotency keys starting with "cron:" are reserved for cron occurrences')
+  end
+end
 local now = now_ms()
-local qb = p16(queue_index(queue))
-local out, zargs, jargs, ready_ids = {}, {}, {}, {}
+local RELATIVE_SLACK_MS = 250
+local qidx = queue_index(queue)
+touch_queue(qidx, now)
+local qb = p16(qidx)
+local out, zargs, jargs, ready_ids, misfired, moved = {}, {}, {}, {}, {}, {}
 local head = head_score()
 local earliest = nil
 for i = 0, n - 1 do
   local b = 8 + i * 3
   local blob, at, key = ARGV[b], tonumber(ARGV[b + 1]), ARGV[b + 2]
   local id = string.sub(blob, 1, ID_LEN)
+  local off_id = false -- only a relative time can differ from the time its id was made with
+  if not at then
+    local est, delta = string.match(ARGV[b + 1], '^(%d+)r(%-?%d+)$')
+    est, at = tonumber(est), now + tonumber(delta)
+    if math.abs(at - est) <= RELATIVE_SLACK_MS then at = est else off_id = at ~= u48(id, 1) end
+  end
   local existing = false
   if resend and job_exists(id) then
     existing = id
@@ -39,14 +60,16 @@ for i = 0, n - 1 do
     if at > now then
       zargs[#zargs + 1] = at
       zargs[#zargs + 1] = id .. rec
+      if off_id then moved[#moved + 1] = id; moved[#moved + 1] = fmt(at) end
       if earliest == nil or at < earliest then earliest = at end
       bump(K_G, 's:' .. queue)
     else
       local grace = rec_opts(rec)
       if grace and now - at > grace then
-        tombstone(id, 'm', now, ttl)
+        tombstone(id, 'm', now, ttl, rec, at)
         release_key(id, rec)
         bump(K_C, 'misfired:' .. queue)
+        misfired[#misfired + 1] = i + 1
       else
         jargs[#jargs + 1] = id
         jargs[#jargs + 1] = jval(rec, at)
@@ -56,6 +79,7 @@ for i = 0, n - 1 do
   end
 end
 if #zargs > 0 then multi('ZADD', K_T, zargs) end
+if #moved > 0 then multi('HSET', K_M, moved) end
 if #jargs > 0 then
   multi('HSET', K_J, jargs)
   multi('LPUSH', PREFIX .. 'r:' .. queue, ready_ids)
@@ -63,5 +87,9 @@ if #jargs > 0 then
   redis.call('PUBLISH', CHAN .. 'ready:' .. queue, PART)
 end
 flush_bumps()
+sweep_after_tombstones(now)
 if earliest and (head == nil or earliest < head) then wake_scheduler() end
-return out
+local reply = {now, #misfired}
+for _, pos in ipairs(misfired) do reply[#reply + 1] = pos end
+for _, id in ipairs(out) do reply[#reply + 1] = id end
+return reply

@@ -1,5 +1,5 @@
 -- stats: read a partition's gauges and counters atomically (no state change).
--- KEYS: the 13 partition keys (see _lib.lua).
+-- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common.
 -- Returns: {gauges (flat field/value list), counters (flat list), ready lengths (flat queue/len
 --          list), earliest due ms or -1, timers total, in-flight total, dead total, epoch}.

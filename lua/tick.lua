@@ -1,12 +1,15 @@
 -- tick: fire due timers. Run only by the partition's owner (scheduler tier).
--- KEYS: the 13 partition keys (see _lib.lua).
+-- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; 4 epoch (ownership fencing; 0 = unfenced); 5 batch limit; 6 tombstone ttl ms;
---       7 number n of rate-limited queues (optional, default 0); then n pairs: queue name, tokens granted for this tick.
+--       7 number n of rate-limited queues (optional, default 0); then n pairs: queue name, tokens granted for this tick;
+--       then (optional) dead-letter retention: dead ttl ms (0 = keep), max dead jobs in this
+--       partition (0 = no cap); then (optional) queue retirement: idle ms (0 = never retire names).
 -- Returns: {-1, newest_epoch} when the epoch is refused; else
 --          {moved, next_due_ms or -1, now_ms, n, (queue, tokens_used, held_now, newly_held) * n,
---           c, cron names * c, lateness_ms...}: the crons whose table of upcoming occurrences runs
---          low (or ran out) and must be refilled by the caller (cron_fill), then one lateness
---          value per fired job (now - its due time).
+--           c, cron names * c, k, (dropped dead id, its queue) * k, lateness_ms...}: the crons
+--          whose table of upcoming occurrences runs low (or ran out) and must be refilled by the
+--          caller (cron_fill); the dead jobs dropped by the retention rule (for the caller's log);
+--          then one lateness value per fired job (now - its due time).
 -- Cron occurrences: when one fires (or misfires), the cron's next occurrence is scheduled in this
 -- same script, so a cron always has exactly one pending occurrence. Occurrences missed during an
 -- outage are coalesced into one catch-up run (run_late) or counted as misfired (skip).
@@ -16,6 +19,10 @@
 -- unknown queue). Held jobs are released oldest first, one token each; a queue that is no longer
 -- limited but still has held jobs (gauge 'h:QUEUE' > 0) is released without a token limit. Work is bounded by the
 -- batch limit plus the tokens granted; the caller loops while a full batch came back.
+-- Tombstones: every tick sweeps 256 of the finished-job summaries 'f' (incremental HSCAN,
+-- cursor in meta 'fcur') deleting expired ones, and drains expired entries of the legacy 'x'
+-- zset; when that found a dense run of expired tombstones, 'moved' is reported as the batch limit
+-- so the caller ticks again at once (a partition that stopped finishing jobs drains quickly).
 local refused = check_epoch(tonumber(ARGV[4]))
 if refused then return {-1, refused} end
 local limit, ttl, nlim = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7] or '0')
@@ -28,6 +35,8 @@ for i = 0, nlim - 1 do
   used[q], newly[q] = 0, 0
   lim_order[#lim_order + 1] = q
 end
+local dead_ttl, max_dead = tonumber(ARGV[8 + nlim * 2] or '0'), tonumber(ARGV[9 + nlim * 2] or '0')
+local queue_idle = tonumber(ARGV[10 + nlim * 2] or '0')
 -- queues no longer limited may still have held jobs: release them without a token limit
 local gauges = redis.call('HGETALL', K_G)
 for i = 1, #gauges, 2 do
@@ -68,7 +77,7 @@ for _, q in ipairs(lim_order) do
         -- body missing: nothing to fire (cannot happen while invariants hold)
       elseif grace and now - due > grace then
         redis.call('HDEL', K_J, id)
-        tombstone(id, 'm', now, ttl)
+        tombstone(id, 'm', now, ttl, rec, due) -- also drops its last error
         release_key(id, rec)
         bump(K_C, 'misfired:' .. q)
         if rec_is_cron(rec) then attention(select(2, cron_advance(id, rec, now, true))) end
@@ -106,7 +115,7 @@ if nd > 0 then
       local grace = rec_opts(rec)
       if grace and now - score > grace then
         bump(K_G, 's:' .. q, -1)
-        tombstone(id, 'm', now, ttl)
+        tombstone(id, 'm', now, ttl, rec, score) -- also drops its last error
         release_key(id, rec)
         bump(K_C, 'misfired:' .. q)
         if rec_is_cron(rec) then attention(select(2, cron_advance(id, rec, now, true))) end
@@ -151,9 +160,14 @@ for i = 1, nlim do
 end
 out[#out + 1] = #crons
 for _, name in ipairs(crons) do out[#out + 1] = name end
-trim_tombstones(now, limit)
+local dropped = (dead_ttl > 0 or max_dead > 0) and trim_dead(now, dead_ttl, max_dead, limit) or {}
+out[#out + 1] = #dropped / 2
+for _, v in ipairs(dropped) do out[#out + 1] = v end
+retire_queues(now, queue_idle, 64)
+local trim_more = trim_tombstones(now, limit)
 flush_bumps()
 out[1] = nd  -- timers consumed: a full batch means "call again"
+if trim_more and nd < limit then out[1] = limit end -- expired tombstones left: call again too
 out[2] = head_score() or -1
 for _, v in ipairs(lateness) do out[#out + 1] = v end
 return out

@@ -18,7 +18,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, Iterator, Sequence, cast
 
 import redis
@@ -89,6 +89,19 @@ def parse_duration(text: str, *, name: str = "duration") -> float:
     if not math.isfinite(total) or total > 10_000 * 365 * 86400:
         raise BadInput(f"{name} {text!r} is too large")
     return total
+
+
+def parse_schedule_when(text: str) -> int | timedelta:
+    """A WHEN for scheduling: ``now`` and ``+DURATION`` stay relative (a timedelta, resolved by
+    Redis's clock when the job is written, so a skewed host clock cannot move the job); other
+    forms are absolute epoch milliseconds (see :func:`parse_when`)."""
+    t = text.strip() if isinstance(text, str) else text
+    if isinstance(t, str) and t.lower() == "now":
+        return timedelta(0)
+    if isinstance(t, str) and t.startswith("+"):
+        parse_when(t)  # the same checks and messages as every other WHEN
+        return timedelta(seconds=parse_duration(t[1:], name=f"WHEN {t!r}: duration"))
+    return parse_when(text)
 
 
 def parse_when(text: str, *, now: float | None = None, name: str = "WHEN") -> int:
@@ -430,9 +443,19 @@ def iter_dead(client: Client, flt: DeadFilter, *, until_ms: int | None = None, c
     for ids in _chunks(iter_dead_ids(client, until_ms=bound, page=page), chunk):
         replies = _call_many(client, [("inspect", p, (raw,)) for _, raw, p in ids])
         for (_, raw, _p), reply in zip(ids, replies):
-            info = client._core.job_info(encode_id(raw), reply)
+            info = client._core.one_info(encode_id(raw), reply)
             if info is not None and info.state is JobState.DEAD and flt.matches(info):
                 yield info
+
+
+def list_jobs(client: Client, queue: str, state: str, limit: int = 50,
+              cursor: str | None = None) -> tuple[list[JobInfo], str | None]:
+    """One page of a queue's jobs in one state (``client.jobs``): (jobs, next cursor or None).
+    A malformed cursor, or one of another listing, is BadInput."""
+    try:
+        return client.jobs(queue=queue, state=state, limit=limit, cursor=cursor)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
 
 
 def list_dead(client: Client, queue: str | None = None, limit: int = 50) -> list[JobInfo]:
@@ -702,9 +725,19 @@ def job_doc(info: JobInfo) -> dict[str, Any]:
         "id": info.id, "state": info.state.value, "queue": info.queue, "key": info.key,
         "run_at": iso(info.run_at), "attempts": info.attempts, "max_attempts": info.max_attempts,
         "created": iso(info.created), "lease_deadline": iso(info.lease_deadline), "fence": info.fence,
-        "died_at": iso(info.died_at), "expires_at": iso(info.expires_at),
+        "died_at": iso(info.died_at), "finished_at": iso(info.finished_at), "expires_at": iso(info.expires_at),
         "last_error": error_doc(info.last_error), "payload": jsonable(info.payload),
     }
+
+
+def job_row_doc(info: JobInfo) -> dict[str, Any]:
+    """A job as one row of ``zsched job list --json``: every field of :func:`job_doc` but the
+    payload and the traceback."""
+    doc = job_doc(info)
+    del doc["payload"]
+    if doc["last_error"] is not None:
+        del doc["last_error"]["traceback"]
+    return doc
 
 
 def dead_row_doc(info: JobInfo) -> dict[str, Any]:

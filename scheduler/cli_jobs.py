@@ -14,14 +14,15 @@ import math
 import os
 import sys
 import time
+from datetime import timedelta
 from typing import Any, Callable, NoReturn, TextIO
 
 import redis
 
 from . import admin, config
 from .admin import AdminError, BadInput, NotFound
-from .client import MISFIRE_POLICIES, Client
-from .errors import DurabilityError
+from .client import LIST_MAX_LIMIT, LIST_STATES, MISFIRE_POLICIES, Client
+from .errors import DurabilityError, MisfiredAtSchedule
 from .models import JobInfo
 
 EXIT_OK, EXIT_NOT_FOUND, EXIT_BAD_INPUT, EXIT_UNAVAILABLE = 0, 1, 2, 3
@@ -46,6 +47,7 @@ def _argtype(fn: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 when_arg = _argtype(admin.parse_when)
+schedule_when_arg = _argtype(admin.parse_schedule_when)
 duration_arg = _argtype(lambda t: admin.parse_duration(t, name="DURATION"))
 payload_arg = _argtype(admin.parse_payload)
 job_id_arg = _argtype(admin.parse_job_id)
@@ -110,7 +112,7 @@ def add_parsers(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> N
 
     p = leaf(sub, "schedule", _schedule, create=True, help="schedule a job; prints its id",
              description="Schedule one job and print its id.")
-    p.add_argument("--at", required=True, type=when_arg, metavar="WHEN", help=WHEN_HELP)
+    p.add_argument("--at", required=True, type=schedule_when_arg, metavar="WHEN", help=WHEN_HELP)
     p.add_argument("--queue", required=True, type=queue_arg, metavar="Q", help="queue name")
     p.add_argument("--payload", required=True, type=payload_arg, metavar="JSON",
                    help="JSON payload, @file.json, or - for stdin")
@@ -138,6 +140,17 @@ def add_parsers(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> N
     p = leaf(job, "reschedule", _job_reschedule, help="move a scheduled or ready job to another time")
     p.add_argument("id", type=job_id_arg, metavar="ID")
     p.add_argument("--at", required=True, type=when_arg, metavar="WHEN", help=WHEN_HELP)
+    p = leaf(job, "list", _job_list, help="a queue's scheduled, ready, running or dead jobs, one page at a time",
+             description="List the jobs of a queue in one state, one page at a time, partition by partition: "
+                         "scheduled by run_at (those held back by a rate limit first), ready in claim order, "
+                         "running by lease deadline, dead oldest first. Each page prints the cursor of the "
+                         "next one; a page may be short (even empty) while a cursor is printed: keep paging "
+                         "until none is. Finished jobs are not listed (zsched job show ID).")
+    p.add_argument("--queue", required=True, type=queue_arg, metavar="Q", help="queue name")
+    p.add_argument("--state", required=True, choices=LIST_STATES, help="which jobs to list")
+    p.add_argument("--limit", type=_number("an integer", 1, LIST_MAX_LIMIT, integer=True), default=50, metavar="N",
+                   help=f"at most N jobs per page (default 50, at most {LIST_MAX_LIMIT})")
+    p.add_argument("--cursor", metavar="C", help="continue after the page that printed this cursor")
 
     dead = group("dead", help="inspect, requeue or purge dead-lettered jobs",
                  description="The dead-letter queue: jobs whose attempts are spent or that failed permanently.")
@@ -173,6 +186,16 @@ def add_parsers(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> N
     sel.add_argument("--older-than", type=duration_arg, metavar="DURATION",
                      help="every dead job that died more than DURATION ago (7d, 12h, 1d12h, 30m)")
     p.add_argument("--dry-run", action="store_true", help="with --older-than: count what would be purged")
+    p = leaf(dead, "retention", _dead_retention, help="show or set how many dead jobs are kept, and for how long",
+             description="Show (no options) or set the namespace's dead-letter retention, applied by the "
+                         "scheduler tier on every tick: past --max the oldest dead jobs are dropped, and those "
+                         "that died more than --ttl ago; every drop is counted (zsched_jobs_total"
+                         "{event=\"dropped\"}) and logged with its id.")
+    p.add_argument("--max", type=_number("an integer", 1, 10**12, integer=True), metavar="N",
+                   help="keep at most N dead jobs in the namespace")
+    p.add_argument("--ttl", type=duration_arg, metavar="DURATION", help="drop dead jobs older than DURATION (7d, 12h)")
+    p.add_argument("--no-max", action="store_true", help="lift the --max cap")
+    p.add_argument("--no-ttl", action="store_true", help="keep dead jobs forever (lift --ttl)")
 
     p = leaf(sub, "stats", _stats, help="counts per queue and state; per partition owner, earliest due, counts",
              description="Counts per queue and state, and per partition: owner replica (from etcd), epoch, "
@@ -305,8 +328,9 @@ def _job_lines(info: JobInfo, *, full_error: bool = False) -> str:
         rows.append(("queue", info.queue))
     if info.key:
         rows.append(("key", info.key))
-    if info.run_at is not None:
-        rows.append(("run at", _when_text(_dt_ms(info.run_at))))
+    if info.run_at is not None:  # scheduled: when it fires; else when the current or last attempt was due
+        label = "run at" if info.state.value == "scheduled" else "due at"
+        rows.append((label, _when_text(_dt_ms(info.run_at))))
     if info.max_attempts is not None:
         rows.append(("attempts", f"{info.attempts}/{info.max_attempts}"))
     if info.created is not None:
@@ -317,6 +341,8 @@ def _job_lines(info: JobInfo, *, full_error: bool = False) -> str:
         rows.append(("fence", str(info.fence)))
     if info.died_at is not None:
         rows.append(("died at", _when_text(_dt_ms(info.died_at))))
+    elif info.finished_at is not None:
+        rows.append((f"{info.state.value} at", _when_text(_dt_ms(info.finished_at))))
     if info.expires_at is not None:
         rows.append(("record expires", _when_text(_dt_ms(info.expires_at))))
     if info.last_error is not None:
@@ -345,14 +371,19 @@ def _schedule(client: Client, args: argparse.Namespace) -> int:
     if args.durable:
         client = Client(client.redis, namespace=client.keyspace.namespace, durable=args.durable,
                         durable_timeout=args.durable_timeout)
+    at = args.at if isinstance(args.at, timedelta) else args.at / 1000.0
     try:
-        jid = client.schedule(args.at / 1000.0, args.payload, queue=args.queue, key=args.key,
+        jid = client.schedule(at, args.payload, queue=args.queue, key=args.key,
                               max_attempts=args.max_attempts, lease=args.lease, misfire=args.misfire,
                               misfire_grace=args.grace)
     except DurabilityError as exc:
         print(exc.job_id)  # the job may exist: scripts can check it
         _fail(str(exc))
         return EXIT_UNAVAILABLE
+    except MisfiredAtSchedule as exc:
+        print(exc.job_id)  # recorded as misfired: `zsched job show` finds it
+        _fail(str(exc))
+        return EXIT_BAD_INPUT
     if args.json:
         info = client.get(jid)
         _print_json(admin.job_doc(info) if info else {"id": jid})
@@ -376,6 +407,38 @@ def _job_cancel(client: Client, args: argparse.Namespace) -> int:
         _print_json({"id": args.id, "cancelled": True})
     else:
         print(f"cancelled {args.id}")
+    return EXIT_OK
+
+
+_LIST_COLUMNS = {  # zsched job list: the columns of each state
+    "scheduled": ("RUN AT", "ATTEMPTS", "KEY", "LAST ERROR"),
+    "ready": ("DUE AT", "ATTEMPTS", "KEY", "LAST ERROR"),
+    "running": ("DUE AT", "ATTEMPTS", "LEASE DEADLINE", "FENCE"),
+    "dead": ("DUE AT", "ATTEMPTS", "DIED AT", "LAST ERROR"),
+}
+
+
+def _job_list(client: Client, args: argparse.Namespace) -> int:
+    jobs, cursor = admin.list_jobs(client, args.queue, args.state, args.limit, args.cursor)
+    if args.json:
+        _print_json({"count": len(jobs), "jobs": [admin.job_row_doc(j) for j in jobs], "next_cursor": cursor})
+        return EXIT_OK
+    if jobs:
+        def row(j: JobInfo) -> tuple[Any, ...]:
+            err = admin.first_line(str(j.last_error), 80) if j.last_error else "-"
+            attempts = f"{j.attempts}/{j.max_attempts}"
+            if args.state == "running":
+                return (j.id, admin.iso(j.run_at), attempts, admin.iso(j.lease_deadline), j.fence)
+            if args.state == "dead":
+                return (j.id, admin.iso(j.run_at), attempts, admin.iso(j.died_at), err)
+            return (j.id, admin.iso(j.run_at), attempts, j.key or "-", err)
+
+        print(admin.table(("ID", *_LIST_COLUMNS[args.state]), [row(j) for j in jobs], right=(2,)))
+    else:
+        print(f"no {args.state} jobs in queue {args.queue!r}" + (" on this page" if cursor else ""))
+    if cursor:
+        print(f"next page: zsched job list --queue {args.queue} --state {args.state} --limit {args.limit} "
+              f"--cursor {cursor}")
     return EXIT_OK
 
 
@@ -474,7 +537,7 @@ def _requeue_single(client: Client, args: argparse.Namespace, job_id: str) -> in
         _print_json({"id": job_id, "requeued": ok, "state": info.state.value,
                      "run_at": admin.iso(info.run_at)})
     elif ok:
-        due = f"due {_when_text(_dt_ms(info.run_at))}" if info.run_at else "due now"
+        due = f"due {_when_text(_dt_ms(info.run_at))}" if info.run_at and info.state.value == "scheduled" else "due now"
         print(f"requeued {job_id} (queue {info.queue}): {info.state.value}, {due}")
     else:
         print(f"nothing to do: job {job_id} is not dead (it is {info.state.value}): already requeued/not dead")
@@ -520,6 +583,22 @@ class _JsonJobs:
         tail = json.dumps(summary or {}, ensure_ascii=False)[1:]
         self.out.write("]" + (", " + tail if tail != "}" else "}") + "\n")
         self.out.flush()
+
+
+def _dead_retention(client: Client, args: argparse.Namespace) -> int:
+    if (args.max is not None and args.no_max) or (args.ttl is not None and args.no_ttl):
+        raise BadInput("--max/--no-max and --ttl/--no-ttl are each either-or")
+    max_dead, ttl = client.dead_retention()
+    if args.max is not None or args.no_max or args.ttl is not None or args.no_ttl:
+        max_dead = None if args.no_max else (args.max if args.max is not None else max_dead)
+        ttl = None if args.no_ttl else (args.ttl if args.ttl is not None else ttl)
+        client.set_dead_retention(max_dead=max_dead, dead_ttl=ttl)
+    if args.json:
+        _print_json({"max_dead": max_dead, "dead_ttl_seconds": ttl})
+    else:
+        print(f"max dead jobs: {max_dead if max_dead is not None else 'no cap'}")
+        print(f"dead job ttl:  {admin.human_delta(ttl) if ttl is not None else 'kept until purged'}")
+    return EXIT_OK
 
 
 def _dead_purge(client: Client, args: argparse.Namespace) -> int:

@@ -5,11 +5,13 @@ two differ only in how they talk to Redis.
 """
 from __future__ import annotations
 
+import base64
 import math
 from functools import lru_cache
 import random
 import time
 from collections import defaultdict
+from datetime import timedelta
 from typing import Any, Iterable, Sequence
 
 import redis
@@ -18,10 +20,11 @@ import redis.asyncio as aredis
 from . import codec, config
 import msgpack
 
-from .codec import build_record, decode_record, finite_number, pack_payload, split_template, unpack_payload
+from .codec import (build_record, decode_record, decode_tombstone, finite_number, pack_payload, split_template,
+                    unpack_payload)
 from .cron import LOOKAHEAD, MAX_JITTER_S, CronInfo, occurrences, validate_expression, validate_tz, with_jitter
-from .errors import PayloadError, ScriptError
-from .ids import IdGenerator, decode_id, encode_id, partition_for_key, partition_of
+from .errors import MisfiredAtSchedule, PayloadError, ScriptError
+from .ids import ID_BYTES, IdGenerator, decode_id, encode_id, partition_for_key, partition_of
 from .keys import Keyspace, validate_name
 from .models import JobError, JobInfo, JobState
 from . import durability as dur
@@ -32,7 +35,15 @@ from .timeutil import MAX_MS, ms_to_datetime, to_ms
 BATCH = 1000  # jobs per schedule script call: bounded work per EVALSHA
 MISFIRE_POLICIES = ("run_late", "skip")
 DEFAULT_SKIP_GRACE = 60.0
-_PLACEHOLDER_Q = b"\x00\x00"
+DEFAULT_QUEUE_IDLE = 86400.0  # seconds an empty queue stays interned (Client.set_queue_retirement)
+QUEUE_IDLE_FIELD = "queue:idle_ms"
+RESERVED_KEY_PREFIX = "cron:"  # idempotency keys of cron occurrences (lua/_lib.lua cron_schedule)
+INSPECT_BATCH = 500  # ids per inspect script call (get_many): bounded work per EVALSHA
+LIST_STATES = ("scheduled", "ready", "running", "dead")  # what jobs() can list
+LIST_MAX_LIMIT = 1000
+LIST_ROUND_TRIPS = 16  # list script calls per jobs() page at most: a page may come back short
+_LIST_PHASES = {"scheduled": "ht", "ready": "r", "running": "i", "dead": "d"}  # lua/list.lua positions
+_CURSOR_MAGIC = b"zs1"
 
 
 def parse_error(blob: bytes | None) -> JobError | None:
@@ -114,6 +125,7 @@ class _Core:
             raise ValueError(f"tombstone_ttl must be >= 0 seconds, got {tombstone_ttl!r}")
         self.tomb_ms = int(tombstone_ttl * 1000)
         self.ids = IdGenerator()
+        self.clock_offset_ms = 0  # Redis clock - this host's clock, from the last schedule reply
         self.chan = keyspace.namespace + ":"
         self._keys = [keyspace.partition_keys(p) for p in range(keyspace.partitions)]
         self._common = [[keyspace.prefix(p), self.chan, str(p)] for p in range(keyspace.partitions)]
@@ -140,6 +152,9 @@ class _Core:
         n = len(key.encode("utf-8"))
         if not 1 <= n <= codec.MAX_KEY_BYTES:
             raise ValueError(f"key must be 1-{codec.MAX_KEY_BYTES} bytes of UTF-8, got {n} bytes")
+        if key.startswith(RESERVED_KEY_PREFIX):
+            raise ValueError(f"key {key[:40]!r} is reserved: keys starting with {RESERVED_KEY_PREFIX!r} belong to cron "
+                             "occurrences (one producer could otherwise take over a cron's next run); use another prefix")
         return key
 
     def prepare(self, items: Iterable[Sequence[Any]], opts: dict[str, Any]) -> tuple[list[tuple], list[list[int]]]:
@@ -162,15 +177,13 @@ class _Core:
                 key = self.validate_key(key)
             else:
                 raise ValueError(f"job {n}: expected (at, payload) or (at, payload, key), got {len(item)} items")
-            ms = to_ms(at, now=now_s)
-            if jitter_ms:
-                ms = min(MAX_MS, ms + random.randint(0, jitter_ms))
+            ms, when = self.run_at(at, jitter_ms, now_s)
             data = pack_payload(payload, self.max_payload)
             rec = build_record(data, created_s=created, key=key, **rec_opts)
             raw, p = new_id(ms, parts, key)
             lst = by_part[p]
             lst.append(raw + rec)  # placeholder queue index = first 2 bytes of the record (0)
-            lst.append(ms)
+            lst.append(when)
             lst.append(key if key is not None else "")
             order[p].append(n)
         calls: list[tuple] = []
@@ -186,30 +199,64 @@ class _Core:
     def prepare_one(self, at: Any, payload: Any, key: str | None, opts: dict[str, Any]) -> tuple:
         """Fast path of :meth:`prepare` for one job (the common producer call)."""
         key = self.validate_key(key)
-        ms = to_ms(at)
-        if opts["jitter_ms"]:
-            ms = min(MAX_MS, ms + random.randint(0, opts["jitter_ms"]))
+        ms, when = self.run_at(at, opts["jitter_ms"], time.time())
         rec = build_record(pack_payload(payload, self.max_payload), created_s=int(time.time()), key=key,
                            max_attempts=opts["max_attempts"], lease_ms=opts["lease_ms"],
                            misfire_skip=opts["misfire_skip"], misfire_grace_ms=opts["misfire_grace_ms"],
                            backoff_base_ms=opts["backoff_base_ms"], backoff_cap_ms=opts["backoff_cap_ms"])
         raw, p = self.ids.new(ms, self.ks.partitions, key)
-        return self.call("schedule", p, opts["queue"], self.tomb_ms, 1, 0, raw + rec, ms, key or "")
+        return self.call("schedule", p, opts["queue"], self.tomb_ms, 1, 0, raw + rec, when, key or "")
 
-    @staticmethod
-    def one_id(reply: list[Any]) -> str:
-        if len(reply) != 1:
-            raise ScriptError(f"schedule returned {len(reply)} ids for 1 job")
-        return encode_id(reply[0])
+    def run_at(self, at: Any, jitter_ms: int, now_s: float) -> tuple[int, int | str]:
+        """``at`` as (estimated epoch ms in Redis's clock, the schedule script's run_at argument).
 
-    @staticmethod
-    def collect_ids(replies: list[Any], positions: list[list[int]], total: int) -> list[str]:
+        Absolute times (datetimes, epoch seconds) are sent as they are. A timedelta is relative
+        to *now*, and now is Redis's clock, not this host's: it is sent as ``ESTrDELTA`` and the
+        script resolves it with TIME (lua/schedule.lua), so a producer whose clock is off fires
+        nothing early and misfires nothing. The estimate (local clock + the offset learned from
+        earlier replies) names the id and usually is the run_at itself."""
+        if isinstance(at, timedelta):
+            delta = int(round(at.total_seconds() * 1000))
+            if jitter_ms:
+                delta += random.randint(0, jitter_ms)
+            est = int(now_s * 1000) + self.clock_offset_ms + delta
+            if not 0 <= est <= MAX_MS:
+                raise ValueError(f"at must land between 1970-01-01 and 9999-12-31 UTC, got now + {at!r}")
+            return est, f"{est}r{delta}"
+        ms = to_ms(at, now=now_s)
+        if jitter_ms:
+            ms = min(MAX_MS, ms + random.randint(0, jitter_ms))
+        return ms, ms
+
+    def schedule_reply(self, reply: list[Any]) -> tuple[list[bytes], list[int]]:
+        """A ``schedule`` reply -> (raw ids in order, 0-based positions misfired at schedule time);
+        learns the Redis clock offset for the next relative times."""
+        now = int(reply[0])
+        self.clock_offset_ms = now - int(time.time() * 1000)
+        m = int(reply[1])
+        return reply[2 + m:], [int(x) - 1 for x in reply[2:2 + m]]
+
+    def one_id(self, reply: list[Any]) -> str:
+        raw, misfired = self.schedule_reply(reply)
+        if len(raw) != 1:
+            raise ScriptError(f"schedule returned {len(raw)} ids for 1 job")
+        job_id = encode_id(raw[0])
+        if misfired:
+            raise MisfiredAtSchedule([job_id], [job_id])
+        return job_id
+
+    def collect_ids(self, replies: list[Any], positions: list[list[int]], total: int) -> list[str]:
         out: list[str] = [""] * total
+        missed: list[int] = []
         for reply, pos in zip(replies, positions):
-            if len(reply) != len(pos):
-                raise ScriptError(f"schedule returned {len(reply)} ids for {len(pos)} jobs")
-            for n, raw in zip(pos, reply):
-                out[n] = encode_id(raw)
+            raw, misfired = self.schedule_reply(reply)
+            if len(raw) != len(pos):
+                raise ScriptError(f"schedule returned {len(raw)} ids for {len(pos)} jobs")
+            for n, r in zip(pos, raw):
+                out[n] = encode_id(r)
+            missed += [pos[i] for i in misfired]
+        if missed:
+            raise MisfiredAtSchedule(out, [out[n] for n in sorted(missed)])
         return out
 
     def locate(self, job_id: str) -> tuple[bytes, int]:
@@ -220,39 +267,65 @@ class _Core:
         return raw, p
 
     def job_info(self, job_id: str, reply: list[Any]) -> JobInfo | None:
+        """One ``inspect`` reply (lua/inspect.lua: state, record, score, token, error, queue, due,
+        summary) as a JobInfo; None for ``{}`` (unknown id, or its tombstone expired)."""
         if not reply:
             return None
         state = JobState(reply[0].decode())
         rec_b, score, token, err, qname = reply[1:6]
+        due, summary = (reply[6], reply[7]) if len(reply) >= 8 else (None, None)
         score_ms = int(float(score)) if score is not None else None
+        due_dt = ms_to_datetime(int(float(due))) if due is not None else None
+        queue = qname.decode() if qname else None
         if rec_b is None:
-            return JobInfo(id=job_id, state=state, expires_at=ms_to_datetime(score_ms))
+            return self.tombstone_info(job_id, state, score_ms, queue, summary)
+        dead = state is JobState.DEAD
+        died = ms_to_datetime(score_ms) if dead and score_ms is not None else None
         try:
             rec = decode_record(rec_b)
         except PayloadError as exc:  # a poison body must not make get()/dead() unusable
-            return JobInfo(id=job_id, state=state, queue=qname.decode() if qname else None,
-                           died_at=ms_to_datetime(score_ms) if state is JobState.DEAD else None,
+            return JobInfo(id=job_id, state=state, queue=queue, run_at=due_dt, died_at=died, finished_at=died,
                            last_error=parse_error(err), payload={"_undecodable": str(exc)})
         try:
             payload = unpack_payload(rec.payload_bytes, self.max_payload)
         except PayloadError as exc:
             payload = {"_undecodable": str(exc)}
+        if due_dt is None and state is JobState.SCHEDULED and score_ms is not None:
+            due_dt = ms_to_datetime(score_ms)
         return JobInfo(
-            id=job_id, state=state, queue=qname.decode() if qname else None, key=rec.key,
-            run_at=ms_to_datetime(score_ms) if state is JobState.SCHEDULED else None,
+            id=job_id, state=state, queue=queue, key=rec.key, run_at=due_dt,
             attempts=rec.attempt, max_attempts=rec.max_attempts, created=ms_to_datetime(rec.created * 1000),
             lease_deadline=ms_to_datetime(score_ms) if state is JobState.RUNNING else None,
             fence=int(token) if token is not None else None,
-            died_at=ms_to_datetime(score_ms) if state is JobState.DEAD else None,
-            last_error=parse_error(err), payload=payload,
+            died_at=died, finished_at=died, last_error=parse_error(err), payload=payload,
+        )
+
+    @staticmethod
+    def tombstone_info(job_id: str, state: JobState, expires_ms: int | None, queue: str | None,
+                       summary: bytes | None) -> JobInfo:
+        """A done/cancelled/misfired job from its summary (codec.Tombstone); a legacy tombstone
+        (no summary) only knows when it expires."""
+        expires = ms_to_datetime(expires_ms) if expires_ms is not None else None
+        if not summary:
+            return JobInfo(id=job_id, state=state, expires_at=expires)
+        try:
+            t = decode_tombstone(summary)
+        except PayloadError:
+            return JobInfo(id=job_id, state=state, queue=queue, expires_at=expires)
+        return JobInfo(
+            id=job_id, state=state, queue=queue, key=t.key, run_at=ms_to_datetime(t.due_ms),
+            attempts=t.attempts, max_attempts=t.max_attempts or None,
+            created=ms_to_datetime(t.created * 1000) if t.created else None,
+            expires_at=ms_to_datetime(t.expires_ms), finished_at=ms_to_datetime(t.finished_ms),
+            last_error=parse_error(t.error),
         )
 
     def dead_infos(self, replies: list[list[Any]], limit: int) -> list[JobInfo]:
         out = []
         for p, flat in enumerate(replies):
-            for i in range(0, len(flat), 5):
-                raw, rec_b, died, err, qname = flat[i : i + 5]
-                info = self.job_info(encode_id(raw), [b"dead", rec_b, died, None, err, qname])
+            for i in range(0, len(flat), 6):
+                raw, rec_b, died, err, qname, due = flat[i : i + 6]
+                info = self.job_info(encode_id(raw), [b"dead", rec_b, died, None, err, qname, due, None])
                 if info:
                     out.append(info)
         out.sort(key=lambda j: j.died_at or 0, reverse=True)
@@ -321,16 +394,77 @@ class _Core:
                 order.append((p, name))
         return order
 
-    def inspect_calls(self, job_ids: list[str]) -> list[tuple]:
-        """``inspect`` calls for many jobs, to pipeline in one round trip."""
-        out = []
-        for jid in job_ids:
+    def _inspect_plan(self, job_ids: Iterable[str]) -> list[tuple[int, list[tuple[str, bytes]]]]:
+        """Ids grouped by partition (first-seen order, duplicates once), at most INSPECT_BATCH per
+        group: one ``inspect`` call per group. Every id is checked first (ValueError naming it)."""
+        by_part: dict[int, list[tuple[str, bytes]]] = {}
+        for jid in dict.fromkeys(job_ids):
             raw, p = self.locate(jid)
-            out.append(self.call("inspect", p, raw))
-        return out
+            by_part.setdefault(p, []).append((jid, raw))
+        return [(p, group[s:s + INSPECT_BATCH]) for p, group in by_part.items()
+                for s in range(0, len(group), INSPECT_BATCH)]
+
+    def inspect_calls(self, job_ids: list[str]) -> list[tuple]:
+        """``inspect`` calls for many jobs (one per partition and INSPECT_BATCH ids), to pipeline
+        in one round trip; :meth:`job_infos` maps their replies back to the ids."""
+        return [self.call("inspect", p, *(raw for _, raw in group)) for p, group in self._inspect_plan(job_ids)]
 
     def job_infos(self, job_ids: list[str], replies: list[Any]) -> dict[str, JobInfo | None]:
-        return {jid: self.job_info(jid, reply) for jid, reply in zip(job_ids, replies)}
+        """The replies of ``call_many(inspect_calls(job_ids))`` as id -> JobInfo (None: unknown)."""
+        out: dict[str, JobInfo | None] = {}
+        for (_p, group), reply in zip(self._inspect_plan(job_ids), replies):
+            for (jid, _raw), one in zip(group, reply):
+                out[jid] = self.job_info(jid, one)
+        return out
+
+    def one_info(self, job_id: str, reply: list[Any]) -> JobInfo | None:
+        """The reply of an ``inspect`` call for one id."""
+        return self.job_info(job_id, reply[0]) if reply else None
+
+    # -- listing (jobs()) ---------------------------------------------------------------------
+    def list_walk(self, queue: str, state: Any, limit: int, cursor: str | None) -> "_ListWalk":
+        return _ListWalk(self, queue, state, limit, cursor)
+
+    def encode_cursor(self, state: str, queue: str, partition: int, position: bytes) -> str:
+        raw = b"\0".join((_CURSOR_MAGIC, state.encode(), queue.encode(), str(partition).encode(), position))
+        return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+    def decode_cursor(self, cursor: object, state: str, queue: str) -> tuple[int, bytes]:
+        """A ``jobs()`` cursor -> (partition, position); ValueError saying what is wrong."""
+        def bad(why: str) -> ValueError:
+            shown = cursor if not isinstance(cursor, str) or len(cursor) <= 80 else cursor[:77] + "..."
+            return ValueError(f"cursor {shown!r} is not a valid jobs() cursor: {why}; pass the next_cursor "
+                              "returned by the previous page of the same listing, or None to start")
+        if not isinstance(cursor, str) or not cursor or len(cursor) > 400:
+            raise bad("expected a non-empty string of at most 400 characters")
+        try:
+            raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        except (ValueError, TypeError):
+            raise bad("not base64") from None
+        parts = raw.split(b"\0", 4)
+        if len(parts) != 5 or parts[0] != _CURSOR_MAGIC:
+            raise bad("not made by this client")
+        c_state, c_queue = (x.decode("utf-8", "replace") for x in parts[1:3])
+        c_part, pos = parts[3], parts[4]
+        if (c_state, c_queue) != (state, queue):
+            raise bad(f"it continues a listing of state {c_state!r} in queue {c_queue!r}, not {state!r} in {queue!r}")
+        if not c_part.isdigit() or int(c_part) >= self.ks.partitions:
+            raise bad(f"partition {c_part.decode('ascii', 'replace')!r} is not one of the namespace's "
+                      f"{self.ks.partitions}")
+        if pos:
+            phases = _LIST_PHASES[state]
+            ok = pos[:1].decode("latin-1") in phases
+            if ok and len(pos) > 1:
+                ok = len(pos) >= ID_BYTES + 3 and pos[-ID_BYTES - 1:-ID_BYTES] == b","
+                num = pos[1:-ID_BYTES - 1]
+                try:
+                    val = float(num.decode("ascii"))
+                    ok = ok and math.isfinite(val) and (state != "ready" or (num.isdigit() and int(num) >= 1))
+                except (UnicodeDecodeError, ValueError):
+                    ok = False
+            if not ok:
+                raise bad("its position is malformed")
+        return int(c_part), pos
 
     def cron_infos(self, order: list[tuple[int, str]], details: list[list[Any]],
                    pending: dict[str, JobInfo | None]) -> list[CronInfo]:
@@ -352,6 +486,84 @@ class _Core:
 
     def requeue_args(self, at: object | None) -> int:
         return 0 if at is None else to_ms(at)
+
+
+class _ListWalk:
+    """One ``jobs()`` page: walks the partitions in order from the cursor, one ``list`` script call
+    at a time (each bounded by its scan budget), until the page is full, the partitions are done,
+    or LIST_ROUND_TRIPS calls were made. The sync and async clients drive it the same way::
+
+        while (call := walk.next_call()) is not None:
+            walk.take(transport.call(*call))
+        jobs, cursor = walk.result()
+    """
+
+    def __init__(self, core: _Core, queue: str, state: Any, limit: int, cursor: str | None) -> None:
+        validate_name("queue", queue)
+        st = state.value if isinstance(state, JobState) else state
+        if st not in LIST_STATES:
+            raise ValueError(f"state must be one of {', '.join(LIST_STATES)} (finished jobs are not listed: "
+                             f"look them up by id with get()), got {state!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LIST_MAX_LIMIT:
+            raise ValueError(f"limit must be an integer from 1 to {LIST_MAX_LIMIT}, got {limit!r}")
+        self.core, self.queue, self.state, self.limit = core, queue, st, limit
+        self.partition: int | None
+        if cursor is None:
+            self.partition, self.position = 0, b""
+        else:
+            self.partition, self.position = core.decode_cursor(cursor, st, queue)
+        self.budget = max(1000, 2 * limit)
+        self.jobs: list[JobInfo] = []
+        self.calls = 0
+
+    def next_call(self) -> tuple | None:
+        if self.partition is None or len(self.jobs) >= self.limit or self.calls >= LIST_ROUND_TRIPS:
+            return None
+        self.calls += 1
+        return self.core.call("list", self.partition, self.state, self.queue, self.limit - len(self.jobs),
+                              self.position, self.budget)
+
+    def take(self, reply: list[Any]) -> None:
+        assert self.partition is not None
+        state = self.state.encode()
+        qname = self.queue.encode()
+        for i in range(1, len(reply), 6):
+            raw, rec_b, score, token, err, due = reply[i:i + 6]
+            info = self.core.job_info(encode_id(raw), [state, rec_b, score, token, err, qname, due, None])
+            if info is not None:
+                self.jobs.append(info)
+        if reply[0]:
+            self.position = reply[0]
+        else:
+            self.partition += 1
+            self.position = b""
+            if self.partition >= self.core.ks.partitions:
+                self.partition = None
+
+    def result(self) -> tuple[list[JobInfo], str | None]:
+        if self.partition is None:
+            return self.jobs, None
+        return self.jobs, self.core.encode_cursor(self.state, self.queue, self.partition, self.position)
+
+
+def _id_list(job_ids: Iterable[str]) -> list[str]:
+    if isinstance(job_ids, (str, bytes)):
+        raise TypeError("job_ids must be a list of job ids, not one id (use get() for one)")
+    return list(job_ids)
+
+
+_JOBS_DOC = """One page of the jobs of ``queue`` in ``state`` (``scheduled``, ``ready``,
+        ``running`` or ``dead``): returns ``(jobs, next_cursor)``; pass ``next_cursor`` back as
+        ``cursor`` for the next page, until it is None.
+
+        Partitions are walked in order; within one: scheduled jobs by run_at (those held back by
+        a rate limit first), ready jobs in claim order, running by lease deadline, dead by time of
+        death (oldest first). Nothing is loaded whole: each script call examines a bounded number
+        of entries (timers of every queue share one set per partition), so a page may hold fewer
+        than ``limit`` jobs, even none, while ``next_cursor`` is not None: keep paging. A job that
+        stays in its state is listed exactly once; one that moves meanwhile (fired, claimed,
+        retried) may be missed or listed again. ``limit``: 1 to 1000. The cursor is an opaque
+        string, checked on input (ValueError when it is malformed or belongs to another listing)."""
 
 
 def _core_kwargs(max_payload_bytes: int, tombstone_ttl: float) -> dict[str, Any]:
@@ -516,8 +728,29 @@ class Client:
         return self.transport.call(*self._core.call("reschedule", p, raw, ms)) == 1
 
     def get(self, job_id: str) -> JobInfo | None:
+        """The job in whatever state it is (see :class:`~scheduler.models.JobInfo` for the fields
+        per state), or None if the id is unknown or its tombstone expired."""
         raw, p = self._core.locate(job_id)
-        return self._core.job_info(job_id, self.transport.call(*self._core.call("inspect", p, raw)))
+        return self._core.one_info(job_id, self.transport.call(*self._core.call("inspect", p, raw)))
+
+    def get_many(self, job_ids: Iterable[str]) -> dict[str, JobInfo | None]:
+        """Many jobs in one pipelined round trip (one ``inspect`` call per partition and 500 ids):
+        id -> JobInfo, or None for unknown ids. Every id is checked before anything is sent (a
+        malformed one raises ValueError naming it)."""
+        ids = _id_list(job_ids)
+        calls = self._core.inspect_calls(ids)
+        if not calls:
+            return {}
+        return self._core.job_infos(ids, self.transport.call_many(calls))
+
+    def jobs(self, *, queue: str, state: str | JobState, limit: int = 100,
+             cursor: str | None = None) -> tuple[list[JobInfo], str | None]:
+        walk = self._core.list_walk(queue, state, limit, cursor)
+        while (call := walk.next_call()) is not None:
+            walk.take(self.transport.call(*call))
+        return walk.result()
+
+    jobs.__doc__ = _JOBS_DOC
 
     def dead(self, queue: str | None = None, limit: int = 100) -> list[JobInfo]:
         """Newest dead-lettered jobs across partitions (optionally of one queue)."""
@@ -599,6 +832,39 @@ class Client:
     def rate_limits(self) -> dict[str, tuple[float, float]]:
         """Queue -> (jobs per second, burst)."""
         return parse_rate_limits(self.redis.hgetall(self.keyspace.config_key))
+
+    def set_dead_retention(self, max_dead: int | None = None, dead_ttl: float | None = None) -> None:
+        """Bound the dead-letter set: keep at most ``max_dead`` dead jobs in the namespace (each of
+        the P partitions keeps ceil(max_dead / P), oldest dropped first) and drop dead jobs older
+        than ``dead_ttl`` seconds; ``None`` lifts that limit. The scheduler tier applies it on
+        every tick; each dropped job is counted (``zsched_jobs_total{event="dropped"}``) and
+        logged with its id by the replica that dropped it."""
+        fields = retention_fields(max_dead, dead_ttl)
+        pipe = self.redis.pipeline(transaction=True)
+        for k, v in fields.items():
+            if v is None:
+                pipe.hdel(self.keyspace.config_key, k)
+            else:
+                pipe.hset(self.keyspace.config_key, k, v)
+        pipe.publish(self.keyspace.config_channel, "dead")
+        pipe.execute()
+
+    def dead_retention(self) -> tuple[int | None, float | None]:
+        """(max_dead, dead_ttl seconds) as set with :meth:`set_dead_retention`; None = no limit."""
+        return parse_dead_retention(self.redis.hgetall(self.keyspace.config_key))
+
+    def set_queue_retirement(self, idle: float | None = DEFAULT_QUEUE_IDLE) -> None:
+        """Retire a queue's name (its interned index, gauges and counters) in a partition once the
+        queue is empty there and has seen no job scheduled or finished for ``idle`` seconds
+        (default 1 day; ``None``: never). Each partition interns at most 65535 names, so a
+        namespace that creates queue names over time needs this; a retired name comes back as
+        soon as a job is scheduled to it (its counters then start from 0)."""
+        self.redis.hset(self.keyspace.config_key, QUEUE_IDLE_FIELD, queue_idle_field(idle))
+        self.redis.publish(self.keyspace.config_channel, "queues")
+
+    def queue_retirement(self) -> float | None:
+        """Seconds after which an empty, idle queue name is retired; None = never."""
+        return parse_queue_idle(self.redis.hgetall(self.keyspace.config_key))
 
 
 class AsyncClient:
@@ -729,9 +995,29 @@ class AsyncClient:
         return await self.transport.call(*core.call("reschedule", p, raw, ms)) == 1
 
     async def get(self, job_id: str) -> JobInfo | None:
+        """See :meth:`Client.get`."""
         core = await self._core()
         raw, p = core.locate(job_id)
-        return core.job_info(job_id, await self.transport.call(*core.call("inspect", p, raw)))
+        return core.one_info(job_id, await self.transport.call(*core.call("inspect", p, raw)))
+
+    async def get_many(self, job_ids: Iterable[str]) -> dict[str, JobInfo | None]:
+        """See :meth:`Client.get_many`."""
+        core = await self._core()
+        ids = _id_list(job_ids)
+        calls = core.inspect_calls(ids)
+        if not calls:
+            return {}
+        return core.job_infos(ids, await self.transport.call_many(calls))
+
+    async def jobs(self, *, queue: str, state: str | JobState, limit: int = 100,
+                   cursor: str | None = None) -> tuple[list[JobInfo], str | None]:
+        core = await self._core()
+        walk = core.list_walk(queue, state, limit, cursor)
+        while (call := walk.next_call()) is not None:
+            walk.take(await self.transport.call(*call))
+        return walk.result()
+
+    jobs.__doc__ = _JOBS_DOC
 
     async def dead(self, queue: str | None = None, limit: int = 100) -> list[JobInfo]:
         core = await self._core()
@@ -801,6 +1087,35 @@ class AsyncClient:
         core = await self._core()
         return parse_rate_limits(await self.redis.hgetall(core.ks.config_key))
 
+    async def set_dead_retention(self, max_dead: int | None = None, dead_ttl: float | None = None) -> None:
+        """See :meth:`Client.set_dead_retention`."""
+        core = await self._core()
+        fields = retention_fields(max_dead, dead_ttl)
+        pipe = self.redis.pipeline(transaction=True)
+        for k, v in fields.items():
+            if v is None:
+                pipe.hdel(core.ks.config_key, k)
+            else:
+                pipe.hset(core.ks.config_key, k, v)
+        pipe.publish(core.ks.config_channel, "dead")
+        await pipe.execute()
+
+    async def dead_retention(self) -> tuple[int | None, float | None]:
+        """See :meth:`Client.dead_retention`."""
+        core = await self._core()
+        return parse_dead_retention(await self.redis.hgetall(core.ks.config_key))
+
+    async def set_queue_retirement(self, idle: float | None = DEFAULT_QUEUE_IDLE) -> None:
+        """See :meth:`Client.set_queue_retirement`."""
+        core = await self._core()
+        await self.redis.hset(core.ks.config_key, QUEUE_IDLE_FIELD, queue_idle_field(idle))
+        await self.redis.publish(core.ks.config_channel, "queues")
+
+    async def queue_retirement(self) -> float | None:
+        """See :meth:`Client.queue_retirement`."""
+        core = await self._core()
+        return parse_queue_idle(await self.redis.hgetall(core.ks.config_key))
+
 
 def validate_rate(queue: str, per_second: object, burst: object | None) -> tuple[float, float]:
     """Check a rate limit; burst defaults to a quarter second's worth (at least 1 job): small enough
@@ -825,3 +1140,50 @@ def parse_rate_limits(cfg: dict[bytes, bytes]) -> dict[str, tuple[float, float]]
                 continue
             out[k[5:].decode()] = (rate, burst)
     return out
+
+
+def retention_fields(max_dead: object, dead_ttl: object) -> dict[str, str | None]:
+    """Validate a dead-letter retention setting; the config fields to write (None = delete)."""
+    if max_dead is not None and (isinstance(max_dead, bool) or not isinstance(max_dead, int)
+                                 or not 1 <= max_dead <= 10**12):
+        raise ValueError(f"max_dead must be None (no cap) or an int from 1 to 10**12, got {max_dead!r}")
+    ttl_ms = None
+    if dead_ttl is not None:
+        ttl = finite_number("dead_ttl", dead_ttl)
+        if not 1 <= ttl <= 10 * 365 * 86400:
+            raise ValueError(f"dead_ttl must be None (keep forever) or 1 s to 10 years, got {dead_ttl!r}")
+        ttl_ms = str(int(ttl * 1000))
+    return {"dead:max": None if max_dead is None else str(max_dead), "dead:ttl_ms": ttl_ms}
+
+
+def parse_dead_retention(cfg: Any) -> tuple[int | None, float | None]:
+    """(max_dead, dead_ttl seconds) from the namespace config; None where unset or unreadable."""
+    def num(field: bytes) -> int | None:
+        try:
+            v = int(cfg[field])
+        except (KeyError, ValueError):
+            return None
+        return v if v > 0 else None
+
+    ttl_ms = num(b"dead:ttl_ms")
+    return num(b"dead:max"), None if ttl_ms is None else ttl_ms / 1000.0
+
+
+def queue_idle_field(idle: object) -> str:
+    """Validate a queue retirement time; the config value (ms, '0' = never)."""
+    if idle is None:
+        return "0"
+    t = finite_number("idle", idle)
+    if not 0.001 <= t <= 10 * 365 * 86400:
+        raise ValueError(f"idle must be None (never retire) or 1 ms to 10 years, got {idle!r}")
+    return str(max(1, int(t * 1000)))
+
+
+def parse_queue_idle(cfg: Any) -> float | None:
+    """The queue retirement time in seconds (the default when unset); None = never."""
+    raw = cfg.get(QUEUE_IDLE_FIELD.encode(), cfg.get(QUEUE_IDLE_FIELD))
+    try:
+        ms = DEFAULT_QUEUE_IDLE * 1000 if raw is None else int(raw)
+    except ValueError:
+        ms = DEFAULT_QUEUE_IDLE * 1000
+    return ms / 1000.0 if ms > 0 else None

@@ -177,6 +177,49 @@ def decode_record(rec: bytes) -> Record:
                   cron_nominal, cron_missed)
 
 
+TOMBSTONE_HEADER = 28
+TOMBSTONE_STATES = {"d": "done", "c": "cancelled", "m": "misfired"}
+_TOMB = struct.Struct(">c6s6sHBB6sIB")
+
+
+@dataclass(frozen=True, slots=True)
+class Tombstone:
+    """The summary a finished job (done, cancelled, misfired) leaves in the partition's ``f`` hash
+    for ``tombstone_ttl`` (written by ``tombstone`` in lua/_lib.lua).
+
+    Layout (big-endian): letter (``d``/``c``/``m``) | finished ms (6) | expires ms (6) | queue
+    index (2) | attempts (1) | max_attempts (1) | due ms of the last attempt (6) | created, epoch
+    seconds (4) | key length (1) + key | last error without traceback (``at_ms NUL type NUL
+    message``, at most 160 bytes), only when the job had one. 28 bytes for a key-less job without
+    error: about 105 bytes of Redis memory per tombstone (docs/architecture.md)."""
+
+    state: str           # "done", "cancelled" or "misfired"
+    finished_ms: int
+    expires_ms: int
+    queue_index: int
+    attempts: int
+    max_attempts: int
+    due_ms: int          # when the last attempt became due (the run_at of a job that never ran)
+    created: int         # epoch seconds
+    key: str | None
+    error: bytes | None  # "at_ms NUL type NUL message", possibly cut short
+
+
+def decode_tombstone(v: bytes) -> Tombstone:
+    """Parse a tombstone summary; raises PayloadError if it is truncated or unknown."""
+    try:
+        letter, fin, exp, q, attempts, max_attempts, due, created, n = _TOMB.unpack_from(v, 0)
+        state = TOMBSTONE_STATES[letter.decode("ascii")]
+        if len(v) < TOMBSTONE_HEADER + n:
+            raise ValueError("truncated")
+        key = v[TOMBSTONE_HEADER:TOMBSTONE_HEADER + n].decode("utf-8", "replace") if n else None
+        err = v[TOMBSTONE_HEADER + n:] or None
+    except Exception as exc:
+        raise PayloadError(f"tombstone summary is malformed ({type(exc).__name__}: {exc})") from None
+    return Tombstone(state, int.from_bytes(fin, "big"), int.from_bytes(exp, "big"), q, attempts, max_attempts,
+                     int.from_bytes(due, "big"), created, key, err)
+
+
 def finite_number(name: str, value: object) -> float:
     """Validate a real, finite number (bools refused)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

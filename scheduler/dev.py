@@ -18,6 +18,7 @@ from typing import Any
 
 from . import config
 from .client import Client
+from .connection import mask_url
 from .coord import EtcdCoordinator
 from .metrics import bucket_quantile, scrape_histogram
 from .devstack import Child, etcd_child, pick_port, redis_child, wait_etcd, wait_redis, zsched_child
@@ -69,14 +70,16 @@ class Stack:
             self.children.append(etcd_child(self.home, cport, pport).start())
             wait_etcd(cport)
             self.etcd = f"127.0.0.1:{cport}"
-        common = ["--redis", self.redis_url, "--namespace", self.ns]
+        # the URL (it may carry a password) reaches children through their environment, not argv
+        common = ["--namespace", self.ns]
+        env = {"ZSCHED_REDIS_URL": self.redis_url}
         Client.from_url(self.redis_url, namespace=self.ns).close()  # fixes the partition count once
         for i in range(a.replicas):
             port = pick_port(19100 + i)
             self.metrics_ports[f"scheduler-{i + 1}"] = port
             self.children.append(zsched_child(f"scheduler-{i + 1}", [
                 "scheduler", *common, "--etcd", self.etcd, "--replica-id", f"scheduler-{i + 1}",
-                "--metrics-port", str(port)], self.home).start())
+                "--metrics-port", str(port)], self.home, env).start())
         apps = list(a.worker) or ([] if a.no_demo else ["scheduler.demo:worker"])
         n = 0
         for app in apps:
@@ -85,7 +88,7 @@ class Stack:
                 port = pick_port(19200 + n)
                 self.metrics_ports[f"worker-{n}"] = port
                 self.children.append(zsched_child(f"worker-{n}", [
-                    "worker", app, *common, "--metrics-port", str(port)], self.home).start())
+                    "worker", app, *common, "--metrics-port", str(port)], self.home, env).start())
 
     def stop(self) -> None:
         # workers first (they hand unfinished jobs back), then schedulers (they release ownership),
@@ -190,7 +193,7 @@ class View:
         self.prev_counts = counts
         p50, p99 = self.lateness()
         stats = self.client.stats()
-        lines = [f"zsched dev - namespace {self.stack.ns} - redis {self.stack.redis_url} - etcd {self.stack.etcd}",
+        lines = [f"zsched dev - namespace {self.stack.ns} - redis {mask_url(self.stack.redis_url)} - etcd {self.stack.etcd}",
                  time.strftime("%H:%M:%S") + "   (Ctrl-C stops everything)", ""]
         if not first:
             lines.append("per second:  scheduled {scheduled:8.0f}   fired {fired:8.0f}   acked {acked:8.0f}".format(**rates))
@@ -224,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     try:
         stack.start()
-        print(f"stack up: export ZSCHED_REDIS_URL={stack.redis_url} ZSCHED_ETCD_ENDPOINTS={stack.etcd} "
+        print(f"stack up: export ZSCHED_REDIS_URL={mask_url(stack.redis_url)} ZSCHED_ETCD_ENDPOINTS={stack.etcd} "
               f"ZSCHED_NAMESPACE={stack.ns}", flush=True)
         print("metrics: " + " ".join(f"{name}=127.0.0.1:{port}" for name, port in stack.metrics_ports.items()),
               flush=True)

@@ -93,8 +93,10 @@ def etcd_child(home: Path, client_port: int, peer_port: int) -> Child:
                           "--logger", "zap", "--log-level", "error"], home / "logs" / "etcd.log")
 
 
-def zsched_child(name: str, args: list[str], home: Path) -> Child:
-    return Child(name, [sys.executable, "-m", "scheduler.cli", *args], home / "logs" / f"{name}.log")
+def zsched_child(name: str, args: list[str], home: Path, env: dict[str, str] | None = None) -> Child:
+    """A ``zsched`` child process. Secrets (a Redis URL with a password) go in ``env``
+    (``ZSCHED_REDIS_URL``), never on the command line, where ``ps`` shows them to every user."""
+    return Child(name, [sys.executable, "-m", "scheduler.cli", *args], home / "logs" / f"{name}.log", dict(env or {}))
 
 
 def wait_redis(port: int, timeout: float = 10.0) -> None:

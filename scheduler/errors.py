@@ -43,3 +43,23 @@ class DurabilityTimeout(DurabilityError):
 class DurabilityUnsupported(ZschedError, ValueError):
     """The server cannot give the durability asked for (e.g. ``durable="fsync"`` needs WAITAOF,
     Redis 7.2+). Raised before anything is written."""
+
+
+class MisfiredAtSchedule(ZschedError):
+    """Jobs with ``misfire="skip"`` were already later than their grace when they reached Redis:
+    they were recorded as *misfired* and will not run. Every other job of the call was scheduled.
+    ``ids``: all ids of the call, in order; ``misfired``: the ids that misfired."""
+
+    def __init__(self, ids: list[str], misfired: list[str]) -> None:
+        what = f"job {misfired[0]}" if len(misfired) == 1 else f"{len(misfired)} jobs"
+        super().__init__(
+            f"{what} misfired at schedule time: due more than its misfire_grace in the past with misfire='skip', "
+            "so it will not run (the others of this call were scheduled; see .ids). Schedule it later, raise "
+            "misfire_grace, or use misfire='run_late'")
+        self.ids = ids
+        self.misfired = misfired
+
+    @property
+    def job_id(self) -> str | None:
+        """The id when the call scheduled one job."""
+        return self.ids[0] if len(self.ids) == 1 else None

@@ -5,18 +5,22 @@ Per partition ``{ns:p}:`` +
   ``t``        timers: sorted set, member = id(15) + record, score = run_at ms      (state scheduled)
   ``m``        moved: hash id -> timer score, only for jobs whose score is not the id's run_at
   ``r:QUEUE``  ready list of ids, LPUSH in, RPOP out (FIFO)                           (state ready)
-  ``j``        bodies of jobs that are not in ``t``: hash id -> record
+  ``j``        bodies of jobs that are not in ``t``: hash id -> due ms (6 bytes) .. record
   ``i``        in-flight: sorted set id -> lease deadline ms                          (state running)
   ``l``        lease tokens: hash id -> token (the job's fence)
   ``d``        dead letter: sorted set id -> time of death ms                          (state dead)
-  ``e``        last errors: hash id -> msgpack [type, message, traceback, at_ms]
+  ``e``        last errors: hash id -> at_ms NUL type NUL message NUL traceback
   ``k``        idempotency keys: hash key -> id, while the job is live
   ``h:QUEUE``  held: sorted set id -> due ms, due jobs waiting for a rate-limit token (scheduled)
-  ``x``        tombstones: sorted set id..state-letter -> expiry ms (done, cancelled, misfired)
+  ``x``        legacy tombstones (before ``f``): sorted set id..state-letter -> expiry ms; only drained by tick
   ``q``        queue names interned to small numbers: ``n:NAME`` -> idx, ``i:IDX`` -> name
   ``g``        gauges per queue (``s:Q`` scheduled, ``a:Q`` running, ``d:Q`` dead)
   ``c``        counters per queue (``scheduled:Q``, ``fired:Q``, ...) exported by the partition owner
-  ``meta``     ``fence`` (last lease token: above the server clock in µs), ``epoch`` (highest scheduler epoch seen)
+  ``meta``     ``fence`` (last lease token: above the server clock in µs), ``epoch`` (highest scheduler epoch seen),
+               ``fcur`` (cursor of the incremental HSCAN that trims expired ``f`` entries)
+  ``f``        finished jobs (tombstones: done, cancelled, misfired): hash id -> packed summary (state,
+               finished and expiry ms, queue index, attempts, max_attempts, due ms of the last attempt,
+               created, key, truncated last error; layout in lua/_lib.lua ``tombstone``)
 Namespace-wide: ``{ns}:cfg`` (partition count, ``rate:QUEUE`` limits), ``{ns}:rl:QUEUE`` token buckets. Pub/sub: ``ns:wake`` (scheduler), ``ns:ready:QUEUE``.
 """
 from __future__ import annotations
@@ -28,7 +32,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 MAX_PARTITIONS = 4096
 
 # Order matters: scripts refer to these by position (see the KEYS header of each lua file).
-PARTITION_KEYS = ("t", "m", "j", "i", "l", "d", "e", "k", "x", "q", "g", "c", "meta")
+PARTITION_KEYS = ("t", "m", "j", "i", "l", "d", "e", "k", "x", "q", "g", "c", "meta", "f")
 
 
 def validate_name(kind: str, name: object) -> str:

@@ -85,7 +85,7 @@ def serve(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> No
 # Counters the Lua scripts keep per partition in the 'c' hash (field "EVENT:QUEUE"); the owner of
 # a partition exports them, so operators scrape the scheduler tier, not every producer.
 JOB_EVENTS = ("scheduled", "fired", "acked", "failed", "retried", "dead", "misfired", "cancelled",
-              "expired", "requeued", "purged", "released", "rescheduled", "ratelimited")
+              "expired", "requeued", "purged", "released", "rescheduled", "ratelimited", "dropped")
 STATES = ("scheduled", "ready", "running", "dead")
 
 

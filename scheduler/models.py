@@ -32,14 +32,32 @@ class JobError:
 
 @dataclass(frozen=True)
 class JobInfo:
-    """What ``get`` knows about a job. For done/cancelled/misfired (tombstones) only id, state and
-    ``expires_at`` are known."""
+    """What ``get``/``get_many``/``jobs``/``dead`` know about a job, in every state where the job
+    exists or has a tombstone.
+
+    Always: ``id``, ``state``. For every state below, including tombstones: ``queue``, ``key``
+    (idempotency key, None without one), ``run_at`` (when the current or last attempt was or is
+    due: the timer's run_at while scheduled, the due time of the attempt for ready, running and
+    dead jobs, also for a job scheduled in the past, e.g. ``schedule(1.0, ...)``), ``created``
+    (second precision), ``attempts`` (claims so far) and ``max_attempts``.
+
+    * scheduled (also held back by a rate limit: due, waiting for a token): ``run_at`` is when
+      it fires (held: when it became due); ``last_error`` of a failed attempt, if it is a retry.
+    * ready: ``run_at`` is when it became due.
+    * running: ``lease_deadline``, ``fence`` (the claim's token).
+    * dead: ``died_at`` and ``finished_at`` (the same time), ``last_error`` with its traceback.
+    * done / cancelled / misfired (tombstones, kept ``tombstone_ttl`` seconds): ``finished_at``,
+      ``expires_at`` (when the tombstone goes), and ``last_error`` if an attempt failed before
+      (a done job that succeeded on its second attempt keeps the first one's error): its time,
+      type and message, the message cut to about 150 bytes, without the traceback. No payload.
+      Tombstones written before this summary existed (upgrades) carry only ``expires_at``.
+    """
 
     id: str
     state: JobState
     queue: str | None = None
     key: str | None = None
-    run_at: datetime | None = None          # scheduled: when it fires
+    run_at: datetime | None = None          # due time of the current or last attempt
     attempts: int = 0                       # claims so far
     max_attempts: int | None = None
     created: datetime | None = None
@@ -49,3 +67,4 @@ class JobInfo:
     expires_at: datetime | None = None      # tombstones
     last_error: JobError | None = None
     payload: Any = field(default=None, repr=False)
+    finished_at: datetime | None = None     # done, cancelled, misfired, dead

@@ -9,6 +9,7 @@ import redis
 
 from scheduler import Client
 from scheduler.client import error_arg
+from scheduler.codec import TOMBSTONE_HEADER, decode_tombstone
 from scheduler.ids import ID_BYTES, encode_id, partition_of
 from scheduler.ops import Claimed, parse_claim
 from scheduler.transport import ScriptTransport
@@ -67,13 +68,31 @@ class Ops:
         return self.run("release", partition_of(job.raw_id), job.raw_id, job.token)[0]
 
 
+def tombstones(r: redis.Redis, client: Client) -> dict[str, str]:
+    """Map job id -> state (done, cancelled, misfired) for every tombstone summary (the ``f``
+    hashes), asserting each is well-formed and in its own partition."""
+    ks = client.keyspace
+    out: dict[str, str] = {}
+    for p in range(ks.partitions):
+        for raw, v in r.hgetall(ks.key(p, "f")).items():
+            assert len(raw) == ID_BYTES and partition_of(raw) == p, f"tombstone {raw!r} in partition {p}"
+            assert len(v) >= TOMBSTONE_HEADER, f"tombstone of {encode_id(raw)} is {len(v)} bytes"
+            t = decode_tombstone(v)
+            assert t.expires_ms >= t.finished_ms, f"tombstone of {encode_id(raw)} expires before it was written"
+            assert t.attempts <= t.max_attempts or t.max_attempts == 0, encode_id(raw)
+            out[encode_id(raw)] = t.state
+    return out
+
+
 def snapshot(r: redis.Redis, client: Client) -> dict[str, dict[str, str]]:
-    """Map job id -> state for every job in live structures; asserts the structural invariants."""
+    """Map job id -> state for every job in live structures; asserts the structural invariants
+    (also: no finished job's tombstone names a live job, and only live jobs have a last error)."""
     ks = client.keyspace
     states: dict[str, str] = {}
     seen: Counter[str] = Counter()
     for p in range(ks.partitions):
-        k = dict(zip(("t", "m", "j", "i", "l", "d", "e", "kk", "x", "q", "g", "c", "meta"), ks.partition_keys(p)))
+        k = dict(zip(("t", "m", "j", "i", "l", "d", "e", "kk", "x", "q", "g", "c", "meta", "f"),
+                     ks.partition_keys(p)))
         timers = r.zrange(k["t"], 0, -1, withscores=True)
         moved = {f: int(v) for f, v in r.hgetall(k["m"]).items()}
         bodies = r.hgetall(k["j"])
@@ -138,6 +157,10 @@ def snapshot(r: redis.Redis, client: Client) -> dict[str, dict[str, str]]:
             assert v == gcount.get(name, 0), f"gauge {name}={v} but counted {gcount.get(name, 0)} (partition {p})"
         for name, v in gcount.items():
             assert gauges.get(name, 0) == v, f"gauge {name} missing: counted {v}"
+        for raw in r.hkeys(k["e"]):
+            assert encode_id(raw) in states, f"{encode_id(raw)} has a last error but is not live (leaked 'e' entry)"
     dup = [j for j, n in seen.items() if n > 1]
     assert not dup, f"jobs in more than one state: {dup[:5]}"
+    both = set(tombstones(r, client)) & set(states)
+    assert not both, f"jobs both live and finished (tombstone): {sorted(both)[:5]}"
     return states

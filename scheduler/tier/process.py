@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import config
-from ..client import AsyncClient, parse_rate_limits
+from ..client import AsyncClient, parse_dead_retention, parse_queue_idle, parse_rate_limits
 from ..connection import async_redis, mask_url
 from ..transport import AsyncScriptTransport, RetryPolicy
 from ..coord import Coordinator, EtcdCoordinator
@@ -75,6 +75,8 @@ class SchedulerProcess:
         self._conflict_reported: dict[int, int] = {}
         self.ownership: Ownership | None = None
         self.rate_limits: dict[str, tuple[float, float]] = {}
+        self.dead_retention: tuple[int | None, float | None] = (None, None)
+        self.queue_idle: float | None = None  # until the config is read: retire nothing
         self._closing = False
         self._stop = asyncio.Event()
         self._wake_task: asyncio.Task[None] | None = None
@@ -150,10 +152,18 @@ class SchedulerProcess:
         runner = PartitionRunner(
             p, epoch, scripts=self.transport, core=core, metrics=self.metrics, config=self.cfg.runner,
             is_valid=lambda: own.owns(p, epoch), valid_for=own.valid_for, on_refused=self._refused,
-            limits=lambda: self.rate_limits, check_conflict=self._check_conflict,
+            limits=lambda: self.rate_limits, retention=self._retention_args, check_conflict=self._check_conflict,
             on_conflict_resolved=self._conflict_resolved)
         self.runners[p] = runner
         runner.start()
+
+    def _retention_args(self) -> tuple[int, int, int]:
+        """Tick's housekeeping arguments: dead ttl ms, max dead jobs per partition, queue idle ms
+        before a name is retired; 0 = none."""
+        max_dead, ttl = self.dead_retention
+        per_partition = -(-max_dead // self.client.core.ks.partitions) if max_dead else 0
+        idle = int(self.queue_idle * 1000) if self.queue_idle else 0
+        return (int(ttl * 1000) if ttl else 0), per_partition, idle
 
     async def _stop_partition(self, p: int) -> None:
         self.partition_stats.forget(p)  # the new owner exports it now: never count it twice
@@ -215,12 +225,19 @@ class SchedulerProcess:
                  "attempt(s) over %.1fs; firing resumed", p, epoch, refused, seconds)
 
     async def _load_config(self) -> None:
-        """Rate limits from the namespace config (set with Client.set_rate_limit)."""
+        """Rate limits and dead-letter retention from the namespace config (set with
+        Client.set_rate_limit / Client.set_dead_retention)."""
         try:
-            limits = parse_rate_limits(await self.redis.hgetall(self.client.keyspace.config_key))
+            cfg = await self.redis.hgetall(self.client.keyspace.config_key)
         except REDIS_ERRORS as exc:
-            log.warning("cannot read rate limits (%s); keeping the last known ones", exc)
+            log.warning("cannot read the namespace config (%s); keeping the last known one", exc)
             return
+        retention = parse_dead_retention(cfg)
+        if retention != self.dead_retention:
+            log.info("dead-letter retention now max_dead=%s dead_ttl=%s", *retention)
+            self.dead_retention = retention
+        self.queue_idle = parse_queue_idle(cfg)
+        limits = parse_rate_limits(cfg)
         if limits != self.rate_limits:
             log.info("rate limits now %s", limits or "none")
             self.rate_limits = limits

@@ -28,6 +28,7 @@ from zoneinfo import ZoneInfo
 
 from ..client import _Core
 from ..cron import LOOKAHEAD, occurrences, with_jitter
+from ..ids import encode_id
 from ..metrics import SchedulerMetrics
 from ..transport import AsyncScriptTransport
 
@@ -58,6 +59,7 @@ class PartitionRunner:
                  is_valid: Callable[[], bool], valid_for: Callable[[], float],
                  on_refused: Callable[[int, int], Awaitable[None]],
                  limits: Callable[[], dict[str, tuple[float, float]]] = dict,
+                 retention: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0),
                  check_conflict: Callable[[int, int, int], Awaitable[bool]] | None = None,
                  on_conflict_resolved: Callable[[int, int, int, float], None] | None = None) -> None:
         """``on_refused(partition, newest_epoch)``: a hand-over, the runner has stopped.
@@ -77,6 +79,7 @@ class PartitionRunner:
         self._check_conflict = check_conflict
         self._on_conflict_resolved = on_conflict_resolved
         self._limits = limits
+        self._retention = retention  # (dead ttl ms, max dead per partition, queue idle ms); 0 = none
         self._held: dict[str, int] = {}     # rate-limited queue -> jobs held in this partition
         self._refund: dict[str, int] = {}   # tokens granted but not used, returned next time
         self.wake = asyncio.Event()
@@ -265,7 +268,8 @@ class PartitionRunner:
         lim_args: list[object] = [len(limits)]
         for q in limits:
             lim_args += [q, grants.get(q, 0)]
-        calls = [core.call("tick", self.partition, self.epoch, cfg.batch, core.tomb_ms, *lim_args)]
+        calls = [core.call("tick", self.partition, self.epoch, cfg.batch, core.tomb_ms, *lim_args,
+                           *self._retention())]
         do_reap = now_local >= self._next_reap
         if do_reap:
             calls.append(core.call("reap", self.partition, self.epoch, cfg.reap_batch))
@@ -293,7 +297,14 @@ class PartitionRunner:
                 self._m.rate_limited.labels(self._m.replica, q).inc(newly)
         ncron = int(tick[4 + 4 * nlim])
         crons = [c.decode() for c in tick[5 + 4 * nlim: 5 + 4 * nlim + ncron]]
-        lateness = tick[5 + 4 * nlim + ncron:]
+        at = 5 + 4 * nlim + ncron
+        ndropped = int(tick[at])
+        dropped = tick[at + 1: at + 1 + 2 * ndropped]
+        lateness = tick[at + 1 + 2 * ndropped:]
+        for i in range(0, len(dropped), 2):  # one line per job, so support can answer "where did it go"
+            log.warning("partition %d: dead job %s (queue %r) dropped by the dead-letter retention rule "
+                        "(max_dead / dead_ttl, see Client.set_dead_retention)", self.partition,
+                        encode_id(dropped[i]), dropped[i + 1].decode())
         if crons:
             try:
                 await self.refill_crons(crons)

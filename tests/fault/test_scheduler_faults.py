@@ -33,7 +33,7 @@ import redis
 
 from scheduler import Client, JobState
 from scheduler.ids import decode_id, encode_id, partition_for_key, partition_of, run_at_of
-from scheduler.keys import Keyspace
+from scheduler.keys import PARTITION_KEYS, Keyspace
 from tests.helpers import snapshot
 from tests.procs import ZschedProc, scheduler_proc, wait_until
 from tests.servers import EtcdCluster, EtcdServer, RedisServer, ServerError, etcd_request, free_port
@@ -178,7 +178,7 @@ class FireWatcher:
 
 
 class StaleEpochMonitor:
-    """Redis ``MONITOR`` (raw socket) recording every scheduler script call (tick/reap: 13 keys, ARGV[4]
+    """Redis ``MONITOR`` (raw socket) recording every scheduler script call (tick/reap: the partition keys, ARGV[4]
     = epoch) that carries one of the given stale epochs: direct evidence of what a replica that lost
     its partitions sent to Redis, whether or not the fence refused it."""
 
@@ -199,9 +199,10 @@ class StaleEpochMonitor:
         try:
             for line in self.f:
                 args = self._ARG.findall(line)
-                if len(args) < 3 + 13 + 4 or args[0].lower() != b"evalsha" or args[2] != b"13":
+                nk = len(PARTITION_KEYS)
+                if len(args) < 3 + nk + 4 or args[0].lower() != b"evalsha" or args[2] != str(nk).encode():
                     continue
-                argv = args[16:]
+                argv = args[3 + nk:]
                 if not argv[0].startswith(self.prefix) or not argv[3].isdigit():
                     continue
                 epoch, part = int(argv[3]), int(argv[2])

@@ -284,7 +284,9 @@ def test_requeue_by_id_twice_runs_once(cli: Cli, client: Client, ops: Ops, r: re
     claimed = ops.claim("q", 10)
     assert [c.raw_id.hex() for c in claimed] == [jid] and claimed[0].record.attempt == 1
     doc = cli.json("dead", "requeue", jid)
-    assert doc == {"id": jid, "requeued": False, "state": "running", "run_at": None}
+    run_at = doc.pop("run_at")  # the due time of the running attempt (when it was requeued)
+    assert doc == {"id": jid, "requeued": False, "state": "running"}
+    assert run_at.endswith("Z") and client.get(jid).run_at.isoformat(timespec="milliseconds")[:23] == run_at[:23]
 
 
 def test_requeue_single_at_later_time(cli: Cli, client: Client, ops: Ops) -> None:

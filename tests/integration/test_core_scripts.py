@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import redis
 
+from scheduler.errors import MisfiredAtSchedule
 from scheduler import Client, ConfigError, JobState, PayloadError
 from tests.helpers import Ops, snapshot
 
@@ -46,9 +47,19 @@ def test_due_job_goes_straight_to_ready(client: Client, r: redis.Redis) -> None:
     assert snapshot(r, client)[jid] == "ready"
 
 
-def test_overdue_skip_job_is_misfired_not_fired(client: Client, ops: Ops, r: redis.Redis) -> None:
-    jid = client.schedule(time.time() - 10, "x", misfire="skip", misfire_grace=1)
+def test_overdue_skip_job_is_misfired_not_fired_and_the_caller_is_told(client: Client, ops: Ops,
+                                                                        r: redis.Redis) -> None:
+    with pytest.raises(MisfiredAtSchedule) as err:
+        client.schedule(time.time() - 10, "x", misfire="skip", misfire_grace=1)
+    jid = err.value.job_id
+    assert jid is not None and err.value.misfired == [jid] and "will not run" in str(err.value)
     assert client.get(jid).state is JobState.MISFIRED
+    with pytest.raises(MisfiredAtSchedule) as many:
+        client.schedule_many([(time.time() - 10, "a"), (time.time() + 60, "b"), (time.time() - 20, "c")],
+                             misfire="skip", misfire_grace=1)
+    ids = many.value.ids
+    assert len(ids) == 3 and many.value.misfired == [ids[0], ids[2]]
+    assert client.get(ids[1]).state is JobState.SCHEDULED
     late_ok = client.schedule(time.time() - 10, "y", misfire="skip", misfire_grace=60)
     assert client.get(late_ok).state is JobState.READY
     assert jid not in snapshot(r, client)
@@ -84,8 +95,9 @@ def test_tick_moves_due_jobs_in_bounded_batches_and_reports_next_due(client: Cli
     now = time.time()
     client.schedule_many([(now - 1, i) for i in range(30)] + [(now + 3600, "later")], queue="q")
     # the 30 overdue ones went straight to ready; add timers that become due
-    ids = client.schedule_many([(now + 0.05, i) for i in range(2500)], queue="q")
-    time.sleep(0.1)
+    due = time.time() + 1.0  # far enough ahead that none is already due when it is written
+    ids = client.schedule_many([(due, i) for i in range(2500)], queue="q")
+    time.sleep(max(0.0, due - time.time()) + 0.05)
     p = 0
     sizes = []
     while True:

@@ -169,3 +169,38 @@ async def test_handler_sees_the_nominal_time_of_a_cron_occurrence(redis_url: str
         assert key == f"cron:nom:{int(nominal.timestamp() * 1000)}"
     finally:
         await stop_replica(proc, task)
+
+
+def test_cron_keys_cannot_be_taken_over_by_a_producer(redis_url: str) -> None:
+    """A producer passing ``cron:NAME:<next nominal>`` as its key must not capture the cron's next
+    occurrence (the cron would stop): the client refuses the key space, the script too, and a
+    foreign job holding such a key (old data, a hand edit) is not adopted as the occurrence."""
+    client = Client.from_url(redis_url, namespace="cronkey", partitions=1)
+    ops = Ops(client)
+    client.add_cron("every", "* * * * * *", {"n": 1}, queue="cq")
+    (cron,) = client.crons()
+    nominal = int(cron.next_nominal.timestamp() * 1000)
+    with pytest.raises(ValueError, match="reserved"):
+        client.schedule(60.0, "hijack", key=f"cron:every:{nominal + 1000}")
+    core = client._core
+    opts = core.job_options(queue="cq", max_attempts=1, lease=30.0, misfire="run_late", misfire_grace=None,
+                            backoff=None, jitter=0.0)
+    name, keys, args = core.prepare_one(60.0, "hijack", None, opts)
+    args = list(args)
+    args[-1] = f"cron:every:{nominal + 1000}"
+    with pytest.raises(redis.ResponseError, match="reserved"):
+        client.transport.call(name, keys, args)
+    assert ops.claim("cq", 10) == []  # nothing was written by the refused call
+    # a foreign job already holding the next occurrence's key (written before the rule existed)
+    foreign = client.schedule(time.time() + 3600, "foreign", queue="other")
+    r = redis.Redis.from_url(redis_url)
+    r.hset("{cronkey:0}:k", f"cron:every:{nominal + 1000}", bytes.fromhex(foreign))
+    time.sleep(max(0.0, nominal / 1000 - time.time()) + 0.05)
+    assert ops.tick_all() >= 1  # fires the pending occurrence and schedules the next one
+    (after,) = client.crons()
+    assert after.pending_id != foreign, "the cron adopted a job that is not its occurrence"
+    info = client.get(after.pending_id)
+    assert info is not None and info.key == f"cron:every:{nominal + 1000}" and info.queue == "cq"
+    assert client.get(foreign).state is JobState.SCHEDULED  # the foreign job is left alone
+    r.close()
+    client.close()

@@ -51,3 +51,47 @@ def test_dev_stack_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_dev_stack_keeps_a_redis_password_out_of_banners_logs_and_child_command_lines(tmp_path: Path) -> None:
+    """A ``--redis`` URL with a password: the banner and the view mask it, and the children get the
+    URL through their environment, so ``ps`` (any user's) never shows it."""
+    import os
+    import signal
+    import time
+
+    from tests.servers import RedisServer
+
+    secret = "s3cr3t-Pw"
+    home = tmp_path / "zs"
+    with RedisServer() as srv:
+        # an ACL user with a password (the default user stays open for the harness's readiness probe)
+        srv.command("ACL", "SETUSER", "app", "on", f">{secret}", "~*", "&*", "+@all")
+        url = f"redis://app:{secret}@127.0.0.1:{srv.port}/0"
+        proc = subprocess.Popen([sys.executable, "-m", "scheduler.cli", "dev", "--plain", "--no-demo",
+                                 "--redis", url, "--replicas", "1", "--workers", "0",
+                                 "--home", str(home), "--namespace", "devpw"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+        try:
+            deadline = time.monotonic() + 60
+            buf = ""
+            while "partition owners" not in buf:
+                assert time.monotonic() < deadline, buf[-2000:]
+                buf += proc.stdout.readline()
+            children = [pid for pid, _cmd in processes_mentioning(str(home)) if pid != proc.pid]  # not zsched dev itself
+            assert children, "no child process found"
+            for pid in children:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    assert secret.encode() not in f.read(), f"the password is on pid {pid}'s command line"
+            proc.send_signal(signal.SIGINT)
+            rest, _ = proc.communicate(timeout=60)
+            assert proc.returncode == 0
+            out = buf + rest
+            assert "ZSCHED_REDIS_URL=redis://app:***@127.0.0.1" in out
+            assert secret not in out
+            for log in (home / "logs").glob("*.log"):
+                assert secret not in log.read_text(), f"the password is in {log}"
+            assert os.path.exists(home / "logs" / "scheduler-1.log")
+        finally:
+            if proc.poll() is None:
+                proc.kill()

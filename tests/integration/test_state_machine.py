@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from scheduler import Client
-from tests.helpers import Ops, snapshot
+from tests.helpers import Ops, snapshot, tombstones
 
 TERMINAL = "terminal"
 
@@ -25,6 +25,7 @@ def test_random_transitions_keep_every_job_in_exactly_one_state(redis_url: str) 
             self.ops = Ops(self.client)
             self.live: set[str] = set()      # ids that must be in some live state
             self.gone: set[str] = set()      # ids that must not be anywhere
+            self.finished: dict[str, str] = {}  # acked / cancelled ids -> the state their tombstone says
             self.claimed: list = []          # claims (possibly stale) to act on
 
         def teardown(self) -> None:
@@ -87,6 +88,7 @@ def test_random_transitions_keep_every_job_in_exactly_one_state(redis_url: str) 
             if self.client.cancel(jid):
                 self.live.discard(jid)
                 self.gone.add(jid)
+                self.finished[jid] = "cancelled"
 
         @precondition(lambda self: self.live)
         @rule(data=st.data(), now=st.booleans())
@@ -112,6 +114,7 @@ def test_random_transitions_keep_every_job_in_exactly_one_state(redis_url: str) 
             jid = encode_id(job.raw_id)
             self.live.discard(jid)
             self.gone.add(jid)
+            self.finished[jid] = "done"
 
         @invariant()
         def every_job_in_exactly_one_state(self):
@@ -119,6 +122,9 @@ def test_random_transitions_keep_every_job_in_exactly_one_state(redis_url: str) 
             assert self.live == set(states), (
                 f"lost: {sorted(self.live - set(states))[:3]} invented: {sorted(set(states) - self.live)[:3]}")
             assert not (self.gone & set(states))
+            tombs = tombstones(r, self.client)
+            wrong = {j: (s, tombs.get(j)) for j, s in self.finished.items() if tombs.get(j) != s}
+            assert not wrong, f"finished jobs without their tombstone: {list(wrong.items())[:3]}"
 
     run_state_machine_as_test(
         Machine,

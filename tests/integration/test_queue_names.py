@@ -1,0 +1,92 @@
+"""Queue names are interned per partition (2 bytes in every record); names of queues that are
+empty and idle are retired, so a namespace can use any number of queue names over time."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from scheduler import Client
+from tests.helpers import Ops, snapshot
+
+
+def _tick(ops: Ops, idle_ms: int, n: int = 1) -> None:
+    calls = [ops.core.call("tick", 0, 0, 1000, ops.core.tomb_ms, 0, 0, 0, idle_ms) for _ in range(n)]
+    ops.scripts.call_many(calls)
+
+
+def _schedule_to(c: Client, names: list[str], at: float = 0) -> list[str]:
+    core = c._core
+    calls, order = [], []
+    for name in names:
+        opts = core.job_options(queue=name, max_attempts=1, lease=30.0, misfire="run_late", misfire_grace=None,
+                                backoff=None, jitter=0.0)
+        call, _pos = core.prepare([(at, "x")], opts)
+        calls += call
+    ids: list[str] = []
+    for s in range(0, len(calls), 1000):
+        for reply in c.transport.call_many(calls[s:s + 1000]):
+            ids += [bytes.hex(r) for r in core.schedule_reply(reply)[0]]
+    return ids
+
+
+def test_seventy_thousand_queue_names_over_time_do_not_break_scheduling(redis_url: str) -> None:
+    c = Client.from_url(redis_url, namespace="qn", partitions=1)
+    ops = Ops(c)
+    r = redis.Redis.from_url(redis_url)
+    total = 0
+    for rnd in range(14):  # 70 000 names in all, more than the 65 535 a partition can hold at once
+        names = [f"q{rnd}-{i}" for i in range(5000)]
+        ids = _schedule_to(c, names)
+        total += len(ids)
+        cancel = [ops.core.call("cancel", 0, bytes.fromhex(j), ops.core.tomb_ms) for j in ids]
+        for s in range(0, len(cancel), 1000):
+            c.transport.call_many(cancel[s:s + 1000])
+        while r.hlen("{qn:0}:q") > 3 * 1000:  # n:, i:, u: per live name; retire most of this round
+            _tick(ops, idle_ms=1, n=200)
+    assert total == 70_000
+    # a retired name works again at once (a new index), and nothing is left in a wrong state
+    again = c.schedule(0, "back", queue="q0-1")
+    assert c.get(again).queue == "q0-1"
+    assert c.stats()["q0-1"]["ready"] == 1
+    assert set(snapshot(r, c)) == {again}
+    c.close()
+
+
+def test_only_empty_idle_queues_are_retired_with_their_counters(redis_url: str) -> None:
+    c = Client.from_url(redis_url, namespace="qr", partitions=1)
+    ops = Ops(c)
+    r = redis.Redis.from_url(redis_url)
+    c.schedule(time.time() + 3600, "later", queue="waiting")
+    c.schedule(0, "x", queue="deadq")
+    (dying,) = ops.claim("deadq", 1)
+    assert ops.fail(dying, kind="p") == 2  # a dead job keeps its queue's name
+    done = c.schedule(0, "x", queue="gone")
+    ops.ack(ops.claim("gone", 1)[0])
+    assert c.get(done).queue == "gone"
+    before = r.hgetall("{qr:0}:c")
+    assert b"acked:gone" in before
+    _tick(ops, idle_ms=0)  # 0 = never retire
+    assert r.hexists("{qr:0}:q", "n:gone")
+    time.sleep(0.05)
+    _tick(ops, idle_ms=10, n=5)
+    q = r.hgetall("{qr:0}:q")
+    assert b"n:gone" not in q, "an empty idle queue keeps its name"
+    assert b"n:waiting" in q and b"n:deadq" in q, "a queue with jobs lost its name"
+    c_after = r.hgetall("{qr:0}:c")
+    assert not any(k.endswith(b":gone") for k in c_after) and b"scheduled:waiting" in c_after
+    assert "gone" not in c.stats()
+    c.close()
+
+
+def test_queue_retirement_setting(redis_url: str) -> None:
+    c = Client.from_url(redis_url, namespace="qs", partitions=1)
+    assert c.queue_retirement() == 86400.0
+    c.set_queue_retirement(3600)
+    assert c.queue_retirement() == 3600.0
+    c.set_queue_retirement(None)
+    assert c.queue_retirement() is None
+    with pytest.raises(ValueError):
+        c.set_queue_retirement(-1)
+    c.close()
