@@ -56,6 +56,8 @@ from etcd3aio import (
     prefix_range_end,
 )
 
+from ..connection import mask_url
+
 __all__ = [
     "KV",
     "CoordinationError",
@@ -277,6 +279,9 @@ def parse_endpoints(endpoints: str | Sequence[str]) -> _ParsedEndpoints:
     raw = [r for r in raw if r]
     if not raw:
         raise ValueError("no etcd endpoints given (set ZSCHED_ETCD_ENDPOINTS, e.g. '127.0.0.1:2379')")
+    def _masked(item: str) -> str:  # error messages must not carry the password
+        return mask_url(item) if "://" in item else mask_url("http://" + item).split("://", 1)[1]
+
     schemes: set[str] = set()
     creds: set[tuple[str | None, str | None]] = set()
     out: list[_Endpoint] = []
@@ -288,20 +293,20 @@ def parse_endpoints(endpoints: str | Sequence[str]) -> _ParsedEndpoints:
             parts = urlsplit("//" + item)
             scheme = "http"
         if scheme not in ("http", "https"):
-            raise ValueError(f"etcd endpoint {item!r}: scheme must be http or https")
+            raise ValueError(f"etcd endpoint {_masked(item)!r}: scheme must be http or https")
         if parts.path not in ("", "/") or parts.query or parts.fragment:
-            raise ValueError(f"etcd endpoint {item!r}: expected [scheme://][user:password@]host[:port]")
+            raise ValueError(f"etcd endpoint {_masked(item)!r}: expected [scheme://][user:password@]host[:port]")
         try:
             port = parts.port or DEFAULT_PORT
         except ValueError as exc:
-            raise ValueError(f"etcd endpoint {item!r}: bad port") from exc
+            raise ValueError(f"etcd endpoint {_masked(item)!r}: bad port") from exc
         host = parts.hostname
         if not host:
-            raise ValueError(f"etcd endpoint {item!r}: missing host")
+            raise ValueError(f"etcd endpoint {_masked(item)!r}: missing host")
         if host == "localhost":
             host = "127.0.0.1"  # etcd3aio dials with the ipv4: scheme
         if _is_ipv6(host):
-            raise ValueError(f"etcd endpoint {item!r}: IPv6 addresses are not supported by the etcd3aio backend")
+            raise ValueError(f"etcd endpoint {_masked(item)!r}: IPv6 addresses are not supported by the etcd3aio backend")
         schemes.add(scheme)
         user = unquote(parts.username) if parts.username is not None else None
         password = unquote(parts.password) if parts.password is not None else None

@@ -57,3 +57,13 @@ def test_clients_are_built_without_redis_py_retries() -> None:
 ])
 def test_credentials_are_masked(url: str, masked: str) -> None:
     assert mask_url(url) == masked
+
+
+@pytest.mark.parametrize("endpoint", ["http://root:hunter2@127.0.0.1:xx", "root:hunter2@127.0.0.1:xx",
+                                      "ftp://root:hunter2@127.0.0.1:2379"])
+def test_etcd_endpoint_errors_do_not_carry_the_password(endpoint: str) -> None:
+    from scheduler.coord import EtcdCoordinator
+
+    with pytest.raises(ValueError) as err:
+        EtcdCoordinator.from_endpoints(endpoint)
+    assert "hunter2" not in str(err.value) and "root:***@" in str(err.value)
