@@ -609,12 +609,13 @@ class StatsReport:
     totals: dict[str, int] = field(default_factory=dict)
 
 
-def read_owners(endpoints: str, namespace: str, *, timeout: float = 1.5) -> dict[int, str]:
-    """Partition -> replica id from etcd (keys ``/zsched/NS/owners/P``). Raises on any failure
-    (unreachable, timeout, auth); bounded by ``timeout`` seconds in total."""
+def read_owner_records(endpoints: str, namespace: str, *, timeout: float = 1.5) -> dict[int, tuple[str, int]]:
+    """Partition -> (replica id, create revision = the owner's epoch) from etcd (keys
+    ``/zsched/NS/owners/P``). Raises on any failure (unreachable, timeout, auth); bounded by about
+    ``2 * timeout`` seconds in total."""
     from .coord import EtcdCoordinator
 
-    async def run() -> dict[int, str]:
+    async def run() -> dict[int, tuple[str, int]]:
         coord = EtcdCoordinator.from_endpoints(endpoints, timeout=timeout)
         try:
             await coord.connect(timeout=timeout)
@@ -622,17 +623,22 @@ def read_owners(endpoints: str, namespace: str, *, timeout: float = 1.5) -> dict
             kvs, _rev = await coord.get_prefix(prefix, timeout=timeout)
         finally:
             await coord.close()
-        out: dict[int, str] = {}
+        out: dict[int, tuple[str, int]] = {}
         for kv in kvs:
             rest = kv.key[len(prefix):]
             if rest.isdigit():
-                out[int(rest)] = kv.value.decode("utf-8", "replace")
+                out[int(rest)] = (kv.value.decode("utf-8", "replace"), kv.create_revision)
         return out
 
-    async def bounded() -> dict[int, str]:
+    async def bounded() -> dict[int, tuple[str, int]]:
         return await asyncio.wait_for(run(), timeout * 2 + 0.5)
 
     return asyncio.run(bounded())
+
+
+def read_owners(endpoints: str, namespace: str, *, timeout: float = 1.5) -> dict[int, str]:
+    """Partition -> replica id from etcd; see :func:`read_owner_records`."""
+    return {p: rec[0] for p, rec in read_owner_records(endpoints, namespace, timeout=timeout).items()}
 
 
 def collect_stats(client: Client, *, etcd_endpoints: str | None = None, etcd_timeout: float = 1.5) -> StatsReport:

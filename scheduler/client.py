@@ -839,14 +839,8 @@ class Client:
         than ``dead_ttl`` seconds; ``None`` lifts that limit. The scheduler tier applies it on
         every tick; each dropped job is counted (``zsched_jobs_total{event="dropped"}``) and
         logged with its id by the replica that dropped it."""
-        fields = retention_fields(max_dead, dead_ttl)
         pipe = self.redis.pipeline(transaction=True)
-        for k, v in fields.items():
-            if v is None:
-                pipe.hdel(self.keyspace.config_key, k)
-            else:
-                pipe.hset(self.keyspace.config_key, k, v)
-        pipe.publish(self.keyspace.config_channel, "dead")
+        config_commands(pipe, self.keyspace, retention_fields(max_dead, dead_ttl), "dead")
         pipe.execute()
 
     def dead_retention(self) -> tuple[int | None, float | None]:
@@ -1090,14 +1084,8 @@ class AsyncClient:
     async def set_dead_retention(self, max_dead: int | None = None, dead_ttl: float | None = None) -> None:
         """See :meth:`Client.set_dead_retention`."""
         core = await self._core()
-        fields = retention_fields(max_dead, dead_ttl)
         pipe = self.redis.pipeline(transaction=True)
-        for k, v in fields.items():
-            if v is None:
-                pipe.hdel(core.ks.config_key, k)
-            else:
-                pipe.hset(core.ks.config_key, k, v)
-        pipe.publish(core.ks.config_channel, "dead")
+        config_commands(pipe, core.ks, retention_fields(max_dead, dead_ttl), "dead")
         await pipe.execute()
 
     async def dead_retention(self) -> tuple[int | None, float | None]:
@@ -1187,3 +1175,14 @@ def parse_queue_idle(cfg: Any) -> float | None:
     except ValueError:
         ms = DEFAULT_QUEUE_IDLE * 1000
     return ms / 1000.0 if ms > 0 else None
+
+
+def config_commands(pipe: Any, ks: Keyspace, fields: dict[str, str | None], what: str) -> None:
+    """Queue the namespace-config writes (None deletes a field) and the change notice the
+    scheduler tier listens for."""
+    for k, v in fields.items():
+        if v is None:
+            pipe.hdel(ks.config_key, k)
+        else:
+            pipe.hset(ks.config_key, k, v)
+    pipe.publish(ks.config_channel, what)

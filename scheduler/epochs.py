@@ -57,27 +57,8 @@ class Owner:
 def read_owner_epochs(endpoints: str, namespace: str, *, timeout: float = 1.5) -> dict[int, Owner]:
     """Partition -> owner (replica id, create revision of ``/zsched/NS/owners/P`` = its epoch)
     from etcd. Raises on any failure; bounded by about ``2 * timeout`` seconds in total."""
-    from .coord import EtcdCoordinator
-
-    async def run() -> dict[int, Owner]:
-        coord = EtcdCoordinator.from_endpoints(endpoints, timeout=timeout)
-        try:
-            await coord.connect(timeout=timeout)
-            prefix = f"/zsched/{namespace}/owners/"
-            kvs, _rev = await coord.get_prefix(prefix, timeout=timeout)
-        finally:
-            await coord.close()
-        out: dict[int, Owner] = {}
-        for kv in kvs:
-            rest = kv.key[len(prefix):]
-            if rest.isdigit():
-                out[int(rest)] = Owner(kv.value.decode("utf-8", "replace"), kv.create_revision)
-        return out
-
-    async def bounded() -> dict[int, Owner]:
-        return await asyncio.wait_for(run(), timeout * 2 + 0.5)
-
-    return asyncio.run(bounded())
+    return {p: Owner(replica, epoch)
+            for p, (replica, epoch) in admin.read_owner_records(endpoints, namespace, timeout=timeout).items()}
 
 
 @dataclass(frozen=True)
