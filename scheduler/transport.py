@@ -13,7 +13,7 @@ sends script calls through :class:`ScriptTransport` or :class:`AsyncScriptTransp
 * **NOSCRIPT recovery in one place**: a call refused with NOSCRIPT did not run; the script is
   loaded on the same connection and only the refused calls are sent again.
 * **Retries in one place** (:class:`RetryPolicy`): connection errors, timeouts and replies that
-  mean "not executed" (LOADING, BUSY, MASTERDOWN, READONLY after a failover) are retried with
+  mean "not executed" (LOADING, BUSY, MASTERDOWN, READONLY after a failover, NOREPLICAS) are retried with
   capped, fully jittered exponential backoff within a time budget. A call that may have run (the
   connection failed after it was written) is re-sent only when its script is safe to run twice,
   per :data:`RESEND`; ``schedule`` is re-sent with its re-send flag set, which makes the script
@@ -73,7 +73,8 @@ RESEND: dict[str, str] = {
 RESEND_FLAG: dict[str, int] = {"schedule": 6}  # 0-based index into args (ARGV[index + 1]) of the flag
 
 # Error replies that mean the command was not executed: safe to send again after a pause.
-_NOT_RUN = ("LOADING", "BUSY ", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERDOWN")
+# NOREPLICAS (min-replicas-to-write not met) is raised at a script's first write, before it wrote.
+_NOT_RUN = ("LOADING", "BUSY ", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
 TRANSIENT = (ConnectionError, TimeoutError, OSError)
 
 

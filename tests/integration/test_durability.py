@@ -154,3 +154,31 @@ def test_cli_schedule_durable(pair: tuple[RedisServer, RedisServer], capsys: pyt
     rc = main([*base, "--durable", "fsync"])
     out, err = capsys.readouterr()
     assert rc == 2 and "WAITAOF" in err and out == ""
+
+
+def test_a_master_refusing_writes_for_want_of_replicas_is_waited_for_not_failed() -> None:
+    """``min-replicas-to-write 1`` (the guard against writing to an isolated master): NOREPLICAS
+    means the script wrote nothing, so the call is retried and succeeds once a replica is back."""
+    import threading
+
+    with RedisServer() as master:
+        c = Client.from_url(master.url, namespace="norep", partitions=1)  # creates the namespace
+        master.command("CONFIG", "SET", "min-replicas-to-write", "1")
+        result: dict[str, object] = {}
+
+        def produce() -> None:
+            try:
+                result["id"] = c.schedule(LATER, "waits for a replica")
+            except Exception as exc:  # noqa: BLE001 - asserted below
+                result["error"] = exc
+
+        t = threading.Thread(target=produce)
+        t.start()
+        time.sleep(0.5)
+        assert t.is_alive(), f"the call did not wait: {result}"
+        with RedisServer(extra_args=["--replicaof", "127.0.0.1", str(master.port)]):
+            t.join(15)
+        assert "error" not in result, result
+        assert c.get(str(result["id"])) is not None
+        assert c.transport.resends == 0  # refused before writing: not a re-send of a call that may have run
+        c.close()
