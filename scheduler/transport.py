@@ -362,13 +362,38 @@ class ScriptTransport:
 
 
 class AsyncScriptTransport:
-    """The asyncio twin of :class:`ScriptTransport` (a ``redis.asyncio`` client)."""
+    """The asyncio twin of :class:`ScriptTransport` (a ``redis.asyncio`` client).
+
+    A caller that never has two round trips in flight at once on the same *lane* (e.g. the
+    worker's claim loop and its outcome loop) may name it: the lane keeps the pool connection it
+    checked out between calls instead of paying the pool's checkout and return (lock, health
+    probe, book-keeping) on every round trip. The connection goes back to the pool when a call
+    on it fails or :meth:`close` is called."""
 
     def __init__(self, redis: Any, retry: RetryPolicy = DEFAULT_RETRY) -> None:
         self.redis = redis
         self.retry = retry
         self.scripts = load_scripts()
         self.resends = 0
+        self._lanes: dict[str, Any] = {}
+
+    async def close(self) -> None:
+        """Return the lanes' connections to the pool."""
+        lanes, self._lanes = self._lanes, {}
+        for conn in lanes.values():
+            await self.redis.connection_pool.release(conn)
+
+    async def _checkout(self, lane: str | None) -> Any:
+        pool = self.redis.connection_pool
+        conn = self._lanes.pop(lane, None) if lane is not None else None
+        if conn is None:
+            return await pool.get_connection()
+        try:  # the pool's own checkout probe: reconnects one the server closed (a restart)
+            await pool.ensure_connection(conn)
+        except BaseException:
+            await asyncio.shield(_drop_and_release(pool, conn))
+            raise
+        return conn
 
     async def call(self, name: str, keys: Sequence[Any], args: Sequence[Any], *,
                    retry: RetryPolicy | None = None, resend: bool = True) -> Any:
@@ -376,8 +401,9 @@ class AsyncScriptTransport:
         return (await self.call_many([(name, keys, args)], retry=retry, resend=resend))[0]
 
     async def call_many(self, calls: Sequence[Call], *, retry: RetryPolicy | None = None, resend: bool = True,
-                        raise_on_error: bool = True, then: Sequence[Any] | None = None) -> list[Any]:
-        """See :meth:`ScriptTransport.call_many`."""
+                        raise_on_error: bool = True, then: Sequence[Any] | None = None,
+                        lane: str | None = None) -> list[Any]:
+        """See :meth:`ScriptTransport.call_many`; ``lane``: see the class docstring."""
         batch = _Batch(calls, self.scripts)
         policy = retry or self.retry
         delays = policy.delays()
@@ -385,7 +411,7 @@ class AsyncScriptTransport:
         tail: Any = None
         while True:
             try:
-                conn = await pool.get_connection()
+                conn = await self._checkout(lane)
             except TRANSIENT:
                 if not await self._pause(delays):
                     raise
@@ -404,7 +430,10 @@ class AsyncScriptTransport:
             except BaseException:  # cancelled mid-call, or a bug: the reply may be half read
                 await asyncio.shield(_drop_and_release(pool, conn))
                 raise
-            await pool.release(conn)
+            if lane is not None and lane not in self._lanes:
+                self._lanes[lane] = conn
+            else:
+                await pool.release(conn)
             if batch.pending:
                 if not await self._pause(delays):
                     break

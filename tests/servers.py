@@ -1173,10 +1173,49 @@ class SentinelSet:
 
     def wait_settled(self, timeout: float = 20.0) -> None:
         """Wait until the master has its replica online and every sentinel knows the master, the
-        replica and every other sentinel (``SENTINEL master NAME``: num-slaves, num-other-sentinels)."""
-        m, r = self.master, self.replica
-        _wait_for(lambda: self._replica_online(m, r), timeout, lambda: f"{r!r} to sync from {m!r}")
-        _wait_for(lambda: self._settled(m), timeout, lambda: f"sentinels to settle: {self._sentinel_views()}", 0.05)
+        replica and every other sentinel (``SENTINEL master NAME``: num-slaves, num-other-sentinels).
+
+        On a loaded machine Sentinel may fail over once more meanwhile (a just-promoted master that
+        is busy with a full sync can miss its down-after window): when every sentinel agrees on the
+        other server as master, the roles are swapped and the wait goes on in that direction."""
+        def synced() -> bool:
+            m, r = self.master, self.replica
+            if self._replica_online(m, r):
+                return True
+            views = set(self.master_ports().values())
+            if views == {r.port}:
+                try:
+                    if redis_info(r.port, "replication", timeout=0.5).get("role") == "master":
+                        self._master_i = self.servers.index(r)
+                except (OSError, ServerError):
+                    pass
+            return False
+
+        _wait_for(synced, timeout, lambda: f"{self.replica!r} to sync from {self.master!r}: {self._sentinel_views()}")
+        _wait_for(lambda: self._settled(self.master), timeout,
+                  lambda: f"sentinels to settle: {self._sentinel_views()}", 0.05)
+
+    def wait_sentinels_steady(self, steady: float = 1.5, timeout: float = 30.0) -> None:
+        """Wait until every sentinel has named the current master, without a down flag, for
+        ``steady`` seconds (restarting the old master earlier can trigger a second failover)."""
+        since: list[float] = []
+
+        def steady_now() -> bool:
+            ok = False
+            try:
+                ok = all(s.master_info(0.5).get("flags") == "master"
+                         and s.master_info(0.5).get("port") == str(self.master.port)
+                         for s in self.sentinels if s.running)
+            except (OSError, ServerError):
+                ok = False
+            if not ok:
+                since.clear()
+                return False
+            if not since:
+                since.append(time.monotonic())
+            return time.monotonic() - since[0] >= steady
+
+        _wait_for(steady_now, timeout, lambda: f"sentinels to agree on {self.master!r}: {self._sentinel_views()}", 0.1)
 
     def start(self) -> Self:
         """Start master, then the replica (waits until it is in sync: sentinels learn replicas from
@@ -1246,6 +1285,7 @@ class SentinelSet:
         """
         old = self.replica
         if not old.running:
+            self.wait_sentinels_steady(timeout=timeout)
             if replicaof_in_config:
                 with open(old.conf_path, "a") as f:  # the last replicaof line wins
                     f.write(f"replicaof {HOST} {self.master.port}\n")

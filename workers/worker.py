@@ -414,6 +414,7 @@ class Worker:
                     metrics_server.shutdown()
                     metrics_server.server_close()
                 try:
+                    await self._transport.close()
                     await self._redis.aclose()
                 except Exception:
                     pass
@@ -521,12 +522,12 @@ class Worker:
                 await asyncio.sleep(1.0)
 
     # -- Redis calls ----------------------------------------------------------------------------
-    async def _exec(self, calls: Sequence[tuple[str, list[str], list[Any]]]) -> list[Any]:
+    async def _exec(self, calls: Sequence[tuple[str, list[str], list[Any]]], lane: str) -> list[Any]:
         """Run script calls in one round trip (the claim and flush loops each have at most one in
         flight). Per-call errors come back as exception objects (one bad partition does not hide
         the others' results); connection errors raise, and nothing that may have reached Redis is
         re-sent by the transport: the caller's loop does that, marking outcomes uncertain."""
-        return await self._transport.call_many(calls, resend=False, raise_on_error=False)
+        return await self._transport.call_many(calls, resend=False, raise_on_error=False, lane=lane)
 
     # -- candidates & claiming ------------------------------------------------------------------
     def _notify(self, queue: str, p: int) -> None:
@@ -624,7 +625,7 @@ class Worker:
                       for q, p, n, _, rid in plan]
             t0 = loop_time()
             try:
-                replies = await self._exec(calls)
+                replies = await self._exec(calls, "claim")
                 if self._hist is not None:
                     self._hist.roundtrip("claim", loop_time() - t0)
             except _REDIS_ERRORS as exc:
@@ -893,7 +894,7 @@ class Worker:
             self._flushing = True
             try:
                 t_flush = time.perf_counter()
-                results = await self._exec(calls)
+                results = await self._exec(calls, "flush")
                 if self._hist is not None:
                     self._hist.roundtrip("ack", time.perf_counter() - t_flush)
             except _REDIS_ERRORS as exc:

@@ -131,7 +131,8 @@ class Stack:
         self.n_sched, self.n_workers, self.ttl = schedulers, workers, ttl
         self.params = params or Params()
         self.rate, self.n_producers, self.max_attempts = rate, producers, max_attempts
-        self.sentinel = SentinelSet(aof=True)
+        # 2 s down-after: on a loaded 2-core machine 1 s let Sentinel flag a busy new master down
+        self.sentinel = SentinelSet(aof=True, down_after_ms=2000)
         self.etcd = EtcdCluster(3)
         self.scheds: list[Proc] = []
         self.workers: list[Proc] = []
