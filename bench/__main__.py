@@ -3,7 +3,8 @@ Prints JSON; ``all`` also writes bench/out/results.json and bench/RESULTS.md.
 
 Suites: core (W1 enqueue, W2 memory, tick), drain (W3), lateness (W4), herd (W5), scale (W6),
 failover (W7), pg (the seed's PostgreSQL design), transport (old vs new script transport, W1 and
-W3 side by side; not part of all), all.
+W3 side by side; not part of all), soak (30 min at 2 000 jobs/s: memory must stay flat; not part
+of all; ``python -m bench.soak --results`` also writes its section of RESULTS.md), all.
 """
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from typing import Any
 
 from bench import common
 
-SUITES = ("core", "drain", "lateness", "herd", "scale", "failover", "pg", "transport")
-NOT_IN_ALL = ("transport",)  # needs git and the old commit; minutes of interleaved runs
+SUITES = ("core", "drain", "lateness", "herd", "scale", "failover", "pg", "transport", "soak")
+# transport needs git and the old commit (minutes of interleaved runs); soak runs 30 minutes
+NOT_IN_ALL = ("transport", "soak")
 
 
 def run_suite(name: str, quick: bool, memory_sizes: list[int]) -> Any:
@@ -48,6 +50,9 @@ def run_suite(name: str, quick: bool, memory_sizes: list[int]) -> Any:
     if name == "pg":
         from bench import pg_baseline
         return pg_baseline.run(argparse.Namespace(quick=quick))
+    if name == "soak":
+        from bench import soak
+        return soak.run(3.0 if quick else 30.0)
     if name == "transport":
         from bench import transport_compare
         return transport_compare.run(quick)

@@ -1,6 +1,8 @@
 """bench/RESULTS.md from the suite's JSON: targets, zsched's figures, and the PostgreSQL baseline."""
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 from typing import Any
 
@@ -95,4 +97,24 @@ def write_markdown(r: dict[str, Any], path: Path) -> None:
              "| workload | measure | zsched | PostgreSQL baseline (seed design) | target |", "|---|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in rows(r)]
     lines += ["", "Seconds per suite: " + ", ".join(f"{k} {v}" for k, v in (r.get("seconds") or {}).items()), ""]
-    path.write_text("\n".join(lines))
+    kept = _sections(path.read_text()) if path.exists() else {}
+    path.write_text("\n".join(lines) + "".join(f"\n{block}\n" for block in kept.values()))
+
+
+_SECTION = re.compile(r"<!-- section:(\w+) -->.*?<!-- /section:\1 -->", re.S)
+
+
+def _sections(text: str) -> dict[str, str]:
+    return {m.group(1): m.group(0) for m in _SECTION.finditer(text)}
+
+
+def update_section(path: Path, name: str, markdown: str) -> None:
+    """Write (or replace) a named section of RESULTS.md: suites that are not part of ``all``
+    (soak, transport) keep their latest figures there, and ``all`` keeps them when it rewrites."""
+    block = f"<!-- section:{name} -->\n{markdown.rstrip()}\n<!-- /section:{name} -->"
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    if f"<!-- section:{name} -->" in text:
+        text = _SECTION.sub(lambda m: block if m.group(1) == name else m.group(0), text)
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.write_text(text)

@@ -34,12 +34,15 @@ async def test_kill9_mid_job_runs_it_again_once_after_its_lease(redis_url: str, 
             await wait_for(lambda: p1.metric("zsched_worker_acked_total") == 30, 10, what="fast jobs acked")
             slow = client.schedule(0, {"slow": True}, lease=lease, max_attempts=3)
             await wait_for(lambda: any(r[1] == slow for r in read_runs(tmp_path)), 5, what="slow job to start")
+            # the rescuer is up before the kill: the bound below is about the lease, not about how
+            # long a Python process takes to start on a busy machine
+            p2 = spawn_worker(tmp_path, redis_url, "--concurrency", "4")
+            await wait_worker_ready(p2)
             await asyncio.sleep(lease * 0.8)  # heartbeats have extended the lease meanwhile
             p1.kill()
             killed_at = time.time()
             assert client.get(slow).state is JobState.RUNNING
 
-            p2 = spawn_worker(tmp_path, redis_url, "--concurrency", "4")
             await wait_for(lambda: sum(1 for r in read_runs(tmp_path) if r[1] == slow and r[0] == "END"), 10,
                            what="the slow job to run again")
             await asyncio.sleep(lease * 2)  # time for a wrongful third run
