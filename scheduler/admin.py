@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, Iterator, Sequence, cast
 
-import redis
 
 from . import config
 from .client import Client

@@ -17,7 +17,6 @@ Scripts are called the way :mod:`scheduler.admin` calls them (EVALSHA with NOSCR
 """
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any, Sequence
 

@@ -3,6 +3,7 @@ empty and idle are retired, so a namespace can use any number of queue names ove
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -18,7 +19,7 @@ def _tick(ops: Ops, idle_ms: int, n: int = 1) -> None:
 
 def _schedule_to(c: Client, names: list[str], at: float = 0) -> list[str]:
     core = c._core
-    calls, order = [], []
+    calls: list[Any] = []
     for name in names:
         opts = core.job_options(queue=name, max_attempts=1, lease=30.0, misfire="run_late", misfire_grace=None,
                                 backoff=None, jitter=0.0)
