@@ -118,21 +118,24 @@ def run(minutes: float = 30.0, rate: int = 2000) -> dict[str, Any]:
 
 
 def markdown(r: dict[str, Any], m: dict[str, Any]) -> str:
+    def n(x: Any) -> str:
+        return f"{x:,}".replace(",", " ")
+
     w = r["used_memory_after_warmup"] or {}
     return "\n".join([
         "## Soak (`python -m bench soak`)", "",
         f"Measured {m['date']}: {r['minutes']:g} min at {r['rate_jobs_per_s']} jobs/s through 2 scheduler replicas and "
-        f"2 workers (5 queues, 3 % retried once, 2 % dead-lettered under a 2 000-job retention, 10 per-second "
+        "2 workers (5 queues, 3 % retried once, 2 % dead-lettered under a 2 000-job retention, 10 per-second "
         f"crons), tombstone TTL {r['tombstone_ttl_s']:g} s, Redis AOF everysec.", "",
         "| measure | value |", "|---|---|",
-        f"| jobs scheduled / acked | {r['sent']:,} / {r['acked']:,} |",
-        f"| Redis used_memory after warm-up (2 x TTL): min / max / last | {w.get('min', 0):,} / {w.get('max', 0):,} / "
-        f"{w.get('last', 0):,} bytes |",
-        f"| slope of used_memory after warm-up | {r['used_memory_slope_bytes_per_min']:,} bytes/min "
-        f"({r['slope_over_mean_per_hour']} of the mean per hour) |",
-        f"| dead jobs dropped by the retention rule | {r['dead_dropped_by_retention']:,} |",
+        f"| jobs scheduled / acked | {n(r['sent'])} / {n(r['acked'])} |",
+        f"| Redis used_memory after warm-up (2 x TTL): min / max / first / last | {n(w.get('min', 0))} / "
+        f"{n(w.get('max', 0))} / {n(w.get('first', 0))} / {n(w.get('last', 0))} bytes |",
+        f"| slope of used_memory after warm-up (least squares) | {n(r['used_memory_slope_bytes_per_min'])} bytes/min "
+        f"({r['slope_over_mean_per_hour']:.1%} of the mean per hour) |",
+        f"| dead jobs dropped by the retention rule | {n(r['dead_dropped_by_retention'])} |",
         f"| producer errors | {r['producer_errors']} |",
-    ]).replace(",", " ")
+    ])
 
 
 def main() -> None:
