@@ -93,10 +93,12 @@ class Stack:
     def stop(self) -> None:
         # workers first (they hand unfinished jobs back), then schedulers (they release ownership),
         # then the servers
-        order = ([c for c in self.children if c.name.startswith("worker")]
-                 + [c for c in self.children if c.name.startswith("scheduler")]
-                 + [c for c in self.children if c.name in ("etcd", "redis")])
-        for group in (order[: sum(c.name.startswith("worker") for c in order)], order):
+        # (three separate phases: with no workers, schedulers and servers must still not stop together,
+        # or etcd is gone before the schedulers revoke their lease)
+        groups = ([c for c in self.children if c.name.startswith("worker")],
+                  [c for c in self.children if c.name.startswith("scheduler")],
+                  [c for c in self.children if c.name in ("etcd", "redis")])
+        for group in groups:
             for c in group:
                 if c.alive and c.proc is not None:
                     c.proc.send_signal(signal.SIGTERM)

@@ -92,6 +92,8 @@ def test_dev_stack_keeps_a_redis_password_out_of_banners_logs_and_child_command_
             for log in (home / "logs").glob("*.log"):
                 assert secret not in log.read_text(), f"the password is in {log}"
             assert os.path.exists(home / "logs" / "scheduler-1.log")
+            assert "stopped, no process left behind" in rest
+            assert processes_mentioning(str(home)) == [], "a child process outlived zsched dev"
         finally:
             if proc.poll() is None:
                 proc.kill()
