@@ -608,7 +608,7 @@ class _Options:
         # A re-sent schedule recognises its jobs by id, finished ones by their tombstone: re-send
         # only while tombstones outlive the retry window by a wide margin.
         self.resend_schedule = core.tomb_ms >= 2000 * self.retry.budget
-        self.version: str | None = None
+        self.waitaof_checked = False  # durable="fsync": the server was checked for WAITAOF once
 
     def _check(self, d: dur.Durability | None) -> dur.Durability | None:
         t = self.socket_timeout
@@ -661,9 +661,9 @@ class Client:
 
     def _durability(self, durable: Any) -> dur.Durability | None:
         d = self._opts.durability(durable)
-        if d is not None and d.mode == "fsync" and self._opts.version is None:
+        if d is not None and d.mode == "fsync" and not self._opts.waitaof_checked:
             dur.require_waitaof(self.redis.info("server"))
-            self._opts.version = "waitaof"
+            self._opts.waitaof_checked = True
         return d
 
     def _schedule_calls(self, calls: list[Any], d: dur.Durability | None) -> list[Any]:
@@ -932,9 +932,9 @@ class AsyncClient:
     async def _durability(self, durable: Any) -> dur.Durability | None:
         assert self._opts is not None
         d = self._opts.durability(durable)
-        if d is not None and d.mode == "fsync" and self._opts.version is None:
+        if d is not None and d.mode == "fsync" and not self._opts.waitaof_checked:
             dur.require_waitaof(await self.redis.info("server"))
-            self._opts.version = "waitaof"
+            self._opts.waitaof_checked = True
         return d
 
     async def schedule(self, at: Any, payload: Any = None, *, queue: str = "default", key: str | None = None,

@@ -405,6 +405,25 @@ class _Server:
             raise
         return self
 
+    def _start_on_free_port(self, on_new_port: Callable[[], None] | None = None) -> Self:
+        """``start()`` for servers with one auto-picked ``_port``: the port can be grabbed by someone
+        else before we bind it, so retry with a new one, but only before the first successful
+        start (a restart must keep its port)."""
+        auto = getattr(self, "_auto_port", False)
+        for attempt in range(3):
+            try:
+                _Server.start(self)
+                self._started_once = True
+                return self
+            except ServerError:
+                if not (auto and not getattr(self, "_started_once", False) and attempt < 2
+                        and "Address already in use" in self.log_tail()):
+                    raise
+                self._port = free_port()
+                if on_new_port is not None:
+                    on_new_port()
+        return self
+
     def _signal(self, sig: int) -> None:
         if self.running and self._proc is not None:
             os.kill(self._proc.pid, sig)
@@ -593,23 +612,7 @@ class RedisServer(_Server):
             self._once_args = []
 
     def start(self) -> Self:
-        # An auto-picked port can be grabbed by someone else before we bind it: retry with a new
-        # one, but only before the first successful start (a restart must keep its port).
-        for attempt in range(3):
-            try:
-                super().start()
-                self._started_once = True
-                return self
-            except ServerError:
-                if not (
-                    self._auto_port
-                    and not self._started_once
-                    and attempt < 2
-                    and "Address already in use" in self.log_tail()
-                ):
-                    raise
-                self._port = free_port()
-        return self
+        return self._start_on_free_port()
 
     def ping(self, timeout: float = 1.0) -> bool:
         """True if the server answers PING within ``timeout``."""
@@ -963,22 +966,7 @@ class SentinelServer(_Server):
         super().spawn()
 
     def start(self) -> Self:
-        for attempt in range(3):  # port race on the first start: new port, new config
-            try:
-                super().start()
-                self._started_once = True
-                return self
-            except ServerError:
-                if not (
-                    self._auto_port
-                    and not self._started_once
-                    and attempt < 2
-                    and "Address already in use" in self.log_tail()
-                ):
-                    raise
-                self._port = free_port()
-                self.conf_path.unlink(missing_ok=True)
-        return self
+        return self._start_on_free_port(lambda: self.conf_path.unlink(missing_ok=True))  # new port, new config
 
     def command(self, *args: str | bytes | int, timeout: float = 2.0) -> Any:
         return redis_command(self._port, *args, timeout=timeout)
