@@ -38,7 +38,7 @@ def check_origin(root: Path) -> dict[str, Any]:
     """Import ``scheduler`` and fail unless it, its Lua scripts and ``workers`` come from ``root``
     (the venv's editable install of the working tree must not win)."""
     import scheduler
-    from scheduler.scripts import load_scripts
+    from scheduler.protocol.scripts import load_scripts
 
     lua = resources.files("scheduler.lua")
     spec = find_spec("workers")

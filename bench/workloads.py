@@ -9,7 +9,7 @@ from typing import Any
 
 from bench.common import PAYLOAD, percentiles
 from bench.stack import Stack, bucket_summary
-from scheduler.ids import partition_for_key
+from scheduler.protocol.ids import partition_for_key
 from tests.helpers import Ops
 
 

@@ -7,10 +7,10 @@ Producer API::
     job_id = client.schedule(timedelta(hours=4), {"to": "a@example.com"}, queue="emails")
 """
 from .client import AsyncClient, Client
-from .cron import CronInfo
-from .errors import ConfigError, PayloadError, ScriptError, ZschedError
-from .keys import Keyspace
-from .models import JobError, JobInfo, JobState
+from .protocol.cron import CronInfo
+from .protocol.errors import ConfigError, PayloadError, ScriptError, ZschedError
+from .protocol.keys import Keyspace
+from .protocol.models import JobError, JobInfo, JobState
 
 __all__ = [
     "AsyncClient", "Client", "ConfigError", "CronInfo", "JobError", "JobInfo", "JobState", "Keyspace",

@@ -22,13 +22,13 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, Iterator, Sequence, cast
 
 
-from . import config
+from .protocol import config
 from .client import Client
-from .connection import mask_url, sync_redis
-from .ids import decode_id, encode_id, partition_of
-from .keys import Keyspace, validate_name
-from .models import JobError, JobInfo, JobState
-from .timeutil import MAX_MS, to_ms
+from .protocol.connection import mask_url, sync_redis
+from .protocol.ids import decode_id, encode_id, partition_of
+from .protocol.keys import Keyspace, validate_name
+from .protocol.models import JobError, JobInfo, JobState
+from .protocol.timeutil import MAX_MS, to_ms
 
 # ----------------------------------------------------------------------------------- errors
 

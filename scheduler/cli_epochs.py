@@ -17,7 +17,7 @@ from . import epochs
 from .admin import AdminError, BadInput, table
 from .cli_jobs import EXIT_BAD_INPUT, EXIT_OK, _common, _fail, _number, _patched, _print_json, _runner, _warn
 from .client import Client
-from .keys import MAX_PARTITIONS
+from .protocol.keys import MAX_PARTITIONS
 
 FIX_HINT = "see 'Epoch conflict runbook' in docs/operations.md"
 EPILOG = ("exit codes: 0 ok, 1 unknown namespace, or not (all) done: an epoch changed after it was read, or "

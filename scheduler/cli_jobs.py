@@ -19,11 +19,12 @@ from typing import Any, Callable, NoReturn, TextIO
 
 import redis
 
-from . import admin, config
+from . import admin
+from .protocol import config
 from .admin import AdminError, BadInput, NotFound
 from .client import LIST_MAX_LIMIT, LIST_STATES, MISFIRE_POLICIES, Client
-from .errors import DurabilityError, MisfiredAtSchedule
-from .models import JobInfo
+from .protocol.errors import DurabilityError, MisfiredAtSchedule
+from .protocol.models import JobInfo
 
 EXIT_OK, EXIT_NOT_FOUND, EXIT_BAD_INPUT, EXIT_UNAVAILABLE = 0, 1, 2, 3
 

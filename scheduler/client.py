@@ -17,20 +17,20 @@ from typing import Any, Iterable, Sequence
 import redis
 import redis.asyncio as aredis
 
-from . import codec, config
+from .protocol import codec, config
 import msgpack
 
-from .codec import (build_record, decode_record, decode_tombstone, finite_number, pack_payload, split_template,
+from .protocol.codec import (build_record, decode_record, decode_tombstone, finite_number, pack_payload, split_template,
                     unpack_payload)
-from .cron import LOOKAHEAD, MAX_JITTER_S, CronInfo, occurrences, validate_expression, validate_tz, with_jitter
-from .errors import MisfiredAtSchedule, PayloadError, ScriptError
-from .ids import ID_BYTES, IdGenerator, decode_id, encode_id, partition_for_key, partition_of
-from .keys import Keyspace, validate_name
-from .models import JobError, JobInfo, JobState
-from . import durability as dur
-from .connection import async_redis, sync_redis
-from .transport import DEFAULT_RETRY, AsyncScriptTransport, RetryPolicy, ScriptTransport
-from .timeutil import MAX_MS, ms_to_datetime, to_ms
+from .protocol.cron import LOOKAHEAD, MAX_JITTER_S, CronInfo, occurrences, validate_expression, validate_tz, with_jitter
+from .protocol.errors import MisfiredAtSchedule, PayloadError, ScriptError
+from .protocol.ids import ID_BYTES, IdGenerator, decode_id, encode_id, partition_for_key, partition_of
+from .protocol.keys import Keyspace, validate_name
+from .protocol.models import JobError, JobInfo, JobState
+from .protocol import durability as dur
+from .protocol.connection import async_redis, sync_redis
+from .protocol.transport import DEFAULT_RETRY, AsyncScriptTransport, RetryPolicy, ScriptTransport
+from .protocol.timeutil import MAX_MS, ms_to_datetime, to_ms
 
 BATCH = 1000  # jobs per schedule script call: bounded work per EVALSHA
 MISFIRE_POLICIES = ("run_late", "skip")

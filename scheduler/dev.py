@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import config
+from .protocol import config
 from .client import Client
-from .connection import mask_url
+from .protocol.connection import mask_url
 from .coord import EtcdCoordinator
 from .metrics import bucket_quantile, scrape_histogram
 from .devstack import Child, etcd_child, pick_port, redis_child, wait_etcd, wait_redis, zsched_child

@@ -9,10 +9,10 @@ import redis
 
 from scheduler import Client
 from scheduler.client import error_arg
-from scheduler.codec import TOMBSTONE_HEADER, decode_tombstone
-from scheduler.ids import ID_BYTES, encode_id, partition_of
-from scheduler.ops import Claimed, parse_claim
-from scheduler.transport import ScriptTransport
+from scheduler.protocol.codec import TOMBSTONE_HEADER, decode_tombstone
+from scheduler.protocol.ids import ID_BYTES, encode_id, partition_of
+from scheduler.protocol.replies import Claimed, parse_claim
+from scheduler.protocol.transport import ScriptTransport
 
 
 class Ops:

@@ -4,8 +4,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from scheduler.ids import encode_id
-from scheduler.timeutil import ms_to_datetime
+from scheduler.protocol.ids import encode_id
+from scheduler.protocol.timeutil import ms_to_datetime
 
 
 class Job:

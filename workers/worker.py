@@ -34,15 +34,15 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from redis.exceptions import RedisError
 
-from scheduler import codec, config
+from scheduler.protocol import codec, config
 from scheduler.client import AsyncClient, error_arg
-from scheduler.connection import async_redis
-from scheduler.errors import PayloadError
-from scheduler.ids import encode_id
-from scheduler.keys import validate_name
-from scheduler.ops import Claimed, backoff_delay_ms, parse_claim
+from scheduler.protocol.connection import async_redis
+from scheduler.protocol.errors import PayloadError
+from scheduler.protocol.ids import encode_id
+from scheduler.protocol.keys import validate_name
+from scheduler.protocol.replies import Claimed, backoff_delay_ms, parse_claim
 from scheduler.runtime import settle_gc
-from scheduler.transport import AsyncScriptTransport, RetryPolicy
+from scheduler.protocol.transport import AsyncScriptTransport, RetryPolicy
 
 from .errors import PermanentError, Retry
 from .job import Job

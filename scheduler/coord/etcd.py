@@ -56,7 +56,7 @@ from etcd3aio import (
     prefix_range_end,
 )
 
-from ..connection import mask_url
+from ..protocol.connection import mask_url
 
 __all__ = [
     "KV",

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .. import config
+from ..protocol import config
 from .process import SchedulerConfig, run_forever
 from .ownership import default_replica_id
 

@@ -13,10 +13,10 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from .. import config
+from ..protocol import config
 from ..client import AsyncClient, parse_dead_retention, parse_queue_idle, parse_rate_limits
-from ..connection import async_redis, mask_url
-from ..transport import AsyncScriptTransport, RetryPolicy
+from ..protocol.connection import async_redis, mask_url
+from ..protocol.transport import AsyncScriptTransport, RetryPolicy
 from ..coord import Coordinator, EtcdCoordinator
 from ..runtime import settle_gc
 from ..metrics import PartitionStatsCollector, SchedulerMetrics, serve

@@ -27,10 +27,10 @@ import msgpack
 from zoneinfo import ZoneInfo
 
 from ..client import _Core
-from ..cron import LOOKAHEAD, occurrences, with_jitter
-from ..ids import encode_id
+from ..protocol.cron import LOOKAHEAD, occurrences, with_jitter
+from ..protocol.ids import encode_id
 from ..metrics import SchedulerMetrics
-from ..transport import AsyncScriptTransport
+from ..protocol.transport import AsyncScriptTransport
 
 log = logging.getLogger("zsched.scheduler")
 

@@ -43,7 +43,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from scheduler.ids import decode_id, run_at_of
+from scheduler.protocol.ids import decode_id, run_at_of
 from tests.chaos.history import Call, Fault, History, Run
 
 VIOLATIONS = ("lost_durable", "lost_unconfirmed", "unexplained_extra", "early", "leftover",

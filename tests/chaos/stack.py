@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from scheduler import Client
-from scheduler.errors import DurabilityTimeout
-from scheduler.ids import decode_id, run_at_of
+from scheduler.protocol.errors import DurabilityTimeout
+from scheduler.protocol.ids import decode_id, run_at_of
 from tests.chaos.history import Call, Final, JsonlWriter, Params
 from tests.procs import ZschedProc
 from tests.servers import EtcdCluster, SentinelSet

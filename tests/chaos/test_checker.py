@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from scheduler.ids import IdGenerator
+from scheduler.protocol.ids import IdGenerator
 from tests.chaos.checker import check
 from tests.chaos.history import (
     Call,

@@ -9,7 +9,7 @@ import redis
 
 from scheduler import Client
 from scheduler.coord import EtcdCoordinator
-from scheduler.ids import partition_for_key
+from scheduler.protocol.ids import partition_for_key
 from tests.helpers import Ops, snapshot
 from tests.procs import scheduler_proc, wait_until
 
@@ -52,7 +52,7 @@ def test_kill_9_of_the_owner_at_fire_time_leaves_exactly_one_next_occurrence(red
         assert len(pending_occurrences(r, client, "beat")) == 1
         runs = Ops(client).claim("beat", 1000)
         nominals = [j.record.cron_nominal_ms for j in runs]
-        keys = [client.get(__import__("scheduler.ids", fromlist=["encode_id"]).encode_id(j.raw_id)).key for j in runs]
+        keys = [client.get(__import__("scheduler.protocol.ids", fromlist=["encode_id"]).encode_id(j.raw_id)).key for j in runs]
         assert len(set(keys)) == len(keys), "no occurrence created twice"
         assert len(set(nominals)) == len(nominals)
         assert max(nominals) >= (time.time() - 2) * 1000, "the cron kept firing after fail-over"

@@ -28,8 +28,8 @@ import pytest
 import redis
 
 from scheduler import Client, JobState
-from scheduler.ids import partition_for_key
-from scheduler.keys import Keyspace
+from scheduler.protocol.ids import partition_for_key
+from scheduler.protocol.keys import Keyspace
 from tests.fault.test_scheduler_faults import etcd_owners, owned_by, tails, wait_settled
 from tests.procs import ZschedProc, scheduler_proc, wait_until
 from tests.servers import EtcdServer, RedisServer, ServerError, etcd_put, etcd_request

@@ -17,7 +17,7 @@ from datetime import timedelta
 import redis
 
 from scheduler import AsyncClient, Client
-from scheduler.transport import RetryPolicy
+from scheduler.protocol.transport import RetryPolicy
 from tests.helpers import Ops
 from tests.integration.test_worker_support import Recorder, TierStandIn, serving, wait_for
 from tests.servers import RedisServer

@@ -32,8 +32,8 @@ import pytest
 import redis
 
 from scheduler import Client, JobState
-from scheduler.ids import decode_id, encode_id, partition_for_key, partition_of, run_at_of
-from scheduler.keys import PARTITION_KEYS, Keyspace
+from scheduler.protocol.ids import decode_id, encode_id, partition_for_key, partition_of, run_at_of
+from scheduler.protocol.keys import PARTITION_KEYS, Keyspace
 from tests.helpers import snapshot
 from tests.procs import ZschedProc, scheduler_proc, wait_until
 from tests.servers import EtcdCluster, EtcdServer, RedisServer, ServerError, etcd_request, free_port

@@ -39,8 +39,8 @@ from pathlib import Path
 import pytest
 
 from scheduler import Client
-from scheduler.errors import DurabilityTimeout
-from scheduler.ids import decode_id, run_at_of
+from scheduler.protocol.errors import DurabilityTimeout
+from scheduler.protocol.ids import decode_id, run_at_of
 from tests.integration.test_worker_support import read_runs, spawn_worker, write_app
 from tests.procs import ZschedProc, scheduler_proc, wait_until
 from tests.servers import HOST, EtcdServer, RedisServer, SentinelSet, ServerError

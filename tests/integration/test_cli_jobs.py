@@ -20,7 +20,7 @@ import redis
 from scheduler import Client, JobState, admin
 from scheduler.cli import main
 from scheduler.client import error_arg
-from scheduler.ids import partition_of
+from scheduler.protocol.ids import partition_of
 from tests.helpers import Ops, snapshot
 from tests.servers import etcd_put, free_port
 

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import redis
 
-from scheduler.errors import MisfiredAtSchedule
+from scheduler.protocol.errors import MisfiredAtSchedule
 from scheduler import Client, ConfigError, JobState, PayloadError
 from tests.helpers import Ops, snapshot
 
@@ -188,7 +188,7 @@ def test_release_hands_back_without_spending_an_attempt(client: Client, ops: Ops
     client.schedule(0, "a")
     jid = client.schedule(0, "b")
     jobs = ops.claim()
-    target = next(j for j in jobs if j.raw_id == __import__("scheduler.ids", fromlist=["decode_id"]).decode_id(jid))
+    target = next(j for j in jobs if j.raw_id == __import__("scheduler.protocol.ids", fromlist=["decode_id"]).decode_id(jid))
     assert ops.release(target) == 1
     info = client.get(jid)
     assert info.state is JobState.READY and info.attempts == 0
@@ -398,11 +398,11 @@ def test_unknown_and_malformed_ids(client: Client) -> None:
 
 
 def test_malformed_bodies_are_dead_lettered_not_lost(client: Client, ops: Ops, r: redis.Redis) -> None:
-    from scheduler.ids import decode_id
+    from scheduler.protocol.ids import decode_id
     ready = client.schedule(0, "ok")
     short = client.schedule(0, "short")
     raw = decode_id(short)
-    k = client.keyspace.key(__import__("scheduler.ids", fromlist=["partition_of"]).partition_of(raw), "j")
+    k = client.keyspace.key(__import__("scheduler.protocol.ids", fromlist=["partition_of"]).partition_of(raw), "j")
     r.hset(k, raw, r.hget(k, raw)[:6] + b"\x00")  # 1-byte record
     claimed = ops.claim("default", 10)
     assert [c.raw_id for c in claimed] == [decode_id(ready)]

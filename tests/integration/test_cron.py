@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from scheduler import Client, JobState
-from scheduler.ids import partition_for_key
+from scheduler.protocol.ids import partition_for_key
 from tests.helpers import Ops, snapshot
 from tests.integration.test_scheduler_tier import settled, start_replica, stop_replica
 

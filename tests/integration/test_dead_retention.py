@@ -12,7 +12,7 @@ import redis
 
 from scheduler import Client, JobState
 from scheduler.client import error_arg
-from scheduler.ids import partition_of
+from scheduler.protocol.ids import partition_of
 from tests.helpers import Ops, snapshot
 from tests.integration.test_scheduler_tier import NS, settled, start_replica, stop_replica
 

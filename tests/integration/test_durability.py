@@ -10,7 +10,7 @@ import pytest
 from datetime import timedelta
 
 from scheduler import AsyncClient, Client
-from scheduler.errors import DurabilityTimeout, DurabilityUnsupported
+from scheduler.protocol.errors import DurabilityTimeout, DurabilityUnsupported
 from tests.servers import RedisServer
 
 

@@ -16,9 +16,9 @@ import redis
 
 from scheduler import AsyncClient, Client, JobState
 from scheduler.cli import main
-from scheduler.codec import decode_tombstone
-from scheduler.errors import MisfiredAtSchedule
-from scheduler.ids import decode_id, encode_id, partition_of
+from scheduler.protocol.codec import decode_tombstone
+from scheduler.protocol.errors import MisfiredAtSchedule
+from scheduler.protocol.ids import decode_id, encode_id, partition_of
 from tests.helpers import Ops, snapshot, tombstones
 
 UTC = timezone.utc

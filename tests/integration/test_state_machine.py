@@ -24,11 +24,11 @@ DUE, LATER = 1_000_000_000.0, 4_000_000_000.0
 
 def test_random_transitions_keep_every_job_in_exactly_one_state(redis_url: str,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    import scheduler.ids
+    import scheduler.protocol.ids
 
     r = redis.Redis.from_url(redis_url)
     rng = random.Random()
-    monkeypatch.setattr(scheduler.ids, "os", types.SimpleNamespace(urandom=lambda n: rng.randbytes(n)))
+    monkeypatch.setattr(scheduler.protocol.ids, "os", types.SimpleNamespace(urandom=lambda n: rng.randbytes(n)))
 
     class Machine(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -124,7 +124,7 @@ def test_random_transitions_keep_every_job_in_exactly_one_state(redis_url: str,
                 self.gone.add(jid)
 
         def _finished(self, job) -> None:
-            from scheduler.ids import encode_id
+            from scheduler.protocol.ids import encode_id
             jid = encode_id(job.raw_id)
             self.live.discard(jid)
             self.gone.add(jid)

@@ -9,9 +9,9 @@ import pytest
 import redis
 
 from scheduler import Client
-from scheduler.ops import parse_claim
-from scheduler.transport import RESEND, RetryPolicy, mark_resend
-from scheduler.scripts import SCRIPT_NAMES
+from scheduler.protocol.replies import parse_claim
+from scheduler.protocol.transport import RESEND, RetryPolicy, mark_resend
+from scheduler.protocol.scripts import SCRIPT_NAMES
 from tests.helpers import Ops
 
 LATER = timedelta(minutes=5)

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from scheduler import Client, JobState
-from scheduler.ids import decode_id, partition_of
+from scheduler.protocol.ids import decode_id, partition_of
 from tests.integration.test_worker_support import Recorder, TierStandIn, serving, wait_for
 from workers import Job, PermanentError, Retry, Worker, WorkerStats
 

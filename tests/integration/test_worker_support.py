@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Callable
 import redis.asyncio as aredis
 
 from scheduler import AsyncClient
-from scheduler.transport import AsyncScriptTransport
+from scheduler.protocol.transport import AsyncScriptTransport
 from tests.procs import ZschedProc
 from workers import Worker
 

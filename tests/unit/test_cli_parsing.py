@@ -11,7 +11,7 @@ import pytest
 from scheduler import admin
 from scheduler.admin import BadInput, DeadFilter, Pacer
 from scheduler.cli import build_parser, main
-from scheduler.models import JobError, JobInfo, JobState
+from scheduler.protocol.models import JobError, JobInfo, JobState
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler import config
-from scheduler.connection import async_redis, mask_url, parse_sentinel_url, sync_redis
-from scheduler.errors import ConfigError
+from scheduler.protocol import config
+from scheduler.protocol.connection import async_redis, mask_url, parse_sentinel_url, sync_redis
+from scheduler.protocol.errors import ConfigError
 
 
 def test_sentinel_url_with_several_sentinels_master_and_db() -> None:

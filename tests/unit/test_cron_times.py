@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from scheduler.cron import occurrences, validate_expression, validate_tz, with_jitter
+from scheduler.protocol.cron import occurrences, validate_expression, validate_tz, with_jitter
 
 
 def ms(dt: datetime) -> int:

@@ -8,12 +8,12 @@ import msgpack
 import pytest
 from hypothesis import given, strategies as st
 
-from scheduler import codec
-from scheduler.errors import PayloadError
-from scheduler.ids import IdGenerator, decode_id, encode_id, partition_for_key, partition_of, run_at_of
-from scheduler.keys import Keyspace, validate_name
-from scheduler.ops import backoff_delay_ms
-from scheduler.timeutil import to_ms
+from scheduler.protocol import codec
+from scheduler.protocol.errors import PayloadError
+from scheduler.protocol.ids import IdGenerator, decode_id, encode_id, partition_for_key, partition_of, run_at_of
+from scheduler.protocol.keys import Keyspace, validate_name
+from scheduler.protocol.replies import backoff_delay_ms
+from scheduler.protocol.timeutil import to_ms
 
 
 @given(st.binary(min_size=15, max_size=15))
