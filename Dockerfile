@@ -1,6 +1,6 @@
 # The zsched image. The entrypoint is `zsched`, so the container's command is a subcommand:
 #   docker run IMAGE scheduler --metrics-port 9100 --metrics-host 0.0.0.0
-#   docker run IMAGE worker scheduler.demo:worker
+#   docker run IMAGE worker scheduler.shell.demo:worker
 #   docker run IMAGE schedule --at +1m --queue emails --payload '{"to": "a@example.com"}'
 # Settings come from ZSCHED_REDIS_URL, ZSCHED_ETCD_ENDPOINTS, ZSCHED_NAMESPACE (or the flags).
 # Your own handlers: build FROM this image and COPY your package into /app (the working

@@ -31,8 +31,8 @@ the W4 time span, so the rates stay) by 10.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import json
+import multiprocessing as mp
 import os
 import queue
 import shutil
@@ -41,9 +41,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -93,7 +94,7 @@ REPORTED_SETTINGS = ("server_version", "fsync", "synchronous_commit", "full_page
 
 
 def _ts(t: float) -> datetime:
-    return datetime.fromtimestamp(t, timezone.utc)
+    return datetime.fromtimestamp(t, UTC)
 
 
 def _connect(conninfo: str) -> Any:

@@ -30,7 +30,7 @@ class Stack:
         self.workers: list[tuple[ZschedProc, Path]] = []
         self.tmp = Path(tempfile.mkdtemp(prefix="zsched-bench-"))
 
-    def __enter__(self) -> "Stack":
+    def __enter__(self) -> Stack:
         self.redis_srv.start()
         self.etcd.start()
         self.url = self.redis_srv.url

@@ -1,9 +1,14 @@
 """W6 tick cost in isolation: jobs moved per Redis CPU-second by tick calls alone, with 10 000 vs
 10 000 000 far-future jobs pending (3 repetitions each). ``python -m bench.tick_scale``"""
-import time, redis
-from bench.common import redis_server, PAYLOAD
+import time
+
+import redis
+
+from bench.common import PAYLOAD, redis_server
 from scheduler import Client
 from tests.helpers import Ops
+
+
 def run(backlog):
     with redis_server() as s:
         c = Client.from_url(s.url, namespace="b", partitions=16)

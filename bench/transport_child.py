@@ -146,7 +146,7 @@ def profile_worker(argv: list[str]) -> int:
     root, out, rest = Path(argv[argv.index("--root") + 1]).resolve(), argv[argv.index("--out") + 1], \
         argv[argv.index("--") + 1:]
     check_origin(root)
-    import scheduler.cli  # noqa: F401  (imports outside the profile)
+    import scheduler.shell.cli  # noqa: F401  (imports outside the profile)
     import workers.cli  # noqa: F401
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as ``zsched worker`` does for MODULE:ATTR
@@ -156,7 +156,7 @@ def profile_worker(argv: list[str]) -> int:
     prof = cProfile.Profile(time.process_time)
     prof.enable()
     try:
-        code = scheduler.cli.main(rest)
+        code = scheduler.shell.cli.main(rest)
     finally:
         prof.disable()
         prof.dump_stats(out)

@@ -39,9 +39,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import redis
 
@@ -303,7 +304,7 @@ def w1(sides: dict[str, Side], n: int, rounds: int, slice_n: int = 1000, many_re
 
 class SideStack(Stack):
     """bench.stack.Stack whose scheduler and worker processes run one side's tree (PYTHONPATH and
-    working directory set to it, ``python -m scheduler.cli`` as everywhere in the bench)."""
+    working directory set to it, ``python -m scheduler`` as everywhere in the bench)."""
 
     def __init__(self, side: Side, **kw: Any) -> None:
         super().__init__(**kw)
@@ -502,7 +503,7 @@ class _ProfiledWorker(ZschedProc):
         super().__init__(args, env=env, cwd=str(side.root))
         self.side, self.out = side, out
 
-    def start(self) -> "ZschedProc":
+    def start(self) -> ZschedProc:
         fh = open(self.log, "ab")
         self.proc = subprocess.Popen([sys.executable, str(CHILD), "profile-worker", "--root", str(self.side.root),
                                       "--out", str(self.out), "--", *self.args], stdout=fh,

@@ -8,7 +8,7 @@ from typing import Any
 import redis
 
 from scheduler import Client
-from scheduler.client import error_arg
+from scheduler.protocol.calls import error_arg
 from scheduler.protocol.codec import TOMBSTONE_HEADER, decode_tombstone
 from scheduler.protocol.ids import ID_BYTES, encode_id, partition_of
 from scheduler.protocol.replies import Claimed, parse_claim

@@ -9,8 +9,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from tests.servers import free_port
 
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 class ZschedProc:
-    """A ``python -m scheduler.cli ARGS`` child process with its log in a temp file."""
+    """A ``python -m scheduler ARGS`` child process with its log in a temp file."""
 
     def __init__(self, args: Sequence[str], *, env: dict[str, str] | None = None, cwd: str | None = None,
                  metrics: bool = True) -> None:
@@ -29,9 +29,9 @@ class ZschedProc:
         self.log = Path(tempfile.mkstemp(prefix="zsched-proc-", suffix=".log")[1])
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> "ZschedProc":
+    def start(self) -> ZschedProc:
         fh = open(self.log, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "scheduler.cli", *self.args], stdout=fh,
+        self.proc = subprocess.Popen([sys.executable, "-m", "scheduler", *self.args], stdout=fh,
                                      stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd)
         fh.close()
         return self

@@ -47,7 +47,7 @@ def _seconds(value: str) -> float:
     return s
 
 
-def add_parser(subparsers: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.ArgumentParser:
     """Register the ``worker`` subcommand (called by scheduler/cli.py)."""
     p = subparsers.add_parser(
         "worker", help="run job handlers: zsched worker MODULE:ATTR",

@@ -6,8 +6,9 @@ exporter reads them at scrape time, so metrics cost nothing per job.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from .job import Job
@@ -43,11 +44,11 @@ class WorkerStats:
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
 
-    def __add__(self, other: "WorkerStats") -> "WorkerStats":
+    def __add__(self, other: WorkerStats) -> WorkerStats:
         return WorkerStats(*(getattr(self, n) + getattr(other, n) for n in self.names()))
 
     @classmethod
-    def total(cls, items: Iterable["WorkerStats"]) -> "WorkerStats":
+    def total(cls, items: Iterable[WorkerStats]) -> WorkerStats:
         out = cls()
         for s in items:
             out = out + s
@@ -59,9 +60,9 @@ class WorkerMetrics(Protocol):
     non-blocking. ``outcome`` is one of: ``ok``, ``failed``, ``timeout``, ``retry``, ``permanent``,
     ``released``."""
 
-    def job_started(self, job: "Job") -> None: ...
+    def job_started(self, job: Job) -> None: ...
 
-    def job_finished(self, job: "Job", outcome: str, seconds: float) -> None: ...
+    def job_finished(self, job: Job, outcome: str, seconds: float) -> None: ...
 
 
 _DOCS = {
@@ -104,14 +105,14 @@ class PrometheusHistograms:
         self._dur = {q: self.duration.labels(namespace, q) for q in queues}
         self._rtt = {op: self.rtt.labels(namespace, op) for op in ("claim", "ack")}
 
-    def job_started(self, job: "Job") -> None:
+    def job_started(self, job: Job) -> None:
         import time as _t
 
         h = self._lat.get(job.queue)
         if h is not None:
             h.observe(max(0.0, _t.time() - job._due_ms / 1000.0))
 
-    def job_finished(self, job: "Job", outcome: str, seconds: float) -> None:
+    def job_finished(self, job: Job, outcome: str, seconds: float) -> None:
         h = self._dur.get(job.queue)
         if h is not None:
             h.observe(seconds)
@@ -126,11 +127,11 @@ class Tee:
     def __init__(self, *hooks: Any) -> None:
         self.hooks = [h for h in hooks if h is not None]
 
-    def job_started(self, job: "Job") -> None:
+    def job_started(self, job: Job) -> None:
         for h in self.hooks:
             h.job_started(job)
 
-    def job_finished(self, job: "Job", outcome: str, seconds: float) -> None:
+    def job_finished(self, job: Job, outcome: str, seconds: float) -> None:
         for h in self.hooks:
             h.job_finished(job, outcome, seconds)
 

@@ -28,21 +28,23 @@ import threading
 import time
 import traceback
 from collections import defaultdict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from redis.exceptions import RedisError
 
+from scheduler.client import AsyncClient
 from scheduler.protocol import codec, config
-from scheduler.client import AsyncClient, error_arg
+from scheduler.protocol.calls import error_arg
 from scheduler.protocol.connection import async_redis
 from scheduler.protocol.errors import PayloadError
 from scheduler.protocol.ids import encode_id
 from scheduler.protocol.keys import validate_name
 from scheduler.protocol.replies import Claimed, backoff_delay_ms, parse_claim
-from scheduler.runtime import settle_gc
 from scheduler.protocol.transport import AsyncScriptTransport, RetryPolicy
+from scheduler.runtime import settle_gc
 
 from .errors import PermanentError, Retry
 from .job import Job
@@ -216,7 +218,7 @@ class Worker:
         self._hist: PrometheusHistograms | None = None
 
     @classmethod
-    def from_url(cls, url: str | None = None, **kwargs: Any) -> "Worker":
+    def from_url(cls, url: str | None = None, **kwargs: Any) -> Worker:
         """A worker for the Redis at ``url`` (default: ZSCHED_REDIS_URL, else redis://127.0.0.1:6379/0).
         Nothing connects before ``run()``/``serve()``, so this is safe at import time."""
         return cls(url, **kwargs)
@@ -233,7 +235,7 @@ class Worker:
         shutdown_grace: float | None = None,
         metrics_port: int | None = None,
         metrics_host: str | None = None,
-    ) -> "Worker":
+    ) -> Worker:
         """Change settings before the worker starts (the CLI uses this for its overrides); ``None``
         leaves a setting unchanged."""
         if getattr(self, "_serving", False):
@@ -776,7 +778,7 @@ class Worker:
             with self._threads_lock:
                 self._threads_busy -= 1
 
-    def _thread_done_late(self, fut: "asyncio.Future[Any]") -> None:
+    def _thread_done_late(self, fut: asyncio.Future[Any]) -> None:
         if not fut.cancelled():
             fut.exception()  # retrieve it: the outcome was already reported as a timeout
         self._release_slot()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -62,11 +62,11 @@ def validate_tz(tz: object) -> ZoneInfo:
 def _instant(wall: datetime, zone: ZoneInfo) -> datetime:
     """The one instant a local wall time stands for (see module docstring)."""
     first = wall.replace(tzinfo=zone, fold=0)
-    if first.astimezone(timezone.utc).astimezone(zone).replace(tzinfo=None) == wall:
-        return first.astimezone(timezone.utc)
+    if first.astimezone(UTC).astimezone(zone).replace(tzinfo=None) == wall:
+        return first.astimezone(UTC)
     # nonexistent: the transition instant lies between the two readings of the wall time
-    lo = wall.replace(tzinfo=zone, fold=1).astimezone(timezone.utc)
-    hi = first.astimezone(timezone.utc)
+    lo = wall.replace(tzinfo=zone, fold=1).astimezone(UTC)
+    hi = first.astimezone(UTC)
     if lo > hi:
         lo, hi = hi, lo
     after = hi.astimezone(zone).utcoffset()
@@ -81,7 +81,7 @@ def _instant(wall: datetime, zone: ZoneInfo) -> datetime:
 
 def occurrences(expr: str, zone: ZoneInfo, after_ms: int, count: int) -> list[int]:
     """The next ``count`` nominal times (epoch ms) strictly after ``after_ms``."""
-    after = datetime.fromtimestamp(after_ms / 1000, tz=timezone.utc)
+    after = datetime.fromtimestamp(after_ms / 1000, tz=UTC)
     it = croniter(expr, after.astimezone(zone).replace(tzinfo=None))
     out: list[int] = []
     last = after_ms

@@ -88,6 +88,13 @@ class Keyspace:
         return f"{self.namespace}:ready:{queue}"
 
     @property
+    def epoch_reset_channel(self) -> str:
+        """Pub/sub channel ``epoch_reset`` publishes a partition number on after resetting it (the
+        script builds it as CHAN .. 'epoch-reset'); replicas backing off from an epoch conflict
+        retry that partition at once."""
+        return f"{self.namespace}:epoch-reset"
+
+    @property
     def ready_channel_prefix(self) -> str:
         return f"{self.namespace}:ready:"
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 MIN_MS = 0
 MAX_MS = 253402300799999  # 9999-12-31T23:59:59.999Z
@@ -38,4 +38,4 @@ def to_ms(at: object, *, name: str = "at", now: float | None = None) -> int:
 def ms_to_datetime(ms: int | float | None) -> datetime | None:
     if ms is None:
         return None
-    return datetime.fromtimestamp(ms / 1000.0, tz=timezone.utc)
+    return datetime.fromtimestamp(ms / 1000.0, tz=UTC)

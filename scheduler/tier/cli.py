@@ -5,8 +5,8 @@ import argparse
 import os
 
 from ..protocol import config
-from .process import SchedulerConfig, run_forever
 from .ownership import default_replica_id
+from .process import SchedulerConfig, run_forever
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -23,9 +23,9 @@ import os
 import socket
 import time
 import zlib
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
-from ..coord import Coordinator, CoordinationError, LeaseLost, WatchCompacted
+from ..coord import CoordinationError, Coordinator, LeaseLost, WatchCompacted
 from ..metrics import SchedulerMetrics
 
 log = logging.getLogger("zsched.ownership")
@@ -208,7 +208,7 @@ class Ownership:
         while not self._stopping:
             try:
                 await asyncio.wait_for(self._reconcile.wait(), timeout=1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self._reconcile.clear()
             if not self.is_valid() and not self.ignore_deadline:

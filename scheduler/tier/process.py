@@ -13,14 +13,13 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from ..protocol import config
 from ..client import AsyncClient, parse_dead_retention, parse_queue_idle, parse_rate_limits
+from ..coord import Coordinator, EtcdCoordinator
+from ..metrics import PartitionStatsCollector, SchedulerMetrics, serve
+from ..protocol import config
 from ..protocol.connection import async_redis, mask_url
 from ..protocol.transport import AsyncScriptTransport, RetryPolicy
-from ..coord import Coordinator, EtcdCoordinator
 from ..runtime import settle_gc
-from ..metrics import PartitionStatsCollector, SchedulerMetrics, serve
-from ..epochs import reset_channel
 from .ownership import Ownership, default_replica_id
 from .runner import REDIS_ERRORS, PartitionRunner, RunnerConfig
 
@@ -274,7 +273,7 @@ class SchedulerProcess:
         when an operator reset its epoch (``zsched epochs reset``)."""
         channel = self.client.keyspace.wake_channel
         config_channel = self.client.keyspace.config_channel
-        epoch_channel = reset_channel(self.client.keyspace.namespace)
+        epoch_channel = self.client.keyspace.epoch_reset_channel
         delay = 0.1
         while not self._closing:
             pubsub = self.redis.pubsub(ignore_subscribe_messages=True)

@@ -18,18 +18,17 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable
-
-from redis.exceptions import RedisError
-
-import msgpack
 from zoneinfo import ZoneInfo
 
-from ..client import _Core
+import msgpack
+from redis.exceptions import RedisError
+
+from ..metrics import SchedulerMetrics
+from ..protocol.calls import Calls
 from ..protocol.cron import LOOKAHEAD, occurrences, with_jitter
 from ..protocol.ids import encode_id
-from ..metrics import SchedulerMetrics
 from ..protocol.transport import AsyncScriptTransport
 
 log = logging.getLogger("zsched.scheduler")
@@ -54,7 +53,7 @@ class RunnerConfig:
 class PartitionRunner:
     """Ticks one partition while ``is_valid()`` says this replica may act for it."""
 
-    def __init__(self, partition: int, epoch: int, *, scripts: AsyncScriptTransport, core: _Core,
+    def __init__(self, partition: int, epoch: int, *, scripts: AsyncScriptTransport, core: Calls,
                  metrics: SchedulerMetrics, config: RunnerConfig,
                  is_valid: Callable[[], bool], valid_for: Callable[[], float],
                  on_refused: Callable[[int, int], Awaitable[None]],
@@ -236,7 +235,7 @@ class PartitionRunner:
             return
         try:
             await asyncio.wait_for(self.wake.wait(), timeout=seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     async def _take_tokens(self, limits: dict[str, tuple[float, float]]) -> tuple[dict[str, int], float]:

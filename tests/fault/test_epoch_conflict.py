@@ -48,7 +48,7 @@ WINDOW_S = 5.0  # observation window for "does not spin"
 def zsched_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     """The real console script (as an operator runs it), stdin not a terminal."""
     exe = ROOT / ".venv" / "bin" / "zsched"
-    argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "scheduler.cli"]
+    argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "scheduler"]
     return subprocess.run([*argv, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL, env={**os.environ})
 

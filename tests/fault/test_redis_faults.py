@@ -10,10 +10,10 @@ import asyncio
 import threading
 import time
 from collections import Counter
+from datetime import timedelta
 from typing import Any
 
 import pytest
-from datetime import timedelta
 import redis
 
 from scheduler import AsyncClient, Client

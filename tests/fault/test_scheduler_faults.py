@@ -25,8 +25,8 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Iterable
 
 import pytest
 import redis
@@ -126,7 +126,7 @@ class FireWatcher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fire-watcher", daemon=True)
 
-    def start(self) -> "FireWatcher":
+    def start(self) -> FireWatcher:
         self.poll()
         self._thread.start()
         return self

@@ -78,7 +78,7 @@ class Producer:
     thread: threading.Thread | None = None
     crashed: BaseException | None = None
 
-    def start(self) -> "Producer":
+    def start(self) -> Producer:
         self.thread = threading.Thread(target=self._run, name="producer", daemon=True)
         self.thread.start()
         return self

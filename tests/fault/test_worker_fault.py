@@ -13,7 +13,13 @@ import pytest
 
 from scheduler import Client, JobState
 from tests.integration.test_worker_support import (
-    TierStandIn, read_runs, serving, spawn_worker, wait_for, wait_worker_ready, write_app,
+    TierStandIn,
+    read_runs,
+    serving,
+    spawn_worker,
+    wait_for,
+    wait_worker_ready,
+    write_app,
 )
 from tests.servers import RedisServer
 from workers import Job, Worker

@@ -1,5 +1,5 @@
 """``zsched epochs show | reset`` and the ``epoch_reset`` script, against a real redis-server (and
-etcd for owners). The CLI runs in-process (``scheduler.cli.main``); stdout/stderr via capsys.
+etcd for owners). The CLI runs in-process (``scheduler.shell.cli.main``); stdout/stderr via capsys.
 
 The full story (a replica in an epoch conflict after etcd was replaced, fixed by the console
 script) is in tests/fault/test_epoch_conflict.py."""
@@ -9,14 +9,14 @@ import base64
 import io
 import json
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import redis
 
 from scheduler import Client
-from scheduler.cli import main
-from scheduler.epochs import reset_channel
+from scheduler.protocol.keys import Keyspace
+from scheduler.shell.cli import main
 from tests.helpers import Ops
 from tests.servers import etcd_get, etcd_put, etcd_request, free_port
 
@@ -83,7 +83,7 @@ def test_epoch_reset_script_is_a_compare_and_set(client: Client, r: redis.Redis)
 def test_reset_publishes_the_partition_so_backing_off_replicas_retry(client: Client, redis_url: str) -> None:
     set_epochs(client, {2: 9})
     sub = redis.Redis.from_url(redis_url).pubsub(ignore_subscribe_messages=True)
-    sub.subscribe(reset_channel(NS))
+    sub.subscribe(Keyspace(NS, 1).epoch_reset_channel)
     try:
         assert Ops(client).run("epoch_reset", 2, 9) == [1, 9]
         msg = None

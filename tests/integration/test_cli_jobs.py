@@ -1,6 +1,6 @@
 """``zsched schedule | job | dead | stats`` against a real redis-server (and etcd for owners).
 
-Most tests run the CLI in-process (``scheduler.cli.main``) and read stdout/stderr with capsys;
+Most tests run the CLI in-process (``scheduler.shell.cli.main``) and read stdout/stderr with capsys;
 one runs the installed ``zsched`` console script as a subprocess.
 """
 from __future__ import annotations
@@ -10,17 +10,19 @@ import os
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import redis
 
-from scheduler import Client, JobState, admin
-from scheduler.cli import main
-from scheduler.client import error_arg
+from scheduler import Client, JobState
+from scheduler.protocol.calls import error_arg
 from scheduler.protocol.ids import partition_of
+from scheduler.shell import admin
+from scheduler.shell.cli import main
 from tests.helpers import Ops, snapshot
 from tests.servers import etcd_put, free_port
 
@@ -104,7 +106,7 @@ def test_schedule_show_cancel_round_trip(cli: Cli, client: Client) -> None:
     info = client.get(jid)
     assert info.state is JobState.SCHEDULED and info.queue == "emails"
     assert info.payload == {"to": "a@example.com"} and info.max_attempts == 3
-    assert abs((info.run_at - datetime.now(timezone.utc) - timedelta(hours=4)).total_seconds()) < 5
+    assert abs((info.run_at - datetime.now(UTC) - timedelta(hours=4)).total_seconds()) < 5
 
     rc, out, _ = cli("job", "show", jid)
     assert rc == 0
@@ -153,7 +155,7 @@ def test_when_relative_forms(cli: Cli, client: Client, when: str, offset_s: floa
 
 
 def test_when_absolute_forms(cli: Cli, client: Client) -> None:
-    target = datetime(2031, 12, 1, 8, 0, tzinfo=timezone.utc)
+    target = datetime(2031, 12, 1, 8, 0, tzinfo=UTC)
     forms = ["2031-12-01T09:00:00+01:00", "2031-12-01T08:00:00Z", "2031-12-01T08:00:00.000z",
              str(int(target.timestamp())), "2031-12-01 08:00:00+00:00"]
     for when in forms:
@@ -211,7 +213,7 @@ def test_reschedule_and_state_refusals(cli: Cli, client: Client, ops: Ops) -> No
     jid = client.schedule(timedelta(hours=1), "x", queue="q")
     rc, out, err = cli("job", "reschedule", jid, "--at", "2032-01-01T00:00:00Z")
     assert rc == 0, err
-    assert client.get(jid).run_at == datetime(2032, 1, 1, tzinfo=timezone.utc)
+    assert client.get(jid).run_at == datetime(2032, 1, 1, tzinfo=UTC)
     doc = cli.json("job", "reschedule", jid, "--at", "now")
     assert doc["state"] == "ready" and state(client, jid) is JobState.READY
 
@@ -499,7 +501,7 @@ def test_stats_with_unreachable_etcd_warns_and_succeeds(cli: Cli, client: Client
 
 def _zsched() -> list[str]:
     exe = ROOT / ".venv" / "bin" / "zsched"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "scheduler.cli"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "scheduler"]
 
 
 def test_console_script_round_trip(redis_url: str, client: Client, ops: Ops) -> None:
@@ -527,7 +529,7 @@ def test_console_script_round_trip(redis_url: str, client: Client, ops: Ops) -> 
 
 
 def test_cron_add_list_remove_through_the_cli(redis_url: str, capsys) -> None:
-    from scheduler.cli import main as cli_main
+    from scheduler.shell.cli import main as cli_main
     base = ["--redis", redis_url, "--namespace", "clicron"]
     assert cli_main(["cron", "add", "digest", "0 9 * * *", "--queue", "emails", "--payload", '{"a": 1}',
                      "--tz", "America/New_York", "--misfire", "skip", "--grace", "600", "--jitter", "60", *base]) == 0

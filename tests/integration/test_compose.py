@@ -210,7 +210,7 @@ def test_published_ports_are_on_loopback_only(compose: dict[str, Any]) -> None:
 def test_zsched_commands_are_accepted_by_the_cli(compose: dict[str, Any]) -> None:
     """Every zsched service's command parses with the real ``zsched`` parser (catches options the CLI
     does not have: `config -q` cannot)."""
-    from scheduler.cli import build_parser
+    from scheduler.shell.cli import build_parser
 
     errors = []
     for name, svc in _zsched_services(compose).items():

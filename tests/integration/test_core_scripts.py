@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import redis
 
-from scheduler.protocol.errors import MisfiredAtSchedule
 from scheduler import Client, ConfigError, JobState, PayloadError
+from scheduler.protocol.errors import MisfiredAtSchedule
 from tests.helpers import Ops, snapshot
 
 
@@ -31,7 +31,7 @@ def ops(client: Client) -> Ops:
 
 
 def test_future_job_is_scheduled_with_its_payload(client: Client, r: redis.Redis) -> None:
-    at = datetime.now(timezone.utc) + timedelta(hours=1)
+    at = datetime.now(UTC) + timedelta(hours=1)
     jid = client.schedule(at, {"to": "a@example.com"}, queue="emails", max_attempts=3)
     info = client.get(jid)
     assert info.state is JobState.SCHEDULED
@@ -140,7 +140,7 @@ def test_fail_retries_with_delay_then_dead_when_attempts_spent(client: Client, o
     assert ops.fail(j1, delay_ms=60_000, msg="first") == 1
     info = client.get(jid)
     assert info.state is JobState.SCHEDULED and info.last_error.message == "first"
-    assert info.run_at > datetime.now(timezone.utc) + timedelta(seconds=50)
+    assert info.run_at > datetime.now(UTC) + timedelta(seconds=50)
     assert snapshot(r, client)[jid] == "scheduled"  # moved timer is still findable
     assert client.reschedule(jid, 0)  # make it due now
     [j2] = ops.claim()

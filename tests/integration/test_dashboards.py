@@ -254,7 +254,7 @@ def dev_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
     """``zsched dev`` (redis, etcd, 3 replicas, 2 demo workers, demo producer), stopped at the end.
     --duration is a safety net: the stack stops by itself even if this process dies."""
     home = tmp_path_factory.mktemp("dashstack")
-    proc = subprocess.Popen([sys.executable, "-m", "scheduler.cli", "dev", "--plain", "--home", str(home / "zs"),
+    proc = subprocess.Popen([sys.executable, "-m", "scheduler", "dev", "--plain", "--home", str(home / "zs"),
                              "--namespace", "dashtest", "--duration", "150"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=home)
     stack = DevStack(proc)

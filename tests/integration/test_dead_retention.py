@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from scheduler import Client, JobState
-from scheduler.client import error_arg
+from scheduler.protocol.calls import error_arg
 from scheduler.protocol.ids import partition_of
 from tests.helpers import Ops, snapshot
 from tests.integration.test_scheduler_tier import NS, settled, start_replica, stop_replica
@@ -128,7 +128,7 @@ def test_bad_retention_settings_are_refused(redis_url: str) -> None:
 
 
 def test_cli_dead_retention(redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from scheduler.cli import main
+    from scheduler.shell.cli import main
 
     Client.from_url(redis_url, namespace="drc", partitions=1).close()
     base = ["--redis", redis_url, "--namespace", "drc"]

@@ -12,7 +12,7 @@ from tests.devstack_util import processes_mentioning
 
 def test_dev_stack_runs_the_demo_and_leaves_no_process_behind(tmp_path: Path) -> None:
     home = tmp_path / "zs"
-    out = subprocess.run([sys.executable, "-m", "scheduler.cli", "dev", "--duration", "12", "--plain",
+    out = subprocess.run([sys.executable, "-m", "scheduler", "dev", "--duration", "12", "--plain",
                           "--home", str(home), "--namespace", "devtest"],
                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -34,7 +34,7 @@ def test_dev_stack_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     import signal
     import time
     home = tmp_path / "zs"
-    proc = subprocess.Popen([sys.executable, "-m", "scheduler.cli", "dev", "--plain", "--no-demo",
+    proc = subprocess.Popen([sys.executable, "-m", "scheduler", "dev", "--plain", "--no-demo",
                              "--home", str(home), "--namespace", "devint"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
     try:
@@ -68,7 +68,7 @@ def test_dev_stack_keeps_a_redis_password_out_of_banners_logs_and_child_command_
         # an ACL user with a password (the default user stays open for the harness's readiness probe)
         srv.command("ACL", "SETUSER", "app", "on", f">{secret}", "~*", "&*", "+@all")
         url = f"redis://app:{secret}@127.0.0.1:{srv.port}/0"
-        proc = subprocess.Popen([sys.executable, "-m", "scheduler.cli", "dev", "--plain", "--no-demo",
+        proc = subprocess.Popen([sys.executable, "-m", "scheduler", "dev", "--plain", "--no-demo",
                                  "--redis", url, "--replicas", "1", "--workers", "0",
                                  "--home", str(home), "--namespace", "devpw"],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)

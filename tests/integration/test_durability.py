@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
-from datetime import timedelta
 
 from scheduler import AsyncClient, Client
 from scheduler.protocol.errors import DurabilityTimeout, DurabilityUnsupported
 from tests.servers import RedisServer
-
 
 LATER = timedelta(minutes=5)
 
@@ -135,7 +134,7 @@ def test_async_client_durable_replica(pair: tuple[RedisServer, RedisServer]) -> 
 
 
 def test_cli_schedule_durable(pair: tuple[RedisServer, RedisServer], capsys: pytest.CaptureFixture[str]) -> None:
-    from scheduler.cli import main
+    from scheduler.shell.cli import main
 
     master, replica = pair
     base = ["schedule", "--at", "+5m", "--queue", "q", "--payload", "1", "--redis", master.url,

@@ -8,20 +8,21 @@ import base64
 import json
 import re
 import time
-from datetime import datetime, timedelta, timezone
-from typing import Any, Iterator
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 import redis
 
 from scheduler import AsyncClient, Client, JobState
-from scheduler.cli import main
 from scheduler.protocol.codec import decode_tombstone
 from scheduler.protocol.errors import MisfiredAtSchedule
 from scheduler.protocol.ids import decode_id, encode_id, partition_of
+from scheduler.shell.cli import main
 from tests.helpers import Ops, snapshot, tombstones
 
-UTC = timezone.utc
+UTC = UTC
 
 
 @pytest.fixture

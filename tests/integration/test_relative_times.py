@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 import redis
 
-import scheduler.client as client_module
+import scheduler.protocol.calls as client_module
 from scheduler import Client, JobState
 from tests.helpers import Ops
 

@@ -10,8 +10,8 @@ import redis
 
 from scheduler import Client
 from scheduler.protocol.replies import parse_claim
-from scheduler.protocol.transport import RESEND, RetryPolicy, mark_resend
 from scheduler.protocol.scripts import SCRIPT_NAMES
+from scheduler.protocol.transport import RESEND, RetryPolicy, mark_resend
 from tests.helpers import Ops
 
 LATER = timedelta(minutes=5)

@@ -14,7 +14,12 @@ import pytest
 
 from scheduler import Client, JobState
 from tests.integration.test_worker_support import (
-    TierStandIn, read_runs, spawn_worker, wait_for, wait_worker_ready, write_app,
+    TierStandIn,
+    read_runs,
+    spawn_worker,
+    wait_for,
+    wait_worker_ready,
+    write_app,
 )
 
 
@@ -128,7 +133,7 @@ def test_cli_reports_bad_app_spec(tmp_path: Path) -> None:
     write_app(tmp_path)
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "scheduler.cli", "worker", *args], cwd=tmp_path,
+        return subprocess.run([sys.executable, "-m", "scheduler", "worker", *args], cwd=tmp_path,
                               capture_output=True, text=True, timeout=30, env={"RUN_LOG_DIR": str(tmp_path),
                                                                               "PATH": "/usr/bin:/bin"})
 

@@ -12,9 +12,10 @@ import inspect
 import logging
 import textwrap
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import redis.asyncio as aredis
 
@@ -62,7 +63,7 @@ class TierStandIn:
         finally:
             await r.aclose()
 
-    async def __aenter__(self) -> "TierStandIn":
+    async def __aenter__(self) -> TierStandIn:
         self._task = asyncio.create_task(self._loop())
         return self
 

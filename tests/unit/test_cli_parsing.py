@@ -3,15 +3,15 @@ argparse wiring and error format."""
 from __future__ import annotations
 
 import argparse
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from scheduler import admin
-from scheduler.admin import BadInput, DeadFilter, Pacer
-from scheduler.cli import build_parser, main
 from scheduler.protocol.models import JobError, JobInfo, JobState
+from scheduler.shell import admin
+from scheduler.shell.admin import BadInput, DeadFilter, Pacer
+from scheduler.shell.cli import build_parser, main
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 
@@ -31,11 +31,11 @@ NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
     ("+0s", NOW * 1000),
     ("1767225600", 1767225600 * 1000),
     ("1767225600.25", 1767225600250),
-    ("2026-12-01T09:00:00+01:00", datetime(2026, 12, 1, 8, tzinfo=timezone.utc).timestamp() * 1000),
-    ("2026-12-01T08:00:00Z", datetime(2026, 12, 1, 8, tzinfo=timezone.utc).timestamp() * 1000),
-    ("2026-12-01T08:00:00z", datetime(2026, 12, 1, 8, tzinfo=timezone.utc).timestamp() * 1000),
-    ("2026-12-01T03:00:00.5-05:00", datetime(2026, 12, 1, 8, tzinfo=timezone.utc).timestamp() * 1000 + 500),
-    ("2026-12-01 08:00+00:00", datetime(2026, 12, 1, 8, tzinfo=timezone.utc).timestamp() * 1000),
+    ("2026-12-01T09:00:00+01:00", datetime(2026, 12, 1, 8, tzinfo=UTC).timestamp() * 1000),
+    ("2026-12-01T08:00:00Z", datetime(2026, 12, 1, 8, tzinfo=UTC).timestamp() * 1000),
+    ("2026-12-01T08:00:00z", datetime(2026, 12, 1, 8, tzinfo=UTC).timestamp() * 1000),
+    ("2026-12-01T03:00:00.5-05:00", datetime(2026, 12, 1, 8, tzinfo=UTC).timestamp() * 1000 + 500),
+    ("2026-12-01 08:00+00:00", datetime(2026, 12, 1, 8, tzinfo=UTC).timestamp() * 1000),
 ])
 def test_parse_when_forms(text: str, expected_ms: float) -> None:
     assert admin.parse_when(text, now=NOW) == int(expected_ms)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import random
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -15,7 +15,7 @@ def ms(dt: datetime) -> int:
 
 
 def utc(*a: int) -> datetime:
-    return datetime(*a, tzinfo=timezone.utc)
+    return datetime(*a, tzinfo=UTC)
 
 
 def local(ms_: int, tz: str) -> str:

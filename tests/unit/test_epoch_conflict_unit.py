@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
-from scheduler.admin import BadInput
-from scheduler.epochs import select_partitions
 from scheduler.metrics import SchedulerMetrics
+from scheduler.shell.admin import BadInput
+from scheduler.shell.epochs import select_partitions
 from scheduler.tier.runner import PartitionRunner, RunnerConfig
 
 

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import random
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import msgpack
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from scheduler.protocol import codec
 from scheduler.protocol.errors import PayloadError
@@ -79,7 +80,7 @@ def test_payload_decoding_is_bounded() -> None:
 
 
 def test_time_forms() -> None:
-    t = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    t = datetime(2030, 1, 1, tzinfo=UTC)
     assert to_ms(t) == int(t.timestamp() * 1000)
     assert to_ms(timedelta(seconds=2), now=100.0) == 102_000
     assert to_ms(1.5) == 1500

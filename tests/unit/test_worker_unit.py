@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from datetime import timedelta, timezone
+from datetime import UTC, timedelta
 from pathlib import Path
 
 import pytest
 
-from scheduler.cli import build_parser
+from scheduler.shell.cli import build_parser
 from workers import Job, PermanentError, Retry, Worker, WorkerStats
 from workers.cli import load_worker
 from workers.worker import CLAIM_CHUNK, _type_name
@@ -138,7 +138,7 @@ def test_job_lazy_fields() -> None:
     raw = bytes(range(15))
     j = Job(raw, "q", {"a": 1}, None, 1, 5, 1_700_000_000_123, 42, 30.0)
     assert j.id == raw.hex()
-    assert j.run_at.tzinfo is timezone.utc and j.run_at.timestamp() == pytest.approx(1_700_000_000.123)
+    assert j.run_at.tzinfo is UTC and j.run_at.timestamp() == pytest.approx(1_700_000_000.123)
     assert j.fence == 42 and not j.lease_lost
     assert "attempt=1/5" in repr(j)
 

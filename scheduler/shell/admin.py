@@ -17,18 +17,18 @@ import math
 import re
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Iterable, Iterator, Sequence, cast
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
 
-
-from .protocol import config
-from .client import Client
-from .protocol.connection import mask_url, sync_redis
-from .protocol.ids import decode_id, encode_id, partition_of
-from .protocol.keys import Keyspace, validate_name
-from .protocol.models import JobError, JobInfo, JobState
-from .protocol.timeutil import MAX_MS, to_ms
+from ..client import Client
+from ..protocol import config
+from ..protocol.connection import mask_url, sync_redis
+from ..protocol.ids import decode_id, encode_id, partition_of
+from ..protocol.keys import Keyspace, validate_name
+from ..protocol.models import JobError, JobInfo, JobState
+from ..protocol.timeutil import MAX_MS, to_ms
 
 # ----------------------------------------------------------------------------------- errors
 
@@ -612,7 +612,7 @@ def read_owner_records(endpoints: str, namespace: str, *, timeout: float = 1.5) 
     """Partition -> (replica id, create revision = the owner's epoch) from etcd (keys
     ``/zsched/NS/owners/P``). Raises on any failure (unreachable, timeout, auth); bounded by about
     ``2 * timeout`` seconds in total."""
-    from .coord import EtcdCoordinator
+    from ..coord import EtcdCoordinator
 
     async def run() -> dict[int, tuple[str, int]]:
         coord = EtcdCoordinator.from_endpoints(endpoints, timeout=timeout)
@@ -678,8 +678,8 @@ def iso(value: datetime | int | float | None) -> str | None:
     """UTC ISO-8601 with milliseconds and ``Z``; accepts a datetime or epoch ms."""
     if value is None:
         return None
-    dt = value if isinstance(value, datetime) else datetime.fromtimestamp(value / 1000.0, tz=timezone.utc)
-    return dt.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    dt = value if isinstance(value, datetime) else datetime.fromtimestamp(value / 1000.0, tz=UTC)
+    return dt.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def human_delta(seconds: float) -> str:

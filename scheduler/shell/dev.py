@@ -1,7 +1,7 @@
 """``zsched dev``: the whole stack on this machine, with a live view.
 
 A real redis-server and etcd as child processes (data under ``./.zsched/``), 3 scheduler replicas,
-2 workers running the demo handlers (``scheduler.demo``), a demo producer, and a terminal view
+2 workers running the demo handlers (``scheduler.shell.demo``), a demo producer, and a terminal view
 refreshed every second. Ctrl-C stops everything, children first, and leaves no process behind.
 """
 from __future__ import annotations
@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .protocol import config
-from .client import Client
-from .protocol.connection import mask_url
-from .coord import EtcdCoordinator
-from .metrics import bucket_quantile, scrape_histogram
+from ..client import Client
+from ..coord import EtcdCoordinator
+from ..metrics import bucket_quantile, scrape_histogram
+from ..protocol import config
+from ..protocol.connection import mask_url
 from .devstack import Child, etcd_child, pick_port, redis_child, wait_etcd, wait_redis, zsched_child
 
 NS_DEFAULT = "zsched"
@@ -80,7 +80,7 @@ class Stack:
             self.children.append(zsched_child(f"scheduler-{i + 1}", [
                 "scheduler", *common, "--etcd", self.etcd, "--replica-id", f"scheduler-{i + 1}",
                 "--metrics-port", str(port)], self.home, env).start())
-        apps = list(a.worker) or ([] if a.no_demo else ["scheduler.demo:worker"])
+        apps = list(a.worker) or ([] if a.no_demo else ["scheduler.shell.demo:worker"])
         n = 0
         for app in apps:
             for _ in range(a.workers):

@@ -13,24 +13,17 @@ Resetting is safe even for a healthy partition: ``tick`` pops due timers and pus
 in one script, so a stale replica whose epoch is accepted for a moment can only contend with the
 real owner for due jobs, never fire one twice; the real owner's next tick raises the epoch again.
 
-Scripts are called the way :mod:`scheduler.admin` calls them (EVALSHA with NOSCRIPT recovery).
+Scripts are called the way :mod:`scheduler.shell.admin` calls them (EVALSHA with NOSCRIPT recovery).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
+from ..client import Client
 from . import admin
 from .admin import BadInput
-from .client import Client
-
-
-def reset_channel(namespace: str) -> str:
-    """Pub/sub channel ``epoch_reset`` publishes a partition number on after resetting it (the
-    script builds it as CHAN .. 'epoch-reset'); replicas backing off from an epoch conflict retry
-    that partition at once."""
-    return f"{namespace}:epoch-reset"
-
 
 # ------------------------------------------------------------------------------------ reading
 

@@ -1,4 +1,4 @@
-"""Demo handlers for ``zsched dev``: ``zsched worker scheduler.demo:worker``.
+"""Demo handlers for ``zsched dev``: ``zsched worker scheduler.shell.demo:worker``.
 
 * ``emails``: takes 5-50 ms, succeeds.
 * ``flaky``: always fails; retried with backoff, then dead-lettered (see ``zsched dead list``).

@@ -1,6 +1,6 @@
 """``zsched schedule | job | dead | stats``: operator commands for jobs and the dead-letter queue.
 
-Thin argparse layer over :mod:`scheduler.admin`. Every subcommand takes ``--redis``,
+Thin argparse layer over :mod:`scheduler.shell.admin`. Every subcommand takes ``--redis``,
 ``--namespace`` and ``--json``. Exit codes: 0 ok, 1 not found (unknown job or namespace, or a job
 whose state does not allow the operation), 2 bad input, 3 Redis unreachable or refusing. Errors go
 to stderr as ``zsched: error: ...``.
@@ -14,17 +14,19 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable, NoReturn, TextIO
+from typing import Any, NoReturn, TextIO
 
 import redis
 
+from ..client import Client
+from ..protocol import config
+from ..protocol.calls import LIST_MAX_LIMIT, LIST_STATES, MISFIRE_POLICIES
+from ..protocol.errors import DurabilityError, MisfiredAtSchedule
+from ..protocol.models import JobInfo
 from . import admin
-from .protocol import config
 from .admin import AdminError, BadInput, NotFound
-from .client import LIST_MAX_LIMIT, LIST_STATES, MISFIRE_POLICIES, Client
-from .protocol.errors import DurabilityError, MisfiredAtSchedule
-from .protocol.models import JobInfo
 
 EXIT_OK, EXIT_NOT_FOUND, EXIT_BAD_INPUT, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
@@ -76,7 +78,7 @@ def _error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
 
 def _patched(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Make argparse's own errors look like ours (``zsched: error:``, exit 2)."""
-    setattr(parser, "error", functools.partial(_error, parser))
+    parser.error = functools.partial(_error, parser)
     return parser
 
 
@@ -97,17 +99,17 @@ EPILOG = ("exit codes: 0 ok, 1 not found (unknown job/namespace, or a state that
           "2 bad input, 3 Redis unreachable or refusing")
 
 
-def add_parsers(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``schedule``, ``job``, ``dead`` and ``stats`` (called by scheduler/cli.py)."""
     common = _common()
 
-    def leaf(parent: "argparse._SubParsersAction[argparse.ArgumentParser]", name: str, handler: Handler, *,
+    def leaf(parent: argparse._SubParsersAction[argparse.ArgumentParser], name: str, handler: Handler, *,
              create: bool = False, **kw: Any) -> argparse.ArgumentParser:
         p = _patched(parent.add_parser(name, parents=[common], epilog=EPILOG, **kw))
         p.set_defaults(func=_runner(handler, create=create))
         return p
 
-    def group(name: str, **kw: Any) -> "argparse._SubParsersAction[argparse.ArgumentParser]":
+    def group(name: str, **kw: Any) -> argparse._SubParsersAction[argparse.ArgumentParser]:
         p = _patched(sub.add_parser(name, **kw))
         return p.add_subparsers(dest=f"{name}_action", metavar="ACTION", required=True)
 

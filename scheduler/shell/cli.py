@@ -5,15 +5,15 @@ import argparse
 import logging
 import os
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 # (module, function) pairs; each function adds one subparser and sets ``func`` on it.
 _SUBCOMMANDS: list[tuple[str, str]] = [
     ("scheduler.tier.cli", "add_parser"),
     ("workers.cli", "add_parser"),
-    ("scheduler.dev", "add_parser"),
-    ("scheduler.cli_jobs", "add_parsers"),
-    ("scheduler.cli_epochs", "add_parsers"),
+    ("scheduler.shell.dev", "add_parser"),
+    ("scheduler.shell.cli_jobs", "add_parsers"),
+    ("scheduler.shell.cli_epochs", "add_parsers"),
 ]
 
 

@@ -50,7 +50,7 @@ class Child:
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> "Child":
+    def start(self) -> Child:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         fh = open(self.log, "ab")
         # own process group: Ctrl-C in the terminal reaches only zsched dev, which stops children in order
@@ -96,7 +96,7 @@ def etcd_child(home: Path, client_port: int, peer_port: int) -> Child:
 def zsched_child(name: str, args: list[str], home: Path, env: dict[str, str] | None = None) -> Child:
     """A ``zsched`` child process. Secrets (a Redis URL with a password) go in ``env``
     (``ZSCHED_REDIS_URL``), never on the command line, where ``ps`` shows them to every user."""
-    return Child(name, [sys.executable, "-m", "scheduler.cli", *args], home / "logs" / f"{name}.log", dict(env or {}))
+    return Child(name, [sys.executable, "-m", "scheduler", *args], home / "logs" / f"{name}.log", dict(env or {}))
 
 
 def wait_redis(port: int, timeout: float = 10.0) -> None:

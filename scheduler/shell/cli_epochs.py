@@ -1,7 +1,7 @@
 """``zsched epochs show | reset``: inspect and repair the scheduler tier's fencing epochs.
 
-Thin argparse layer over :mod:`scheduler.epochs`, with the conventions of
-:mod:`scheduler.cli_jobs`: ``--redis``, ``--namespace``, ``--json`` on every subcommand; exit codes
+Thin argparse layer over :mod:`scheduler.shell.epochs`, with the conventions of
+:mod:`scheduler.shell.cli_jobs`: ``--redis``, ``--namespace``, ``--json`` on every subcommand; exit codes
 0 ok, 1 not found (unknown namespace) or not done (a partition's epoch changed before the reset,
 or the confirmation was declined), 2 bad input, 3 Redis unreachable or refusing; errors on stderr
 as ``zsched: error: ...``. See "Epoch conflict runbook" in docs/operations.md.
@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
+from ..client import Client
+from ..protocol.keys import MAX_PARTITIONS
 from . import epochs
 from .admin import AdminError, BadInput, table
 from .cli_jobs import EXIT_BAD_INPUT, EXIT_OK, _common, _fail, _number, _patched, _print_json, _runner, _warn
-from .client import Client
-from .protocol.keys import MAX_PARTITIONS
 
 FIX_HINT = "see 'Epoch conflict runbook' in docs/operations.md"
 EPILOG = ("exit codes: 0 ok, 1 unknown namespace, or not (all) done: an epoch changed after it was read, or "
@@ -28,7 +28,7 @@ class NotDone(AdminError):
     """Nothing (or not everything) was changed, on purpose. Exit code 1."""
 
 
-def add_parsers(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``epochs show`` and ``epochs reset`` (called by scheduler/cli.py)."""
     common = _common()
     grp = _patched(sub.add_parser(
