@@ -3,6 +3,8 @@
 -- ARGV: 1-3 common; 4 queue filter ('' = all); 5 limit; 6 scan at most this many dead entries.
 -- Returns: flat list of {id, record, died_at_ms, error or false, queue name, due ms of the last
 --          attempt} groups, newest first.
+-- Invariants: read-only (no key is written); scans at most ARGV[6] entries of 'd', so the cost
+--             of a call is bounded whatever the number of dead jobs.
 local want, limit, scan = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local out, found, offset, page = {}, 0, 0, 200
 while found < limit and offset < scan do

@@ -13,6 +13,8 @@
 --   summary: done/cancelled/misfired only: the packed summary from 'f' (layout in _lib.lua
 --          tombstone(); its queue index is resolved into 'queue name'), or false for a
 --          tombstone written before summaries existed (legacy 'x': only its expiry is known).
+-- Invariants: read-only (no key is written); every job state is read in this one atomic call,
+--             so a job moving meanwhile is seen in exactly one state.
 local function look(id)
   local member, s = find_timer(id)
   if member then

@@ -65,7 +65,7 @@ class Record:
 def pack_payload(payload: Any, limit: int) -> bytes:
     """Encode a payload with msgpack; clear errors for unencodable or oversized payloads."""
     try:
-        data = msgpack.packb(payload, use_bin_type=True)
+        data: bytes = msgpack.packb(payload, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise PayloadError(
             f"payload cannot be encoded with msgpack ({exc}); expected None, bool, int, float, str, "

@@ -199,8 +199,9 @@ def sync_redis(url: str, **kwargs: Any) -> redis.Redis:
     kw = _defaults(kwargs, Retry(NoBackoff(), 0))
     if url.split("://", 1)[0].lower() in SENTINEL_SCHEMES:
         t, master_kw, skw = _sentinel_parts(url, kw)
-        s = sentinel.Sentinel(list(t.sentinels), sentinel_kwargs=skw, **master_kw)
-        return s.master_for(t.master_name)
+        s = sentinel.Sentinel(list(t.sentinels), sentinel_kwargs=skw, **master_kw)  # type: ignore[no-untyped-call]
+        master: redis.Redis = s.master_for(t.master_name)  # type: ignore[no-untyped-call]
+        return master
     return redis.Redis.from_url(url, **kw)
 
 
@@ -210,6 +211,7 @@ def async_redis(url: str, **kwargs: Any) -> aredis.Redis:
     kw = _defaults(kwargs, AsyncRetry(NoBackoff(), 0))
     if url.split("://", 1)[0].lower() in SENTINEL_SCHEMES:
         t, master_kw, skw = _sentinel_parts(url, kw)
-        s = asentinel.Sentinel(list(t.sentinels), sentinel_kwargs=skw, **master_kw)
-        return s.master_for(t.master_name)
+        s = asentinel.Sentinel(list(t.sentinels), sentinel_kwargs=skw, **master_kw)  # type: ignore[no-untyped-call]
+        amaster: aredis.Redis = s.master_for(t.master_name)
+        return amaster
     return aredis.Redis.from_url(url, **kw)

@@ -1,6 +1,6 @@
-"""Lua script loader: reads ``lua/*.lua`` from the installed package and prepends the ``_lib.lua``
-helpers each script uses. Scripts are run by :mod:`scheduler.transport` (EVALSHA, with NOSCRIPT
-recovery and retries)."""
+"""Lua script loader: reads ``lua/*.lua`` from the installed package and prepends the library
+helpers each script uses. Scripts are run by :mod:`scheduler.protocol.transport` (EVALSHA, with
+NOSCRIPT recovery and retries)."""
 from __future__ import annotations
 
 import hashlib
@@ -16,8 +16,14 @@ SCRIPT_NAMES = (
 )
 
 
+# The helper library, in definition order (a helper is defined before the helpers that use it).
+LIBRARY = ("_lib.lua", "_lib_finish.lua", "_lib_cron.lua")
+
+
 @dataclass(frozen=True)
 class Script:
+    """One script as sent to Redis: its name, assembled source and SHA1 (the EVALSHA handle)."""
+
     name: str
     source: str
     sha: str
@@ -28,7 +34,7 @@ _DEFINES = re.compile(r"^local\s+(?:function\s+([A-Za-z_][A-Za-z0-9_]*)|([A-Za-z
 
 
 def _lib_chunks(lib: str) -> list[tuple[set[str], str]]:
-    """Split ``_lib.lua`` into top-level definitions (with the comments above them), each with the
+    """Split the library into top-level definitions (with the comments above them), each with the
     names it defines."""
     chunks: list[tuple[set[str], list[str]]] = []
     pending: list[str] = []
@@ -46,7 +52,7 @@ def _lib_chunks(lib: str) -> list[tuple[set[str], str]]:
 
 
 def assemble(lib: str, body: str) -> str:
-    """The script as sent to Redis: only the ``_lib`` definitions the body needs (transitively), in
+    """The script as sent to Redis: only the library definitions the body needs (transitively), in
     library order, then the body. Redis runs the whole chunk on every call, so unused helpers would
     cost every EVALSHA a few microseconds."""
     chunks = _lib_chunks(lib)
@@ -68,7 +74,7 @@ def assemble(lib: str, body: str) -> str:
 def load_scripts() -> dict[str, Script]:
     """All scripts, read once from the package data (``scheduler.lua``)."""
     pkg = resources.files("scheduler.lua")
-    lib = pkg.joinpath("_lib.lua").read_text("utf-8")
+    lib = "".join(pkg.joinpath(name).read_text("utf-8").rstrip("\n") + "\n" for name in LIBRARY)
     out: dict[str, Script] = {}
     for name in SCRIPT_NAMES:
         src = assemble(lib, pkg.joinpath(f"{name}.lua").read_text("utf-8"))

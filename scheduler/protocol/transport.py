@@ -26,7 +26,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ from redis.exceptions import ConnectionError, NoScriptError, ResponseError, Time
 
 from .scripts import Script, load_scripts
 
+_hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
 try:  # redis[hiredis] is a dependency; its C packer is what the hot paths use
     from hiredis import pack_command as _hiredis_pack
 except ImportError:  # pragma: no cover

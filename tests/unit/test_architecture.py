@@ -1,0 +1,197 @@
+"""The code's shape, checked: layers import one way, no private name crosses a module boundary,
+modules stay small, and every declared dependency is used.
+
+The layers (docs/architecture.md, "Code map"), bottom up:
+
+- ``scheduler.protocol``: key layout, record bytes, ids, scripts and their typed calls/replies;
+- support: ``scheduler.coord`` (etcd), ``scheduler.metrics``, ``scheduler.runtime``;
+- ``scheduler.client``: the producer clients;
+- ``scheduler.tier`` and ``workers`` (neither imports the other);
+- ``scheduler.shell``: CLI, admin, dev stack, demo (may import everything below).
+"""
+from __future__ import annotations
+
+import ast
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("scheduler", "workers")
+MAX_LINES = 500
+
+# layer of a module -> the layers it may import (its own included)
+ALLOWED: dict[str, set[str]] = {
+    "protocol": {"protocol"},
+    "support": {"protocol", "support"},
+    "client": {"protocol", "client"},
+    "tier": {"protocol", "support", "client", "tier"},
+    "workers": {"protocol", "support", "client", "workers"},
+    "shell": {"protocol", "support", "client", "tier", "workers", "shell", "package"},
+    "package": {"protocol", "client", "shell", "package"},  # scheduler/__init__.py, __main__.py
+}
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] == "workers":
+        return "workers"
+    if len(parts) == 1 or parts[1] in ("__main__",):
+        return "package"
+    sub = parts[1]
+    if sub in ("coord", "metrics", "runtime"):
+        return "support"
+    if sub in ("protocol", "client", "tier", "shell"):
+        return sub
+    raise AssertionError(f"module {module} is in no layer: add it to tests/unit/test_architecture.py")
+
+
+def modules() -> list[tuple[str, Path]]:
+    out = []
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            rel = path.relative_to(ROOT).with_suffix("")
+            parts = list(rel.parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out.append((".".join(parts), path))
+    return out
+
+
+def imports_of(module: str, path: Path) -> list[tuple[str, list[str], int]]:
+    """(imported module, names imported from it, line) for every import in the file."""
+    tree = ast.parse(path.read_text("utf-8"))
+    is_pkg = path.name == "__init__.py"
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, [], node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base if is_pkg else base[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            out.append((target, [a.name for a in node.names], node.lineno))
+    return out
+
+
+def ours(target: str) -> bool:
+    return target.split(".")[0] in PACKAGES
+
+
+def test_every_layer_imports_only_the_layers_below_it() -> None:
+    bad = []
+    for module, path in modules():
+        mine = layer_of(module)
+        for target, names, line in imports_of(module, path):
+            if not ours(target):
+                continue
+            # "from scheduler.protocol import codec" names a module: judge by the full path
+            targets = [f"{target}.{n}" for n in names] if names and layer_of(target) == "package" else [target]
+            for t in targets:
+                theirs = layer_of(t)
+                if theirs not in ALLOWED[mine]:
+                    bad.append(f"{path.relative_to(ROOT)}:{line}: {mine} layer imports {t} ({theirs} layer)")
+    assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_tier_and_workers_do_not_import_each_other() -> None:
+    # covered by ALLOWED, stated on its own because it is the rule people break first
+    assert "workers" not in ALLOWED["tier"] and "tier" not in ALLOWED["workers"]
+
+
+def test_no_private_name_is_imported_from_another_module() -> None:
+    bad = []
+    for module, path in modules():
+        for target, names, line in imports_of(module, path):
+            if not ours(target):
+                continue
+            for n in names:
+                if n.startswith("_") and not n.startswith("__"):
+                    bad.append(f"{path.relative_to(ROOT)}:{line}: imports {target}.{n}")
+    assert not bad, "private names used across modules:\n" + "\n".join(bad)
+
+
+_PRIVATE_ATTR = re.compile(r"\b(?!self\b|cls\b)([a-z][a-z0-9_]*)\._(?!_)[a-z]\w*")
+
+
+def test_no_private_attribute_of_another_object_is_read() -> None:
+    """``client._core`` and the like: another object's internals are not an interface."""
+    bad = []
+    for _module, path in modules():
+        for i, text in enumerate(path.read_text("utf-8").splitlines(), 1):
+            code = text.split("#", 1)[0]
+            for m in _PRIVATE_ATTR.finditer(code):
+                if m.group(1) in ("os", "sys", "typing"):  # os._exit and friends are stdlib API
+                    continue
+                bad.append(f"{path.relative_to(ROOT)}:{i}: {m.group(0)}")
+    assert not bad, "private attributes of other objects:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("module,path", modules(), ids=[m for m, _ in modules()])
+def test_module_is_small(module: str, path: Path) -> None:
+    n = len(path.read_text("utf-8").splitlines())
+    assert n <= MAX_LINES, f"{path.relative_to(ROOT)} has {n} lines (limit {MAX_LINES}): split it by concern"
+
+
+# distribution name -> the import name that proves it is used (plugins: how they are used)
+_IMPORT_NAME = {"redis": "redis", "msgpack": "msgpack", "etcd3aio": "etcd3aio", "prometheus-client": "prometheus_client",
+                "croniter": "croniter", "pytest": "pytest", "hypothesis": "hypothesis", "fakeredis": "fakeredis",
+                "pyyaml": "yaml", "psycopg": "psycopg"}
+# used without an import: pytest plugins and command-line tools
+_USED_OTHERWISE = {
+    "pytest-asyncio": lambda: 'asyncio_mode = "auto"' in (ROOT / "pyproject.toml").read_text(),
+    "pytest-timeout": lambda: re.search(r"^timeout = \d+", (ROOT / "pyproject.toml").read_text(), re.M) is not None,
+    "ruff": lambda: "ruff check" in (ROOT / "scripts" / "lint").read_text(),
+    "mypy": lambda: "mypy" in (ROOT / "scripts" / "lint").read_text(),
+}
+
+
+def _declared() -> list[str]:
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = list(meta["dependencies"]) + [r for extra in meta["optional-dependencies"].values() for r in extra]
+    return sorted({re.split(r"[\[<>=!~ ]", r, maxsplit=1)[0].lower() for r in reqs})
+
+
+def test_every_declared_dependency_is_used() -> None:
+    sources = "\n".join(p.read_text("utf-8") for d in ("scheduler", "workers", "tests", "bench")
+                        for p in (ROOT / d).rglob("*.py"))
+    unused = []
+    for dist in _declared():
+        if dist in _USED_OTHERWISE:
+            if not _USED_OTHERWISE[dist]():
+                unused.append(dist)
+            continue
+        name = _IMPORT_NAME.get(dist)
+        assert name is not None, f"new dependency {dist}: say in _IMPORT_NAME how its use shows"
+        if not re.search(rf"^\s*(import|from) {name}\b", sources, re.M):
+            unused.append(dist)
+    assert not unused, f"declared in pyproject.toml but never used: {unused}"
+
+
+def test_every_script_has_a_header_naming_keys_argv_returns_and_invariants() -> None:
+    from scheduler.protocol.scripts import SCRIPT_NAMES
+
+    missing = []
+    for name in SCRIPT_NAMES:
+        text = (ROOT / "lua" / f"{name}.lua").read_text("utf-8")
+        header = "\n".join(line for line in text.splitlines() if line.startswith("--"))
+        for part in ("KEYS:", "ARGV:", "Returns:", "Invariants:"):
+            if f"-- {part}" not in header:
+                missing.append(f"lua/{name}.lua: no '-- {part}' line in its header")
+    assert not missing, "\n".join(missing)
+
+
+def test_every_lua_file_is_a_script_or_part_of_the_library() -> None:
+    from scheduler.protocol.scripts import LIBRARY, SCRIPT_NAMES
+
+    files = {p.name for p in (ROOT / "lua").glob("*.lua")}
+    assert files == {f"{n}.lua" for n in SCRIPT_NAMES} | set(LIBRARY)
+    big = [f"{p.name}: {n}" for p in (ROOT / "lua").glob("*.lua")
+           if (n := len(p.read_text("utf-8").splitlines())) > MAX_LINES]
+    assert not big, big
