@@ -42,9 +42,9 @@ def run_suite(name: str, quick: bool, memory_sizes: list[int]) -> Any:
         # exact percentiles from the handler records (the firing histogram's buckets are too coarse
         # for a ratio: a p99 either side of the 2 ms bucket boundary reads as 2.0 or 2.9 ms)
         ratio = round(large["handler_lateness_ms"]["p99"] / max(small["handler_lateness_ms"]["p99"], 0.1), 2)
+        tick_small, tick_large = small.get("tick_jobs_per_redis_cpu_s"), large.get("tick_jobs_per_redis_cpu_s")
         return {"small": small, "large": large, "p99_lateness_ratio": ratio,
-                "tick_throughput_ratio": round(small["tick_jobs_per_redis_cpu_s"] / large["tick_jobs_per_redis_cpu_s"], 2)
-                if small.get("tick_jobs_per_redis_cpu_s") and large.get("tick_jobs_per_redis_cpu_s") else None}
+                "tick_throughput_ratio": round(tick_small / tick_large, 2) if tick_small and tick_large else None}
     if name == "failover":
         return w.w7_failover()
     if name == "pg":

@@ -13,11 +13,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from scheduler.shell.servers import RedisServer
+
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.servers import RedisServer  # noqa: E402
 
 PAYLOAD = {"user_id": 12345, "template": "welcome", "to": "someone@example.com", "pad": "x" * 40}
 

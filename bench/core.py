@@ -15,12 +15,12 @@ import redis
 
 from bench.common import PAYLOAD, percentiles, redis_server
 from scheduler import Client
-from tests.helpers import Ops
+from scheduler.testing.transitions import Ops
 
 
 def enqueue(url: str, n_one: int = 20_000, n_many: int = 20_000, rounds: int = 3) -> dict[str, Any]:
     one, many = [], []
-    for rnd in range(rounds):
+    for _ in range(rounds):
         r = redis.Redis.from_url(url)
         r.flushall()
         c = Client.from_url(url, namespace="bench")
@@ -74,7 +74,7 @@ def tombstone(url: str, n: int = 100_000, key_bytes: int = 0, partitions: int = 
     r = redis.Redis.from_url(url)
     r.flushall()
     c = Client.from_url(url, namespace="bench", partitions=partitions)
-    core = c._core
+    core = c.calls
     ops = Ops(c)
     c.schedule(time.time() + 3600, PAYLOAD)  # creates the per-partition bookkeeping (q, g, c)
 

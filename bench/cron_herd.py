@@ -10,9 +10,8 @@ import redis
 
 from bench.common import emit, machine, percentiles, redis_server
 from scheduler import Client
-from tests.helpers import Ops
-from tests.procs import scheduler_proc
-from tests.servers import EtcdServer
+from scheduler.shell.servers import EtcdServer, scheduler_proc
+from scheduler.testing.transitions import Ops
 
 NS = "cronherd"
 

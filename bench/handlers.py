@@ -14,7 +14,7 @@ _records: list[tuple[str, int, float]] = []
 
 @worker.handler("bench")
 async def noop(job: Job) -> None:
-    _records.append((job.id, job._due_ms, time.time()))
+    _records.append((job.id, job.due_ms, time.time()))
 
 
 def _dump() -> None:

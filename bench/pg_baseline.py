@@ -173,7 +173,7 @@ def enqueue(conn: Any, n: int, rounds: int = 3, budget_s: float = 90.0) -> dict[
         at = time.time() + 3600
         t = time.perf_counter()
         for s in range(0, n, BATCH):
-            _copy(conn, range(s, min(n, s + BATCH)), lambda i: at + i * 1e-3)
+            _copy(conn, range(s, min(n, s + BATCH)), lambda i, at=at: at + i * 1e-3)
         runs["batched_copy"].append(n / (time.perf_counter() - t))
     out: dict[str, Any] = {"jobs": n, "rounds": len(runs["one"]), "batch": BATCH}
     for k, v in runs.items():
@@ -280,8 +280,9 @@ def _run_workers(srv: PostgresServer, conn: Any, n: int, offsets: Callable[[int]
     tmp = tempfile.mkdtemp(prefix="zsched-pgbench-")
     try:
         paths = [os.path.join(tmp, f"w{i}.json") for i in range(workers)]
-        procs = [ctx.Process(target=_worker, args=(i, srv.conninfo, poll_s, stop, ready, done_count, last_done, paths[i]),
-                             daemon=True) for i in range(workers)]
+        procs = [ctx.Process(target=_worker, daemon=True,
+                             args=(i, srv.conninfo, poll_s, stop, ready, done_count, last_done, paths[i]))
+                 for i in range(workers)]
         try:
             for p in procs:
                 p.start()

@@ -10,8 +10,8 @@ unprivileged system user (``postgres`` if the Debian package created it, else ``
 through ``subprocess.Popen(user=, group=, extra_groups=[])``, which changes uid in the child
 before exec, so the pid we hold is the postmaster's own. The temp dir is chowned to that user.
 
-Standard library only (plus ``tests.servers.free_port``), so a missing driver never hides a
-missing server.
+Standard library only (plus the port and temp-dir helpers of ``scheduler.shell.servers``), so a
+missing driver never hides a missing server.
 """
 from __future__ import annotations
 
@@ -31,11 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from tests.servers import HOST, OWNER_FILE, _pid_alive, free_port  # noqa: E402
+from scheduler.shell.servers import HOST, OWNER_FILE, free_port, pid_alive, sweep_stale_dirs
 
 INSTALL_HINT = (
     "PostgreSQL server binaries (initdb, postgres) not found. Install them with "
@@ -117,22 +113,12 @@ def filesystem_of(path: str | os.PathLike[str]) -> str:
     return f"{best[1]} on {best[0] or '?'} ({best[2]})"
 
 
-def sweep_stale_dirs() -> None:
-    """Remove temp dirs of earlier runs that were SIGKILLed (owner gone, postmaster gone)."""
-    for d in Path(_tmp_root()).glob("zsched-postgres-*"):
-        try:
-            owner = int((d / OWNER_FILE).read_text())
-        except (OSError, ValueError):
-            continue
-        if owner == os.getpid() or _pid_alive(owner):
-            continue
-        try:
-            pm = int((d / "data" / "postmaster.pid").read_text().split()[0])
-            if _pid_alive(pm):
-                continue
-        except (OSError, ValueError, IndexError):
-            pass
-        shutil.rmtree(d, ignore_errors=True)
+def _postmaster_alive(d: Path) -> bool:
+    """A postmaster still runs in temp dir ``d`` (it may outlive the Python process that started it)."""
+    try:
+        return pid_alive(int((d / "data" / "postmaster.pid").read_text().split()[0]))
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 def _proc_stat(pid: int) -> list[str]:
@@ -215,7 +201,8 @@ class PostgresServer:
             raise PostgresError(f"initdb failed ({res.returncode}); log tail:\n{self.log_tail()}")
 
     def start(self, timeout: float = 30.0) -> PostgresServer:
-        sweep_stale_dirs()
+        # temp dirs of earlier runs that were SIGKILLed (owner gone, postmaster gone)
+        sweep_stale_dirs("zsched-postgres-*", _tmp_root(), _postmaster_alive)
         self._init()
         argv = [str(self.bindir / "postgres"), "-D", str(self.data_dir), "-p", str(self.port),
                 "-k", str(self.sock_dir), "-c", f"listen_addresses={HOST}"]

@@ -19,7 +19,7 @@ from typing import Any
 from bench.common import PAYLOAD, emit, machine
 from bench.stack import NS, Stack
 from scheduler import Client
-from tests.procs import ZschedProc
+from scheduler.shell.servers import ZschedProc
 
 TTL = 60.0
 QUEUES = ["emails", "webhooks", "reports", "billing"]

@@ -12,8 +12,7 @@ import redis
 from bench.common import cpu_seconds
 from scheduler import Client
 from scheduler.metrics import bucket_quantile, scrape_histogram
-from tests.procs import ZschedProc, scheduler_proc
-from tests.servers import EtcdServer, RedisServer
+from scheduler.shell.servers import EtcdServer, RedisServer, ZschedProc, scheduler_proc
 
 NS = "bench"
 
@@ -34,7 +33,8 @@ class Stack:
         self.redis_srv.start()
         self.etcd.start()
         self.url = self.redis_srv.url
-        self.client = Client.from_url(self.url, namespace=NS, partitions=self.partitions)
+        # the namespace gets its partition count now, before any scheduler process could give it the default
+        self.client = Client.from_url(self.url, namespace=NS, partitions=self.partitions).connect()
         self.r = redis.Redis.from_url(self.url)
         return self
 
@@ -47,7 +47,7 @@ class Stack:
         self.redis_srv.stop()
 
     def start_schedulers(self, n: int) -> None:
-        for i in range(n):
+        for _ in range(n):
             self.schedulers.append(scheduler_proc(self.url, self.etcd.endpoint, NS, f"s{len(self.schedulers)}",
                                                   ttl=self.lease_ttl).start())
         self.wait_owned()
@@ -75,7 +75,7 @@ class Stack:
         raise RuntimeError(f"partitions not settled: {self.owners()}")
 
     def start_workers(self, n: int, concurrency: int = 16) -> None:
-        for i in range(n):
+        for _ in range(n):
             rec = self.tmp / f"worker-{len(self.workers)}.txt"
             p = ZschedProc(["worker", "bench.handlers:worker", "--redis", self.url, "--namespace", NS],
                            env={"BENCH_RECORD": str(rec), "BENCH_CONCURRENCY": str(concurrency),

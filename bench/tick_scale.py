@@ -6,7 +6,7 @@ import redis
 
 from bench.common import PAYLOAD, redis_server
 from scheduler import Client
-from tests.helpers import Ops
+from scheduler.testing.transitions import Ops
 
 
 def run(backlog):
@@ -17,7 +17,7 @@ def run(backlog):
         for st in range(0, backlog, 50000):
             c.schedule_many([(far + (i % 86400), PAYLOAD) for i in range(st, min(backlog, st+50000))], queue="backlog")
         out = []
-        for rep in range(3):
+        for _ in range(3):
             due = time.time() + 1.0
             c.schedule_many([(due, PAYLOAD)] * 100_000, queue="tickbench")
             time.sleep(max(0, due - time.time()) + 0.1)

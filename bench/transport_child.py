@@ -37,18 +37,33 @@ def _under(path: Any, root: Path) -> bool:
 def check_origin(root: Path) -> dict[str, Any]:
     """Import ``scheduler`` and fail unless it, its Lua scripts and ``workers`` come from ``root``
     (the venv's editable install of the working tree must not win)."""
-    import scheduler
-    from scheduler.protocol.scripts import load_scripts
+    import importlib
 
+    import scheduler
+
+    # the old tree keeps the loader in scheduler/scripts.py; asking for the new name there would
+    # import the working tree's module (the editable install maps scheduler.protocol to it)
+    loader = "scheduler.protocol.scripts" if (root / "scheduler" / "protocol").is_dir() else "scheduler.scripts"
+    scripts = importlib.import_module(loader)
     lua = resources.files("scheduler.lua")
     spec = find_spec("workers")
-    where = {"scheduler": scheduler.__file__, "scheduler.lua": str(lua),
+    where = {"scheduler": scheduler.__file__, "scheduler.lua": str(lua), loader: scripts.__file__,
              "workers": spec.origin if spec else None}
     bad = {k: v for k, v in where.items() if v is None or not _under(v, root)}
     if bad:
         raise SystemExit(f"transport_child: imported from the wrong tree (expected under {root}): {bad}")
-    shas = {name: s.sha for name, s in load_scripts().items()}
+    shas = {name: s.sha for name, s in scripts.load_scripts().items()}
     return {"root": str(root), "imported_from": where, "shas": shas}
+
+
+def connected(client_cls: Any, url: str, **kwargs: Any) -> Any:
+    """A client of either tree with its first round trip (reading the partition count) done, so
+    no timed call pays it: the working tree's client connects lazily (``connect()``), the old
+    tree's in its constructor."""
+    c = client_cls.from_url(url, **kwargs)
+    if hasattr(c, "connect"):
+        c.connect()
+    return c
 
 
 def mode_info(args: argparse.Namespace, origin: dict[str, Any]) -> dict[str, Any]:
@@ -70,7 +85,7 @@ def mode_serve(args: argparse.Namespace, origin: dict[str, Any]) -> dict[str, An
     from scheduler import Client
 
     payload = json.loads(args.payload)
-    c = Client.from_url(args.url, namespace="warmup")
+    c = connected(Client, args.url, namespace="warmup")
     at = time.time() + 3600
     for _ in range(args.warmup):
         c.schedule(at, payload)
@@ -82,7 +97,7 @@ def mode_serve(args: argparse.Namespace, origin: dict[str, Any]) -> dict[str, An
             break
         if op == "reset":
             c.close()
-            c = Client.from_url(args.url, namespace=cmd["ns"])
+            c = connected(Client, args.url, namespace=cmd["ns"])
             at = time.time() + 3600
             _reply({"ok": True})
         elif op == "one":
@@ -125,7 +140,7 @@ def mode_feed(args: argparse.Namespace, origin: dict[str, Any]) -> dict[str, Any
     from scheduler import Client
 
     payload = json.loads(args.payload)
-    c = Client.from_url(args.url, namespace=args.namespace, partitions=args.partitions)
+    c = connected(Client, args.url, namespace=args.namespace, partitions=args.partitions)
     t = time.perf_counter()
     ids: list[str] = []
     for s in range(0, args.jobs, 5000):

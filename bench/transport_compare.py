@@ -48,8 +48,8 @@ import redis
 
 from bench.common import PAYLOAD, REPO, machine, redis_server
 from bench.stack import NS, Stack
-from bench.workloads import _records_summary, _wait_acked
-from tests.procs import ZschedProc
+from bench.workloads import records_summary, wait_acked
+from scheduler.shell.servers import ZschedProc
 
 OLD_COMMIT = "b19477a"
 CHILD = Path(__file__).resolve().parent / "transport_child.py"
@@ -167,7 +167,8 @@ def _check_scripts(r: redis.Redis, side: Side, other: Side, names: list[str],
 
 
 def _summary(runs: list[float], digits: int | None = None) -> dict[str, Any]:
-    return {"runs": [round(x, digits) for x in runs], "median": round(statistics.median(runs), digits) if runs else None}
+    return {"runs": [round(x, digits) for x in runs],
+            "median": round(statistics.median(runs), digits) if runs else None}
 
 
 def _ratio(new: float | None, old: float | None) -> float | None:
@@ -346,7 +347,7 @@ def w3_drain_once(st: SideStack, jobs: int, acked_before: int,
     if reset_stats:
         st.r.config_resetstat()
     cpu0 = st.cpu()
-    done = _wait_acked(st, acked_before + jobs, 120)
+    done = wait_acked(st, acked_before + jobs, 120)
     cpu1 = st.cpu()
     elapsed = done - t0
     ev = st.r.info("commandstats").get("cmdstat_evalsha", {}) if reset_stats else {}
@@ -372,7 +373,7 @@ def w3_run(side: Side, other: Side, jobs: int, concurrency: int, replicas: int =
         scripts = _check_scripts(st.r, side, other, ["schedule", "tick", "claim", "ack"])
         if scripts["differing"] and set(scripts["own_cached"]) != set(scripts["differing"]):
             raise RuntimeError(f"{side.name} W3: not all of its own scripts {scripts['differing']} ran: {scripts}")
-        summary = _records_summary(st.stop_workers(), ids)
+        summary = records_summary(st.stop_workers(), ids)
     res.update({k: summary[k] for k in ("duplicates", "missing", "started_before_run_at")})
     res["scripts_checked"] = scripts
     return res
@@ -436,7 +437,8 @@ def run(quick: bool = False, old_commit: str = OLD_COMMIT, keep: bool = False) -
         info["new"].update({"head": _git("rev-parse", "HEAD"),
                             "uncommitted_files": len(_git("status", "--porcelain").splitlines()),
                             "code_digest": digest, "copied_from": str(REPO)})
-        info["differing_scripts"] = sorted(n for n in sides["new"].shas if sides["old"].shas.get(n) != sides["new"].shas[n])
+        info["differing_scripts"] = sorted(n for n in sides["new"].shas
+                                           if sides["old"].shas.get(n) != sides["new"].shas[n])
         m = machine()
         m["loadavg_start"] = os.getloadavg()
         n1 = 2000 if quick else 20_000
@@ -503,13 +505,9 @@ class _ProfiledWorker(ZschedProc):
         super().__init__(args, env=env, cwd=str(side.root))
         self.side, self.out = side, out
 
-    def start(self) -> ZschedProc:
-        fh = open(self.log, "ab")
-        self.proc = subprocess.Popen([sys.executable, str(CHILD), "profile-worker", "--root", str(self.side.root),
-                                      "--out", str(self.out), "--", *self.args], stdout=fh,
-                                     stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd)
-        fh.close()
-        return self
+    def argv(self) -> list[str]:
+        return [sys.executable, str(CHILD), "profile-worker", "--root", str(self.side.root), "--out", str(self.out),
+                "--", *self.args]
 
 
 def _by_file(stats: Any, per: float) -> list[dict[str, Any]]:
@@ -558,7 +556,7 @@ def w3_profile(jobs: int = 20_000, concurrency: int = 64, top: int = 30) -> dict
                 log = st.r.execute_command("SLOWLOG", "GET", "-1")
                 cmdstats = st.r.info("commandstats")
                 records = st.stop_workers()
-            summary = _records_summary(records, ids)
+            summary = records_summary(records, ids)
             scripts: dict[str, dict[str, float]] = {}
             for entry in log:
                 args = entry[3]

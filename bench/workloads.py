@@ -10,10 +10,10 @@ from typing import Any
 from bench.common import PAYLOAD, percentiles
 from bench.stack import Stack, bucket_summary
 from scheduler.protocol.ids import partition_for_key
-from tests.helpers import Ops
+from scheduler.testing.transitions import Ops
 
 
-def _records_summary(records: list[tuple[str, int, float]], expected: set[str]) -> dict[str, Any]:
+def records_summary(records: list[tuple[str, int, float]], expected: set[str]) -> dict[str, Any]:
     counts = Counter(jid for jid, _, _ in records)
     lat = [(start * 1000 - due) for _, due, start in records]
     return {"duplicates": sum(c - 1 for c in counts.values() if c > 1), "missing": len(expected - set(counts)),
@@ -21,7 +21,7 @@ def _records_summary(records: list[tuple[str, int, float]], expected: set[str]) 
             "handler_lateness_ms": {k: round(v, 2) if isinstance(v, float) else v for k, v in percentiles(lat).items()}}
 
 
-def _wait_acked(st: Stack, target: int, timeout: float) -> float:
+def wait_acked(st: Stack, target: int, timeout: float) -> float:
     deadline = time.time() + timeout
     while time.time() < deadline:
         if st.counter("acked") >= target:
@@ -43,7 +43,7 @@ def w3_drain(jobs: int = 20_000, workers: int = 1, replicas: int = 2) -> dict[st
             ids |= set(st.client.schedule_many([(t0, PAYLOAD)] * min(5000, jobs - s), queue="bench"))
         time.sleep(max(0.0, t0 - time.time() - 0.5))
         cpu0 = st.cpu()
-        done = _wait_acked(st, jobs, 120)
+        done = wait_acked(st, jobs, 120)
         cpu1 = st.cpu()
         elapsed = done - t0
         records = st.stop_workers()
@@ -51,7 +51,7 @@ def w3_drain(jobs: int = 20_000, workers: int = 1, replicas: int = 2) -> dict[st
         out = {"jobs": jobs, "worker_processes": workers, "replicas": replicas, "concurrency": DRAIN_CONCURRENCY,
                "jobs_per_s": round(jobs / elapsed), "seconds_from_t0": round(elapsed, 3),
                "cpu_s_per_1000_jobs": per_k}
-        out.update({k: v for k, v in _records_summary(records, ids).items() if k != "handler_lateness_ms"})
+        out.update({k: v for k, v in records_summary(records, ids).items() if k != "handler_lateness_ms"})
         return out
 
 
@@ -64,12 +64,12 @@ def w4_lateness(jobs: int, span: float = 20.0, workers: int = 1, replicas: int =
         times = sorted(start + rnd.random() * span for _ in range(jobs))
         ids = set(st.client.schedule_many([(t, PAYLOAD) for t in times], queue="bench"))
         before = st.firing_buckets()
-        _wait_acked(st, jobs, span + 60)
+        wait_acked(st, jobs, span + 60)
         time.sleep(0.5)
         after = st.firing_buckets()
         records = st.stop_workers()
         out = {"jobs": jobs, "rate_per_s": round(jobs / span), "worker_processes": workers, "replicas": replicas}
-        out.update(_records_summary(records, ids))
+        out.update(records_summary(records, ids))
         out["firing_lateness"] = bucket_summary(before, after)
         return out
 
@@ -91,7 +91,7 @@ def w5_herd(jobs: int = 100_000, limit: float | None = None, workers: int = 2, r
             fired = st.counter("fired")
             samples.append((time.time() - t0, fired, st.counter("acked")))
             time.sleep(0.1)
-        done = _wait_acked(st, jobs, 120) - t0
+        done = wait_acked(st, jobs, 120) - t0
         st.stop_workers()
         lo = next(t for t, n, _ in samples if n >= 0.1 * jobs)
         hi = next(t for t, n, _ in samples if n >= 0.9 * jobs)
@@ -116,20 +116,20 @@ def w6_scale(backlog: int, jobs: int = 20_000, span: float = 20.0) -> dict[str, 
         ids = set(st.client.schedule_many([(t, PAYLOAD) for t in times], queue="bench"))
         st.r.config_resetstat()
         before = st.firing_buckets()
-        _wait_acked(st, jobs, span + 60)
+        wait_acked(st, jobs, span + 60)
         after = st.firing_buckets()
         stats = st.r.info("commandstats").get("cmdstat_evalsha", {})
         records = st.stop_workers()
         out = {"backlog": backlog, "jobs": jobs, "rate_per_s": round(jobs / span),
                "redis_usec_per_script_call": stats.get("usec_per_call")}
-        out.update(_records_summary(records, ids))
+        out.update(records_summary(records, ids))
         out["firing_lateness"] = bucket_summary(before, after)
         # raw tick throughput with this backlog: the replicas stop, 100 000 due jobs are moved by
         # tick calls alone, and Redis's own accounting gives the CPU they took
         for p in st.schedulers:
             p.stop()
         due = time.time() + 1.5
-        for s in range(0, 100_000, 50_000):
+        for _ in range(0, 100_000, 50_000):
             st.client.schedule_many([(due, PAYLOAD)] * 50_000, queue="tickbench")
         time.sleep(max(0.0, due - time.time()) + 0.1)
         st.r.config_resetstat()

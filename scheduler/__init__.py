@@ -5,14 +5,28 @@ Producer API::
     from scheduler import Client
     client = Client.from_url("redis://127.0.0.1:6379/0", namespace="zsched")
     job_id = client.schedule(timedelta(hours=4), {"to": "a@example.com"}, queue="emails")
+    if not client.cancel(job_id):  # an Outcome: truthy only when the job was cancelled
+        ...
 """
 from .client import AsyncClient, Client
+from .protocol.codes import Outcome
 from .protocol.cron import CronInfo
-from .protocol.errors import ConfigError, PayloadError, ScriptError, ZschedError
-from .protocol.keys import Keyspace
+from .protocol.errors import (
+    ConfigError,
+    DurabilityError,
+    DurabilityTimeout,
+    DurabilityUnsupported,
+    MisfiredAtSchedule,
+    PayloadError,
+    ScriptError,
+    ZschedError,
+)
 from .protocol.models import JobError, JobInfo, JobState
+from .protocol.options import JobOptions
+from .protocol.transport import RetryPolicy
 
 __all__ = [
-    "AsyncClient", "Client", "ConfigError", "CronInfo", "JobError", "JobInfo", "JobState", "Keyspace",
-    "PayloadError", "ScriptError", "ZschedError",
+    "AsyncClient", "Client", "ConfigError", "CronInfo", "DurabilityError", "DurabilityTimeout",
+    "DurabilityUnsupported", "JobError", "JobInfo", "JobOptions", "JobState", "MisfiredAtSchedule", "Outcome",
+    "PayloadError", "RetryPolicy", "ScriptError", "ZschedError",
 ]

@@ -4,9 +4,13 @@ instead of being absent."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from .protocol.replies import StatsReply
 
 log = logging.getLogger("zsched.metrics")
 
@@ -43,12 +47,13 @@ class SchedulerMetrics:
                                        "with that epoch (etcd history restored or replaced); every retry counts",
                                        ["replica"], registry=r)
         self.epoch_conflict_partitions = Gauge("zsched_epoch_conflict_partitions",
-                                               "Owned partitions stuck in an epoch conflict now (nothing fires "
-                                               "there until 'zsched epochs reset')", ["replica"], registry=r)
+                                               "Owned partitions stuck in an epoch conflict now (nothing "
+                                               "fires there until 'zsched epochs reset')", ["replica"], registry=r)
         self.deadline_pauses = Counter("zsched_ownership_deadline_pauses_total",
                                        "Times ticking stopped because ownership could not be confirmed in time",
                                        ["replica"], registry=r)
-        self.fired = Counter("zsched_scheduler_fired_total", "Jobs this replica moved to ready", ["replica"], registry=r)
+        self.fired = Counter("zsched_scheduler_fired_total", "Jobs this replica moved to ready", ["replica"],
+                             registry=r)
         self.reaped = Counter("zsched_scheduler_reaped_total", "Expired leases this replica reaped",
                               ["replica"], registry=r)
         self.firing_lateness = Histogram("zsched_firing_lateness_seconds",
@@ -89,31 +94,36 @@ JOB_EVENTS = ("scheduled", "fired", "acked", "failed", "retried", "dead", "misfi
 STATES = ("scheduled", "ready", "running", "dead")
 
 
+@dataclass(frozen=True, slots=True)
+class _Exported:
+    stats: StatsReply
+    oldest_due_age: float  # seconds, 0 when nothing is due
+
+
 class PartitionStatsCollector:
     """Exports the Redis-kept counters and depths of the partitions this replica owns, labelled by
     partition: when a partition moves to another replica its series continue there, and
     ``sum by (queue)`` never counts a partition twice."""
 
     def __init__(self) -> None:
-        self._stats: dict[int, dict] = {}
+        self._stats: dict[int, _Exported] = {}
 
-    def update(self, partition: int, reply: list, now_ms: int) -> None:
-        gauges = {reply[0][i].decode(): int(reply[0][i + 1]) for i in range(0, len(reply[0]), 2)}
-        counters = {reply[1][i].decode(): int(reply[1][i + 1]) for i in range(0, len(reply[1]), 2)}
-        ready = {reply[2][i].decode(): int(reply[2][i + 1]) for i in range(0, len(reply[2]), 2)}
-        earliest = int(reply[3])
-        self._stats[partition] = {
-            "gauges": gauges, "counters": counters, "ready": ready,
-            "oldest_due_age": max(0.0, (now_ms - earliest) / 1000.0) if earliest >= 0 else 0.0,
-            "epoch": int(reply[7]),
-        }
+    def update(self, partition: int, stats: StatsReply, now_ms: int) -> None:
+        """Export ``stats`` (read when Redis's clock said ``now_ms``) for ``partition``."""
+        earliest = stats.earliest_due_ms
+        age = max(0.0, (now_ms - earliest) / 1000.0) if earliest is not None else 0.0
+        self._stats[partition] = _Exported(stats, age)
 
     def forget(self, partition: int) -> None:
+        """Stop exporting ``partition`` (another replica owns it now)."""
         self._stats.pop(partition, None)
 
-    def collect(self):  # type: ignore[no-untyped-def]
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    def partitions(self) -> list[int]:
+        """The partitions exported now."""
+        return list(self._stats)
 
+    def collect(self) -> Iterator[Metric]:
+        """Called by the registry on every scrape."""
         events = CounterMetricFamily("zsched_jobs", "Job events by queue (kept in Redis per partition, "
                                      "exported by the partition's owner)", labels=["event", "queue", "partition"])
         depth = GaugeMetricFamily("zsched_jobs_depth", "Jobs per state and queue in the partitions this "
@@ -122,22 +132,23 @@ class PartitionStatsCollector:
         age = GaugeMetricFamily("zsched_oldest_due_age_seconds",
                                 "Age of the oldest due-but-not-fired timer per owned partition (0 when none)",
                                 labels=["partition"])
-        for p, st in sorted(self._stats.items()):
+        for p, exported in sorted(self._stats.items()):
             ps = str(p)
-            queues = set(st["ready"])
-            for f in list(st["gauges"]) + list(st["counters"]):
+            st = exported.stats
+            queues = set(st.ready)
+            for f in list(st.gauges) + list(st.counters):
                 queues.add(f.split(":", 1)[1])
             queues.discard("?")
             for q in sorted(queues):
                 for ev in JOB_EVENTS:
-                    events.add_metric([ev, q, ps], st["counters"].get(f"{ev}:{q}", 0))
-                depth.add_metric(["scheduled", q, ps], st["gauges"].get(f"s:{q}", 0))
-                depth.add_metric(["ready", q, ps], st["ready"].get(q, 0))
-                depth.add_metric(["running", q, ps], st["gauges"].get(f"a:{q}", 0))
-                depth.add_metric(["dead", q, ps], st["gauges"].get(f"d:{q}", 0))
+                    events.add_metric([ev, q, ps], st.counters.get(f"{ev}:{q}", 0))
+                depth.add_metric(["scheduled", q, ps], st.gauges.get(f"s:{q}", 0))
+                depth.add_metric(["ready", q, ps], st.ready.get(q, 0))
+                depth.add_metric(["running", q, ps], st.gauges.get(f"a:{q}", 0))
+                depth.add_metric(["dead", q, ps], st.gauges.get(f"d:{q}", 0))
                 # due but held back by a rate limit (included in "scheduled")
-                depth.add_metric(["held", q, ps], st["gauges"].get(f"h:{q}", 0))
-            age.add_metric([ps], st["oldest_due_age"])
+                depth.add_metric(["held", q, ps], st.gauges.get(f"h:{q}", 0))
+            age.add_metric([ps], exported.oldest_due_age)
         yield events
         yield depth
         yield age

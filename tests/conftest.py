@@ -1,4 +1,5 @@
-"""Shared fixtures: real redis-server and etcd processes from tests/servers.py."""
+"""Shared fixtures: real redis-server and etcd processes (tests/servers.py: the shared
+``scheduler.shell.servers`` classes with fault injection)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.servers import (
-    EtcdCluster,
-    EtcdServer,
-    RedisServer,
-    SentinelSet,
-    etcd_delete_all,
-    etcd_revoke_all_leases,
-)
+from scheduler.shell.servers import etcd_delete_all, etcd_revoke_all_leases
+from tests.servers import EtcdCluster, EtcdServer, RedisServer, SentinelSet
 
 
 def _revive(server: RedisServer | EtcdServer) -> None:

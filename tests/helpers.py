@@ -1,71 +1,14 @@
-"""Test helpers: worker-side script calls without a worker, and a full invariant check of a
-namespace's Redis state ("every live job is in exactly one state")."""
+"""Test helpers: a full invariant check of a namespace's Redis state ("every live job is in
+exactly one state"). Script calls without a worker: :mod:`scheduler.testing.transitions`."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 import redis
 
 from scheduler import Client
-from scheduler.protocol.calls import error_arg
 from scheduler.protocol.codec import TOMBSTONE_HEADER, decode_tombstone
 from scheduler.protocol.ids import ID_BYTES, encode_id, partition_of
-from scheduler.protocol.replies import Claimed, parse_claim
-from scheduler.protocol.transport import ScriptTransport
-
-
-class Ops:
-    """Calls the worker- and scheduler-side scripts directly (test stand-in for workers and the
-    scheduler tier)."""
-
-    def __init__(self, client: Client) -> None:
-        self.client = client
-        self.core = client._core
-        self.scripts = ScriptTransport(client.redis)
-        self.parts = client.keyspace.partitions
-
-    def run(self, name: str, p: int, *args: Any) -> Any:
-        return self.scripts.call(*self.core.call(name, p, *args))
-
-    def tick_all(self, epoch: int = 0, limit: int = 1000) -> int:
-        n = 0
-        for p in range(self.parts):
-            while True:
-                r = self.run("tick", p, epoch, limit, self.core.tomb_ms)
-                assert r[0] != -1, f"epoch refused: {r}"
-                n += r[0]
-                if r[0] < limit:
-                    break
-        return n
-
-    def reap_all(self, epoch: int = 0, limit: int = 1000) -> int:
-        return sum(self.run("reap", p, epoch, limit)[0] for p in range(self.parts))
-
-    def claim(self, queue: str = "default", n: int = 100) -> list[Claimed]:
-        out: list[Claimed] = []
-        for p in range(self.parts):
-            _, jobs = parse_claim(self.run("claim", p, queue, n - len(out)))
-            out.extend(jobs)
-            if len(out) >= n:
-                break
-        return out
-
-    def ack(self, job: Claimed, token: int | None = None) -> int:
-        return self.run("ack", partition_of(job.raw_id), self.core.tomb_ms, job.raw_id,
-                        job.token if token is None else token)[0]
-
-    def fail(self, job: Claimed, kind: str = "f", delay_ms: int = 0, token: int | None = None,
-             msg: str = "boom") -> int:
-        return self.run("fail", partition_of(job.raw_id), job.raw_id, job.token if token is None else token,
-                        kind, delay_ms, error_arg("RuntimeError", msg, "tb"))[0]
-
-    def extend(self, job: Claimed, lease_ms: int = 0, token: int | None = None) -> int:
-        return self.run("extend", partition_of(job.raw_id), job.raw_id,
-                        job.token if token is None else token, lease_ms)[0]
-
-    def release(self, job: Claimed) -> int:
-        return self.run("release", partition_of(job.raw_id), job.raw_id, job.token)[0]
 
 
 def tombstones(r: redis.Redis, client: Client) -> dict[str, str]:
@@ -102,9 +45,7 @@ def snapshot(r: redis.Redis, client: Client) -> dict[str, dict[str, str]]:
         qnames = {v.decode(): int(kk[2:]) for kk, v in r.hgetall(k["q"]).items() if kk.startswith(b"i:")}
         gauges = {f.decode(): int(v) for f, v in r.hgetall(k["g"]).items()}
         gcount: Counter[str] = Counter()
-        qname_of = {}
-        for idx_s, name in [(kk[2:].decode(), v.decode()) for kk, v in r.hgetall(k["q"]).items() if kk.startswith(b"i:")]:
-            qname_of[int(idx_s)] = name
+        qname_of = {int(kk[2:]): v.decode() for kk, v in r.hgetall(k["q"]).items() if kk.startswith(b"i:")}
         timer_ids = set()
         for member, score in timers:
             raw, rec = member[:ID_BYTES], member[ID_BYTES:]
@@ -123,7 +64,7 @@ def snapshot(r: redis.Redis, client: Client) -> dict[str, dict[str, str]]:
             for raw in r.lrange(ks.ready(p, name), 0, -1):
                 assert raw not in ready_ids, f"{encode_id(raw)} twice in ready lists"
                 ready_ids[raw] = name
-        for raw, qn in ready_ids.items():
+        for raw in ready_ids:
             states[encode_id(raw)] = "ready"
             seen[encode_id(raw)] += 1
             assert raw in bodies, f"{encode_id(raw)} ready without a body"

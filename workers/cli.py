@@ -48,8 +48,8 @@ def _seconds(value: str) -> float:
 
 
 def add_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.ArgumentParser:
-    """Register the ``worker`` subcommand (called by scheduler/cli.py)."""
-    p = subparsers.add_parser(
+    """Register the ``worker`` subcommand (called by scheduler/shell/cli.py)."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
         "worker", help="run job handlers: zsched worker MODULE:ATTR",
         description="Run the Worker object named by MODULE:ATTR (the current directory is on the import "
                     "path). Options given here override the Worker's own settings. SIGTERM/SIGINT stop "
@@ -57,7 +57,8 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.Argument
     p.add_argument("app", metavar="MODULE:ATTR", help="e.g. myapp.tasks:worker (a Worker, or a function returning one)")
     p.add_argument("--redis", metavar="URL", help="Redis URL (default: the Worker's, else ZSCHED_REDIS_URL, "
                                                    "else redis://127.0.0.1:6379/0)")
-    p.add_argument("--namespace", metavar="NS", help="namespace (default: the Worker's, else ZSCHED_NAMESPACE, else zsched)")
+    p.add_argument("--namespace", metavar="NS",
+                   help="namespace (default: the Worker's, else ZSCHED_NAMESPACE, else zsched)")
     p.add_argument("--queues", metavar="A,B", type=_csv, help="queues to serve (default: the queues with handlers)")
     p.add_argument("--concurrency", metavar="N", type=_positive_int, help="handlers running at once (default 16)")
     p.add_argument("--metrics-port", metavar="PORT", type=_port, help="serve Prometheus metrics on this port")
@@ -68,8 +69,14 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.Argument
     return p
 
 
+class NotAWorker(TypeError, ValueError):
+    """``MODULE:ATTR`` names something that is not a :class:`~workers.Worker`: a wrong type, and a
+    bad command-line value (``zsched`` reports ValueErrors as usage errors, exit status 2)."""
+
+
 def load_worker(spec: str) -> Worker:
-    """Import ``MODULE:ATTR`` (ATTR may be dotted) with the current directory on sys.path."""
+    """Import ``MODULE:ATTR`` (ATTR may be dotted) with the current directory on sys.path.
+    ValueError if it cannot be found; :class:`NotAWorker` if it is not a Worker."""
     mod_name, sep, attr = spec.partition(":")
     if not sep or not mod_name or not attr:
         raise ValueError(f"expected MODULE:ATTR (e.g. myapp.tasks:worker), got {spec!r}")
@@ -92,7 +99,7 @@ def load_worker(spec: str) -> Worker:
     if not isinstance(obj, Worker) and callable(obj):
         obj = obj()  # a factory
     if not isinstance(obj, Worker):
-        raise TypeError(f"{spec!r} is a {type(obj).__name__}, expected a workers.Worker (or a function returning one)")
+        raise NotAWorker(f"{spec!r} is a {type(obj).__name__}, expected a workers.Worker (or a function returning one)")
     return obj
 
 

@@ -33,7 +33,8 @@ class Job:
                  "_run_at", "fence", "lease", "_lost", "_cron_ms", "cron_missed")
 
     def __init__(self, raw_id: bytes, queue: str, payload: Any, key: str | None, attempt: int,
-                 max_attempts: int, due_ms: int, fence: int, lease: float) -> None:
+                 max_attempts: int, due_ms: int, fence: int, lease: float, cron_nominal_ms: int | None = None,
+                 cron_missed: int = 0) -> None:
         self._raw_id = raw_id
         self._id: str | None = None
         self.key = key
@@ -46,14 +47,19 @@ class Job:
         self.fence = fence
         self.lease = lease
         self._lost = False  # set by the worker (no reference back to it: no cycles to collect)
-        self._cron_ms: int | None = None
-        self.cron_missed = 0
+        self._cron_ms = cron_nominal_ms
+        self.cron_missed = cron_missed
 
     @property
     def id(self) -> str:
         if self._id is None:
             self._id = encode_id(self._raw_id)
         return self._id
+
+    @property
+    def due_ms(self) -> int:
+        """When this attempt became due, in ms since the epoch (``run_at`` as a number)."""
+        return self._due_ms
 
     @property
     def run_at(self) -> datetime:
@@ -71,6 +77,11 @@ class Job:
         job may already run elsewhere and this attempt's outcome will be ignored. A long handler
         may check it to stop early."""
         return self._lost
+
+    def mark_lease_lost(self) -> None:
+        """Called by the worker when Redis refused a heartbeat or outcome of this attempt: from
+        then on :attr:`lease_lost` is True."""
+        self._lost = True
 
     def __repr__(self) -> str:
         return (f"Job(id={self.id!r}, queue={self.queue!r}, attempt={self.attempt}/{self.max_attempts}, "

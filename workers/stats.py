@@ -110,7 +110,7 @@ class PrometheusHistograms:
 
         h = self._lat.get(job.queue)
         if h is not None:
-            h.observe(max(0.0, _t.time() - job._due_ms / 1000.0))
+            h.observe(max(0.0, _t.time() - job.due_ms / 1000.0))
 
     def job_finished(self, job: Job, outcome: str, seconds: float) -> None:
         h = self._dur.get(job.queue)
@@ -166,7 +166,7 @@ def start_metrics_server(port: int, namespace: str, by_queue: Callable[[], dict[
             yield c
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector())  # type: ignore[arg-type]
+    registry.register(_Collector())
     if histograms is not None:
         histograms(registry)
     res = start_http_server(port, addr=addr, registry=registry)

@@ -9,19 +9,27 @@ Per partition ``{ns:p}:`` +
   ``i``        in-flight: sorted set id -> lease deadline ms                          (state running)
   ``l``        lease tokens: hash id -> token (the job's fence)
   ``d``        dead letter: sorted set id -> time of death ms                          (state dead)
-  ``e``        last errors: hash id -> at_ms NUL type NUL message NUL traceback
+  ``e``        last errors: hash id -> plain text ``at_ms NUL type NUL message NUL traceback``, not
+               msgpack (built by ``error_blob`` in lua/_lib.lua and by ``calls.error_arg`` for
+               ``fail``, which the script prefixes with the time; read by ``replies.parse_error``)
   ``k``        idempotency keys: hash key -> id, while the job is live
   ``h:QUEUE``  held: sorted set id -> due ms, due jobs waiting for a rate-limit token (scheduled)
   ``x``        legacy tombstones (before ``f``): sorted set id..state-letter -> expiry ms; only drained by tick
   ``q``        queue names interned to small numbers: ``n:NAME`` -> idx, ``i:IDX`` -> name
-  ``g``        gauges per queue (``s:Q`` scheduled, ``a:Q`` running, ``d:Q`` dead)
+  ``qfree``    retired queue indexes: sorted set idx -> when it may be reused
+  ``g``        gauges per queue (``s:Q`` scheduled, ``h:Q`` held, ``a:Q`` running, ``d:Q`` dead)
   ``c``        counters per queue (``scheduled:Q``, ``fired:Q``, ...) exported by the partition owner
   ``meta``     ``fence`` (last lease token: above the server clock in µs), ``epoch`` (highest scheduler epoch seen),
                ``fcur`` (cursor of the incremental HSCAN that trims expired ``f`` entries)
   ``f``        finished jobs (tombstones: done, cancelled, misfired): hash id -> packed summary (state,
                finished and expiry ms, queue index, attempts, max_attempts, due ms of the last attempt,
-               created, key, truncated last error; layout in lua/_lib.lua ``tombstone``)
-Namespace-wide: ``{ns}:cfg`` (partition count, ``rate:QUEUE`` limits), ``{ns}:rl:QUEUE`` token buckets. Pub/sub: ``ns:wake`` (scheduler), ``ns:ready:QUEUE``.
+               created, key, and the last error as in ``e`` without its traceback, cut at 160 bytes;
+               layout in lua/_lib.lua ``tombstone``)
+  ``cr:RID``   claim receipts: the ids a claim with request id RID handed out (re-sent claims)
+  ``crons``    cron names; ``cron:NAME`` one cron's definition and upcoming occurrences (lua/_lib_cron.lua)
+Namespace-wide: ``{ns}:cfg`` (partition count, ``rate:QUEUE`` limits, ``dead:max``, ``dead:ttl_ms``,
+``queue:idle_ms``), ``{ns}:rl:QUEUE`` token buckets. Pub/sub: ``ns:wake`` (scheduler),
+``ns:ready:QUEUE`` (workers), ``ns:config`` (config changed), ``ns:epoch-reset``.
 """
 from __future__ import annotations
 

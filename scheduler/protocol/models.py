@@ -1,13 +1,16 @@
-"""Public data types."""
+"""Public data types: a job's state, its view (:class:`JobInfo`) and its last error."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 
-class JobState(str, Enum):
+class JobState(StrEnum):
+    """Where a job is: live (scheduled, ready, running, dead) or finished (done, cancelled,
+    misfired: a tombstone kept ``tombstone_ttl`` seconds)."""
+
     SCHEDULED = "scheduled"
     READY = "ready"
     RUNNING = "running"

@@ -1,23 +1,25 @@
 """``zsched epochs show | reset``: inspect and repair the scheduler tier's fencing epochs.
 
-Thin argparse layer over :mod:`scheduler.shell.epochs`, with the conventions of
-:mod:`scheduler.shell.cli_jobs`: ``--redis``, ``--namespace``, ``--json`` on every subcommand; exit codes
-0 ok, 1 not found (unknown namespace) or not done (a partition's epoch changed before the reset,
-or the confirmation was declined), 2 bad input, 3 Redis unreachable or refusing; errors on stderr
-as ``zsched: error: ...``. See "Epoch conflict runbook" in docs/operations.md.
+Thin argparse layer over :mod:`scheduler.shell.epochs`, with the shared options and error format of
+:mod:`scheduler.shell.cli_common`: ``--redis``, ``--namespace``, ``--json`` on every subcommand; exit
+codes 0 ok, 1 not found (unknown namespace) or not done (a partition's epoch changed before the
+reset, or the confirmation was declined), 2 bad input, 3 Redis unreachable or refusing; errors on
+stderr as ``zsched: error: ...``. See "Epoch conflict runbook" in docs/operations.md.
 """
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
-from collections.abc import Callable
 
 from ..client import Client
 from ..protocol.keys import MAX_PARTITIONS
 from . import epochs
 from .admin import AdminError, BadInput, table
-from .cli_jobs import EXIT_BAD_INPUT, EXIT_OK, _common, _fail, _number, _patched, _print_json, _runner, _warn
+from .cli_common import EXIT_OK, Commands, SubParsers, number, print_json, warn
+
+log = logging.getLogger(__name__)
 
 FIX_HINT = "see 'Epoch conflict runbook' in docs/operations.md"
 EPILOG = ("exit codes: 0 ok, 1 unknown namespace, or not (all) done: an epoch changed after it was read, or "
@@ -28,64 +30,46 @@ class NotDone(AdminError):
     """Nothing (or not everything) was changed, on purpose. Exit code 1."""
 
 
-def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``epochs show`` and ``epochs reset`` (called by scheduler/cli.py)."""
-    common = _common()
-    grp = _patched(sub.add_parser(
+def add_parsers(sub: SubParsers) -> None:
+    """Register ``epochs show`` and ``epochs reset`` (called by scheduler/shell/cli.py)."""
+    cmds = Commands(sub, epilog=EPILOG)
+    acts = cmds.group(
         "epochs", help="show or reset the partitions' fencing epochs (repair after an etcd restore)",
         description="Each partition's owner ticks with an epoch (the etcd create revision of its ownership "
                     "key); Redis keeps the highest epoch seen and refuses older ones. After etcd was restored "
                     "or replaced, every epoch it hands out is older, every tick is refused and nothing fires "
-                    "(the replicas log 'EPOCH CONFLICT'). 'reset' repairs that."))
-    acts = grp.add_subparsers(dest="epochs_action", metavar="ACTION", required=True)
+                    "(the replicas log 'EPOCH CONFLICT'). 'reset' repairs that.")
 
-    p = _patched(acts.add_parser("show", parents=[common], epilog=EPILOG,
-                                 help="each partition's stored epoch; with --etcd, its owner and conflicts",
-                                 description="List the highest epoch Redis has seen per partition. With --etcd "
-                                             "(or ZSCHED_ETCD_ENDPOINTS), also each partition's owner and the "
-                                             "epoch it ticks with: CONFLICT marks an owner whose epoch is older "
-                                             "than Redis's, so all its ticks are refused."))
+    p = cmds.leaf(acts, "show", _show,
+                  help="each partition's stored epoch; with --etcd, its owner and conflicts",
+                  description="List the highest epoch Redis has seen per partition. With --etcd "
+                              "(or ZSCHED_ETCD_ENDPOINTS), also each partition's owner and the "
+                              "epoch it ticks with: CONFLICT marks an owner whose epoch is older "
+                              "than Redis's, so all its ticks are refused.")
     p.add_argument("--etcd", metavar="ENDPOINTS",
                    help="etcd endpoints for owners and conflicts (env ZSCHED_ETCD_ENDPOINTS)")
-    p.add_argument("--etcd-timeout", type=_number("seconds", 0.1, 60), default=1.5, metavar="S",
+    p.add_argument("--etcd-timeout", type=number("seconds", 0.1, 60), default=1.5, metavar="S",
                    help="give up on etcd after this long and show owners as unknown (default 1.5)")
-    p.set_defaults(func=_runner(_show, create=False))
 
-    p = _patched(acts.add_parser(
-        "reset", parents=[common], epilog=EPILOG,
+    p = cmds.leaf(
+        acts, "reset", _reset, precheck=_check_reset_args,
         help="set stored epochs to 0 so the current owners' epochs are accepted again",
         description="Set the stored epoch of the selected partitions to 0 (one atomic compare-and-set per "
                     "partition: a partition whose epoch changed after it was read is left alone). The next "
                     "tick of each partition's owner re-establishes its epoch. Safe while replicas run: tick is "
-                    "atomic, so a stale replica can contend for due jobs but never fire one twice."))
-    p.add_argument("--partition", type=_number("a partition number", 0, MAX_PARTITIONS - 1, integer=True),
+                    "atomic, so a stale replica can contend for due jobs but never fire one twice.")
+    p.add_argument("--partition", type=number("a partition number", 0, MAX_PARTITIONS - 1, integer=True),
                    action="append", metavar="P", help="a partition to reset (repeat for several)")
     p.add_argument("--all", dest="all_", action="store_true", help="every partition of the namespace")
-    p.add_argument("--expect", type=_number("an epoch", 0, 2**63 - 1, integer=True), metavar="EPOCH",
+    p.add_argument("--expect", type=number("an epoch", 0, 2**63 - 1, integer=True), metavar="EPOCH",
                    help="with one --partition: reset only if the stored epoch is EPOCH (the value the "
                         "replica's error or 'epochs show' named); default: the value read just before")
     p.add_argument("-y", "--yes", action="store_true",
                    help="do not ask for confirmation (required when stdin is not a terminal)")
-    p.set_defaults(func=_prechecked(_check_reset_args, _runner(_reset, create=False)))
-
-
-def _prechecked(check: Callable[[argparse.Namespace], None],
-                run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Refuse a contradictory or missing selection before connecting to Redis: the operator learns
-    what to fix even when Redis is unreachable."""
-
-    def f(args: argparse.Namespace) -> int:
-        try:
-            check(args)
-        except BadInput as exc:
-            _fail(str(exc))
-            return EXIT_BAD_INPUT
-        return run(args)
-
-    return f
 
 
 def _check_reset_args(args: argparse.Namespace) -> None:
+    """Refuse a contradictory or missing selection (run before connecting to Redis)."""
     epochs.select_partitions(args.partition, args.all_, MAX_PARTITIONS)
     if args.expect is not None and (args.all_ or len(set(args.partition or ())) != 1):
         raise BadInput("--expect EPOCH applies to exactly one --partition (each partition has its own epoch)")
@@ -105,12 +89,16 @@ def _show(client: Client, args: argparse.Namespace) -> int:
             owners = epochs.read_owner_epochs(endpoints, ns, timeout=args.etcd_timeout)
             source = "etcd"
         except Exception as exc:  # noqa: BLE001 - any etcd failure degrades to "unknown"
+            # The repair tool must work while etcd is broken (that is when it is needed), so every
+            # failure of this read-only lookup degrades to "owners unknown"; its type and message are
+            # in the warning, its traceback with --log-level DEBUG.
+            log.debug("reading partition owners from etcd failed", exc_info=True)
             source, error = "unavailable", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            _warn(f"etcd at {endpoints} did not answer ({error}); owners and conflicts shown as unknown")
+            warn(f"etcd at {endpoints} did not answer ({error}); owners and conflicts shown as unknown")
     rows = epochs.describe(stored, owners)
     conflicts = [r.partition for r in rows if r.conflict]
     if args.json:
-        _print_json({
+        print_json({
             "namespace": ns, "partition_count": len(rows), "owners_source": source, "owners_error": error,
             "partitions": [{"partition": r.partition, "epoch": r.epoch,
                             "owner": r.owner.replica if r.owner else None,
@@ -155,7 +143,7 @@ def _reset(client: Client, args: argparse.Namespace) -> int:
     changed = [o for o in outcomes if o.status == "changed"]
     done = [o for o in outcomes if o.status == "reset"]
     if args.json:
-        _print_json({"namespace": ns, "reset": len(done), "unchanged": len(outcomes) - len(done) - len(changed),
+        print_json({"namespace": ns, "reset": len(done), "unchanged": len(outcomes) - len(done) - len(changed),
                      "changed": len(changed),
                      "partitions": [{"partition": o.partition, "status": o.status, "epoch_before": o.before,
                                      "epoch_now": o.now} for o in outcomes]})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import shutil
 import signal
 import sys
 import threading
@@ -21,12 +22,14 @@ from ..coord import EtcdCoordinator
 from ..metrics import bucket_quantile, scrape_histogram
 from ..protocol import config
 from ..protocol.connection import mask_url
-from .devstack import Child, etcd_child, pick_port, redis_child, wait_etcd, wait_redis, zsched_child
+from .cli_common import SubParsers
+from .servers import ChildProcess, EtcdServer, RedisServer, ServerError, ServerProcess, ZschedProc, pick_port
 
 NS_DEFAULT = "zsched"
+STOP_TIMEOUT_S = 35.0  # per child: longer than a worker's default shutdown grace (30 s) for its running jobs
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: SubParsers) -> None:
     p = sub.add_parser("dev", help="run the whole stack locally with a live view (Ctrl-C stops it)",
                        description="Start redis-server and etcd (data in ./.zsched/), 3 scheduler replicas, 2 "
                                    "workers with demo handlers and a demo producer, and show a live view.")
@@ -46,67 +49,98 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def need(binary: str, package: str) -> None:
+    """Exit with an install hint if ``binary`` is not on PATH."""
+    if shutil.which(binary) is None:
+        raise SystemExit(f"zsched dev: {binary} not found; install it with: sudo apt-get install {package} "
+                         "(./scripts/dev does this for you)")
+
+
 class Stack:
+    """The servers (unless ``--redis``/``--etcd`` name existing ones) and the zsched processes of
+    ``zsched dev``, with their data and logs under ``--home``."""
+
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.home = Path(args.home).resolve()
-        self.children: list[Child] = []
+        self.servers: dict[str, ServerProcess] = {}
+        self.schedulers: dict[str, ZschedProc] = {}
+        self.workers: dict[str, ZschedProc] = {}
         self.ns = config.namespace(args.namespace)
         self.metrics_ports: dict[str, int] = {}
 
     def start(self) -> None:
+        try:
+            self._start_servers()
+        except ServerError as exc:
+            raise SystemExit(f"zsched dev: {exc}") from None
         a = self.args
-        if a.redis:
-            self.redis_url = config.redis_url(a.redis)
-        else:
-            port = pick_port(16379)
-            self.children.append(redis_child(self.home, port).start())
-            wait_redis(port)
-            self.redis_url = f"redis://127.0.0.1:{port}/0"
-        if a.etcd:
-            self.etcd = a.etcd
-        else:
-            cport, pport = pick_port(12379), pick_port(12380)
-            self.children.append(etcd_child(self.home, cport, pport).start())
-            wait_etcd(cport)
-            self.etcd = f"127.0.0.1:{cport}"
         # the URL (it may carry a password) reaches children through their environment, not argv
         common = ["--namespace", self.ns]
         env = {"ZSCHED_REDIS_URL": self.redis_url}
-        Client.from_url(self.redis_url, namespace=self.ns).close()  # fixes the partition count once
+        Client.from_url(self.redis_url, namespace=self.ns).connect().close()  # fixes the partition count once
         for i in range(a.replicas):
-            port = pick_port(19100 + i)
-            self.metrics_ports[f"scheduler-{i + 1}"] = port
-            self.children.append(zsched_child(f"scheduler-{i + 1}", [
-                "scheduler", *common, "--etcd", self.etcd, "--replica-id", f"scheduler-{i + 1}",
-                "--metrics-port", str(port)], self.home, env).start())
+            name = f"scheduler-{i + 1}"
+            self.schedulers[name] = self._zsched(name, ["scheduler", *common, "--etcd", self.etcd,
+                                                        "--replica-id", name], 19100 + i, env)
         apps = list(a.worker) or ([] if a.no_demo else ["scheduler.shell.demo:worker"])
         n = 0
         for app in apps:
             for _ in range(a.workers):
                 n += 1
-                port = pick_port(19200 + n)
-                self.metrics_ports[f"worker-{n}"] = port
-                self.children.append(zsched_child(f"worker-{n}", [
-                    "worker", app, *common, "--metrics-port", str(port)], self.home, env).start())
+                self.workers[f"worker-{n}"] = self._zsched(f"worker-{n}", ["worker", app, *common], 19200 + n, env)
+
+    def _start_servers(self) -> None:
+        logs = self.home / "logs"
+        if self.args.redis:
+            self.redis_url = config.redis_url(self.args.redis)
+        else:
+            need("redis-server", "redis-server")
+            redis = RedisServer(pick_port(16379), self.home / "redis", keep=True, aof=True, log=logs / "redis.log")
+            self.servers["redis"] = redis.start()
+            self.redis_url = redis.url
+        if self.args.etcd:
+            self.etcd = self.args.etcd
+        else:
+            need("etcd", "etcd-server")
+            etcd = EtcdServer(pick_port(12379), pick_port(12380), self.home / "etcd", name="dev", keep=True,
+                              heartbeat_ms=50, election_ms=500, log=logs / "etcd.log")
+            etcd.start_timeout = 15.0  # its data is on disk: the first start preallocates the WAL
+            self.servers["etcd"] = etcd.start()
+            self.etcd = etcd.endpoint
+
+    def _zsched(self, name: str, args: list[str], preferred_port: int, env: dict[str, str]) -> ZschedProc:
+        port = pick_port(preferred_port)
+        self.metrics_ports[name] = port
+        # own session: Ctrl-C in the terminal reaches only zsched dev, which stops children in order
+        return ZschedProc([*args, "--metrics-port", str(port)], env=env, metrics=False,
+                          log=self.home / "logs" / f"{name}.log", new_session=True).start()
 
     def stop(self) -> None:
         # workers first (they hand unfinished jobs back), then schedulers (they release ownership),
         # then the servers
         # (three separate phases: with no workers, schedulers and servers must still not stop together,
         # or etcd is gone before the schedulers revoke their lease)
-        groups = ([c for c in self.children if c.name.startswith("worker")],
-                  [c for c in self.children if c.name.startswith("scheduler")],
-                  [c for c in self.children if c.name in ("etcd", "redis")])
-        for group in groups:
-            for c in group:
-                if c.alive and c.proc is not None:
-                    c.proc.send_signal(signal.SIGTERM)
-            for c in group:
-                c.stop(timeout=35)
+        for group in (self.workers, self.schedulers):
+            for p in group.values():
+                p.terminate()
+            for p in group.values():
+                p.stop(timeout=STOP_TIMEOUT_S)
+        for srv in self.servers.values():
+            srv.terminate()
+        for srv in self.servers.values():
+            srv.stop(grace=STOP_TIMEOUT_S)
+
+    def still_running(self) -> list[str]:
+        """Names of the children that are still running."""
+        return [name for name, p in self._children() if p.running]
 
     def dead_children(self) -> list[str]:
-        return [c.name for c in self.children if not c.alive]
+        """Names of the children that have exited."""
+        return [name for name, p in self._children() if not p.running]
+
+    def _children(self) -> list[tuple[str, ChildProcess]]:
+        return [*self.servers.items(), *self.schedulers.items(), *self.workers.items()]
 
 
 class Producer(threading.Thread):
@@ -195,11 +229,16 @@ class View:
         self.prev_counts = counts
         p50, p99 = self.lateness()
         stats = self.client.stats()
-        lines = [f"zsched dev - namespace {self.stack.ns} - redis {mask_url(self.stack.redis_url)} - etcd {self.stack.etcd}",
+        lines = [f"zsched dev - namespace {self.stack.ns} - redis {mask_url(self.stack.redis_url)} "
+                 f"- etcd {self.stack.etcd}",
                  time.strftime("%H:%M:%S") + "   (Ctrl-C stops everything)", ""]
         if not first:
-            lines.append("per second:  scheduled {scheduled:8.0f}   fired {fired:8.0f}   acked {acked:8.0f}".format(**rates))
-        fmt = lambda v: "-" if v is None else f"{v * 1000:.1f} ms"  # noqa: E731
+            lines.append("per second:  scheduled {scheduled:8.0f}   fired {fired:8.0f}   "
+                         "acked {acked:8.0f}".format(**rates))
+
+        def fmt(v: float | None) -> str:
+            return "-" if v is None else f"{v * 1000:.1f} ms"
+
         lines.append(f"firing lateness (last interval): p50 {fmt(p50)}   p99 {fmt(p99)}")
         lines.append(f"dead-lettered: {sum(q['dead'] for q in stats.values())}   "
                      f"totals: scheduled {counts.get('scheduled', 0)}  fired {counts.get('fired', 0)}  "
@@ -254,6 +293,6 @@ def run(args: argparse.Namespace) -> int:
             producer.join(5)
         print("stopping: workers, schedulers, etcd, redis ...", flush=True)
         stack.stop()
-        left = [c.name for c in stack.children if c.alive]
+        left = stack.still_running()
         print("stopped" + (f"; still running: {left}" if left else ", no process left behind"), flush=True)
     return 0

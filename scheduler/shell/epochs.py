@@ -13,15 +13,17 @@ Resetting is safe even for a healthy partition: ``tick`` pops due timers and pus
 in one script, so a stale replica whose epoch is accepted for a moment can only contend with the
 real owner for due jobs, never fire one twice; the real owner's next tick raises the epoch again.
 
-Scripts are called the way :mod:`scheduler.shell.admin` calls them (EVALSHA with NOSCRIPT recovery).
+The script is sent through the client's transport (EVALSHA with NOSCRIPT recovery), its call built
+by the client's :class:`~scheduler.protocol.calls.Calls`, its reply read as an
+:class:`~scheduler.protocol.codes.EpochResetCode`.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ..client import Client
+from ..protocol.codes import EpochResetCode, code_of
 from . import admin
 from .admin import BadInput
 
@@ -113,15 +115,18 @@ def reset_epochs(client: Client, expected: dict[int, int]) -> list[ResetOutcome]
     expected one (the value the operator saw). One ``epoch_reset`` script per partition (atomic
     compare-and-set), all in one pipelined round trip."""
     parts = sorted(expected)
-    replies: list[Any] = admin._call_many(client, [("epoch_reset", p, (expected[p],)) for p in parts])
+    if not parts:
+        return []
+    calls = client.calls
+    replies = client.transport.call_many([calls.call("epoch_reset", p, expected[p]) for p in parts])
     out = []
     for p, (code, value) in zip(parts, replies):
-        code, value = int(code), int(value)
-        if code == 1:
+        status, now = code_of(EpochResetCode, code, "epoch_reset"), int(value)
+        if status is EpochResetCode.RESET:
             out.append(ResetOutcome(p, expected[p], "reset", 0))
-        elif code == 2 or value == 0:
+        elif status is EpochResetCode.NOTHING_TO_DO or now == 0:
             # 0 already: nothing to do (also when a re-sent call finds its own first run's reset)
             out.append(ResetOutcome(p, expected[p], "unchanged", 0))
         else:
-            out.append(ResetOutcome(p, expected[p], "changed", value))
+            out.append(ResetOutcome(p, expected[p], "changed", now))
     return out

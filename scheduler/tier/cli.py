@@ -9,14 +9,16 @@ from .ownership import default_replica_id
 from .process import SchedulerConfig, run_forever
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``scheduler`` to the ``zsched`` subcommands."""
     p = sub.add_parser("scheduler", help="run a scheduler replica (owns partitions through etcd leases)",
                        description="Run one scheduler replica. Any number may run; they split the partitions "
                                    "through etcd leases and fire due jobs onto ready lists.")
     p.add_argument("--redis", help="Redis URL (env ZSCHED_REDIS_URL, default redis://127.0.0.1:6379/0)")
-    p.add_argument("--etcd", help="etcd endpoints, comma-separated (env ZSCHED_ETCD_ENDPOINTS, default 127.0.0.1:2379); "
-                                  "http://user:password@host:port for etcd auth, https:// for TLS (CA and client "
-                                  "certificate from the files in ZSCHED_ETCD_CA, ZSCHED_ETCD_CERT, ZSCHED_ETCD_KEY)")
+    p.add_argument("--etcd", help="etcd endpoints, comma-separated (env ZSCHED_ETCD_ENDPOINTS, default "
+                                  "127.0.0.1:2379); http://user:password@host:port for etcd auth, https:// for TLS "
+                                  "(CA and client certificate from the files in ZSCHED_ETCD_CA, ZSCHED_ETCD_CERT, "
+                                  "ZSCHED_ETCD_KEY)")
     p.add_argument("--namespace", help="namespace (env ZSCHED_NAMESPACE, default zsched)")
     p.add_argument("--partitions", type=int, help="expected partition count (env ZSCHED_PARTITIONS)")
     p.add_argument("--replica-id", help="this replica's name in etcd (default host-pid-random)")
@@ -32,6 +34,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    return run_forever(config_from_args(args))
+
+
+def config_from_args(args: argparse.Namespace) -> SchedulerConfig:
+    """The replica's configuration from the parsed ``zsched scheduler`` arguments (and the
+    environment for what they leave out)."""
     if args.batch < 1 or args.batch > 5000:
         raise ValueError(f"--batch must be from 1 to 5000, got {args.batch}")
     if not 0.01 <= args.redis_timeout <= 3600:
@@ -46,7 +54,6 @@ def _run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         redis_timeout=args.redis_timeout,
-        ignore_deadline=os.environ.get("ZSCHED_FAULT_IGNORE_OWNERSHIP_DEADLINE") == "1",
     )
     cfg.runner.batch = args.batch
-    return run_forever(cfg)
+    return cfg

@@ -32,6 +32,7 @@ log = logging.getLogger("zsched.ownership")
 
 
 def default_replica_id() -> str:
+    """``host-pid-random``: unique per process, and says where to look."""
     return f"{socket.gethostname()}-{os.getpid()}-{os.urandom(2).hex()}"
 
 
@@ -43,10 +44,13 @@ class Ownership:
                  on_acquire: Callable[[int, int], Awaitable[None]],
                  on_release: Callable[[int], Awaitable[None]],
                  margin: float | None = None, ignore_deadline: bool = False) -> None:
+        """``on_acquire(partition, epoch)`` / ``on_release(partition)`` start and stop a partition's
+        runner. ``margin``: how long before the lease could expire this replica stops acting (default
+        20% of ``ttl``, at least 0.5 s). ``ignore_deadline`` switches that local deadline off, leaving
+        the epoch fence as the only protection: a test knob, never for production."""
         if ttl < 1:
             raise ValueError(f"lease TTL must be >= 1 second (etcd's granularity), got {ttl}")
         self.coord = coord
-        self.ns = namespace
         self.partitions = partitions
         self.replica_id = replica_id
         self.ttl = ttl
@@ -55,7 +59,7 @@ class Ownership:
         self.m = metrics
         self.on_acquire = on_acquire
         self.on_release = on_release
-        self.ignore_deadline = ignore_deadline  # fault tests only: exercise the epoch fence alone
+        self.ignore_deadline = ignore_deadline
         self.prefix = f"/zsched/{namespace}/"
         self.lease_id: int | None = None
         self.valid_until = 0.0
@@ -68,31 +72,34 @@ class Ownership:
         self._offset = zlib.crc32(replica_id.encode()) % max(1, partitions)
 
     # -- public ------------------------------------------------------------------------------
-    def member_key(self, replica: str | None = None) -> str:
-        return f"{self.prefix}members/{replica or self.replica_id}"
+    def member_key(self) -> str:
+        """etcd key that says this replica is alive (bound to its lease)."""
+        return f"{self.prefix}members/{self.replica_id}"
 
     def owner_key(self, p: int) -> str:
+        """etcd key whose holder owns partition ``p``; its create revision is the epoch."""
         return f"{self.prefix}owners/{p}"
 
     def is_valid(self) -> bool:
+        """Whether the lease is confirmed for long enough that this replica may act now."""
         return self.ignore_deadline or time.monotonic() < self.valid_until
 
     def valid_for(self) -> float:
+        """Seconds until the local ownership deadline."""
         if self.ignore_deadline:
             return 3600.0
         return self.valid_until - time.monotonic()
 
     def owns(self, p: int, epoch: int) -> bool:
+        """Whether this replica may act for ``p`` with ``epoch`` now."""
         return self.owned.get(p) == epoch and self.is_valid()
 
     async def start(self) -> None:
+        """Register with etcd (retrying until it answers), then keep the lease and the share."""
         await self._register()
         self._tasks = [asyncio.create_task(self._keepalive_loop(), name="etcd-keepalive"),
                        asyncio.create_task(self._watch_loop(), name="etcd-watch"),
                        asyncio.create_task(self._reconcile_loop(), name="ownership-reconcile")]
-        self._reconcile.set()
-
-    def request_reconcile(self) -> None:
         self._reconcile.set()
 
     async def still_owner(self, p: int, epoch: int, *, timeout: float = 2.0) -> bool | None:
@@ -211,7 +218,7 @@ class Ownership:
             except TimeoutError:
                 pass
             self._reconcile.clear()
-            if not self.is_valid() and not self.ignore_deadline:
+            if not self.is_valid():
                 continue  # cannot claim anything without a confirmed lease
             try:
                 async with self._lock:
@@ -260,9 +267,9 @@ class Ownership:
             orphans = [p for p in range(self.partitions) if p not in owners]
             orphans.sort(key=lambda p: (p - self._offset) % self.partitions)
             for p in orphans[: share - len(mine)]:
-                kv = await self.coord.claim_if_absent(self.owner_key(p), self.replica_id.encode(), self.lease_id)
-                if kv is not None:
-                    await self._adopt(p, kv.create_revision)
+                claim = await self.coord.claim_if_absent(self.owner_key(p), self.replica_id.encode(), self.lease_id)
+                if claim is not None:
+                    await self._adopt(p, claim.create_revision)
 
     async def _adopt(self, p: int, epoch: int) -> None:
         self.owned[p] = epoch

@@ -11,13 +11,19 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import cast
+
+from redis.asyncio.client import PubSub
 
 from ..client import AsyncClient, parse_dead_retention, parse_queue_idle, parse_rate_limits
 from ..coord import Coordinator, EtcdCoordinator
 from ..metrics import PartitionStatsCollector, SchedulerMetrics, serve
 from ..protocol import config
 from ..protocol.connection import async_redis, mask_url
+from ..protocol.replies import parse_stats
+from ..protocol.tick import Retention
 from ..protocol.transport import AsyncScriptTransport, RetryPolicy
 from ..runtime import settle_gc
 from .ownership import Ownership, default_replica_id
@@ -30,6 +36,12 @@ TIER_RETRY = RetryPolicy(budget=0.5, attempts=4)
 
 @dataclass
 class SchedulerConfig:
+    """A replica's settings (``zsched scheduler`` builds it from its arguments and the environment).
+
+    ``ignore_deadline`` switches the local ownership deadline off, so that only the epoch fence
+    stops a replica that froze past its lease: a knob for tests of that fence, never for production.
+    """
+
     redis_url: str = field(default_factory=config.redis_url)
     etcd_endpoints: str = field(default_factory=config.etcd_endpoints)
     namespace: str = field(default_factory=config.namespace)
@@ -41,7 +53,7 @@ class SchedulerConfig:
     tombstone_ttl: float = 3600.0
     redis_timeout: float = 5.0   # socket timeout of every Redis call (a stall longer than this is retried)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
-    ignore_deadline: bool = False  # fault tests only
+    ignore_deadline: bool = False
 
 
 class SchedulerProcess:
@@ -84,11 +96,14 @@ class SchedulerProcess:
 
     @property
     def replica_id(self) -> str:
+        """This replica's name in etcd."""
         return self.cfg.replica_id
 
     async def run(self) -> None:
+        """Connect, take a share of the partitions and fire them until :meth:`stop`; then hand
+        them over (lease revoked) and close the connections."""
         await self._connect_redis()
-        core = self.client.core
+        core = self.client.calls
         await self.coord.connect()
         if self.cfg.metrics_port is not None:
             serve(self.metrics.registry, self.cfg.metrics_port, self.cfg.metrics_host)
@@ -110,6 +125,7 @@ class SchedulerProcess:
         await self._shutdown()
 
     def stop(self) -> None:
+        """Ask :meth:`run` to shut down (safe from a signal handler)."""
         self._stop.set()
 
     async def _connect_redis(self) -> None:
@@ -147,7 +163,7 @@ class SchedulerProcess:
             await old.stop()
         own = self.ownership
         assert own is not None
-        core = self.client.core
+        core = self.client.calls
         runner = PartitionRunner(
             p, epoch, scripts=self.transport, core=core, metrics=self.metrics, config=self.cfg.runner,
             is_valid=lambda: own.owns(p, epoch), valid_for=own.valid_for, on_refused=self._refused,
@@ -156,13 +172,13 @@ class SchedulerProcess:
         self.runners[p] = runner
         runner.start()
 
-    def _retention_args(self) -> tuple[int, int, int]:
-        """Tick's housekeeping arguments: dead ttl ms, max dead jobs per partition, queue idle ms
-        before a name is retired; 0 = none."""
+    def _retention_args(self) -> Retention:
+        """Tick's housekeeping arguments from the namespace config (the dead-letter cap is split
+        evenly over the partitions)."""
         max_dead, ttl = self.dead_retention
-        per_partition = -(-max_dead // self.client.core.ks.partitions) if max_dead else 0
+        per_partition = -(-max_dead // self.client.calls.ks.partitions) if max_dead else 0
         idle = int(self.queue_idle * 1000) if self.queue_idle else 0
-        return (int(ttl * 1000) if ttl else 0), per_partition, idle
+        return Retention(int(ttl * 1000) if ttl else 0, per_partition, idle)
 
     async def _stop_partition(self, p: int) -> None:
         self.partition_stats.forget(p)  # the new owner exports it now: never count it twice
@@ -227,7 +243,8 @@ class SchedulerProcess:
         """Rate limits and dead-letter retention from the namespace config (set with
         Client.set_rate_limit / Client.set_dead_retention)."""
         try:
-            cfg = await self.redis.hgetall(self.client.keyspace.config_key)
+            # bytes: the tier's connection does not decode replies
+            cfg = cast("dict[bytes, bytes]", await self.redis.hgetall(self.client.keyspace.config_key))
         except REDIS_ERRORS as exc:
             log.warning("cannot read the namespace config (%s); keeping the last known one", exc)
             return
@@ -245,19 +262,19 @@ class SchedulerProcess:
 
     async def _stats_poller(self, interval: float = 2.0) -> None:
         """Refresh the exported counters/depths of owned partitions (one pipelined round trip)."""
-        core = self.client.core
+        core = self.client.calls
         while not self._closing:
             owned = sorted(self.runners)
             try:
-                replies = await self.transport.call_many([core.call("stats", p) for p in owned]) if owned else []
+                replies = await self.transport.call_many([core.stats_call(p) for p in owned]) if owned else []
                 t = await self.redis.time()
                 now_ms = int(t[0]) * 1000 + int(t[1]) // 1000
                 for p, reply in zip(owned, replies):
                     if p in self.runners:
-                        self.partition_stats.update(p, reply, now_ms)
+                        self.partition_stats.update(p, parse_stats(reply), now_ms)
             except REDIS_ERRORS as exc:
                 log.debug("stats refresh failed: %s", exc)
-            for p in list(self.partition_stats._stats):
+            for p in self.partition_stats.partitions():
                 if p not in self.runners:
                     self.partition_stats.forget(p)
             await asyncio.sleep(interval)
@@ -290,21 +307,28 @@ class SchedulerProcess:
                         await self._load_config()
                         continue
                     try:
-                        runner = self.runners.get(int(msg["data"]))
+                        target = self.runners.get(int(msg["data"]))
                     except (TypeError, ValueError):
                         continue
-                    if runner is not None and msg["channel"] == epoch_channel.encode():
-                        runner.retry_now()
-                    elif runner is not None:
-                        runner.wake.set()
+                    if target is not None and msg["channel"] == epoch_channel.encode():
+                        target.retry_now()
+                    elif target is not None:
+                        target.wake.set()
             except asyncio.CancelledError:
-                await pubsub.aclose()
+                await _close(pubsub)
                 raise
             except Exception as exc:  # Redis errors, or anything unexpected: never stop listening
-                log.warning("wake-up subscription lost (%s: %s); resubscribing in %.1fs", type(exc).__name__, exc, delay)
-                await pubsub.aclose()
+                log.warning("wake-up subscription lost (%s: %s); resubscribing in %.1fs",
+                            type(exc).__name__, exc, delay)
+                await _close(pubsub)
                 await asyncio.sleep(delay)
                 delay = min(2.0, delay * 2)
+
+
+async def _close(pubsub: PubSub) -> None:
+    """``pubsub.aclose()``, through a typed reference."""
+    close: Callable[[], Awaitable[None]] = pubsub.aclose  # typed here: redis-py leaves it unannotated
+    await close()
 
 
 def run_forever(cfg: SchedulerConfig) -> int:

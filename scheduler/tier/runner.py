@@ -20,15 +20,34 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, NoReturn
 from zoneinfo import ZoneInfo
 
-import msgpack
 from redis.exceptions import RedisError
 
 from ..metrics import SchedulerMetrics
 from ..protocol.calls import Calls
 from ..protocol.cron import LOOKAHEAD, occurrences, with_jitter
 from ..protocol.ids import encode_id
+from ..protocol.tick import (
+    CRON_FIELDS,
+    CronTable,
+    EpochRefused,
+    QueueTokens,
+    Retention,
+    TickReply,
+    cron_fill_call,
+    cron_key,
+    crons_key,
+    parse_cron_fill,
+    parse_cron_table,
+    parse_ratelimit,
+    parse_reap,
+    parse_tick,
+    ratelimit_call,
+    reap_call,
+    tick_call,
+)
 from ..protocol.transport import AsyncScriptTransport
 
 log = logging.getLogger("zsched.scheduler")
@@ -36,10 +55,13 @@ log = logging.getLogger("zsched.scheduler")
 # Any Redis failure, not only lost connections: a READONLY old master after a failover, OOM, a
 # script error. A firing loop must log, back off and retry on all of them, never end silently.
 REDIS_ERRORS = (RedisError, ConnectionError, OSError)
+INITIAL_BACKOFF = 0.05  # seconds before the first retry after a failed step (then doubling)
 
 
 @dataclass
 class RunnerConfig:
+    """How a partition's firing loop paces itself (shared by all partitions of a replica)."""
+
     batch: int = 1000            # jobs per tick call
     reap_batch: int = 1000
     idle_check: float = 1.0      # max sleep without a wake-up (lost pub/sub message safety net)
@@ -58,14 +80,15 @@ class PartitionRunner:
                  is_valid: Callable[[], bool], valid_for: Callable[[], float],
                  on_refused: Callable[[int, int], Awaitable[None]],
                  limits: Callable[[], dict[str, tuple[float, float]]] = dict,
-                 retention: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0),
+                 retention: Callable[[], Retention] = Retention,
                  check_conflict: Callable[[int, int, int], Awaitable[bool]] | None = None,
                  on_conflict_resolved: Callable[[int, int, int, float], None] | None = None) -> None:
         """``on_refused(partition, newest_epoch)``: a hand-over, the runner has stopped.
         ``check_conflict(partition, epoch, newest_epoch)``: asked on every refusal; True means an
         epoch conflict (keep the partition, retry with backoff). Without it every refusal is a
         hand-over. ``on_conflict_resolved(partition, epoch, refused_attempts, seconds)``: a tick
-        was accepted again after a conflict."""
+        was accepted again after a conflict. ``limits()`` (queue -> rate, burst) and
+        ``retention()`` (tick's housekeeping arguments) are read before every tick."""
         self.partition = partition
         self.epoch = epoch
         self._scripts = scripts
@@ -78,7 +101,7 @@ class PartitionRunner:
         self._check_conflict = check_conflict
         self._on_conflict_resolved = on_conflict_resolved
         self._limits = limits
-        self._retention = retention  # (dead ttl ms, max dead per partition, queue idle ms); 0 = none
+        self._retention = retention
         self._held: dict[str, int] = {}     # rate-limited queue -> jobs held in this partition
         self._refund: dict[str, int] = {}   # tokens granted but not used, returned next time
         self.wake = asyncio.Event()
@@ -93,9 +116,11 @@ class PartitionRunner:
         self._task: asyncio.Task[None] | None = None
         self._next_reap = 0.0
         self._paused_logged = False
-        self.ticks = 0
+        self._backoff = INITIAL_BACKOFF            # next wait after a failed step
+        self._down_since: float | None = None      # monotonic time of the first failure of an outage
 
     def start(self) -> None:
+        """Start firing in a task of its own (:meth:`stop` ends it)."""
         self._task = asyncio.create_task(self._run(), name=f"partition-{self.partition}")
 
     async def _first_step(self) -> None:
@@ -159,8 +184,6 @@ class PartitionRunner:
             self._on_conflict_resolved(self.partition, self.epoch, refused, time.monotonic() - since)
 
     async def _run(self) -> None:
-        backoff = 0.05
-        down_since: float | None = None
         conflict_wait = 0.0
         if self._is_valid():
             try:
@@ -174,48 +197,20 @@ class PartitionRunner:
                 await self._conflict_backoff(conflict_wait)
                 conflict_wait = 0.0
                 continue
-            if not self._is_valid():
-                if not self._paused_logged:
-                    log.warning("partition %d: ownership not confirmed in time (etcd unreachable?); "
-                                "stopped ticking until the lease is refreshed", self.partition)
-                    self._m.deadline_pauses.labels(self._m.replica).inc()
-                    self._paused_logged = True
-                self.wake.clear()
-                await self._sleep(0.05)
+            if not await self._confirmed():
                 continue
-            if self._paused_logged:
-                log.info("partition %d: ownership confirmed again, ticking resumed", self.partition)
-                self._paused_logged = False
             self.wake.clear()  # before the call: a wake-up during the call makes the loop run again
             try:
                 sleep_for = await self._step()
-            except REDIS_ERRORS as exc:
-                self._m.redis_errors.labels(self._m.replica).inc()
-                backoff *= random.uniform(0.8, 1.2)  # replicas and partitions must not retry in lockstep
-                if down_since is None:
-                    down_since = time.monotonic()
-                    log.error("partition %d: Redis call failed (%s: %s); retrying with backoff up to %.1fs",
-                              self.partition, type(exc).__name__, exc, self._cfg.backoff_max)
-                await self._sleep(backoff)
-                backoff = min(self._cfg.backoff_max, backoff * 2)
-                continue
             except _Refused:
                 return
             except _EpochConflict:
                 conflict_wait = self._next_conflict_wait()
                 continue
-            except Exception:  # a bug must not leave the partition dark without a word
-                self._m.redis_errors.labels(self._m.replica).inc()
-                log.exception("partition %d: unexpected error in the firing loop; retrying in %.1fs",
-                              self.partition, backoff)
-                await self._sleep(backoff)
-                backoff = min(self._cfg.backoff_max, backoff * 2)
+            except Exception as exc:  # Redis errors, and bugs: neither may leave the partition dark
+                await self._failed(exc)
                 continue
-            if down_since is not None:
-                log.info("partition %d: Redis reachable again after %.1fs", self.partition,
-                         time.monotonic() - down_since)
-                down_since = None
-            backoff = 0.05
+            self._succeeded()
             if self._conflict_since is not None:
                 self._conflict_over()
                 try:  # the cron sweep was refused with everything else while in conflict
@@ -229,6 +224,45 @@ class PartitionRunner:
                 await self._sleep(sleep_for)
             else:
                 await asyncio.sleep(0)  # full batch: go again, but let other partitions run
+
+    async def _confirmed(self) -> bool:
+        """Whether this replica may act for the partition now; if not, say so once and pause."""
+        if not self._is_valid():
+            if not self._paused_logged:
+                log.warning("partition %d: ownership not confirmed in time (etcd unreachable?); "
+                            "stopped ticking until the lease is refreshed", self.partition)
+                self._m.deadline_pauses.labels(self._m.replica).inc()
+                self._paused_logged = True
+            self.wake.clear()
+            await self._sleep(0.05)
+            return False
+        if self._paused_logged:
+            log.info("partition %d: ownership confirmed again, ticking resumed", self.partition)
+            self._paused_logged = False
+        return True
+
+    async def _failed(self, exc: Exception) -> None:
+        """A step failed: log (once per Redis outage), back off, double the next backoff."""
+        self._m.redis_errors.labels(self._m.replica).inc()
+        if isinstance(exc, REDIS_ERRORS):
+            self._backoff *= random.uniform(0.8, 1.2)  # replicas and partitions must not retry in lockstep
+            if self._down_since is None:
+                self._down_since = time.monotonic()
+                log.error("partition %d: Redis call failed (%s: %s); retrying with backoff up to %.1fs",
+                          self.partition, type(exc).__name__, exc, self._cfg.backoff_max)
+        else:  # a bug must not leave the partition dark without a word
+            log.error("partition %d: unexpected error in the firing loop; retrying in %.1fs",
+                      self.partition, self._backoff, exc_info=exc)
+        await self._sleep(self._backoff)
+        self._backoff = min(self._cfg.backoff_max, self._backoff * 2)
+
+    def _succeeded(self) -> None:
+        """A step went through: end the Redis outage (if any) and reset the backoff."""
+        if self._down_since is not None:
+            log.info("partition %d: Redis reachable again after %.1fs", self.partition,
+                     time.monotonic() - self._down_since)
+            self._down_since = None
+        self._backoff = INITIAL_BACKOFF
 
     async def _sleep(self, seconds: float) -> None:
         if self._stopping:
@@ -244,101 +278,103 @@ class PartitionRunner:
         want = [q for q in limits if self._held.get(q, 0) > 0 or self._refund.get(q, 0) > 0]
         if not want:
             return {}, float("inf")
-        calls = [("ratelimit", [self._core.ks.bucket(q)],
-                  [limits[q][0], limits[q][1], self.partition, self._held.get(q, 0), self._refund.pop(q, 0)])
+        ks = self._core.ks
+        calls = [ratelimit_call(ks, q, limits[q][0], limits[q][1], self.partition, self._held.get(q, 0),
+                                self._refund.pop(q, 0))
                  for q in want]
         grants: dict[str, int] = {}
         wait = float("inf")
-        for q, (granted, wait_ms) in zip(want, await self._scripts.call_many(calls)):
-            grants[q] = int(granted)
-            if int(granted) == 0 and self._held.get(q, 0) > 0:
-                wait = min(wait, int(wait_ms) / 1000.0)
+        for q, reply in zip(want, await self._scripts.call_many(calls)):
+            grant = parse_ratelimit(reply)
+            grants[q] = grant.granted
+            if grant.granted == 0 and self._held.get(q, 0) > 0:
+                wait = min(wait, grant.wait_ms / 1000.0)
         return grants, wait
 
     async def _step(self) -> float:
         """One tick (+ reap); returns how long to sleep (0 = more work right now)."""
         cfg = self._cfg
         now_local = time.monotonic()
-        core = self._core
         limits = self._limits()
         grants, token_wait = await self._take_tokens(limits) if limits or self._held else ({}, float("inf"))
         for q in [q for q in self._held if q not in limits]:
             del self._held[q]  # limit removed: tick releases what is held without tokens
-        lim_args: list[object] = [len(limits)]
-        for q in limits:
-            lim_args += [q, grants.get(q, 0)]
-        calls = [core.call("tick", self.partition, self.epoch, cfg.batch, core.tomb_ms, *lim_args,
-                           *self._retention())]
+        calls = [tick_call(self._core, self.partition, self.epoch, cfg.batch,
+                           {q: grants.get(q, 0) for q in limits}, self._retention())]
         do_reap = now_local >= self._next_reap
         if do_reap:
-            calls.append(core.call("reap", self.partition, self.epoch, cfg.reap_batch))
+            calls.append(reap_call(self._core, self.partition, self.epoch, cfg.reap_batch))
         t0 = time.perf_counter()
         replies = await self._scripts.call_many(calls)
         received = time.monotonic()
         self._m.tick_duration.labels(self._m.replica).observe(time.perf_counter() - t0)
-        self.ticks += 1
-        tick = replies[0]
-        if tick[0] == -1:
-            await self._refused(int(tick[1]))
-        fired = int(tick[0])
-        redis_now = int(tick[2])
-        nlim = int(tick[3])
-        held_any = False
-        for i in range(4, 4 + 4 * nlim, 4):
-            q = tick[i].decode()
-            used, held, newly = int(tick[i + 1]), int(tick[i + 2]), int(tick[i + 3])
-            self._held[q] = held
-            held_any = held_any or held > 0
-            unused = grants.get(q, 0) - used
-            if unused > 0:
-                self._refund[q] = self._refund.get(q, 0) + unused
-            if newly:
-                self._m.rate_limited.labels(self._m.replica, q).inc(newly)
-        ncron = int(tick[4 + 4 * nlim])
-        crons = [c.decode() for c in tick[5 + 4 * nlim: 5 + 4 * nlim + ncron]]
-        at = 5 + 4 * nlim + ncron
-        ndropped = int(tick[at])
-        dropped = tick[at + 1: at + 1 + 2 * ndropped]
-        lateness = tick[at + 1 + 2 * ndropped:]
-        for i in range(0, len(dropped), 2):  # one line per job, so support can answer "where did it go"
+        tick = parse_tick(replies[0])
+        if isinstance(tick, EpochRefused):
+            await self._refused(tick.newest_epoch)
+        held_any = self._account_tokens(tick.queues, grants)
+        for raw_id, queue in tick.dropped_dead:  # one line per job, so support can answer "where did it go"
             log.warning("partition %d: dead job %s (queue %r) dropped by the dead-letter retention rule "
                         "(max_dead / dead_ttl, see Client.set_dead_retention)", self.partition,
-                        encode_id(dropped[i]), dropped[i + 1].decode())
-        if crons:
-            try:
-                await self.refill_crons(crons)
-            except (_Refused, _EpochConflict, *REDIS_ERRORS):
-                raise
-            except Exception as exc:  # a bad definition must not stop the partition's firing
-                log.error("partition %d: refilling crons %s failed (%s: %s)", self.partition, crons,
-                          type(exc).__name__, exc)
-        if lateness:
-            self._m.observe_lateness(lateness)
-            self._m.fired.labels(self._m.replica).inc(len(lateness))
-        more = fired >= cfg.batch
+                        encode_id(raw_id), queue)
+        if tick.crons_to_refill:
+            await self._refill_fired_crons(tick.crons_to_refill)
+        if tick.lateness_ms:
+            self._m.observe_lateness(tick.lateness_ms)
+            self._m.fired.labels(self._m.replica).inc(len(tick.lateness_ms))
+        more = tick.moved >= cfg.batch
         if held_any and any(grants.get(q, 0) > 0 for q in grants):
             more = True  # tokens were available: ask again at once, the bucket paces us
-        if do_reap:
-            reap = replies[1]
-            if reap[0] == -1:
-                await self._refused(int(reap[1]))
-            if int(reap[0]):
-                self._m.reaped.labels(self._m.replica).inc(int(reap[0]))
-            if int(reap[0]) >= cfg.reap_batch:
-                self._next_reap = 0.0
-                more = True
-            else:
-                nxt_lease = int(reap[1])
-                wait = cfg.reap_interval
-                if nxt_lease >= 0:
-                    wait = min(wait, max(0.0, (nxt_lease - int(reap[2])) / 1000.0))
-                self._next_reap = received + wait
+        if do_reap and await self._reaped(replies[1], received):
+            more = True
         if more:
             return 0.0
-        next_due = int(tick[1])
+        return self._idle_time(tick, received, held_any, token_wait)
+
+    def _account_tokens(self, queues: list[QueueTokens], grants: dict[str, int]) -> bool:
+        """Record what the tick held back and did not spend (refunded next time); True when a
+        rate-limited queue still holds due jobs in this partition."""
+        held_any = False
+        for q in queues:
+            self._held[q.queue] = q.held
+            held_any = held_any or q.held > 0
+            unused = grants.get(q.queue, 0) - q.used
+            if unused > 0:
+                self._refund[q.queue] = self._refund.get(q.queue, 0) + unused
+            if q.newly_held:
+                self._m.rate_limited.labels(self._m.replica, q.queue).inc(q.newly_held)
+        return held_any
+
+    async def _refill_fired_crons(self, names: list[str]) -> None:
+        try:
+            await self.refill_crons(names)
+        except (_Refused, _EpochConflict, *REDIS_ERRORS):
+            raise
+        except Exception as exc:  # a bad definition must not stop the partition's firing
+            log.error("partition %d: refilling crons %s failed (%s: %s)", self.partition, names,
+                      type(exc).__name__, exc)
+
+    async def _reaped(self, reply: list[Any], received: float) -> bool:
+        """Account a reap reply and plan the next reap; True when a full batch came back."""
+        reap = parse_reap(reply)
+        if isinstance(reap, EpochRefused):
+            await self._refused(reap.newest_epoch)
+        if reap.reaped:
+            self._m.reaped.labels(self._m.replica).inc(reap.reaped)
+        if reap.reaped >= self._cfg.reap_batch:
+            self._next_reap = 0.0
+            return True
+        wait = self._cfg.reap_interval
+        if reap.next_deadline_ms is not None:
+            wait = min(wait, max(0.0, (reap.next_deadline_ms - reap.now_ms) / 1000.0))
+        self._next_reap = received + wait
+        return False
+
+    def _idle_time(self, tick: TickReply, received: float, held_any: bool, token_wait: float) -> float:
+        """How long to sleep after a tick that left no work for right now."""
+        cfg = self._cfg
         sleep_for = cfg.idle_check
-        if next_due >= 0:
-            sleep_for = min(sleep_for, (next_due - redis_now) / 1000.0 - (time.monotonic() - received))
+        if tick.next_due_ms is not None:
+            sleep_for = min(sleep_for, (tick.next_due_ms - tick.now_ms) / 1000.0 - (time.monotonic() - received))
         if held_any:
             sleep_for = min(sleep_for, token_wait if token_wait != float("inf") else 0.01)
         sleep_for = min(sleep_for, max(0.0, self._next_reap - time.monotonic()), self._valid_for())
@@ -347,7 +383,7 @@ class PartitionRunner:
     async def sweep_crons(self) -> None:
         """On taking a partition: make sure every cron has its pending occurrence and a full table
         (a previous owner may have died between firing and refilling)."""
-        names = await self._scripts.redis.smembers(self._core.ks.key(self.partition, "crons"))
+        names = await self._scripts.redis.smembers(crons_key(self._core.ks, self.partition))
         if names:
             await self.refill_crons(sorted(n.decode() for n in names), only_if_needed=True)
 
@@ -356,36 +392,26 @@ class PartitionRunner:
         ks = self._core.ks
         pipe = self._scripts.redis.pipeline(transaction=False)
         for name in names:
-            pipe.hmget(ks.key(self.partition, f"cron:{name}"), "def", "ver", "pending", "pnom", "times")
+            pipe.hmget(cron_key(ks, self.partition, name), *CRON_FIELDS)
         rows = await pipe.execute()
         now_ms = int(time.time() * 1000)
         calls = []
-        for name, (d, ver, pending, pnom, times) in zip(names, rows):
-            if d is None or ver is None:
+        for name, row in zip(names, rows):
+            table = parse_cron_table(row)
+            if table is None:
                 continue  # removed
-            times = times or b""
-            if only_if_needed and pending and len(times) // 6 >= LOOKAHEAD // 2:
+            if only_if_needed and table.pending and table.upcoming >= LOOKAHEAD // 2:
                 continue
-            spec = msgpack.unpackb(d, raw=False)
-            after = now_ms
-            if pending:
-                after = max(int(pnom or 0), int.from_bytes(times[-6:], "big") if times else 0)
-            try:
-                nominals = occurrences(spec["expr"], ZoneInfo(spec["tz"]), after, LOOKAHEAD)
-            except Exception as exc:  # a definition we cannot evaluate any more: say so, keep going
-                log.error("cron %r: cannot compute occurrences (%s)", name, exc)
-                continue
-            jitter_ms = int(float(spec.get("jitter") or 0) * 1000)
-            flat = [x for pair in with_jitter(nominals, jitter_ms) for x in pair]
-            if not flat:
-                continue
-            calls.append(self._core.call("cron_fill", self.partition, self.epoch, name, ver, len(flat) // 2, *flat))
+            planned = _plan(name, table, now_ms)
+            if planned:
+                calls.append(cron_fill_call(self._core, self.partition, self.epoch, name, table.version, planned))
         if calls:
             for reply in await self._scripts.call_many(calls):
-                if reply[0] == -1:
-                    await self._refused(int(reply[1]))
+                filled = parse_cron_fill(reply)
+                if isinstance(filled, EpochRefused):
+                    await self._refused(filled.newest_epoch)
 
-    async def _refused(self, current: int) -> None:
+    async def _refused(self, current: int) -> NoReturn:
         """Redis refused our epoch: stop (hand-over), or raise _EpochConflict to back off and retry."""
         if self._check_conflict is not None and await self._check_conflict(self.partition, self.epoch, current):
             if self._conflict_since is None:
@@ -398,6 +424,19 @@ class PartitionRunner:
         self._stopping = True
         await self._on_refused(self.partition, current)
         raise _Refused()
+
+
+def _plan(name: str, table: CronTable, now_ms: int) -> list[tuple[int, int]]:
+    """The next ``(nominal ms, fire ms)`` occurrences of a cron after what its table has planned."""
+    spec = table.spec()
+    after = now_ms if table.last_planned_ms is None else table.last_planned_ms
+    try:
+        nominals = occurrences(spec["expr"], ZoneInfo(spec["tz"]), after, LOOKAHEAD)
+    except Exception as exc:  # a definition we cannot evaluate any more: say so, keep going
+        log.error("cron %r: cannot compute occurrences (%s)", name, exc)
+        return []
+    jitter_ms = int(float(spec.get("jitter") or 0) * 1000)
+    return with_jitter(nominals, jitter_ms)
 
 
 class _Refused(Exception):

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 from scheduler.protocol.ids import decode_id, run_at_of
-from tests.chaos.history import Call, Fault, History, Run
+from tests.chaos.history import Call, Fault, Final, History, Run
 
 VIOLATIONS = ("lost_durable", "lost_unconfirmed", "unexplained_extra", "early", "leftover",
               "producer_failure", "phantom", "unfinished")
@@ -190,93 +190,122 @@ def explain_extra(prev: Run, cur: Run, h: History, down: list[Window], rb: list[
     return None
 
 
-def check(h: History) -> Verdict:
-    v = Verdict()
-    p = h.params
-    tol = p.clock_tolerance
-    down = redis_down_windows(h.faults)
-    rdown = replica_down_windows(h.faults)
-    rb = rollbacks(h.faults, p.rollback_window)
-    kills = defaultdict(list)
-    for f in h.faults:
-        v.faults[f.kind] += 1
-        if f.kind == "kill-worker" and f.pid is not None:
-            kills[f.pid].append(f.t)
-    losses = {(x.pid, x.id) for x in h.losses}
+@dataclass
+class Facts:
+    """What the checks read besides the history: its windows and indexes."""
 
-    by_seq: dict[int, Call] = {c.seq: c for c in h.calls}
-    runs_by_id: dict[str, list[Run]] = defaultdict(list)
-    for r in h.runs:
-        runs_by_id[r.id].append(r)
-    completed = {jid for jid, rs in runs_by_id.items() if any(r.end is not None for r in rs)}
+    h: History
+    down: list[Window]                      # Redis could not take writes
+    rdown: list[Window]                     # no replica in sync
+    rb: list[tuple[float, float, float]]    # rollback windows (see rollbacks())
+    kills: dict[int, list[float]]           # worker pid -> when it was killed
+    losses: set[tuple[int, str]]            # (worker pid, job id) of every logged lease loss
+    by_seq: dict[int, Call]                 # producer calls by payload sequence number
+    runs_by_id: dict[str, list[Run]]        # runs by job id, in fence order
+    completed: set[str]                     # ids of jobs with a run that ended
 
-    # producer calls
-    for c in h.calls:
-        if c.outcome == "ok":
-            v.counts["jobs"] += 1
-            v.counts["jobs_durable"] += 1
-            if c.id not in completed:
-                v.add("lost_durable", f"job {c.id} (seq {c.seq}) acknowledged durable at {c.t1:.3f}, never ran"
-                      + (" (started, never finished)" if c.id in runs_by_id else ""))
-        elif c.outcome == "durability_timeout":
-            v.counts["jobs"] += 1
-            v.counts["durability_timeouts"] += 1
-            if not _overlaps(c.t0, c.t1, rdown, p.durable_timeout + 0.5):
-                v.add("producer_failure", f"seq {c.seq}: DurabilityTimeout at {c.t1:.3f} (call began {c.t0:.3f}) "
-                      f"while the replica was up: {c.error}")
-            if c.id not in completed:
-                if any(b >= c.t0 - tol for _, b, _ in rb):
-                    v.counts["lost_unconfirmed_explained"] += 1
-                else:
-                    v.add("lost_unconfirmed", f"job {c.id} (seq {c.seq}, DurabilityTimeout at {c.t1:.3f}) never ran, "
-                          "and no master was lost after it was written")
-        else:
-            v.counts["producer_errors"] += 1
-            if not _overlaps(c.t0, c.t1, down, 1.0):
-                v.add("producer_failure", f"seq {c.seq}: failed at {c.t1:.3f} (call began {c.t0:.3f}, "
-                      f"{c.t1 - c.t0:.2f} s) while Redis was up: {c.error}")
+    @classmethod
+    def of(cls, h: History) -> Facts:
+        kills: dict[int, list[float]] = defaultdict(list)
+        for f in h.faults:
+            if f.kind == "kill-worker" and f.pid is not None:
+                kills[f.pid].append(f.t)
+        runs_by_id: dict[str, list[Run]] = defaultdict(list)
+        for r in h.runs:
+            runs_by_id[r.id].append(r)
+        for rs in runs_by_id.values():
+            rs.sort(key=lambda r: r.fence)
+        return cls(h=h, down=redis_down_windows(h.faults), rdown=replica_down_windows(h.faults),
+                   rb=rollbacks(h.faults, h.params.rollback_window), kills=kills,
+                   losses={(x.pid, x.id) for x in h.losses}, by_seq={c.seq: c for c in h.calls},
+                   runs_by_id=runs_by_id,
+                   completed={jid for jid, rs in runs_by_id.items() if any(r.end is not None for r in rs)})
 
-    # runs
-    v.counts["runs"] = len(h.runs)
-    for jid, rs in runs_by_id.items():
-        rs.sort(key=lambda r: r.fence)
-        first = rs[0]
-        call = by_seq.get(first.seq)
-        if call is None:
-            v.add("phantom", f"job {jid}: ran (seq {first.seq}) but no producer call has that sequence number")
-        elif call.id is not None and call.id != jid:
-            v.add("phantom", f"job {jid}: ran with seq {first.seq}, whose call returned id {call.id}")
-        elif call.outcome == "error":
-            v.counts["runs_of_failed_calls"] += 1
-        try:
-            run_at = job_run_at(jid)
-        except ValueError:
-            v.add("phantom", f"run of a malformed job id {jid!r}")
-            continue
-        for r in rs:
-            if r.start < run_at - p.early_tolerance:
-                v.add("early", f"job {jid} attempt {r.attempt} (pid {r.pid}) started at {r.start:.4f}, "
-                      f"{(run_at - r.start) * 1000:.1f} ms before its run_at {run_at:.3f}")
-            elif r.start < r.due - p.early_tolerance:
-                v.add("early", f"job {jid} attempt {r.attempt} (pid {r.pid}) started at {r.start:.4f}, "
-                      f"{(r.due - r.start) * 1000:.1f} ms before this attempt was due ({r.due:.3f})")
-            if r.end is None and not any(t >= r.start - tol for t in kills.get(r.pid, [])):
-                v.add("unfinished", f"job {jid} attempt {r.attempt} (pid {r.pid}, fence {r.fence}) started at "
-                      f"{r.start:.3f} and never ended, but its worker was not killed")
-        for prev, cur in pairwise(rs):
-            v.counts["extra"] += 1
-            why = explain_extra(prev, cur, h, down, rb, losses)
-            if why is None:
-                v.add("unexplained_extra",
-                      f"job {jid}: run {cur.attempt} (pid {cur.pid}, fence {cur.fence}, start {cur.start:.3f}) after "
-                      f"run {prev.attempt} (pid {prev.pid}, fence {prev.fence}, {prev.start:.3f}-"
-                      f"{'none' if prev.end is None else f'{prev.end:.3f}'}): that worker was neither killed nor "
-                      "stopped then, logged no lease loss, and no Redis rollback covers it")
+
+def check_call(c: Call, facts: Facts, v: Verdict) -> None:
+    """One producer call: a confirmed job ran; a failure or an unconfirmed loss has a fault that
+    explains it."""
+    p = facts.h.params
+    if c.outcome == "ok":
+        v.counts["jobs"] += 1
+        v.counts["jobs_durable"] += 1
+        if c.id not in facts.completed:
+            v.add("lost_durable", f"job {c.id} (seq {c.seq}) acknowledged durable at {c.t1:.3f}, never ran"
+                  + (" (started, never finished)" if c.id in facts.runs_by_id else ""))
+    elif c.outcome == "durability_timeout":
+        v.counts["jobs"] += 1
+        v.counts["durability_timeouts"] += 1
+        if not _overlaps(c.t0, c.t1, facts.rdown, p.durable_timeout + 0.5):
+            v.add("producer_failure", f"seq {c.seq}: DurabilityTimeout at {c.t1:.3f} (call began {c.t0:.3f}) "
+                  f"while the replica was up: {c.error}")
+        if c.id not in facts.completed:
+            if any(b >= c.t0 - p.clock_tolerance for _, b, _ in facts.rb):
+                v.counts["lost_unconfirmed_explained"] += 1
             else:
-                v.explained[why] += 1
+                v.add("lost_unconfirmed", f"job {c.id} (seq {c.seq}, DurabilityTimeout at {c.t1:.3f}) never ran, "
+                      "and no master was lost after it was written")
+    else:
+        v.counts["producer_errors"] += 1
+        if not _overlaps(c.t0, c.t1, facts.down, 1.0):
+            v.add("producer_failure", f"seq {c.seq}: failed at {c.t1:.3f} (call began {c.t0:.3f}, "
+                  f"{c.t1 - c.t0:.2f} s) while Redis was up: {c.error}")
 
-    # leftovers
-    final = h.final
+
+def check_origin(jid: str, first: Run, facts: Facts, v: Verdict) -> None:
+    """A job's first run belongs to the producer call of its sequence number, with that call's id."""
+    call = facts.by_seq.get(first.seq)
+    if call is None:
+        v.add("phantom", f"job {jid}: ran (seq {first.seq}) but no producer call has that sequence number")
+    elif call.id is not None and call.id != jid:
+        v.add("phantom", f"job {jid}: ran with seq {first.seq}, whose call returned id {call.id}")
+    elif call.outcome == "error":
+        v.counts["runs_of_failed_calls"] += 1
+
+
+def check_run(jid: str, run_at: float, r: Run, facts: Facts, v: Verdict) -> None:
+    """One run: not early, and ended unless its worker was killed."""
+    p = facts.h.params
+    if r.start < run_at - p.early_tolerance:
+        v.add("early", f"job {jid} attempt {r.attempt} (pid {r.pid}) started at {r.start:.4f}, "
+              f"{(run_at - r.start) * 1000:.1f} ms before its run_at {run_at:.3f}")
+    elif r.start < r.due - p.early_tolerance:
+        v.add("early", f"job {jid} attempt {r.attempt} (pid {r.pid}) started at {r.start:.4f}, "
+              f"{(r.due - r.start) * 1000:.1f} ms before this attempt was due ({r.due:.3f})")
+    if r.end is None and not any(t >= r.start - p.clock_tolerance for t in facts.kills.get(r.pid, [])):
+        v.add("unfinished", f"job {jid} attempt {r.attempt} (pid {r.pid}, fence {r.fence}) started at "
+              f"{r.start:.3f} and never ended, but its worker was not killed")
+
+
+def check_extras(jid: str, rs: list[Run], facts: Facts, v: Verdict) -> None:
+    """Every run of a job after its first is explained by the run before it."""
+    for prev, cur in pairwise(rs):
+        v.counts["extra"] += 1
+        why = explain_extra(prev, cur, facts.h, facts.down, facts.rb, facts.losses)
+        if why is None:
+            v.add("unexplained_extra",
+                  f"job {jid}: run {cur.attempt} (pid {cur.pid}, fence {cur.fence}, start {cur.start:.3f}) after "
+                  f"run {prev.attempt} (pid {prev.pid}, fence {prev.fence}, {prev.start:.3f}-"
+                  f"{'none' if prev.end is None else f'{prev.end:.3f}'}): that worker was neither killed nor "
+                  "stopped then, logged no lease loss, and no Redis rollback covers it")
+        else:
+            v.explained[why] += 1
+
+
+def check_job(jid: str, rs: list[Run], facts: Facts, v: Verdict) -> None:
+    """The runs of one job (in fence order)."""
+    check_origin(jid, rs[0], facts, v)
+    try:
+        run_at = job_run_at(jid)
+    except ValueError:
+        v.add("phantom", f"run of a malformed job id {jid!r}")
+        return
+    for r in rs:
+        check_run(jid, run_at, r, facts, v)
+    check_extras(jid, rs, facts, v)
+
+
+def check_leftovers(final: Final, v: Verdict) -> None:
+    """After quiescing, nothing is live: per queue (stats) and per job of the history."""
     if not final.quiesced:
         v.add("leftover", f"the namespace did not quiesce: {final.quiesce_error}")
     for q, st in final.stats.items():
@@ -289,6 +318,20 @@ def check(h: History) -> Verdict:
         v.add("leftover", f"job {jid} is {s} after quiescing")
     if not v.counts["leftover"]:
         v.counts["leftover"] = len(live)
+
+
+def check(h: History) -> Verdict:
+    """Judge a history: every violation category of the module docstring, with counts."""
+    v = Verdict()
+    for f in h.faults:
+        v.faults[f.kind] += 1
+    facts = Facts.of(h)
+    for c in h.calls:
+        check_call(c, facts, v)
+    v.counts["runs"] = len(h.runs)
+    for jid, rs in facts.runs_by_id.items():
+        check_job(jid, rs, facts, v)
+    check_leftovers(h.final, v)
     return v
 
 

@@ -31,9 +31,12 @@ import threading
 import time
 import traceback
 
+from scheduler.shell.servers import HOST, ServerError
+from scheduler.shell.servers import encode_command as _encode
+from scheduler.shell.servers import read_reply as _read_resp
 from tests.chaos.history import Fault, JsonlWriter
 from tests.chaos.stack import Stack
-from tests.servers import HOST, RedisServer, ServerError, _encode, _read_resp
+from tests.servers import RedisServer
 
 
 def replicating(port: int, timeout_ms: int = 200) -> bool:

@@ -19,8 +19,8 @@ from typing import Any
 from scheduler import Client
 from scheduler.protocol.errors import DurabilityTimeout
 from scheduler.protocol.ids import decode_id, run_at_of
+from scheduler.shell.servers import ZschedProc
 from tests.chaos.history import Call, Final, JsonlWriter, Params
-from tests.procs import ZschedProc
 from tests.servers import EtcdCluster, SentinelSet
 
 QUEUE = "chaos"
@@ -57,10 +57,8 @@ class Proc(ZschedProc):
 
     def __init__(self, args: list[str], log_dir: Path, kind: str, name: str, *, env: dict[str, str] | None = None,
                  cwd: str | None = None) -> None:
-        super().__init__(args, env=env, cwd=cwd, metrics=False)
-        self.log.unlink(missing_ok=True)  # ZschedProc made a temp file; ours lives in the history dir
+        super().__init__(args, env=env, cwd=cwd, metrics=False, log=log_dir / f"{kind}-{name}-starting.log")
         self.kind, self.name, self.log_dir = kind, name, log_dir
-        self.log = log_dir / f"{kind}-{name}-starting.log"
         self.stopped_at: float | None = None
 
     def start(self) -> Proc:
@@ -157,9 +155,9 @@ class Stack:
         self.etcd.start()
         url = self.sentinel.url
         p = self.params
-        for i in range(self.n_producers):
+        for _ in range(self.n_producers):
             self.clients.append(Client.from_url(url, namespace=self.ns, partitions=self.partitions,
-                                                durable="replica", durable_timeout=p.durable_timeout))
+                                                durable="replica", durable_timeout=p.durable_timeout).connect())
         self.scheds = [self.sched_proc(i).start() for i in range(self.n_sched)]
         self.workers = [self.worker_proc(i).start() for i in range(self.n_workers)]
         self.wait_up(30)
@@ -232,7 +230,7 @@ class Stack:
         servers = [*self.sentinel.servers, *self.sentinel.sentinels, *self.etcd.members]
         for srv in servers:
             try:
-                shutil.copy(srv.log_path, out / f"{srv.kind}-{getattr(srv, 'port', srv.pid)}.log")
+                shutil.copy(srv.log, out / f"{srv.kind}-{getattr(srv, 'port', srv.pid)}.log")
             except OSError:
                 pass
 

@@ -9,9 +9,11 @@ import redis
 
 from scheduler import Client
 from scheduler.coord import EtcdCoordinator
-from scheduler.protocol.ids import partition_for_key
-from tests.helpers import Ops, snapshot
-from tests.procs import scheduler_proc, wait_until
+from scheduler.protocol.ids import encode_id, partition_for_key
+from scheduler.shell.servers import scheduler_proc
+from scheduler.testing.transitions import Ops
+from tests.helpers import snapshot
+from tests.procs import wait_until
 
 pytestmark = pytest.mark.fault
 NS = "cronfault"
@@ -30,8 +32,9 @@ def pending_occurrences(r: redis.Redis, client: Client, name: str) -> list[str]:
             if st == "scheduled" and (client.get(jid).key or "").startswith(f"cron:{name}:")]
 
 
-def test_kill_9_of_the_owner_at_fire_time_leaves_exactly_one_next_occurrence(redis_url: str, etcd_endpoint: str) -> None:
-    client = Client.from_url(redis_url, namespace=NS, partitions=4)
+def test_kill_9_of_the_owner_at_fire_time_leaves_exactly_one_next_occurrence(redis_url: str,
+                                                                             etcd_endpoint: str) -> None:
+    client = Client.from_url(redis_url, namespace=NS, partitions=4).connect()
     r = redis.Redis.from_url(redis_url)
     procs = {rid: scheduler_proc(redis_url, etcd_endpoint, NS, rid, ttl=1.0).start() for rid in ("a", "b")}
     try:
@@ -52,7 +55,7 @@ def test_kill_9_of_the_owner_at_fire_time_leaves_exactly_one_next_occurrence(red
         assert len(pending_occurrences(r, client, "beat")) == 1
         runs = Ops(client).claim("beat", 1000)
         nominals = [j.record.cron_nominal_ms for j in runs]
-        keys = [client.get(__import__("scheduler.protocol.ids", fromlist=["encode_id"]).encode_id(j.raw_id)).key for j in runs]
+        keys = [client.get(encode_id(j.raw_id)).key for j in runs]
         assert len(set(keys)) == len(keys), "no occurrence created twice"
         assert len(set(nominals)) == len(nominals)
         assert max(nominals) >= (time.time() - 2) * 1000, "the cron kept firing after fail-over"

@@ -30,9 +30,10 @@ import redis
 from scheduler import Client, JobState
 from scheduler.protocol.ids import partition_for_key
 from scheduler.protocol.keys import Keyspace
+from scheduler.shell.servers import ServerError, ZschedProc, etcd_put, etcd_request, scheduler_proc
 from tests.fault.test_scheduler_faults import etcd_owners, owned_by, tails, wait_settled
-from tests.procs import ZschedProc, scheduler_proc, wait_until
-from tests.servers import EtcdServer, RedisServer, ServerError, etcd_put, etcd_request
+from tests.procs import wait_until
+from tests.servers import EtcdServer, RedisServer
 
 pytestmark = pytest.mark.fault
 
@@ -105,7 +106,7 @@ def replace_etcd(srv: EtcdServer) -> None:
 def test_etcd_replaced_conflict_backs_off_logs_the_fix_and_reset_recovers(fresh_redis: RedisServer,
                                                                           fresh_etcd: EtcdServer) -> None:
     ns, url, ep = "f-epoch", fresh_redis.url, fresh_etcd.endpoint
-    client = Client.from_url(url, namespace=ns, partitions=PARTS)
+    client = Client.from_url(url, namespace=ns, partitions=PARTS).connect()
     ks = client.keyspace
     r = redis.Redis.from_url(url)
     # move etcd's revision counter well past what an empty etcd hands out, so the epochs Redis sees
@@ -216,7 +217,7 @@ def test_redis_rollback_of_epochs_does_not_stall_the_current_owner(fresh_redis: 
     previous owner's. The current owner's epochs are newer, so they are accepted (and raise the stored
     epoch again): no refusal, no conflict, firing resumes after the restart."""
     ns, url, ep = "f-redis-rollback", fresh_redis.url, fresh_etcd.endpoint
-    client = Client.from_url(url, namespace=ns, partitions=PARTS)
+    client = Client.from_url(url, namespace=ns, partitions=PARTS).connect()
     ks = client.keyspace
     procs: list[ZschedProc] = []
     try:

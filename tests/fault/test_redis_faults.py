@@ -18,7 +18,7 @@ import redis
 
 from scheduler import AsyncClient, Client
 from scheduler.protocol.transport import RetryPolicy
-from tests.helpers import Ops
+from scheduler.testing.transitions import Ops
 from tests.integration.test_worker_support import Recorder, TierStandIn, serving, wait_for
 from tests.servers import RedisServer
 from workers import Worker
@@ -190,7 +190,7 @@ def test_stalls_during_claims_and_acks_run_every_job_exactly_once() -> None:
     ns, parts, q, n = "stallw", 4, "w", 300
     with RedisServer() as srv:
         rec = Recorder()
-        c = Client.from_url(srv.url, namespace=ns, partitions=parts)
+        c = Client.from_url(srv.url, namespace=ns, partitions=parts).connect()
         w = Worker(srv.url, namespace=ns, concurrency=8, redis_kwargs={"socket_timeout": 0.1}, idle_sweep=0.2)
 
         @w.handler(q)
@@ -260,12 +260,12 @@ async def test_the_whole_stack_recovers_from_a_redis_restart_without_a_restart_o
     """kill -9 Redis while a sync client, an async client, 2 scheduler replicas and 2 workers run;
     start it again on the same port: every component carries on (same processes), jobs scheduled
     after the restart run once each, and acknowledged jobs persisted by AOF run too."""
+    from scheduler.shell.servers import scheduler_proc
     from tests.integration.test_worker_support import read_runs, spawn_worker, wait_worker_ready, write_app
-    from tests.procs import scheduler_proc
 
     ns = "rstack"
     with RedisServer(aof=aof) as srv:
-        sync_c = Client.from_url(srv.url, namespace=ns, partitions=8, retry=FAST_FAIL)
+        sync_c = Client.from_url(srv.url, namespace=ns, partitions=8, retry=FAST_FAIL).connect()
         async_c = await AsyncClient.from_url(srv.url, namespace=ns, partitions=8, retry=FAST_FAIL).connect()
         write_app(tmp_path)
         replicas = [scheduler_proc(srv.url, etcd_endpoint, ns, f"s{i}", ttl=2.0).start() for i in range(2)]
@@ -309,12 +309,12 @@ async def test_stalls_longer_than_every_timeout_do_not_wedge_the_tier_or_the_wor
         etcd_endpoint: str, tmp_path: Any) -> None:
     """A real `zsched scheduler` and a real worker, both with a 100 ms Redis timeout, while Redis
     stalls for 400 ms again and again: they keep firing and running, every job once, none early."""
+    from scheduler.shell.servers import scheduler_proc
     from tests.integration.test_worker_support import read_runs, spawn_worker, wait_worker_ready, write_app
-    from tests.procs import scheduler_proc
 
     ns, n = "stier", 200
     with RedisServer() as srv:
-        c = Client.from_url(srv.url, namespace=ns, partitions=4)
+        c = Client.from_url(srv.url, namespace=ns, partitions=4).connect()
         write_app(tmp_path)
         tier = scheduler_proc(srv.url, etcd_endpoint, ns, "s0", ttl=2.0, extra=["--redis-timeout", "0.1"]).start()
         worker = spawn_worker(tmp_path, srv.url + "?socket_timeout=0.1", "--namespace", ns)

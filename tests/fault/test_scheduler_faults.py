@@ -22,10 +22,11 @@ import math
 import re
 import signal
 import socket
+import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from datetime import datetime
 
 import pytest
@@ -34,9 +35,10 @@ import redis
 from scheduler import Client, JobState
 from scheduler.protocol.ids import decode_id, encode_id, partition_for_key, partition_of, run_at_of
 from scheduler.protocol.keys import PARTITION_KEYS, Keyspace
+from scheduler.shell.servers import ServerError, ZschedProc, etcd_request, free_port, scheduler_proc
 from tests.helpers import snapshot
-from tests.procs import ZschedProc, scheduler_proc, wait_until
-from tests.servers import EtcdCluster, EtcdServer, RedisServer, ServerError, etcd_request, free_port
+from tests.procs import REPO, wait_until
+from tests.servers import EtcdCluster, EtcdServer, RedisServer
 
 pytestmark = pytest.mark.fault
 
@@ -258,11 +260,24 @@ def wait_settled(endpoints: str, ns: str, procs: list[ZschedProc], ids: list[str
 
 
 def start_replicas(redis_url: str, etcd: str, ns: str, names: list[str], ttl: float = 2.0,
-                   env: dict[str, dict[str, str]] | None = None) -> list[ZschedProc]:
-    procs = [scheduler_proc(redis_url, etcd, ns, n, ttl=ttl, env=(env or {}).get(n)) for n in names]
-    for p in procs:
-        p.start()
+                   without_deadline: Collection[str] = ()) -> list[ZschedProc]:
+    """Start one replica per name; those in ``without_deadline`` with the local ownership deadline
+    switched off (tests/fault/scheduler_without_deadline.py)."""
+    procs = [scheduler_proc(redis_url, etcd, ns, n, ttl=ttl) for n in names]
+    for n, p in zip(names, procs):
+        if n in without_deadline:
+            start_without_deadline(p)
+        else:
+            p.start()
     return procs
+
+
+def start_without_deadline(p: ZschedProc) -> None:
+    """Start ``p`` (a ``zsched scheduler ...`` process) through the test-only launcher that runs the
+    same replica with its ownership deadline off."""
+    assert p.args[0] == "scheduler", p.args
+    p.launch([sys.executable, "-m", "tests.fault.scheduler_without_deadline", *p.args[1:]], cwd=p.cwd or REPO,
+             env=p.env)
 
 
 def stop_all(procs: Iterable[ZschedProc]) -> None:
@@ -287,7 +302,7 @@ def assert_exactly_once(r: redis.Redis, client: Client, ids: list[str], watcher:
 
 def test_kill9_partitions_fail_over_within_ttl_plus_1s(redis_url: str, etcd_endpoint: str) -> None:
     ns, parts, ttl = "f-kill", 8, 2.0
-    client = Client.from_url(redis_url, namespace=ns, partitions=parts)
+    client = Client.from_url(redis_url, namespace=ns, partitions=parts).connect()
     r = redis.Redis.from_url(redis_url)
     procs = start_replicas(redis_url, etcd_endpoint, ns, ["a", "b"], ttl)
     watcher = FireWatcher(redis_url, client.keyspace)
@@ -351,15 +366,14 @@ def test_sigstop_past_ttl_then_sigcont_never_double_fires(redis_url: str, etcd_e
     find it passed on resume and send nothing; only a runner that was between its deadline check and
     its write to Redis when SIGSTOP landed can send one stale round (then the fence refuses it), so
     zero stale calls is expected but not asserted. With the deadline disabled
-    (``ZSCHED_FAULT_IGNORE_OWNERSHIP_DEADLINE=1``) every runner's wake-up timer (<= 1 s) expired during
+    (``tests/fault/scheduler_without_deadline.py``) every runner's wake-up timer (<= 1 s) expired during
     the freeze, so all of them tick in the first event-loop turn after SIGCONT, before the keepalive
     answer can arrive: stale calls, and so refusals, are asserted there.
     """
     ns, parts, ttl = "f-stop-" + ("fence" if ignore_deadline else "deadline"), 8, 2.0
-    client = Client.from_url(redis_url, namespace=ns, partitions=parts)
+    client = Client.from_url(redis_url, namespace=ns, partitions=parts).connect()
     r = redis.Redis.from_url(redis_url)
-    env = {"b": {"ZSCHED_FAULT_IGNORE_OWNERSHIP_DEADLINE": "1"}} if ignore_deadline else None
-    procs = start_replicas(redis_url, etcd_endpoint, ns, ["a", "b"], ttl, env)
+    procs = start_replicas(redis_url, etcd_endpoint, ns, ["a", "b"], ttl, ["b"] if ignore_deadline else ())
     a, b = procs
     watcher = FireWatcher(redis_url, client.keyspace)
     monitor: StaleEpochMonitor | None = None
@@ -439,7 +453,7 @@ def test_sigstop_past_ttl_then_sigcont_never_double_fires(redis_url: str, etcd_e
 
 def test_sigterm_exits_0_and_hands_over_in_under_1s(redis_url: str, etcd_endpoint: str) -> None:
     ns, parts, ttl = "f-term", 8, 2.0
-    client = Client.from_url(redis_url, namespace=ns, partitions=parts)
+    client = Client.from_url(redis_url, namespace=ns, partitions=parts).connect()
     r = redis.Redis.from_url(redis_url)
     procs = start_replicas(redis_url, etcd_endpoint, ns, ["a", "b"], ttl)
     survivor, victim = procs
@@ -491,7 +505,7 @@ def test_sigterm_exits_0_and_hands_over_in_under_1s(redis_url: str, etcd_endpoin
 
 def test_adding_replicas_rebalances_without_a_gap(redis_url: str, etcd_endpoint: str) -> None:
     ns, parts, ttl = "f-rebal", 12, 2.0
-    client = Client.from_url(redis_url, namespace=ns, partitions=parts)
+    client = Client.from_url(redis_url, namespace=ns, partitions=parts).connect()
     r = redis.Redis.from_url(redis_url)
     procs = start_replicas(redis_url, etcd_endpoint, ns, ["a"], ttl)
     watcher = FireWatcher(redis_url, client.keyspace, interval=0.002)
@@ -515,8 +529,8 @@ def test_adding_replicas_rebalances_without_a_gap(redis_url: str, etcd_endpoint:
               f"{len(during)} jobs due meanwhile, max lateness {max(during):.3f}s; "
               f"overall p50 {late[len(late) // 2][0] * 1000:.1f} ms, max {late[-1][0]:.3f}s")
         assert late[-1][0] < 0.5, f"gap in firing: {late[-5:]}{tails(*procs)}"
-        acquired = {x.args[x.args.index('--replica-id') + 1]: x.metric("zsched_ownership_changes_total", change="acquired")
-                    for x in procs}
+        acquired = {x.args[x.args.index('--replica-id') + 1]:
+                    x.metric("zsched_ownership_changes_total", change="acquired") for x in procs}
         assert acquired["b"] >= 4 and acquired["c"] >= 4, acquired
         assert_exactly_once(r, client, ids, watcher, procs)
     finally:
@@ -535,7 +549,7 @@ def test_etcd_leader_killed_firing_continues(redis_url: str, etcd_cluster: EtcdC
     leader = etcd_cluster.leader()
     eps = ",".join([leader.endpoint] + [m.endpoint for m in etcd_cluster.members if m is not leader])
     survivors = ",".join(m.endpoint for m in etcd_cluster.members if m is not leader)
-    client = Client.from_url(redis_url, namespace=ns, partitions=parts)
+    client = Client.from_url(redis_url, namespace=ns, partitions=parts).connect()
     r = redis.Redis.from_url(redis_url)
     procs = start_replicas(redis_url, eps, ns, ["a", "b"], ttl)
     a, b = procs
@@ -594,7 +608,7 @@ def test_etcd_leader_killed_firing_continues(redis_url: str, etcd_cluster: EtcdC
 def test_etcd_down_fires_until_deadline_then_stops_and_resumes(redis_url: str, fresh_etcd: EtcdServer) -> None:
     ns, parts, ttl = "f-etcd-down", 4, 2.0
     ep = fresh_etcd.endpoint
-    client = Client.from_url(redis_url, namespace=ns, partitions=parts)
+    client = Client.from_url(redis_url, namespace=ns, partitions=parts).connect()
     r = redis.Redis.from_url(redis_url)
     procs = start_replicas(redis_url, ep, ns, ["a"], ttl)
     (a,) = procs
@@ -666,7 +680,7 @@ def test_redis_down_and_back_replica_survives_and_fires(fresh_redis: RedisServer
     ns, parts, ttl = "f-redis-down", 4, 2.0
     backoff_max = 2.0  # RunnerConfig.backoff_max
     url = fresh_redis.url
-    client = Client.from_url(url, namespace=ns, partitions=parts)
+    client = Client.from_url(url, namespace=ns, partitions=parts).connect()
     procs = start_replicas(url, etcd_endpoint, ns, ["a"], ttl)
     (a,) = procs
     try:
@@ -682,7 +696,7 @@ def test_redis_down_and_back_replica_survives_and_fires(fresh_redis: RedisServer
         fresh_redis.restart()
         t_up = time.time()
         # no persistence: everything is gone, including the partition count; schedule afresh
-        client = Client.from_url(url, namespace=ns, partitions=parts)
+        client = Client.from_url(url, namespace=ns, partitions=parts).connect()
         r = redis.Redis.from_url(url)
         ids = schedule_stream(client, time.time() + 0.3, 40, 0.025, "rd")  # due 0.3 - 1.3 s after restart
         # A runner retries with a backoff capped at 2 s, so its first retry after the restart comes
@@ -730,7 +744,7 @@ def test_redis_refusing_writes_briefly_does_not_stop_partitions_for_good(fresh_r
     ``REPLICAOF NO ONE``; the dataset is kept since the fake master never answered)."""
     ns, parts, ttl = "f-redis-ro", 4, 2.0
     url = fresh_redis.url
-    client = Client.from_url(url, namespace=ns, partitions=parts)
+    client = Client.from_url(url, namespace=ns, partitions=parts).connect()
     r = redis.Redis.from_url(url)
     procs = start_replicas(url, etcd_endpoint, ns, ["a"], ttl)
     (a,) = procs

@@ -41,9 +41,10 @@ import pytest
 from scheduler import Client
 from scheduler.protocol.errors import DurabilityTimeout
 from scheduler.protocol.ids import decode_id, run_at_of
+from scheduler.shell.servers import HOST, ServerError, ZschedProc, scheduler_proc
 from tests.integration.test_worker_support import read_runs, spawn_worker, write_app
-from tests.procs import ZschedProc, scheduler_proc, wait_until
-from tests.servers import HOST, EtcdServer, RedisServer, SentinelSet, ServerError
+from tests.procs import wait_until
+from tests.servers import EtcdServer, RedisServer, SentinelSet
 
 pytestmark = pytest.mark.fault
 
@@ -212,8 +213,8 @@ def test_sentinel_failover_under_load_loses_no_durable_job(sentinel_set: Sentine
                                                            tmp_path: Path) -> None:
     t_begin = time.monotonic()
     url = sentinel_set.url
-    client = Client.from_url(url, namespace=NS, partitions=PARTS, durable_timeout=DURABLE_TIMEOUT)
-    monitor = Client.from_url(url, namespace=NS, partitions=PARTS)
+    client = Client.from_url(url, namespace=NS, partitions=PARTS, durable_timeout=DURABLE_TIMEOUT).connect()
+    monitor = Client.from_url(url, namespace=NS, partitions=PARTS).connect()
     write_app(tmp_path)
     schedulers = [scheduler_proc(url, fresh_etcd.endpoint, NS, f"s{i}", ttl=2.0).start() for i in range(2)]
     workers = [spawn_worker(tmp_path, url, "--namespace", NS, "--concurrency", "32") for _ in range(2)]

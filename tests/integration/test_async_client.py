@@ -7,8 +7,9 @@ from datetime import timedelta
 import pytest
 import redis
 
-from scheduler import AsyncClient, Client, ConfigError, JobState
-from tests.helpers import Ops, snapshot
+from scheduler import AsyncClient, Client, ConfigError, JobState, Outcome
+from scheduler.testing.transitions import Ops
+from tests.helpers import snapshot
 
 
 async def test_async_client_full_cycle(redis_url: str) -> None:
@@ -34,12 +35,12 @@ async def test_async_client_full_cycle(redis_url: str) -> None:
         assert dead.id == jid
         assert await c.requeue(jid) and not await c.requeue(jid)
         assert (await c.get(jid)).state is JobState.READY
-        assert await c.purge(jid) is False
+        assert await c.purge(jid) is Outcome.NOT_DEAD
     snapshot(redis.Redis.from_url(redis_url), sync)
 
 
 async def test_async_client_refuses_partition_mismatch(redis_url: str) -> None:
-    Client.from_url(redis_url, namespace="am", partitions=3)
+    Client.from_url(redis_url, namespace="am", partitions=3).connect()
     c = AsyncClient.from_url(redis_url, namespace="am", partitions=4)
     with pytest.raises(ConfigError, match="created with 3"):
         await c.schedule(0, 1)

@@ -17,8 +17,8 @@ import redis
 from scheduler import Client
 from scheduler.protocol.keys import Keyspace
 from scheduler.shell.cli import main
-from tests.helpers import Ops
-from tests.servers import etcd_get, etcd_put, etcd_request, free_port
+from scheduler.shell.servers import etcd_get, etcd_put, etcd_request, free_port
+from scheduler.testing.transitions import Ops
 
 NS = "epochs"
 PARTS = 4
@@ -26,7 +26,7 @@ PARTS = 4
 
 @pytest.fixture
 def client(redis_url: str) -> Iterator[Client]:
-    c = Client.from_url(redis_url, namespace=NS, partitions=PARTS)
+    c = Client.from_url(redis_url, namespace=NS, partitions=PARTS).connect()
     yield c
     c.close()
 

@@ -23,8 +23,9 @@ from scheduler.protocol.calls import error_arg
 from scheduler.protocol.ids import partition_of
 from scheduler.shell import admin
 from scheduler.shell.cli import main
-from tests.helpers import Ops, snapshot
-from tests.servers import etcd_put, free_port
+from scheduler.shell.servers import etcd_put, free_port
+from scheduler.testing.transitions import Ops
+from tests.helpers import snapshot
 
 NS = "cli"
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def client(redis_url: str) -> Iterator[Client]:
-    c = Client.from_url(redis_url, namespace=NS, partitions=4)
+    c = Client.from_url(redis_url, namespace=NS, partitions=4).connect()
     yield c
     c.close()
 

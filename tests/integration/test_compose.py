@@ -192,7 +192,8 @@ def test_grafana_mounts_provisioning_and_dashboards(compose: dict[str, Any]) -> 
     assert list((REPO / "deploy" / "grafana" / "dashboards").glob("*.json")), "no dashboards"
     home = svc.get("environment", {}).get("GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH")
     if home:
-        assert home.startswith(path + "/") and (REPO / "deploy/grafana/dashboards" / home[len(path) + 1:]).is_file(), home
+        assert home.startswith(path + "/"), home
+        assert (REPO / "deploy/grafana/dashboards" / home[len(path) + 1:]).is_file(), home
     datasources = load_yaml(GRAFANA_PROVISIONING / "datasources" / "prometheus.yml")["datasources"]
     assert [d["url"] for d in datasources] == ["http://prometheus:9090"], datasources
     assert "prometheus" in compose["services"]

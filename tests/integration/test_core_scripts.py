@@ -8,9 +8,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import redis
 
-from scheduler import Client, ConfigError, JobState, PayloadError
+from scheduler import Client, ConfigError, JobState, Outcome, PayloadError
 from scheduler.protocol.errors import MisfiredAtSchedule
-from tests.helpers import Ops, snapshot
+from scheduler.protocol.ids import decode_id, partition_of
+from scheduler.testing.transitions import Ops
+from tests.helpers import snapshot
 
 
 @pytest.fixture
@@ -20,7 +22,7 @@ def r(redis_url: str) -> redis.Redis:
 
 @pytest.fixture
 def client(redis_url: str) -> Client:
-    c = Client.from_url(redis_url, namespace="t", partitions=4)
+    c = Client.from_url(redis_url, namespace="t", partitions=4).connect()
     yield c
     c.close()
 
@@ -188,7 +190,7 @@ def test_release_hands_back_without_spending_an_attempt(client: Client, ops: Ops
     client.schedule(0, "a")
     jid = client.schedule(0, "b")
     jobs = ops.claim()
-    target = next(j for j in jobs if j.raw_id == __import__("scheduler.protocol.ids", fromlist=["decode_id"]).decode_id(jid))
+    target = next(j for j in jobs if j.raw_id == decode_id(jid))
     assert ops.release(target) == 1
     info = client.get(jid)
     assert info.state is JobState.READY and info.attempts == 0
@@ -349,7 +351,7 @@ def test_bad_options_are_refused_and_write_nothing(client: Client, r: redis.Redi
 
 
 def test_bad_payloads_are_refused_and_a_bad_job_in_a_batch_writes_nothing(redis_url: str, r: redis.Redis) -> None:
-    c = Client.from_url(redis_url, namespace="pl", partitions=2, max_payload_bytes=1000)
+    c = Client.from_url(redis_url, namespace="pl", partitions=2, max_payload_bytes=1000).connect()
     before = r.dbsize()
     with pytest.raises(PayloadError, match="msgpack"):
         c.schedule(0, object())
@@ -361,9 +363,9 @@ def test_bad_payloads_are_refused_and_a_bad_job_in_a_batch_writes_nothing(redis_
 
 
 def test_partition_count_is_fixed_per_namespace(redis_url: str) -> None:
-    Client.from_url(redis_url, namespace="fixed", partitions=8)
+    Client.from_url(redis_url, namespace="fixed", partitions=8).connect()
     with pytest.raises(ConfigError, match="created with 8 partitions"):
-        Client.from_url(redis_url, namespace="fixed", partitions=16)
+        Client.from_url(redis_url, namespace="fixed", partitions=16).connect()
     assert Client.from_url(redis_url, namespace="fixed").keyspace.partitions == 8
 
 
@@ -375,7 +377,7 @@ def test_env_configuration(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> N
     assert c.keyspace.namespace == "envns" and c.keyspace.partitions == 5
     monkeypatch.setenv("ZSCHED_PARTITIONS", "6")
     with pytest.raises(ConfigError, match="created with 5"):
-        Client.from_url()
+        Client.from_url().connect()
 
 
 def test_acl_user_and_password_in_url(redis_url: str, r: redis.Redis) -> None:
@@ -385,7 +387,7 @@ def test_acl_user_and_password_in_url(redis_url: str, r: redis.Redis) -> None:
         c = Client.from_url(url, namespace="acl", partitions=2)
         assert c.get(c.schedule(0, 1)).state is JobState.READY
         with pytest.raises(redis.AuthenticationError):
-            Client.from_url(redis_url.replace("redis://", "redis://producer:wrong@"), namespace="acl")
+            Client.from_url(redis_url.replace("redis://", "redis://producer:wrong@"), namespace="acl").connect()
     finally:
         r.execute_command("ACL", "DELUSER", "producer")
 
@@ -394,15 +396,14 @@ def test_unknown_and_malformed_ids(client: Client) -> None:
     with pytest.raises(ValueError, match="30-character"):
         client.get("nope")
     assert client.get("0" * 30) is None
-    assert client.cancel("0" * 30) is False
+    assert client.cancel("0" * 30) is Outcome.NOT_FOUND
 
 
 def test_malformed_bodies_are_dead_lettered_not_lost(client: Client, ops: Ops, r: redis.Redis) -> None:
-    from scheduler.protocol.ids import decode_id
     ready = client.schedule(0, "ok")
     short = client.schedule(0, "short")
     raw = decode_id(short)
-    k = client.keyspace.key(__import__("scheduler.protocol.ids", fromlist=["partition_of"]).partition_of(raw), "j")
+    k = client.keyspace.key(partition_of(raw), "j")
     r.hset(k, raw, r.hget(k, raw)[:6] + b"\x00")  # 1-byte record
     claimed = ops.claim("default", 10)
     assert [c.raw_id for c in claimed] == [decode_id(ready)]

@@ -7,9 +7,10 @@ import time
 import pytest
 import redis
 
-from scheduler import Client, JobState
+from scheduler import Client, JobOptions, JobState
 from scheduler.protocol.ids import partition_for_key
-from tests.helpers import Ops, snapshot
+from scheduler.testing.transitions import Ops
+from tests.helpers import snapshot
 from tests.integration.test_scheduler_tier import settled, start_replica, stop_replica
 
 NS = "tier"  # the replicas of test_scheduler_tier use this namespace
@@ -31,7 +32,7 @@ def fired_occurrences(client: Client, queue: str) -> list:
 
 
 async def test_cron_fires_every_occurrence_on_time_with_one_pending(redis_url: str, etcd_endpoint: str) -> None:
-    client = Client.from_url(redis_url, namespace=NS, partitions=4)
+    client = Client.from_url(redis_url, namespace=NS, partitions=4).connect()
     r = redis.Redis.from_url(redis_url)
     proc, task = await start_replica(redis_url, etcd_endpoint, "solo")
     try:
@@ -55,8 +56,9 @@ async def test_cron_fires_every_occurrence_on_time_with_one_pending(redis_url: s
         await stop_replica(proc, task)
 
 
-async def test_outage_across_three_occurrences_run_late_coalesces_skip_drops(redis_url: str, etcd_endpoint: str) -> None:
-    client = Client.from_url(redis_url, namespace=NS, partitions=4)
+async def test_outage_across_three_occurrences_run_late_coalesces_skip_drops(redis_url: str,
+                                                                             etcd_endpoint: str) -> None:
+    client = Client.from_url(redis_url, namespace=NS, partitions=4).connect()
     r = redis.Redis.from_url(redis_url)
     client.add_cron("late", "* * * * * *", "L", queue="late")
     client.add_cron("skip", "* * * * * *", "S", queue="skip", misfire="skip", misfire_grace=0.3)
@@ -90,7 +92,7 @@ async def test_outage_across_three_occurrences_run_late_coalesces_skip_drops(red
 
 
 async def test_exhausted_occurrence_table_is_refilled_by_the_owner(redis_url: str, etcd_endpoint: str) -> None:
-    client = Client.from_url(redis_url, namespace=NS, partitions=4)
+    client = Client.from_url(redis_url, namespace=NS, partitions=4).connect()
     r = redis.Redis.from_url(redis_url)
     client.add_cron("short", "* * * * * *", None, queue="short")
     ck = client.keyspace.key(partition_for_key("short", 4), "cron:short")
@@ -108,7 +110,7 @@ async def test_exhausted_occurrence_table_is_refilled_by_the_owner(redis_url: st
 
 
 def test_replace_remove_and_refused_cancel(redis_url: str) -> None:
-    client = Client.from_url(redis_url, namespace=NS, partitions=4)
+    client = Client.from_url(redis_url, namespace=NS, partitions=4).connect()
     r = redis.Redis.from_url(redis_url)
     first = client.add_cron("digest", "0 9 * * *", {"v": 1}, queue="emails", tz="America/New_York",
                             misfire="skip", misfire_grace=600, jitter=60)
@@ -136,7 +138,7 @@ def test_replace_remove_and_refused_cancel(redis_url: str) -> None:
     (dict(expression="0 0 30 2 *"), "never fires"),
 ])
 def test_invalid_crons_write_nothing(redis_url: str, kwargs: dict, words: str) -> None:
-    client = Client.from_url(redis_url, namespace=NS, partitions=4)
+    client = Client.from_url(redis_url, namespace=NS, partitions=4).connect()
     r = redis.Redis.from_url(redis_url)
     before = r.dbsize()
     args = dict(name="c", expression="* * * * *", payload=None)
@@ -150,7 +152,7 @@ def test_invalid_crons_write_nothing(redis_url: str, kwargs: dict, words: str) -
 async def test_handler_sees_the_nominal_time_of_a_cron_occurrence(redis_url: str, etcd_endpoint: str) -> None:
     from tests.integration.test_worker_support import serving, wait_for
     from workers import Worker
-    client = Client.from_url(redis_url, namespace=NS, partitions=4)
+    client = Client.from_url(redis_url, namespace=NS, partitions=4).connect()
     seen = []
     w = Worker.from_url(redis_url, namespace=NS)
 
@@ -175,16 +177,16 @@ def test_cron_keys_cannot_be_taken_over_by_a_producer(redis_url: str) -> None:
     """A producer passing ``cron:NAME:<next nominal>`` as its key must not capture the cron's next
     occurrence (the cron would stop): the client refuses the key space, the script too, and a
     foreign job holding such a key (old data, a hand edit) is not adopted as the occurrence."""
-    client = Client.from_url(redis_url, namespace="cronkey", partitions=1)
+    client = Client.from_url(redis_url, namespace="cronkey", partitions=1).connect()
     ops = Ops(client)
     client.add_cron("every", "* * * * * *", {"n": 1}, queue="cq")
     (cron,) = client.crons()
     nominal = int(cron.next_nominal.timestamp() * 1000)
     with pytest.raises(ValueError, match="reserved"):
         client.schedule(60.0, "hijack", key=f"cron:every:{nominal + 1000}")
-    core = client._core
-    opts = core.job_options(queue="cq", max_attempts=1, lease=30.0, misfire="run_late", misfire_grace=None,
-                            backoff=None, jitter=0.0)
+    core = client.calls
+    opts = JobOptions(queue="cq", max_attempts=1, lease=30.0, misfire="run_late", misfire_grace=None,
+                      backoff=None, jitter=0.0)
     name, keys, args = core.prepare_one(60.0, "hijack", None, opts)
     args = list(args)
     args[-1] = f"cron:every:{nominal + 1000}"

@@ -31,8 +31,8 @@ from typing import Any
 
 import pytest
 
+from scheduler.shell.servers import free_port
 from tests.integration.test_compose import load_yaml
-from tests.servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -134,6 +134,92 @@ def test_metric_name_extraction() -> None:
     assert metric_names("histogram_quantile(0.99, sum by (le) (rate(a_bucket[1m]))) > 1e3") == {"a_bucket"}
 
 
+def datasource_problems(node: Any, where: str, name: str, uid: str) -> list[str]:
+    """Every datasource reference below ``node`` that is not the provisioned Prometheus (or
+    Grafana's built-in annotations)."""
+    out: list[str] = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "datasource":
+                ok = isinstance(v, dict) and (v.get("uid") == uid and v.get("type") == "prometheus"
+                                              or v.get("uid") == "-- Grafana --")
+                if not ok:
+                    out.append(f"{name}: {where}: datasource {v!r} is not {{type: prometheus, uid: {uid}}}")
+            else:
+                out += datasource_problems(v, f"{where}.{k}", name, uid)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            out += datasource_problems(v, f"{where}[{i}]", name, uid)
+    return out
+
+
+def target_problems(title: str, targets: list[dict[str, Any]], defined: set[str]) -> list[str]:
+    """A panel's targets: unique refIds, an expression each, only defined variables."""
+    out: list[str] = []
+    refs = [t.get("refId") for t in targets]
+    if len(set(refs)) != len(refs) or None in refs:
+        out.append(f"{title}: refIds not unique: {refs}")
+    for t in targets:
+        if not str(t.get("expr", "")).strip():
+            out.append(f"{title}: target {t.get('refId')} has no expr")
+        for m in VAR_REF.finditer(str(t.get("expr", ""))):
+            v = m.group(1) or m.group(2) or m.group(3)
+            if v not in defined and v not in BUILTINS:
+                out.append(f"{title}: uses undefined variable ${v}")
+    return out
+
+
+def overlaps(g: dict[str, int], o: dict[str, int]) -> bool:
+    """Whether two grid positions share a cell."""
+    return (g["x"] < o["x"] + o["w"] and o["x"] < g["x"] + g["w"]
+            and g["y"] < o["y"] + o["h"] and o["y"] < g["y"] + g["h"])
+
+
+def panel_problems(name: str, board: dict[str, Any], uid: str) -> list[str]:
+    """The panels of one dashboard: unique integer ids, no rows, targets naming the datasource,
+    a valid grid position that overlaps no other panel."""
+    out: list[str] = []
+    panels = all_panels(board)
+    if not panels:
+        out.append(f"{name}: no panels")
+    ids = [p.get("id") for p in panels]
+    dupes = sorted({i for i in ids if ids.count(i) > 1 or not isinstance(i, int)}, key=str)
+    if dupes:
+        out.append(f"{name}: panel ids not unique integers: {dupes}")
+    defined = {v["name"] for v in variables(board)}
+    placed: list[tuple[str, dict[str, int]]] = []
+    for p in panels:
+        title = f"{name}: panel {p.get('id')} {p.get('title')!r}"
+        if p.get("type") == "row":
+            out.append(f"{title}: rows carry no query; this repo's dashboards use none")
+            continue
+        targets = p.get("targets") or []
+        if not targets:
+            out.append(f"{title}: no targets")
+        if p.get("datasource") is None or any(t.get("datasource") is None for t in targets):
+            out.append(f"{title}: panel and targets must name the datasource (uid {uid})")
+        out += target_problems(title, targets, defined)
+        g = p.get("gridPos") or {}
+        if not all(isinstance(g.get(k), int) for k in ("x", "y", "w", "h")) or g["x"] + g["w"] > 24:
+            out.append(f"{title}: bad gridPos {g}")
+            continue
+        out += [f"{title}: overlaps {other}" for other, o in placed if overlaps(g, o)]
+        placed.append((f"panel {p.get('id')}", g))
+    return out
+
+
+def variable_problems(name: str, board: dict[str, Any], uid: str) -> list[str]:
+    """The query variables of one dashboard: they name the datasource and are label_values()."""
+    out: list[str] = []
+    for v in variables(board):
+        if v.get("type") == "query" and v.get("datasource") is None:
+            out.append(f"{name}: variable {v.get('name')} must name the datasource (uid {uid})")
+        if v.get("type") == "query" and not LABEL_VALUES.match(variable_query(v)):
+            out.append(f"{name}: variable {v.get('name')}: expected label_values(metric, label), "
+                       f"got {variable_query(v)!r}")
+    return out
+
+
 def test_dashboard_files_are_well_formed() -> None:
     uid = provisioned_uid()
     assert [p.name for p in DASHBOARDS] == ["zsched-overview.json", "zsched-scheduler.json", "zsched-workers.json"]
@@ -147,67 +233,9 @@ def test_dashboard_files_are_well_formed() -> None:
         uids.add(board.get("uid"))
         if "__inputs" in board or "${DS_" in path.read_text():
             problems.append(f"{name}: export-for-sharing placeholders (__inputs/${{DS_...}}) do not provision")
-
-        # every datasource reference is the provisioned Prometheus (or Grafana's built-in annotations)
-        def walk(node: Any, where: str) -> None:
-            if isinstance(node, dict):
-                for k, v in node.items():
-                    if k == "datasource":
-                        ok = isinstance(v, dict) and (v.get("uid") == uid and v.get("type") == "prometheus"
-                                                      or v.get("uid") == "-- Grafana --")
-                        if not ok:
-                            problems.append(f"{name}: {where}: datasource {v!r} is not {{type: prometheus, uid: {uid}}}")
-                    else:
-                        walk(v, f"{where}.{k}")
-            elif isinstance(node, list):
-                for i, v in enumerate(node):
-                    walk(v, f"{where}[{i}]")
-        walk(board, "$")
-
-        panels = all_panels(board)
-        if not panels:
-            problems.append(f"{name}: no panels")
-        ids = [p.get("id") for p in panels]
-        dupes = sorted({i for i in ids if ids.count(i) > 1 or not isinstance(i, int)}, key=str)
-        if dupes:
-            problems.append(f"{name}: panel ids not unique integers: {dupes}")
-        defined = {v["name"] for v in variables(board)}
-        placed: list[tuple[str, dict[str, int]]] = []
-        for p in panels:
-            title = f"{name}: panel {p.get('id')} {p.get('title')!r}"
-            if p.get("type") == "row":
-                problems.append(f"{title}: rows carry no query; this repo's dashboards use none")
-                continue
-            targets = p.get("targets") or []
-            if not targets:
-                problems.append(f"{title}: no targets")
-            if p.get("datasource") is None or any(t.get("datasource") is None for t in targets):
-                problems.append(f"{title}: panel and targets must name the datasource (uid {uid})")
-            refs = [t.get("refId") for t in targets]
-            if len(set(refs)) != len(refs) or None in refs:
-                problems.append(f"{title}: refIds not unique: {refs}")
-            for t in targets:
-                if not str(t.get("expr", "")).strip():
-                    problems.append(f"{title}: target {t.get('refId')} has no expr")
-                for m in VAR_REF.finditer(str(t.get("expr", ""))):
-                    v = m.group(1) or m.group(2) or m.group(3)
-                    if v not in defined and v not in BUILTINS:
-                        problems.append(f"{title}: uses undefined variable ${v}")
-            g = p.get("gridPos") or {}
-            if not all(isinstance(g.get(k), int) for k in ("x", "y", "w", "h")) or g["x"] + g["w"] > 24:
-                problems.append(f"{title}: bad gridPos {g}")
-                continue
-            for other, o in placed:
-                if (g["x"] < o["x"] + o["w"] and o["x"] < g["x"] + g["w"]
-                        and g["y"] < o["y"] + o["h"] and o["y"] < g["y"] + g["h"]):
-                    problems.append(f"{title}: overlaps {other}")
-            placed.append((f"panel {p.get('id')}", g))
-        for v in variables(board):
-            if v.get("type") == "query" and v.get("datasource") is None:
-                problems.append(f"{name}: variable {v.get('name')} must name the datasource (uid {uid})")
-            if v.get("type") == "query" and not LABEL_VALUES.match(variable_query(v)):
-                problems.append(f"{name}: variable {v.get('name')}: expected label_values(metric, label), "
-                                f"got {variable_query(v)!r}")
+        problems += datasource_problems(board, "$", name, uid)
+        problems += panel_problems(name, board, uid)
+        problems += variable_problems(name, board, uid)
     assert not problems, "\n".join(problems)
 
 

@@ -13,7 +13,8 @@ import redis
 from scheduler import Client, JobState
 from scheduler.protocol.calls import error_arg
 from scheduler.protocol.ids import partition_of
-from tests.helpers import Ops, snapshot
+from scheduler.testing.transitions import Ops
+from tests.helpers import snapshot
 from tests.integration.test_scheduler_tier import NS, settled, start_replica, stop_replica
 
 
@@ -34,7 +35,7 @@ def test_tick_drops_the_oldest_past_the_cap_and_reports_them(redis_url: str) -> 
     ops = Ops(c)
     r = redis.Redis.from_url(redis_url)
     ids = kill(c, ops, 10)
-    reply = ops.run("tick", 0, 0, 1000, c._core.tomb_ms, 0, 0, 3)  # no rate limits; ttl 0, cap 3
+    reply = ops.run("tick", 0, 0, 1000, c.calls.tomb_ms, 0, 0, 3)  # no rate limits; ttl 0, cap 3
     k = int(reply[5])
     dropped = [reply[6 + 2 * i] for i in range(k)]
     assert k == 7 and [bytes.hex(d) for d in dropped] == ids[:7]  # oldest first
@@ -44,7 +45,7 @@ def test_tick_drops_the_oldest_past_the_cap_and_reports_them(redis_url: str) -> 
     assert all(c.get(j) is None for j in ids[:7])
     assert set(snapshot(r, c)) == set(ids[7:])  # bodies and errors went with them: nothing orphaned
     # a second tick finds nothing more to drop
-    assert int(ops.run("tick", 0, 0, 1000, c._core.tomb_ms, 0, 0, 3)[5]) == 0
+    assert int(ops.run("tick", 0, 0, 1000, c.calls.tomb_ms, 0, 0, 3)[5]) == 0
     c.close()
 
 
@@ -54,7 +55,7 @@ def test_tick_drops_dead_jobs_older_than_the_ttl(redis_url: str) -> None:
     old = kill(c, ops, 4)
     time.sleep(0.2)
     new = kill(c, ops, 2)
-    reply = ops.run("tick", 0, 0, 1000, c._core.tomb_ms, 0, 150, 0)  # ttl 150 ms, no cap
+    reply = ops.run("tick", 0, 0, 1000, c.calls.tomb_ms, 0, 150, 0)  # ttl 150 ms, no cap
     assert int(reply[5]) == 4
     assert {j.id for j in c.dead(limit=100)} == set(new)
     assert all(c.get(j) is None for j in old)
@@ -130,7 +131,7 @@ def test_bad_retention_settings_are_refused(redis_url: str) -> None:
 def test_cli_dead_retention(redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     from scheduler.shell.cli import main
 
-    Client.from_url(redis_url, namespace="drc", partitions=1).close()
+    Client.from_url(redis_url, namespace="drc", partitions=1).connect().close()
     base = ["--redis", redis_url, "--namespace", "drc"]
     assert main(["dead", "retention", "--max", "1000", "--ttl", "7d", *base]) == 0
     out = capsys.readouterr().out

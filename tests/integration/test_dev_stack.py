@@ -78,7 +78,8 @@ def test_dev_stack_keeps_a_redis_password_out_of_banners_logs_and_child_command_
             while "partition owners" not in buf:
                 assert time.monotonic() < deadline, buf[-2000:]
                 buf += proc.stdout.readline()
-            children = [pid for pid, _cmd in processes_mentioning(str(home)) if pid != proc.pid]  # not zsched dev itself
+            # not zsched dev itself
+            children = [pid for pid, _cmd in processes_mentioning(str(home)) if pid != proc.pid]
             assert children, "no child process found"
             for pid in children:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:

@@ -161,7 +161,7 @@ def test_a_master_refusing_writes_for_want_of_replicas_is_waited_for_not_failed(
     import threading
 
     with RedisServer() as master:
-        c = Client.from_url(master.url, namespace="norep", partitions=1)  # creates the namespace
+        c = Client.from_url(master.url, namespace="norep", partitions=1).connect()  # creates the namespace
         master.command("CONFIG", "SET", "min-replicas-to-write", "1")
         result: dict[str, object] = {}
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from scheduler import Client, JobState
+from scheduler.shell.servers import scheduler_proc
 from tests.integration.test_worker_support import read_runs, spawn_worker, wait_for, wait_worker_ready, write_app
-from tests.procs import scheduler_proc
 
 NS = "e2e"
 
@@ -18,7 +18,7 @@ NS = "e2e"
 @pytest.mark.parametrize("n_workers", [1, 3])
 async def test_jobs_for_the_next_seconds_run_once_each_at_their_time(
         redis_url: str, etcd_endpoint: str, tmp_path: Path, n_workers: int) -> None:
-    client = Client.from_url(redis_url, namespace=NS, partitions=8)
+    client = Client.from_url(redis_url, namespace=NS, partitions=8).connect()
     write_app(tmp_path)
     replicas = [scheduler_proc(redis_url, etcd_endpoint, NS, f"s{i}", ttl=2.0).start() for i in range(2)]
     workers = [spawn_worker(tmp_path, redis_url, "--namespace", NS) for _ in range(n_workers)]
@@ -47,7 +47,7 @@ async def test_jobs_for_the_next_seconds_run_once_each_at_their_time(
 
 async def test_worker_killed_mid_job_is_rerun_once_by_the_real_scheduler_tier(
         redis_url: str, etcd_endpoint: str, tmp_path: Path) -> None:
-    client = Client.from_url(redis_url, namespace=NS, partitions=4)
+    client = Client.from_url(redis_url, namespace=NS, partitions=4).connect()
     write_app(tmp_path)
     replica = scheduler_proc(redis_url, etcd_endpoint, NS, "s0", ttl=2.0).start()
     victim = spawn_worker(tmp_path, redis_url, "--namespace", NS, env={"SLOW_SECONDS": "30"})

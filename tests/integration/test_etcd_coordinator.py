@@ -27,7 +27,8 @@ from scheduler.coord import (
     WatchEvent,
     parse_endpoints,
 )
-from tests.servers import EtcdCluster, EtcdServer, etcd_request, free_port
+from scheduler.shell.servers import etcd_request, free_port
+from tests.servers import EtcdCluster, EtcdServer
 
 # --------------------------------------------------------------------------- helpers
 

@@ -20,7 +20,8 @@ from scheduler.protocol.codec import decode_tombstone
 from scheduler.protocol.errors import MisfiredAtSchedule
 from scheduler.protocol.ids import decode_id, encode_id, partition_of
 from scheduler.shell.cli import main
-from tests.helpers import Ops, snapshot, tombstones
+from scheduler.testing.transitions import Ops
+from tests.helpers import snapshot, tombstones
 
 UTC = UTC
 
@@ -34,7 +35,7 @@ def r(redis_url: str) -> Iterator[redis.Redis]:
 
 @pytest.fixture
 def client(redis_url: str) -> Iterator[Client]:
-    c = Client.from_url(redis_url, namespace="jv", partitions=4)
+    c = Client.from_url(redis_url, namespace="jv", partitions=4).connect()
     yield c
     c.close()
 
@@ -83,7 +84,7 @@ def test_job_held_by_a_rate_limit_is_scheduled_with_its_due_time(client: Client,
     jid = client.schedule(time.time() + 0.05, "h", queue="slow", max_attempts=2)
     time.sleep(0.1)
     p = partition_of(decode_id(jid))
-    reply = ops.run("tick", p, 0, 1000, client._core.tomb_ms, 1, "slow", 0)  # no token for 'slow'
+    reply = ops.run("tick", p, 0, 1000, client.calls.tomb_ms, 1, "slow", 0)  # no token for 'slow'
     assert reply[4:8] == [b"slow", 0, 1, 1]  # held
     info = client.get(jid)
     assert info.state is JobState.SCHEDULED and info.queue == "slow"
@@ -126,7 +127,7 @@ def test_done_after_two_attempts_keeps_the_summary(client: Client, ops: Ops, r: 
     assert (info.queue, info.key, info.attempts, info.max_attempts) == ("mail", "k-done", 2, 3)
     assert info.created == created and info.run_at == second_due
     assert near_now(info.finished_at)
-    assert ms(info.expires_at) - ms(info.finished_at) == client._core.tomb_ms
+    assert ms(info.expires_at) - ms(info.finished_at) == client.calls.tomb_ms
     err = info.last_error
     assert err is not None and (err.type, err.message, err.traceback) == ("RuntimeError", "first try failed", "")
     assert near_now(err.at)
@@ -381,7 +382,7 @@ def test_jobs_validates_its_arguments_and_cursor(client: Client, r: redis.Redis)
 def test_trimming_keeps_up_with_5000_acks_per_second_and_drains(redis_url: str, r: redis.Redis) -> None:
     c = Client.from_url(redis_url, namespace="trim", partitions=1, tombstone_ttl=1.0)
     ops = Ops(c)
-    core = c._core
+    core = c.calls
     fkey = c.keyspace.key(0, "f")
     rate, ttl = 5000, 1.0
     t0 = time.monotonic()
@@ -413,7 +414,7 @@ def test_trimming_keeps_up_with_5000_acks_per_second_and_drains(redis_url: str, 
 def test_one_tick_asks_again_until_expired_tombstones_are_gone(redis_url: str, r: redis.Redis) -> None:
     c = Client.from_url(redis_url, namespace="tt", partitions=1, tombstone_ttl=0.5)
     ops = Ops(c)
-    core = c._core
+    core = c.calls
     for _ in range(3):
         c.schedule_many([(0, i) for i in range(1000)])
         jobs = ops.claim("default", 1000)
@@ -443,13 +444,13 @@ def test_legacy_tombstones_are_read_and_drained(client: Client, r: redis.Redis, 
     assert info.queue is None and info.run_at is None
     old = encode_id(next(iter(expired))[:15])
     assert client.get(old).state is JobState.DONE  # expired but not trimmed yet
-    first = ops.run("tick", 0, 0, 1000, client._core.tomb_ms)
+    first = ops.run("tick", 0, 0, 1000, client.calls.tomb_ms)
     assert first[0] == 1000 and r.zcard(xkey) == 2001
     ops.tick_all()
     assert r.zrange(xkey, 0, -1) == [live_raw + b"c"]
     assert client.get(old) is None
     # a re-sent schedule still recognises a job with a legacy tombstone
-    resend = client._core.call("schedule", 0, "default", client._core.tomb_ms, 1, 1, live_raw + bytes(9), 0, "")
+    resend = client.calls.call("schedule", 0, "default", client.calls.tomb_ms, 1, 1, live_raw + bytes(9), 0, "")
     reply = client.transport.call(*resend)
     assert reply[-1] == live_raw and client.get(encode_id(live_raw)).state is JobState.CANCELLED
 
@@ -459,7 +460,7 @@ def test_resent_schedule_recognises_a_finished_job_by_its_summary(client: Client
     assert ops.ack(claim_one(ops, jid)) == 1
     raw = decode_id(jid)
     p = partition_of(raw)
-    call = client._core.call("schedule", p, "default", client._core.tomb_ms, 1, 1, raw + bytes(9), 0, "")
+    call = client.calls.call("schedule", p, "default", client.calls.tomb_ms, 1, 1, raw + bytes(9), 0, "")
     client.transport.call(*call)
     assert client.get(jid).state is JobState.DONE and snapshot(r, client) == {}
 

@@ -8,21 +8,22 @@ from typing import Any
 import pytest
 import redis
 
-from scheduler import Client
-from tests.helpers import Ops, snapshot
+from scheduler import Client, JobOptions
+from scheduler.testing.transitions import Ops
+from tests.helpers import snapshot
 
 
 def _tick(ops: Ops, idle_ms: int, n: int = 1) -> None:
-    calls = [ops.core.call("tick", 0, 0, 1000, ops.core.tomb_ms, 0, 0, 0, idle_ms) for _ in range(n)]
-    ops.scripts.call_many(calls)
+    calls = [ops.calls.call("tick", 0, 0, 1000, ops.calls.tomb_ms, 0, 0, 0, idle_ms) for _ in range(n)]
+    ops.transport.call_many(calls)
 
 
 def _schedule_to(c: Client, names: list[str], at: float = 0) -> list[str]:
-    core = c._core
+    core = c.calls
     calls: list[Any] = []
     for name in names:
-        opts = core.job_options(queue=name, max_attempts=1, lease=30.0, misfire="run_late", misfire_grace=None,
-                                backoff=None, jitter=0.0)
+        opts = JobOptions(queue=name, max_attempts=1, lease=30.0, misfire="run_late", misfire_grace=None,
+                          backoff=None, jitter=0.0)
         call, _pos = core.prepare([(at, "x")], opts)
         calls += call
     ids: list[str] = []
@@ -41,7 +42,7 @@ def test_seventy_thousand_queue_names_over_time_do_not_break_scheduling(redis_ur
         names = [f"q{rnd}-{i}" for i in range(5000)]
         ids = _schedule_to(c, names)
         total += len(ids)
-        cancel = [ops.core.call("cancel", 0, bytes.fromhex(j), ops.core.tomb_ms) for j in ids]
+        cancel = [ops.calls.call("cancel", 0, bytes.fromhex(j), ops.calls.tomb_ms) for j in ids]
         for s in range(0, len(cancel), 1000):
             c.transport.call_many(cancel[s:s + 1000])
         while r.hlen("{qn:0}:q") > 3 * 1000:  # n:, i:, u: per live name; retire most of this round

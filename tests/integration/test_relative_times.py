@@ -11,7 +11,7 @@ import redis
 
 import scheduler.protocol.calls as client_module
 from scheduler import Client, JobState
-from tests.helpers import Ops
+from scheduler.testing.transitions import Ops
 
 
 def redis_now(r: redis.Redis) -> float:
@@ -43,7 +43,7 @@ def test_a_skewed_producer_lands_relative_times_at_redis_time(redis_url: str, r:
     later = [c.schedule(timedelta(seconds=30), i) for i in range(20)]
     for jid in later:
         assert abs(c.get(jid).run_at.timestamp() - (redis_now(r) + 30)) < 1.0
-    assert abs(c._core.clock_offset_ms - (-skew * 1000)) < 500
+    assert abs(c.calls.clock_offset_ms - (-skew * 1000)) < 500
     assert r.hlen("{skew:0}:m") + r.hlen("{skew:1}:m") <= 1
     # run_late: never early, even though this host thinks it is 2 minutes elsewhere
     soon = c.schedule(timedelta(seconds=0.6), "soon")

@@ -11,13 +11,15 @@ import redis
 
 from scheduler import Client, JobState
 from scheduler.coord import EtcdCoordinator
+from scheduler.testing.transitions import Ops
 from scheduler.tier import SchedulerConfig, SchedulerProcess
-from tests.helpers import Ops, snapshot
+from tests.helpers import snapshot
 
 NS = "tier"
 
 
-async def start_replica(redis_url: str, etcd: str, rid: str, ttl: float = 2.0, **kw) -> tuple[SchedulerProcess, asyncio.Task]:
+async def start_replica(redis_url: str, etcd: str, rid: str, ttl: float = 2.0,
+                        **kw) -> tuple[SchedulerProcess, asyncio.Task]:
     proc = SchedulerProcess(SchedulerConfig(redis_url=redis_url, etcd_endpoints=etcd, namespace=NS,
                                             replica_id=rid, lease_ttl=ttl, **kw))
     task = asyncio.create_task(proc.run())
@@ -52,7 +54,7 @@ async def settled(etcd: str, procs: list[SchedulerProcess], parts: int, timeout:
 
 
 async def test_partitions_spread_evenly_and_each_has_one_owner(redis_url: str, etcd_endpoint: str) -> None:
-    Client.from_url(redis_url, namespace=NS, partitions=16)
+    Client.from_url(redis_url, namespace=NS, partitions=16).connect()
     procs = []
     try:
         for n in range(1, 4):
@@ -69,7 +71,7 @@ async def test_partitions_spread_evenly_and_each_has_one_owner(redis_url: str, e
 
 
 async def test_due_jobs_fire_once_on_time(redis_url: str, etcd_endpoint: str) -> None:
-    client = Client.from_url(redis_url, namespace=NS, partitions=8)
+    client = Client.from_url(redis_url, namespace=NS, partitions=8).connect()
     procs = [await start_replica(redis_url, etcd_endpoint, f"r{n}") for n in range(2)]
     try:
         await settled(etcd_endpoint, [p for p, _ in procs], 8)
@@ -105,7 +107,7 @@ def _hist_samples(proc: SchedulerProcess) -> list[float]:
 
 
 async def test_earlier_job_wakes_a_sleeping_owner(redis_url: str, etcd_endpoint: str) -> None:
-    client = Client.from_url(redis_url, namespace=NS, partitions=1)
+    client = Client.from_url(redis_url, namespace=NS, partitions=1).connect()
     proc, task = await start_replica(redis_url, etcd_endpoint, "solo",
                                      )
     proc.cfg.runner.idle_check = 30.0  # only a wake-up can make it fire in time
@@ -124,7 +126,7 @@ async def test_earlier_job_wakes_a_sleeping_owner(redis_url: str, etcd_endpoint:
 
 
 async def test_stale_epoch_is_refused_by_redis(redis_url: str) -> None:
-    client = Client.from_url(redis_url, namespace=NS, partitions=2)
+    client = Client.from_url(redis_url, namespace=NS, partitions=2).connect()
     ops = Ops(client)
     assert ops.run("tick", 0, 10, 100, 0)[0] == 0
     assert ops.run("tick", 0, 12, 100, 0)[0] == 0
@@ -148,7 +150,7 @@ class FlakyCoordinator(EtcdCoordinator):
 async def test_frozen_replica_cannot_fire_a_partition_that_moved(redis_url: str, etcd_endpoint: str) -> None:
     """The epoch fence alone (local deadline check disabled) stops a replica that froze past its
     lease and woke up without hearing from etcd."""
-    client = Client.from_url(redis_url, namespace=NS, partitions=2)
+    client = Client.from_url(redis_url, namespace=NS, partitions=2).connect()
     coord = FlakyCoordinator.from_endpoints(etcd_endpoint)
     a = SchedulerProcess(SchedulerConfig(redis_url=redis_url, etcd_endpoints=etcd_endpoint, namespace=NS,
                                          replica_id="a", lease_ttl=1.0, ignore_deadline=True), coord=coord)
@@ -181,7 +183,7 @@ def _fired(r: redis.Redis, client: Client, queue: str) -> int:
 
 
 async def test_rate_limited_herd_drains_as_a_stream_oldest_first(redis_url: str, etcd_endpoint: str) -> None:
-    client = Client.from_url(redis_url, namespace=NS, partitions=8)
+    client = Client.from_url(redis_url, namespace=NS, partitions=8).connect()
     r = redis.Redis.from_url(redis_url)
     client.set_rate_limit("herd", 400)
     assert client.rate_limits() == {"herd": (400.0, 100.0)}
@@ -217,7 +219,7 @@ async def test_rate_limited_herd_drains_as_a_stream_oldest_first(redis_url: str,
 
 async def test_held_jobs_can_be_inspected_cancelled_and_released_by_clearing_the_limit(
         redis_url: str, etcd_endpoint: str) -> None:
-    client = Client.from_url(redis_url, namespace=NS, partitions=2)
+    client = Client.from_url(redis_url, namespace=NS, partitions=2).connect()
     r = redis.Redis.from_url(redis_url)
     client.set_rate_limit("slow", 1, burst=1)
     proc, task = await start_replica(redis_url, etcd_endpoint, "solo")
@@ -245,7 +247,7 @@ async def test_held_jobs_can_be_inspected_cancelled_and_released_by_clearing_the
 
 
 def test_rate_limit_validation(redis_url: str) -> None:
-    client = Client.from_url(redis_url, namespace=NS, partitions=2)
+    client = Client.from_url(redis_url, namespace=NS, partitions=2).connect()
     for bad in (0, -1, float("nan"), "10"):
         with pytest.raises((ValueError, TypeError)):
             client.set_rate_limit("q", bad)

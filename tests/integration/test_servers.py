@@ -11,17 +11,8 @@ import pytest
 import redis
 from redis.sentinel import Sentinel
 
-from tests.servers import (
-    EtcdCluster,
-    EtcdServer,
-    RedisServer,
-    SentinelSet,
-    ServerError,
-    etcd_get,
-    etcd_put,
-    etcd_request,
-    free_ports,
-)
+from scheduler.shell.servers import ServerError, etcd_get, etcd_put, etcd_request, free_ports
+from tests.servers import EtcdCluster, EtcdServer, RedisServer, SentinelSet
 
 
 def _wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:

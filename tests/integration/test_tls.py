@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from scheduler import Client, JobState
-from tests.servers import RedisServer, free_port
+from scheduler.shell.servers import free_port
+from tests.servers import RedisServer
 
 
 def make_certs(d: Path) -> tuple[Path, Path, Path]:
@@ -46,14 +47,14 @@ def test_tls_with_an_untrusted_certificate_is_refused(tls_redis) -> None:
     url, _ = tls_redis
     import redis
     with pytest.raises(redis.ConnectionError):
-        Client.from_url(url.split("?")[0], namespace="tls", partitions=2)  # system CAs do not know ours
+        Client.from_url(url.split("?")[0], namespace="tls", partitions=2).connect()  # system CAs do not know ours
 
 
 async def test_worker_over_tls(tls_redis) -> None:
     from tests.integration.test_worker_support import serving, wait_for
     from workers import Worker
     url, _ = tls_redis
-    c = Client.from_url(url, namespace="tls", partitions=2)
+    c = Client.from_url(url, namespace="tls", partitions=2).connect()
     ran = []
     w = Worker.from_url(url, namespace="tls")
 

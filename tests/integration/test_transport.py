@@ -8,18 +8,18 @@ from datetime import timedelta
 import pytest
 import redis
 
-from scheduler import Client
+from scheduler import Client, JobOptions
 from scheduler.protocol.replies import parse_claim
 from scheduler.protocol.scripts import SCRIPT_NAMES
 from scheduler.protocol.transport import RESEND, RetryPolicy, mark_resend
-from tests.helpers import Ops
+from scheduler.testing.transitions import Ops
 
 LATER = timedelta(minutes=5)
 
 
 @pytest.fixture
 def client(redis_url: str) -> Client:
-    c = Client.from_url(redis_url, namespace="tr", partitions=1)
+    c = Client.from_url(redis_url, namespace="tr", partitions=1).connect()
     yield c
     c.close()
 
@@ -31,9 +31,9 @@ def r(redis_url: str) -> redis.Redis:
     conn.close()
 
 
-def _opts(c: Client) -> dict:
-    return c._core.job_options(queue="q", max_attempts=3, lease=30.0, misfire="run_late", misfire_grace=None,
-                               backoff=None, jitter=0.0)
+def _opts(c: Client) -> JobOptions:
+    return JobOptions(queue="q", max_attempts=3, lease=30.0, misfire="run_late", misfire_grace=None,
+                      backoff=None, jitter=0.0)
 
 
 def test_every_script_has_a_retry_rule() -> None:
@@ -42,7 +42,7 @@ def test_every_script_has_a_retry_rule() -> None:
 
 @pytest.mark.parametrize("at", [LATER, 0], ids=["scheduled", "due-now"])
 def test_a_resent_schedule_returns_the_same_id_and_writes_nothing(client: Client, r: redis.Redis, at: object) -> None:
-    call = client._core.prepare_one(at, {"n": 1}, None, _opts(client))
+    call = client.calls.prepare_one(at, {"n": 1}, None, _opts(client))
     first = client.transport.call(*call)[2:]
     again = client.transport.call(*mark_resend(call))[2:]
     assert again == first
@@ -55,7 +55,7 @@ def test_a_resent_schedule_returns_the_same_id_and_writes_nothing(client: Client
 
 def test_a_resent_schedule_of_a_job_that_already_finished_does_not_run_it_again(client: Client, r: redis.Redis) -> None:
     ops = Ops(client)
-    call = client._core.prepare_one(0, "once", None, _opts(client))
+    call = client.calls.prepare_one(0, "once", None, _opts(client))
     client.transport.call(*call)
     (job,) = ops.claim("q", 10)
     assert ops.ack(job) == 1
@@ -66,7 +66,7 @@ def test_a_resent_schedule_of_a_job_that_already_finished_does_not_run_it_again(
 
 def test_without_the_flag_a_batch_is_not_checked_so_the_first_send_stays_cheap(client: Client, r: redis.Redis) -> None:
     # documents why the flag exists: the same blob sent twice WITHOUT it creates a duplicate
-    call = client._core.prepare_one(LATER, "x", None, _opts(client))
+    call = client.calls.prepare_one(LATER, "x", None, _opts(client))
     client.transport.call(*call)
     client.transport.call(*call)
     assert int(r.hget("{tr:0}:c", "scheduled:q")) == 2
@@ -82,7 +82,7 @@ def test_claim_never_hands_out_a_job_that_is_already_running(client: Client, r: 
 
 
 def test_a_resent_claim_is_answered_from_its_receipt(client: Client, r: redis.Redis) -> None:
-    core = client._core
+    core = client.calls
     client.schedule_many([(0, i) for i in range(5)], queue="q")
     first = parse_claim(client.transport.call(*core.call("claim", 0, "q", 3, "rid-1", 30_000, "")))[1]
     again = parse_claim(client.transport.call(*core.call("claim", 0, "q", 3, "rid-1", 30_000, "")))[1]

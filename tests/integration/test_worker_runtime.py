@@ -15,7 +15,7 @@ from datetime import timedelta
 import pytest
 import redis
 
-from scheduler import Client, JobState
+from scheduler import Client, JobState, Outcome
 from scheduler.protocol.ids import decode_id, partition_of
 from tests.integration.test_worker_support import Recorder, TierStandIn, serving, wait_for
 from workers import Job, PermanentError, Retry, Worker, WorkerStats
@@ -140,7 +140,7 @@ async def test_ack_refused_after_lease_lost_is_counted_not_raised(redis_url: str
         raw = decode_id(jid)
         p = partition_of(raw)
         client.redis.zadd(client.keyspace.key(p, "i"), {raw: 0}, xx=True)
-        core = client._core
+        core = client.calls
         assert client.transport.call(*core.call("reap", p, 0, 100))[0] == 1
         await wait_for(lambda: w.stats.acked == 1, 5, what="second attempt acked")
         release_first.set()
@@ -191,8 +191,8 @@ async def test_retries_with_growing_jittered_backoff_then_dead_then_requeue(redi
         assert w.stats.failed == 4 * n and w.stats.retried == 3 * n
 
         succeed = True
-        assert client.requeue(ids[0]) is True
-        assert client.requeue(ids[0]) is False
+        assert client.requeue(ids[0]) is Outcome.DONE
+        assert client.requeue(ids[0]) is Outcome.NOT_DEAD
         await wait_for(lambda: w.stats.acked == 1, 5, what="requeued job to run")
     assert starts[ids[0]][-1][0] == 1  # attempts were reset
     assert client.get(ids[0]).state is JobState.DONE
@@ -356,7 +356,7 @@ async def test_idle_worker_is_quiet_and_picks_up_fast(redis_url: str, client: Cl
         for _ in range(25):
             t = time.perf_counter()
             jid = client.schedule(0, None)
-            await wait_for(lambda: jid in started, 2, interval=0.0005, what="pick-up")
+            await wait_for(lambda jid=jid: jid in started, 2, interval=0.0005, what="pick-up")
             lat.append(started[jid] - t)
             await asyncio.sleep(0.01)
     lat.sort()
@@ -367,7 +367,7 @@ async def test_idle_worker_is_quiet_and_picks_up_fast(redis_url: str, client: Cl
 
 
 async def test_stop_while_redis_is_unreachable_returns_promptly() -> None:
-    from tests.servers import free_port
+    from scheduler.shell.servers import free_port
 
     w = Worker.from_url(f"redis://127.0.0.1:{free_port()}/0", shutdown_grace=1)
 

@@ -21,7 +21,7 @@ import redis.asyncio as aredis
 
 from scheduler import AsyncClient
 from scheduler.protocol.transport import AsyncScriptTransport
-from tests.procs import ZschedProc
+from scheduler.shell.servers import ZschedProc
 from workers import Worker
 
 log = logging.getLogger("tests.worker")
@@ -44,7 +44,7 @@ class TierStandIn:
         r = aredis.Redis.from_url(self.url)
         try:
             client = await AsyncClient(r, namespace=self.namespace).connect()
-            core = client._core_obj
+            core = client.calls
             assert core is not None
             scripts = AsyncScriptTransport(r)
             parts = range(core.ks.partitions)

@@ -7,7 +7,12 @@ The layers (docs/architecture.md, "Code map"), bottom up:
 - support: ``scheduler.coord`` (etcd), ``scheduler.metrics``, ``scheduler.runtime``;
 - ``scheduler.client``: the producer clients;
 - ``scheduler.tier`` and ``workers`` (neither imports the other);
+- ``scheduler.testing``: the production transitions run in-process, for tests (may import
+  everything above, but not the shell);
 - ``scheduler.shell``: CLI, admin, dev stack, demo (may import everything below).
+
+``bench/`` is not a layer of the library, but it never imports ``tests/``: what a benchmark needs
+from the test helpers belongs in ``scheduler.testing``.
 """
 from __future__ import annotations
 
@@ -29,7 +34,8 @@ ALLOWED: dict[str, set[str]] = {
     "client": {"protocol", "client"},
     "tier": {"protocol", "support", "client", "tier"},
     "workers": {"protocol", "support", "client", "workers"},
-    "shell": {"protocol", "support", "client", "tier", "workers", "shell", "package"},
+    "testing": {"protocol", "support", "client", "tier", "workers", "testing"},
+    "shell": {"protocol", "support", "client", "tier", "workers", "testing", "shell", "package"},
     "package": {"protocol", "client", "shell", "package"},  # scheduler/__init__.py, __main__.py
 }
 
@@ -43,7 +49,7 @@ def layer_of(module: str) -> str:
     sub = parts[1]
     if sub in ("coord", "metrics", "runtime"):
         return "support"
-    if sub in ("protocol", "client", "tier", "shell"):
+    if sub in ("protocol", "client", "tier", "testing", "shell"):
         return sub
     raise AssertionError(f"module {module} is in no layer: add it to tests/unit/test_architecture.py")
 
@@ -100,6 +106,15 @@ def test_every_layer_imports_only_the_layers_below_it() -> None:
     assert not bad, "imports against the layering:\n" + "\n".join(bad)
 
 
+def test_benchmarks_do_not_import_the_tests() -> None:
+    bad = []
+    for path in sorted((ROOT / "bench").glob("*.py")):
+        for target, _names, line in imports_of("bench." + path.stem, path):
+            if target.split(".")[0] == "tests":
+                bad.append(f"{path.relative_to(ROOT)}:{line}: imports {target}")
+    assert not bad, "bench/ imports from tests/ (move what it needs to scheduler.testing):\n" + "\n".join(bad)
+
+
 def test_tier_and_workers_do_not_import_each_other() -> None:
     # covered by ALLOWED, stated on its own because it is the rule people break first
     assert "workers" not in ALLOWED["tier"] and "tier" not in ALLOWED["workers"]
@@ -140,9 +155,9 @@ def test_module_is_small(module: str, path: Path) -> None:
 
 
 # distribution name -> the import name that proves it is used (plugins: how they are used)
-_IMPORT_NAME = {"redis": "redis", "msgpack": "msgpack", "etcd3aio": "etcd3aio", "prometheus-client": "prometheus_client",
-                "croniter": "croniter", "pytest": "pytest", "hypothesis": "hypothesis", "fakeredis": "fakeredis",
-                "pyyaml": "yaml", "psycopg": "psycopg"}
+_IMPORT_NAME = {"redis": "redis", "msgpack": "msgpack", "etcd3aio": "etcd3aio",
+                "prometheus-client": "prometheus_client", "croniter": "croniter", "pytest": "pytest",
+                "hypothesis": "hypothesis", "fakeredis": "fakeredis", "pyyaml": "yaml", "psycopg": "psycopg"}
 # used without an import: pytest plugins and command-line tools
 _USED_OTHERWISE = {
     "pytest-asyncio": lambda: 'asyncio_mode = "auto"' in (ROOT / "pyproject.toml").read_text(),

@@ -11,7 +11,8 @@ import pytest
 from scheduler.shell.cli import build_parser
 from workers import Job, PermanentError, Retry, Worker, WorkerStats
 from workers.cli import load_worker
-from workers.worker import CLAIM_CHUNK, _type_name
+from workers.planner import CLAIM_CHUNK, ClaimPlanner
+from workers.runner import type_name as _type_name
 
 
 def test_retry_delay_forms() -> None:
@@ -67,36 +68,28 @@ def test_handler_registration() -> None:
         w.handler("q", timeout=0)
 
 
-def _planner(queues: list[str], partitions: int, concurrency: int) -> Worker:
-    w = Worker(queues=queues, concurrency=concurrency)
-    w._init_state(queues)
-    w._P = partitions
-    return w
-
-
 def test_plan_never_exceeds_free_slots_and_probes_unknown_partitions_one_job_each() -> None:
-    w = _planner(["default"], 16, 16)
-    w._mark_all()
-    plan = w._plan()
+    planner = ClaimPlanner(["default"], 16)
+    planner.mark_all()
+    plan = planner.plan(16)
     assert [n for *_, n, _ in plan] == [1] * 16  # unknown depth: one each, all partitions at once
-    w._free = 5
-    assert sum(n for *_, n, _ in w._plan()) == 5
+    assert sum(n for *_, n, _ in planner.plan(5)) == 5
 
 
 def test_plan_splits_free_slots_over_few_notified_partitions() -> None:
-    w = _planner(["default"], 16, 16)
-    w._notify("default", 3)
-    w._notify("default", 9)
-    assert sorted((p, n) for _, p, n, _ in w._plan()) == [(3, 8), (9, 8)]
+    planner = ClaimPlanner(["default"], 16)
+    planner.notify("default", 3)
+    planner.notify("default", 9)
+    assert sorted((p, n) for _, p, n, _ in planner.plan(16)) == [(3, 8), (9, 8)]
 
 
 def test_plan_gives_busy_partitions_big_batches_and_rotates_fairly() -> None:
-    w = _planner(["default"], 16, 16)
-    w._mark_all()
-    w._hot["default"] = set(range(16))
+    planner = ClaimPlanner(["default"], 16)
+    planner.mark_all()
+    planner.hot["default"] = set(range(16))
     served: Counter[int] = Counter()
     for _ in range(32):
-        plan = w._plan()
+        plan = planner.plan(16)
         assert sum(n for _, _, n, _ in plan) == 16
         assert all(n <= CLAIM_CHUNK for _, _, n, _ in plan)
         for _, p, n, _ in plan:
@@ -106,23 +99,23 @@ def test_plan_gives_busy_partitions_big_batches_and_rotates_fairly() -> None:
 
 
 def test_plan_interleaves_queues() -> None:
-    w = _planner(["a", "b"], 4, 4)
+    planner = ClaimPlanner(["a", "b"], 4)
     for q in ("a", "b"):
         for p in range(4):
-            w._notify(q, p)
+            planner.notify(q, p)
     firsts = Counter()
     for _ in range(10):
-        plan = w._plan()
+        plan = planner.plan(4)
         assert Counter(q for q, *_ in plan) == {"a": 2, "b": 2}  # cold: one job per candidate, alternating
         firsts[plan[0][0]] += 1
     assert firsts == {"a": 5, "b": 5}  # queue order rotates too
 
 
 def test_notify_ignores_unknown_queue_and_partition() -> None:
-    w = _planner(["a"], 4, 4)
-    w._notify("zzz", 1)
-    w._notify("a", 99)
-    assert w._cands == {"a": {}}
+    planner = ClaimPlanner(["a"], 4)
+    planner.notify("zzz", 1)
+    planner.notify("a", 99)
+    assert planner.candidates == {"a": {}}
 
 
 def test_stats_sum_and_names() -> None:

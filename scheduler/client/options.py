@@ -1,0 +1,81 @@
+"""The settings both clients share: what the constructor checks, how calls are retried, how
+durable a write must be before ``schedule`` returns."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..protocol import config
+from ..protocol import durability as dur
+from ..protocol.calls import Calls, tombstone_ms
+from ..protocol.keys import Keyspace
+from ..protocol.transport import DEFAULT_RETRY, RetryPolicy
+
+UNSET: Any = object()
+"""Default of ``durable=`` on ``schedule``/``schedule_many``: the client's own setting (None is a
+setting: no durability wait)."""
+
+
+def payload_limit(max_payload_bytes: object) -> int:
+    """The largest payload accepted, checked."""
+    if isinstance(max_payload_bytes, bool) or not isinstance(max_payload_bytes, int) or max_payload_bytes < 1:
+        raise ValueError(f"max_payload_bytes must be a positive int, got {max_payload_bytes!r}")
+    return max_payload_bytes
+
+
+def socket_timeout(redis_client: Any) -> float | None:
+    """The redis-py client's socket timeout (seconds), None when it has none."""
+    pool = getattr(redis_client, "connection_pool", None)
+    t = getattr(pool, "connection_kwargs", {}).get("socket_timeout") if pool is not None else None
+    return float(t) if isinstance(t, (int, float)) else None
+
+
+class ClientOptions:
+    """Checked constructor arguments of a client: the namespace, transport and durability
+    settings, and what its :class:`~scheduler.protocol.calls.Calls` is built from once the
+    partition count is read (:meth:`partition_commands`, :meth:`calls`)."""
+
+    def __init__(self, *, namespace: str | None, partitions: int | None, max_payload_bytes: int,
+                 tombstone_ttl: float, retry: RetryPolicy | None, durable: str | None, durable_replicas: int,
+                 durable_timeout: float, socket_timeout: float | None = None) -> None:
+        self.namespace = config.namespace(namespace)
+        self.partitions = config.partitions(partitions)
+        self.max_payload_bytes = payload_limit(max_payload_bytes)
+        self.tombstone_ttl = tombstone_ttl
+        tomb_ms = tombstone_ms(tombstone_ttl)
+        self.retry = retry or DEFAULT_RETRY
+        self.durable_replicas = durable_replicas
+        self.durable_timeout = durable_timeout
+        self.socket_timeout = socket_timeout
+        self.durable = self._check(dur.resolve(durable, durable_replicas, durable_timeout))
+        # A re-sent schedule recognises its jobs by id, finished ones by their tombstone: re-send
+        # only while tombstones outlive the retry window by a wide margin.
+        self.resend_schedule = tomb_ms >= 2000 * self.retry.budget
+        self.waitaof_checked = False  # durable="fsync": the server was checked for WAITAOF once
+
+    def partition_commands(self, pipe: Any) -> None:
+        """Queue on a pipeline: store the partition count of a new namespace (the one asked for, or
+        the default), then read the namespace's count. Safe to send again."""
+        cfg = Keyspace(self.namespace, 1).config_key
+        pipe.hsetnx(cfg, "partitions", self.partitions or config.DEFAULT_PARTITIONS)
+        pipe.hget(cfg, "partitions")
+
+    def calls(self, replies: list[Any]) -> Calls:
+        """The namespace's call builder from the replies of :meth:`partition_commands`;
+        ConfigError when the stored count differs from an explicit ``partitions``."""
+        count = config.resolve_partitions(replies[1], self.partitions, self.namespace)
+        return Calls(Keyspace(self.namespace, count), max_payload_bytes=self.max_payload_bytes,
+                     tombstone_ttl=self.tombstone_ttl)
+
+    def _check(self, d: dur.Durability | None) -> dur.Durability | None:
+        t = self.socket_timeout
+        if d is not None and t is not None and d.timeout_ms >= t * 1000:
+            raise ValueError(f"durable_timeout ({d.timeout_ms / 1000:g} s) must be shorter than the Redis socket "
+                             f"timeout ({t:g} s), or every WAIT that runs out would look like a lost connection; "
+                             "lower durable_timeout or raise socket_timeout")
+        return d
+
+    def durability(self, durable: Any) -> dur.Durability | None:
+        """The durability of one call: ``durable`` as given, or the client's (``UNSET``)."""
+        if durable is UNSET:
+            return self.durable
+        return self._check(dur.resolve(durable, self.durable_replicas, self.durable_timeout))

@@ -1,0 +1,333 @@
+"""The blocking producer client, :class:`Client` (redis-py)."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, Unpack
+
+import redis
+
+from ..protocol import codec, config
+from ..protocol import durability as dur
+from ..protocol.calls import Calls, id_list
+from ..protocol.codes import Outcome, cancel_outcome, cron_removed, purge_outcome, requeue_outcomes, reschedule_outcome
+from ..protocol.connection import sync_redis
+from ..protocol.cron import CronInfo
+from ..protocol.keys import Keyspace
+from ..protocol.models import JobInfo, JobState
+from ..protocol.options import JobOptionFields, JobOptions, with_overrides
+from ..protocol.replies import merge_stats, parse_stats
+from ..protocol.timeutil import to_ms
+from ..protocol.transport import NO_RETRY, TRANSIENT, RetryPolicy, ScriptTransport
+from .options import UNSET, ClientOptions, socket_timeout
+from .settings import (
+    DEFAULT_QUEUE_IDLE,
+    QUEUE_IDLE_FIELD,
+    config_commands,
+    no_rate_limit_fields,
+    parse_dead_retention,
+    parse_queue_idle,
+    parse_rate_limits,
+    queue_idle_field,
+    rate_limit_fields,
+    retention_fields,
+)
+
+
+class Client:
+    """Blocking producer client. Thread-safe (redis-py connection pool).
+
+    The constructor sends nothing: the namespace's partition count is read (and fixed, for a new
+    namespace) on first use or by :meth:`connect`, where a mismatch with an explicit
+    ``partitions`` raises :class:`~scheduler.ConfigError`.
+
+    ``cancel``, ``reschedule``, ``requeue`` and ``purge`` return an :class:`~scheduler.Outcome`:
+    truthy only when the job was changed, else the member that says why not (not found, running,
+    dead, not dead, a cron's occurrence). They raise only for bad input (a malformed id) and
+    Redis errors.
+    """
+
+    def __init__(self, redis_client: redis.Redis, *, namespace: str | None = None, partitions: int | None = None,
+                 max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD, tombstone_ttl: float = 3600.0,
+                 retry: RetryPolicy | None = None, durable: str | None = None, durable_replicas: int = 1,
+                 durable_timeout: float = 1.0) -> None:
+        """``namespace`` (default ZSCHED_NAMESPACE or ``zsched``); ``partitions``: expected count
+        (default: the namespace's, 16 for a new one). ``max_payload_bytes``: largest payload
+        accepted. ``tombstone_ttl``: seconds a finished job stays visible to ``get()``.
+        ``retry``: how long and how often calls are retried when Redis is unreachable or a reply
+        is lost (default: :data:`~scheduler.protocol.transport.DEFAULT_RETRY`, up to 10 s).
+        ``durable``: default durability of ``schedule``/``schedule_many`` (None, ``"replica"``,
+        ``"fsync"``), waiting for ``durable_replicas`` replicas up to ``durable_timeout`` seconds.
+        Every argument is checked here; nothing is sent to Redis."""
+        self.redis = redis_client
+        self._opts = ClientOptions(namespace=namespace, partitions=partitions, max_payload_bytes=max_payload_bytes,
+                                   tombstone_ttl=tombstone_ttl, retry=retry, durable=durable,
+                                   durable_replicas=durable_replicas, durable_timeout=durable_timeout,
+                                   socket_timeout=socket_timeout(redis_client))
+        self.transport = ScriptTransport(redis_client, self._opts.retry)
+        self._calls: Calls | None = None
+        self._connecting = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str | None = None, *, redis_options: dict[str, Any] | None = None,
+                 **kwargs: Any) -> Client:
+        """A client for a URL (default ZSCHED_REDIS_URL): ``redis://``, ``rediss://`` (TLS),
+        ``unix://`` or ``redis+sentinel://host:port[,host:port...]/MASTER[/db]`` (see
+        :mod:`scheduler.protocol.connection`); user:password@ for ACL. ``redis_options``: extra
+        redis-py connection arguments (e.g. ``socket_timeout``). Other arguments as for the
+        constructor; nothing is sent yet."""
+        return cls(sync_redis(config.redis_url(url), **(redis_options or {})), **kwargs)
+
+    def connect(self) -> Client:
+        """Read the namespace's partition count (storing the default for a new namespace), in one
+        attempt: a connection error is raised at once. Every other method does this on first use,
+        retried under the client's retry policy like the rest of the call. Idempotent and
+        thread-safe. Raises ConfigError when the count differs from an explicit ``partitions``."""
+        self._connect(NO_RETRY)
+        return self
+
+    def _connect(self, retry: RetryPolicy) -> Calls:
+        with self._connecting:
+            if self._calls is None:
+                delays = retry.delays()
+                while True:
+                    pipe = self.redis.pipeline(transaction=False)
+                    self._opts.partition_commands(pipe)
+                    try:
+                        replies = pipe.execute()
+                        break
+                    except TRANSIENT:
+                        delay = next(delays, None)
+                        if delay is None:
+                            raise
+                        time.sleep(delay)
+                self._calls = self._opts.calls(replies)
+            return self._calls
+
+    @property
+    def calls(self) -> Calls:
+        """The namespace's script call builder and reply parser (connects on first use)."""
+        return self._calls or self._connect(self._opts.retry)
+
+    @property
+    def keyspace(self) -> Keyspace:
+        """The namespace's key layout (connects on first use)."""
+        return self.calls.ks
+
+    def close(self) -> None:
+        """Close the Redis connections."""
+        self.redis.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _durability(self, durable: Any) -> dur.Durability | None:
+        d = self._opts.durability(durable)
+        if d is not None and d.mode == "fsync" and not self._opts.waitaof_checked:
+            dur.require_waitaof(self.redis.info("server"))
+            self._opts.waitaof_checked = True
+        return d
+
+    # -- scheduling -------------------------------------------------------------------------------
+    def schedule(self, at: Any, payload: Any = None, *, key: str | None = None, options: JobOptions | None = None,
+                 durable: str | None = UNSET, **job_options: Unpack[JobOptionFields]) -> str:
+        """Schedule one job; returns its id.
+
+        ``at``: aware datetime, timedelta from now (Redis's clock), or epoch seconds. ``key``:
+        idempotency key; while a job with that key is live, scheduling again returns the existing
+        id and writes nothing. ``options``: a :class:`~scheduler.JobOptions`; the same options as
+        keywords (``queue``, ``max_attempts``, ``lease``, ``misfire``, ``misfire_grace``,
+        ``backoff``, ``jitter``) override it field by field. ``durable``: ``"replica"`` (wait
+        until ``durable_replicas`` replicas have the job) or ``"fsync"`` (wait for the master's
+        AOF fsync, Redis 7.2+); default: the client's setting.
+
+        Raises :class:`~scheduler.protocol.errors.DurabilityTimeout` (with the id) when that is not
+        confirmed in time: the job may exist; :class:`~scheduler.protocol.errors.MisfiredAtSchedule`
+        when a ``misfire="skip"`` job was already past its grace. A call whose reply is lost
+        (timeout, dropped connection) is re-sent under the client's retry policy; the script makes
+        the re-send idempotent, so a job is never created twice."""
+        calls = self._calls or self.calls
+        call = calls.prepare_one(at, payload, key, with_overrides(options, job_options))
+        d = self._durability(durable)
+        if d is None and self._opts.resend_schedule:
+            return calls.one_id(self.transport.call(*call))
+        replies = self.transport.call_many([call], resend=self._opts.resend_schedule, then=d.command() if d else None)
+        job_id = calls.one_id(replies[0])
+        if d is not None:
+            d.check(replies[1], [job_id])
+        return job_id
+
+    def schedule_many(self, jobs: Iterable[Sequence[Any]], *, options: JobOptions | None = None,
+                      durable: str | None = UNSET, **job_options: Unpack[JobOptionFields]) -> list[str]:
+        """Schedule many ``(at, payload)`` or ``(at, payload, key)`` jobs in one pipelined round trip
+        (one script call per partition and 1000 jobs); returns ids in input order. Every job is
+        validated before anything is written. ``options``, the option keywords and ``durable``: as
+        for :meth:`schedule` (one WAIT for the whole batch; a DurabilityTimeout or
+        MisfiredAtSchedule carries every id)."""
+        calls = self.calls
+        items = list(jobs)
+        batch, pos = calls.prepare(items, with_overrides(options, job_options))
+        if not batch:
+            return []
+        d = self._durability(durable)
+        replies = self.transport.call_many(batch, resend=self._opts.resend_schedule, then=d.command() if d else None)
+        ids = calls.collect_ids(replies[:len(batch)], pos, len(items))
+        if d is not None:
+            d.check(replies[-1], ids)
+        return ids
+
+    # -- changing a job -----------------------------------------------------------------------------
+    def cancel(self, job_id: str) -> Outcome:
+        """Cancel a scheduled or ready job: ``DONE``; else ``NOT_FOUND`` (unknown or finished),
+        ``RUNNING``, ``DEAD`` (purge it) or ``CRON_OCCURRENCE`` (remove the cron instead), and
+        nothing changed."""
+        return cancel_outcome(self.transport.call(*self.calls.cancel_call(job_id)))
+
+    def reschedule(self, job_id: str, at: Any) -> Outcome:
+        """Move a scheduled or ready job to ``at`` (aware datetime, timedelta from now, epoch
+        seconds): ``DONE``; else ``NOT_FOUND``, ``RUNNING`` or ``DEAD`` (requeue it), and nothing
+        changed."""
+        return reschedule_outcome(self.transport.call(*self.calls.reschedule_call(job_id, to_ms(at))))
+
+    def requeue(self, job_id: str, at: Any = None) -> Outcome:
+        """Bring a dead job back with its attempts reset, now or at ``at``: ``DONE``, or
+        ``NOT_DEAD`` when it is not dead (so a second requeue of the same job does nothing)."""
+        ((call, _pos),) = self.calls.requeue_calls([job_id], None if at is None else to_ms(at))
+        return requeue_outcomes(self.transport.call(*call))[0]
+
+    def purge(self, job_id: str) -> Outcome:
+        """Delete a dead job for good: ``DONE``, or ``NOT_DEAD`` when it is not dead."""
+        return purge_outcome(self.transport.call(*self.calls.purge_call(job_id)))
+
+    # -- reading ----------------------------------------------------------------------------------
+    def get(self, job_id: str) -> JobInfo | None:
+        """The job in whatever state it is (see :class:`~scheduler.JobInfo` for the fields per
+        state), or None if the id is unknown or its tombstone expired."""
+        calls = self.calls
+        return calls.one_info(job_id, self.transport.call(*calls.inspect_call(job_id)))
+
+    def get_many(self, job_ids: Iterable[str]) -> dict[str, JobInfo | None]:
+        """Many jobs in one pipelined round trip (one ``inspect`` call per partition and 500 ids):
+        id -> JobInfo, or None for unknown ids. Every id is checked before anything is sent (a
+        malformed one raises ValueError naming it)."""
+        calls = self.calls
+        ids = id_list(job_ids)
+        batch = calls.inspect_calls(ids)
+        if not batch:
+            return {}
+        return calls.job_infos(ids, self.transport.call_many(batch))
+
+    def jobs(self, *, queue: str, state: str | JobState, limit: int = 100,
+             cursor: str | None = None) -> tuple[list[JobInfo], str | None]:
+        """One page of the jobs of ``queue`` in ``state`` (``scheduled``, ``ready``, ``running`` or
+        ``dead``): returns ``(jobs, next_cursor)``; pass ``next_cursor`` back as ``cursor`` for the
+        next page, until it is None.
+
+        Partitions are walked in order; within one: scheduled jobs by run_at (those held back by
+        a rate limit first), ready jobs in claim order, running by lease deadline, dead by time of
+        death (oldest first). Nothing is loaded whole: each script call examines a bounded number
+        of entries (timers of every queue share one set per partition), so a page may hold fewer
+        than ``limit`` jobs, even none, while ``next_cursor`` is not None: keep paging. A job that
+        stays in its state is listed exactly once; one that moves meanwhile (fired, claimed,
+        retried) may be missed or listed again. ``limit``: 1 to 1000. The cursor is an opaque
+        string, checked on input (ValueError when it is malformed or belongs to another listing)."""
+        walk = self.calls.list_walk(queue, state, limit, cursor)
+        while (call := walk.next_call()) is not None:
+            walk.take(self.transport.call(*call))
+        return walk.result()
+
+    def dead(self, queue: str | None = None, limit: int = 100) -> list[JobInfo]:
+        """The ``limit`` most recently dead-lettered jobs across partitions (optionally of one
+        queue), newest first."""
+        calls = self.calls
+        return calls.dead_infos(self.transport.call_many(calls.dead_list_calls(queue, limit)), limit)
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Per queue: counts of scheduled, ready, running and dead jobs."""
+        return merge_stats(map(parse_stats, self.transport.call_many(self.calls.stats_calls())))
+
+    # -- cron -------------------------------------------------------------------------------------
+    def add_cron(self, name: str, expression: str, payload: Any = None, *, tz: str = "UTC",
+                 options: JobOptions | None = None, **job_options: Unpack[JobOptionFields]) -> str:
+        """Create or replace a recurring schedule; returns the id of its pending occurrence.
+
+        Each occurrence is an ordinary job (retries, leases, dead-letter) whose idempotency key is
+        ``cron:NAME:NOMINAL_MS``; a cron always has exactly one pending occurrence, and the
+        scheduler tier schedules the next one in the same atomic step that fires the current one.
+        ``tz``: the zone the expression is read in. ``options`` and the option keywords as for
+        :meth:`schedule`: ``misfire`` after an outage: ``run_late`` fires one catch-up run (the
+        handler sees the nominal time and how many were missed, ``job.cron``), ``skip`` drops the
+        missed ones; ``jitter``: each occurrence fires uniformly within [nominal, nominal + jitter]
+        seconds (at most an hour)."""
+        calls = self.calls
+        call = calls.cron_set_call(name, expression, payload, tz, with_overrides(options, job_options))
+        return calls.cron_set_reply(self.transport.call(*call))
+
+    def remove_cron(self, name: str) -> bool:
+        """Delete a cron and cancel its pending occurrence (one already running finishes); False
+        when there is no such cron."""
+        return cron_removed(self.transport.call(*self.calls.cron_remove_call(name)))
+
+    def crons(self) -> list[CronInfo]:
+        """Every cron of the namespace, by name."""
+        calls = self.calls
+        pipe = self.redis.pipeline(transaction=False)
+        calls.cron_list_commands(pipe)
+        names = pipe.execute()
+        pipe = self.redis.pipeline(transaction=False)
+        order = calls.cron_detail_commands(pipe, names)
+        details = pipe.execute() if order else []
+        ids = calls.cron_pending_ids(details)
+        batch = calls.inspect_calls(ids)
+        pending = calls.job_infos(ids, self.transport.call_many(batch) if batch else [])
+        return calls.cron_infos(order, details, pending)
+
+    # -- namespace settings -------------------------------------------------------------------------
+    def set_rate_limit(self, queue: str, per_second: float, burst: float | None = None) -> None:
+        """Limit how fast due jobs of ``queue`` are dispatched (jobs/s, namespace-wide), so a herd
+        drains as a steady stream, oldest first. ``burst``: tokens that may be spent at once
+        (default a quarter second's worth). Takes effect on the scheduler tier within a moment
+        (pub/sub), or 5 s at most."""
+        self._write_config(rate_limit_fields(queue, per_second, burst), "rate")
+
+    def clear_rate_limit(self, queue: str) -> bool:
+        """Remove a queue's rate limit; jobs it held back are released at once. False when the
+        queue had none."""
+        return bool(self._write_config(no_rate_limit_fields(queue), "rate")[0])
+
+    def rate_limits(self) -> dict[str, tuple[float, float]]:
+        """Queue -> (jobs per second, burst)."""
+        return parse_rate_limits(self.redis.hgetall(self.keyspace.config_key))
+
+    def set_dead_retention(self, max_dead: int | None = None, dead_ttl: float | None = None) -> None:
+        """Bound the dead-letter set: keep at most ``max_dead`` dead jobs in the namespace (each of
+        the P partitions keeps ceil(max_dead / P), oldest dropped first) and drop dead jobs older
+        than ``dead_ttl`` seconds; ``None`` lifts that limit. The scheduler tier applies it on
+        every tick; each dropped job is counted (``zsched_jobs_total{event="dropped"}``) and
+        logged with its id by the replica that dropped it."""
+        self._write_config(retention_fields(max_dead, dead_ttl), "dead")
+
+    def dead_retention(self) -> tuple[int | None, float | None]:
+        """(max_dead, dead_ttl seconds) as set with :meth:`set_dead_retention`; None = no limit."""
+        return parse_dead_retention(self.redis.hgetall(self.keyspace.config_key))
+
+    def set_queue_retirement(self, idle: float | None = DEFAULT_QUEUE_IDLE) -> None:
+        """Retire a queue's name (its interned index, gauges and counters) in a partition once the
+        queue is empty there and has seen no job scheduled or finished for ``idle`` seconds
+        (default 1 day; ``None``: never). Each partition interns at most 65535 names, so a
+        namespace that creates queue names over time needs this; a retired name comes back as
+        soon as a job is scheduled to it (its counters then start from 0)."""
+        self._write_config({QUEUE_IDLE_FIELD: queue_idle_field(idle)}, "queues")
+
+    def queue_retirement(self) -> float | None:
+        """Seconds after which an empty, idle queue name is retired; None = never."""
+        return parse_queue_idle(self.redis.hgetall(self.keyspace.config_key))
+
+    def _write_config(self, fields: dict[str, str | None], what: str) -> list[Any]:
+        pipe = self.redis.pipeline(transaction=True)
+        config_commands(pipe, self.keyspace, fields, what)
+        return pipe.execute()

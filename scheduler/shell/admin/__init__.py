@@ -1,0 +1,73 @@
+"""Operator operations behind ``zsched schedule | job | dead | stats``, usable without the command line.
+
+- :mod:`.errors`: what an operation reports when it cannot be done (with the CLI's exit code);
+- :mod:`.inputs`: WHEN / DURATION / payload / job id / queue arguments;
+- :mod:`.jobs`: one job at a time: look up, cancel, reschedule, requeue, purge, list;
+- :mod:`.dead`: the dead-letter runbook at scale: filters, bounded scans, paced requeues, purges;
+- :mod:`.stats`: per-queue and per-partition counts, partition owners from etcd;
+- :mod:`.output`: times, JSON documents and text tables.
+
+Everything goes through the client's public API: its outcome-returning methods, and for batches
+the protocol layer's call builders (``client.calls``) sent through ``client.transport`` (EVALSHA
+with NOSCRIPT recovery), so every state change stays one atomic script.
+"""
+from .dead import (
+    DEFAULT_MASS_RATE,
+    DeadFilter,
+    Pacer,
+    RequeueOutcome,
+    batch_size,
+    count_dead_older,
+    dead_selection,
+    iter_dead,
+    iter_dead_ids,
+    list_dead,
+    purge_older,
+    requeue_stream,
+)
+from .errors import AdminError, BadInput, NotFound, WrongState
+from .inputs import (
+    WHEN_FORMS,
+    parse_duration,
+    parse_job_id,
+    parse_payload,
+    parse_queue,
+    parse_schedule_when,
+    parse_when,
+)
+from .jobs import (
+    cancel_job,
+    get_dead_job,
+    get_job,
+    list_jobs,
+    open_client,
+    purge_one,
+    redis_now_ms,
+    requeue_one,
+    reschedule_job,
+    safe_url,
+)
+from .output import (
+    dead_row_doc,
+    error_doc,
+    error_text,
+    first_line,
+    human_delta,
+    iso,
+    job_doc,
+    job_row_doc,
+    jsonable,
+    stats_doc,
+    table,
+)
+from .stats import PartitionStats, StatsReport, collect_stats, read_owner_records, read_owners
+
+__all__ = [
+    "DEFAULT_MASS_RATE", "WHEN_FORMS", "AdminError", "BadInput", "DeadFilter", "NotFound", "Pacer",
+    "PartitionStats", "RequeueOutcome", "StatsReport", "WrongState", "batch_size", "cancel_job", "collect_stats",
+    "count_dead_older", "dead_row_doc", "dead_selection", "error_doc", "error_text", "first_line", "get_dead_job",
+    "get_job", "human_delta", "iso", "iter_dead", "iter_dead_ids", "job_doc", "job_row_doc", "jsonable",
+    "list_dead", "list_jobs", "open_client", "parse_duration", "parse_job_id", "parse_payload", "parse_queue",
+    "parse_schedule_when", "parse_when", "purge_older", "purge_one", "read_owner_records", "read_owners",
+    "redis_now_ms", "requeue_one", "requeue_stream", "reschedule_job", "safe_url", "stats_doc", "table",
+]

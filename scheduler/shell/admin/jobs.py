@@ -1,0 +1,139 @@
+"""One job at a time, for an operator: open a client, look a job up, cancel, reschedule, requeue
+or purge it, page through a queue. A refusal is a NotFound or WrongState that names the job's
+state and what to do instead."""
+from __future__ import annotations
+
+from ...client import Client
+from ...protocol import config
+from ...protocol.codes import Outcome
+from ...protocol.connection import mask_url, sync_redis
+from ...protocol.keys import Keyspace
+from ...protocol.models import JobInfo, JobState
+from .errors import AdminError, BadInput, NotFound, WrongState
+
+
+def safe_url(url: str) -> str:
+    """A Redis URL with its credentials masked, for messages."""
+    return mask_url(url)
+
+
+def open_client(url: str | None, namespace: str | None, *, create: bool = False) -> Client:
+    """Connect for an operator command.
+
+    With ``create=False`` (every command but ``schedule``) a namespace that does not exist in Redis
+    is an error (NotFound) instead of being created on the fly, so a typo in ``--namespace`` does
+    not show an empty, healthy-looking system.
+    """
+    u = config.redis_url(url)
+    ns = config.namespace(namespace)
+    r = sync_redis(u, socket_connect_timeout=5, socket_timeout=60)
+    try:
+        if not create and not r.exists(Keyspace(ns, 1).config_key):
+            raise NotFound(f"namespace {ns!r} does not exist at {safe_url(u)} (nothing was ever scheduled in it); "
+                           "check --namespace / ZSCHED_NAMESPACE and --redis / ZSCHED_REDIS_URL")
+        return Client(r, namespace=ns).connect()
+    except BaseException:
+        r.close()
+        raise
+
+
+def redis_now_ms(client: Client) -> int:
+    """The Redis server clock (the clock the scripts stamp deaths and leases with)."""
+    secs, usecs = client.redis.time()
+    return int(secs) * 1000 + int(usecs) // 1000
+
+
+def _not_found(client: Client, job_id: str) -> NotFound:
+    return NotFound(f"job {job_id} not found in namespace {client.keyspace.namespace!r} "
+                    "(unknown id, or it finished and its tombstone expired)")
+
+
+def get_job(client: Client, job_id: str) -> JobInfo:
+    """The job, or NotFound (unknown id, or a finished job whose tombstone expired)."""
+    info = client.get(job_id)
+    if info is None:
+        raise _not_found(client, job_id)
+    return info
+
+
+def _refused(client: Client, job_id: str, outcome: Outcome, action: str, done: str, allowed: str,
+             hints: dict[JobState, str]) -> AdminError:
+    """Explain why ``action`` was refused. When the outcome does not name the job's state (it was
+    not found live, or is not dead), the job is inspected once more to name it."""
+    state = outcome.state
+    if state is None:
+        info = client.get(job_id)
+        if info is None:
+            return _not_found(client, job_id)
+        state = info.state
+    hint = hints.get(state, "")
+    return WrongState(f"cannot {action} job {job_id}: it is {state.value}; only {allowed} jobs can be "
+                      f"{done}{'; ' + hint if hint else ''}", state)
+
+
+def cancel_job(client: Client, job_id: str) -> None:
+    """Cancel a scheduled or ready job; WrongState/NotFound say why not."""
+    outcome = client.cancel(job_id)
+    if outcome:
+        return
+    if outcome is Outcome.CRON_OCCURRENCE:
+        info = get_job(client, job_id)
+        name = (info.key or "cron:?:").split(":")[1]
+        raise WrongState(f"cannot cancel job {job_id}: it is the pending occurrence of cron {name!r}, and a cron "
+                         f"always has exactly one; remove or replace the cron instead (zsched cron remove {name})",
+                         info.state)
+    raise _refused(client, job_id, outcome, "cancel", "cancelled", "scheduled or ready", {
+        JobState.RUNNING: Outcome.RUNNING.message,
+        JobState.DEAD: f"delete it with: zsched dead purge {job_id}",
+    })
+
+
+def reschedule_job(client: Client, job_id: str, at_ms: int) -> JobInfo:
+    """Move a scheduled or ready job to ``at_ms``; returns the job as it is now."""
+    outcome = client.reschedule(job_id, at_ms / 1000)
+    if not outcome:
+        raise _refused(client, job_id, outcome, "reschedule", "rescheduled", "scheduled or ready", {
+            JobState.RUNNING: Outcome.RUNNING.message,
+            JobState.DEAD: f"bring it back with: zsched dead requeue {job_id} --at WHEN",
+        })
+    return get_job(client, job_id)
+
+
+def get_dead_job(client: Client, job_id: str) -> JobInfo:
+    """The job if it is dead; WrongState naming its state if not, NotFound if unknown."""
+    info = get_job(client, job_id)
+    if info.state is not JobState.DEAD:
+        raise WrongState(f"job {job_id} is not dead: it is {info.state.value} (see: zsched job show {job_id})",
+                         info.state)
+    return info
+
+
+def requeue_one(client: Client, job_id: str, at_ms: int | None = None) -> tuple[bool, JobInfo]:
+    """Requeue one dead job (now, or at ``at_ms``). Returns (requeued, job after).
+
+    ``requeued`` is False when the job exists but is not dead (already requeued, or never died):
+    nothing was changed, which is what makes requeuing idempotent. Unknown ids raise NotFound.
+    """
+    outcome = client.requeue(job_id, at_ms / 1000 if at_ms else None)
+    return bool(outcome), get_job(client, job_id)
+
+
+def purge_one(client: Client, job_id: str) -> None:
+    """Delete one dead job for good; WrongState/NotFound say why not."""
+    outcome = client.purge(job_id)
+    if outcome:
+        return
+    raise _refused(client, job_id, outcome, "purge", "purged", "dead", {
+        JobState.SCHEDULED: f"to drop it use: zsched job cancel {job_id}",
+        JobState.READY: f"to drop it use: zsched job cancel {job_id}",
+    })
+
+
+def list_jobs(client: Client, queue: str, state: str, limit: int = 50,
+              cursor: str | None = None) -> tuple[list[JobInfo], str | None]:
+    """One page of a queue's jobs in one state (``client.jobs``): (jobs, next cursor or None).
+    A malformed cursor, or one of another listing, is BadInput."""
+    try:
+        return client.jobs(queue=queue, state=state, limit=limit, cursor=cursor)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None

@@ -1,0 +1,147 @@
+"""How operator output looks: times, durations, JSON-safe payloads, the JSON documents of jobs and
+stats, and aligned text tables."""
+from __future__ import annotations
+
+import base64
+import json
+import math
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from ...protocol.models import JobError, JobInfo
+from .stats import StatsReport
+
+
+def error_text(err: JobError | None) -> str:
+    """The whole last error as one string: ``type: message`` then the traceback."""
+    if err is None:
+        return ""
+    return f"{err}\n{err.traceback}" if err.traceback else str(err)
+
+
+def first_line(text: str, width: int | None = None) -> str:
+    """The first line of ``text``, cut to ``width`` characters with ``...``."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    if width is not None and len(line) > width:
+        line = line[: width - 3] + "..."
+    return line
+
+
+
+def iso(value: datetime | int | float | None) -> str | None:
+    """UTC ISO-8601 with milliseconds and ``Z``; accepts a datetime or epoch ms."""
+    if value is None:
+        return None
+    dt = value if isinstance(value, datetime) else datetime.fromtimestamp(value / 1000.0, tz=UTC)
+    return dt.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def human_delta(seconds: float) -> str:
+    """``in 3h59m`` / ``2m10s ago`` / ``now``."""
+    s = abs(seconds)
+    if s < 1:
+        return "now"
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if s >= size:
+            n = int(s // size)
+            parts.append(f"{n}{unit}")
+            s -= n * size
+        if len(parts) == 2:
+            break
+    text = "".join(parts)
+    return f"in {text}" if seconds > 0 else f"{text} ago"
+
+
+def jsonable(value: Any) -> Any:
+    """Make a payload JSON-safe: bytes become ``{"$base64": ...}``, datetimes ISO strings, map keys
+    strings, tuples lists."""
+    if isinstance(value, dict):
+        return {(k if isinstance(k, str) else json.dumps(jsonable(k)) if not isinstance(k, (int, float, bool))
+                 or k is None else str(k)): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"$base64": base64.b64encode(bytes(value)).decode()}
+    if isinstance(value, datetime):
+        return iso(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+def error_doc(err: JobError | None) -> dict[str, Any] | None:
+    if err is None:
+        return None
+    return {"at": iso(err.at), "type": err.type, "message": err.message, "traceback": err.traceback}
+
+
+def job_doc(info: JobInfo) -> dict[str, Any]:
+    """A job as a JSON-ready dict (``zsched job show --json``)."""
+    return {
+        "id": info.id, "state": info.state.value, "queue": info.queue, "key": info.key,
+        "run_at": iso(info.run_at), "attempts": info.attempts, "max_attempts": info.max_attempts,
+        "created": iso(info.created), "lease_deadline": iso(info.lease_deadline), "fence": info.fence,
+        "died_at": iso(info.died_at), "finished_at": iso(info.finished_at), "expires_at": iso(info.expires_at),
+        "last_error": error_doc(info.last_error), "payload": jsonable(info.payload),
+    }
+
+
+def job_row_doc(info: JobInfo) -> dict[str, Any]:
+    """A job as one row of ``zsched job list --json``: every field of :func:`job_doc` but the
+    payload and the traceback."""
+    doc = job_doc(info)
+    del doc["payload"]
+    if doc["last_error"] is not None:
+        del doc["last_error"]["traceback"]
+    return doc
+
+
+def dead_row_doc(info: JobInfo) -> dict[str, Any]:
+    """A dead job as one row of a listing (``zsched dead list --json``)."""
+    return {"id": info.id, "queue": info.queue, "attempts": info.attempts, "max_attempts": info.max_attempts,
+            "died_at": iso(info.died_at), "error_type": info.last_error.type if info.last_error else None,
+            "error": first_line(str(info.last_error)) if info.last_error else None}
+
+
+def stats_doc(rep: StatsReport) -> dict[str, Any]:
+    return {
+        "namespace": rep.namespace,
+        "now": iso(rep.now_ms),
+        "partition_count": len(rep.partitions),
+        "queues": rep.queues,
+        "totals": rep.totals,
+        "owners_source": rep.owners_source,
+        "owners_error": rep.owners_error,
+        "partitions": [
+            {"partition": ps.partition, "owner": ps.owner, "epoch": ps.epoch,
+             "earliest_due": iso(ps.earliest_due_ms), "earliest_due_ms": ps.earliest_due_ms,
+             "scheduled": ps.scheduled, "ready": ps.ready, "running": ps.running, "dead": ps.dead}
+            for ps in rep.partitions
+        ],
+    }
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, right: Iterable[int] = ()) -> str:
+    """An aligned text table: columns separated by two spaces, ``right`` columns right-aligned,
+    the last column not padded."""
+    cells = [[("-" if c is None else str(c)) for c in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, c in enumerate(row):
+            widths[i] = max(widths[i], len(c))
+    ralign = set(right)
+
+    def fmt(row: Sequence[str]) -> str:
+        out = []
+        for i, c in enumerate(row):
+            if i == len(row) - 1 and i not in ralign:
+                out.append(c)
+            else:
+                out.append(c.rjust(widths[i]) if i in ralign else c.ljust(widths[i]))
+        return "  ".join(out).rstrip()
+
+    return "\n".join([fmt(list(headers))] + [fmt(r) for r in cells])

@@ -1,0 +1,96 @@
+"""``zsched stats``: per-queue and per-partition counts from the ``stats`` script, and the partition
+owners from etcd."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from ...client import Client
+from ...protocol.replies import merge_stats, parse_stats
+from .jobs import redis_now_ms
+
+_STATES = ("scheduled", "ready", "running", "dead")
+
+
+@dataclass
+class PartitionStats:
+    """One partition: owner replica (None: unknown or none), epoch, earliest due timer, counts."""
+
+    partition: int
+    owner: str | None
+    epoch: int
+    earliest_due_ms: int | None
+    scheduled: int = 0
+    ready: int = 0
+    running: int = 0
+    dead: int = 0
+
+
+@dataclass
+class StatsReport:
+    """The whole report: per-queue counts, per-partition rows, and where the owners came from."""
+
+    namespace: str
+    now_ms: int
+    queues: dict[str, dict[str, int]]
+    partitions: list[PartitionStats]
+    owners_source: str          # "etcd", "unavailable" (etcd did not answer) or "not configured"
+    owners_error: str | None = None
+    etcd_endpoints: str | None = None
+    totals: dict[str, int] = field(default_factory=dict)
+
+
+def read_owner_records(endpoints: str, namespace: str, *, timeout: float = 1.5) -> dict[int, tuple[str, int]]:
+    """Partition -> (replica id, create revision = the owner's epoch) from etcd (keys
+    ``/zsched/NS/owners/P``). Raises on any failure (unreachable, timeout, auth); bounded by about
+    ``2 * timeout`` seconds in total."""
+    from ...coord import EtcdCoordinator  # grpc loads only for the commands that talk to etcd
+
+    async def run() -> dict[int, tuple[str, int]]:
+        coord = EtcdCoordinator.from_endpoints(endpoints, timeout=timeout)
+        try:
+            await coord.connect(timeout=timeout)
+            prefix = f"/zsched/{namespace}/owners/"
+            kvs, _rev = await coord.get_prefix(prefix, timeout=timeout)
+        finally:
+            await coord.close()
+        out: dict[int, tuple[str, int]] = {}
+        for kv in kvs:
+            rest = kv.key[len(prefix):]
+            if rest.isdigit():
+                out[int(rest)] = (kv.value.decode("utf-8", "replace"), kv.create_revision)
+        return out
+
+    async def bounded() -> dict[int, tuple[str, int]]:
+        return await asyncio.wait_for(run(), timeout * 2 + 0.5)
+
+    return asyncio.run(bounded())
+
+
+def read_owners(endpoints: str, namespace: str, *, timeout: float = 1.5) -> dict[int, str]:
+    """Partition -> replica id from etcd; see :func:`read_owner_records`."""
+    return {p: rec[0] for p, rec in read_owner_records(endpoints, namespace, timeout=timeout).items()}
+
+
+def collect_stats(client: Client, *, etcd_endpoints: str | None = None, etcd_timeout: float = 1.5) -> StatsReport:
+    """Per-queue and per-partition counts (the ``stats`` script on every partition, one round
+    trip), earliest due timer per partition, and partition owners from etcd when endpoints are
+    given. An unreachable etcd does not fail the report: ``owners_source`` is ``unavailable``."""
+    replies = [parse_stats(r) for r in client.transport.call_many(client.calls.stats_calls())]
+    now = redis_now_ms(client)
+    owners: dict[int, str] = {}
+    source, err = "not configured", None
+    if etcd_endpoints:
+        try:
+            owners = read_owners(etcd_endpoints, client.keyspace.namespace, timeout=etcd_timeout)
+            source = "etcd"
+        except Exception as exc:  # noqa: BLE001 - any etcd failure degrades to "unknown"
+            source, err = "unavailable", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    out: list[PartitionStats] = []
+    for p, stats in enumerate(replies):
+        per_queue = stats.queues().values()
+        counts = {s: sum(q[s] for q in per_queue) for s in _STATES}
+        out.append(PartitionStats(p, owners.get(p), stats.epoch, stats.earliest_due_ms, **counts))
+    totals = {s: sum(getattr(ps, s) for ps in out) for s in _STATES}
+    return StatsReport(client.keyspace.namespace, now, merge_stats(replies), out, source, err, etcd_endpoints,
+                       totals)

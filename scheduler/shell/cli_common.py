@@ -1,0 +1,210 @@
+"""What every operator subcommand shares: options, argument types, error format, exit codes, output.
+
+The operator subcommands (``schedule``, ``job``, ``dead``, ``stats``, ``cron``, ``epochs``) are thin
+argparse layers over :mod:`scheduler.shell.admin`. Each takes ``--redis``, ``--namespace`` and
+``--json`` (:func:`common_options`); argparse's own errors look like ours (:func:`patch_errors`);
+and :func:`runner` connects, runs the command and maps the conditions an operator can cause to one
+line on stderr (``zsched: error: ...``) and an exit code: :data:`EXIT_OK` 0 ok,
+:data:`EXIT_NOT_FOUND` 1 not found (unknown job or namespace, or a job whose state does not allow
+the operation), :data:`EXIT_BAD_INPUT` 2 bad input, :data:`EXIT_UNAVAILABLE` 3 Redis unreachable
+or refusing. Anything else is a bug and keeps its traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, NoReturn, TextIO, TypeAlias
+
+import redis
+
+from ..client import Client
+from ..protocol import config
+from . import admin
+from .admin import AdminError, BadInput
+
+EXIT_OK, EXIT_NOT_FOUND, EXIT_BAD_INPUT, EXIT_UNAVAILABLE = 0, 1, 2, 3
+
+Handler = Callable[[Client, argparse.Namespace], int | None]
+"""A subcommand's body: gets a connected client and the parsed arguments, returns the exit code
+(None: 0) or raises :class:`~scheduler.shell.admin.AdminError`."""
+
+SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+"""What ``add_subparsers`` returns: where a module registers its subcommands."""
+
+WHEN_HELP = ("ISO-8601 with a zone (2026-12-01T09:00:00+01:00, ...Z), +DURATION from now "
+             "(+90s, +4h, +1d2h30m), 'now', or epoch seconds")
+EPILOG = ("exit codes: 0 ok, 1 not found (unknown job/namespace, or a state that does not allow it), "
+          "2 bad input, 3 Redis unreachable or refusing")
+
+
+# ------------------------------------------------------------------------- argument types
+
+
+def argtype(fn: Callable[[str], Any]) -> Callable[[str], Any]:
+    """Turn an admin parser (raising BadInput) into an argparse type (ArgumentTypeError), so a
+    bad argument is refused before anything connects."""
+
+    def conv(text: str) -> Any:
+        try:
+            return fn(text)
+        except BadInput as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    conv.__name__ = fn.__name__.replace("parse_", "")
+    return conv
+
+
+when_arg = argtype(admin.parse_when)
+schedule_when_arg = argtype(admin.parse_schedule_when)
+duration_arg = argtype(lambda t: admin.parse_duration(t, name="DURATION"))
+payload_arg = argtype(admin.parse_payload)
+job_id_arg = argtype(admin.parse_job_id)
+queue_arg = argtype(admin.parse_queue)
+
+
+def number(kind: str, lo: float, hi: float, *, integer: bool = False) -> Callable[[str], Any]:
+    """An argparse type for a finite number from ``lo`` to ``hi`` (an int with ``integer``);
+    ``kind`` names it in the message (``expected seconds from 0.1 to 60, got 'x'``)."""
+
+    def conv(text: str) -> Any:
+        try:
+            v: float = int(text) if integer else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
+        if not (math.isfinite(v) and lo <= v <= hi):
+            raise argparse.ArgumentTypeError(f"expected {kind} from {lo:g} to {hi:g}, got {text!r}")
+        return v
+
+    conv.__name__ = kind
+    return conv
+
+
+# ------------------------------------------------------------------------------- parsers
+
+
+def _usage_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    parser.print_usage(sys.stderr)
+    parser.exit(EXIT_BAD_INPUT, f"zsched: error: {message} (see: {parser.prog} --help)\n")
+
+
+def patch_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Make argparse's own errors look like ours (``zsched: error:``, a pointer to ``--help``,
+    exit 2); returns ``parser``."""
+    # Per instance rather than a parser class: the subcommands of other modules (scheduler,
+    # worker, dev) share the top-level subparsers and keep argparse's plain format.
+    parser.error = functools.partial(_usage_error, parser)  # type: ignore[method-assign]
+    return parser
+
+
+def common_options() -> argparse.ArgumentParser:
+    """A parent parser with ``--redis``, ``--namespace`` and ``--json``."""
+    c = argparse.ArgumentParser(add_help=False)
+    g = c.add_argument_group("connection and output")
+    g.add_argument("--redis", metavar="URL", help="Redis URL (env ZSCHED_REDIS_URL, default redis://127.0.0.1:6379/0)")
+    g.add_argument("--namespace", metavar="NS", help="namespace (env ZSCHED_NAMESPACE, default zsched)")
+    g.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    return c
+
+
+class Commands:
+    """Registers operator subcommands on ``sub`` with the shared options, epilog and error format."""
+
+    def __init__(self, sub: SubParsers, *, epilog: str = EPILOG) -> None:
+        self.sub = sub
+        self.epilog = epilog
+        self.common = common_options()
+
+    def group(self, name: str, **kw: Any) -> SubParsers:
+        """A command with actions (``zsched NAME ACTION``); returns where the actions go."""
+        p = patch_errors(self.sub.add_parser(name, **kw))
+        return p.add_subparsers(dest=f"{name}_action", metavar="ACTION", required=True)
+
+    def leaf(self, parent: SubParsers, name: str, handler: Handler, *, create: bool = False,
+             precheck: Callable[[argparse.Namespace], None] | None = None, **kw: Any) -> argparse.ArgumentParser:
+        """A runnable (sub)command under ``parent`` (``self.sub`` or a :meth:`group`); see :func:`runner`
+        for ``create`` and ``precheck``. Returns its parser for the command's own arguments."""
+        p = patch_errors(parent.add_parser(name, parents=[self.common], epilog=self.epilog, **kw))
+        p.set_defaults(func=runner(handler, create=create, precheck=precheck))
+        return p
+
+
+# --------------------------------------------------------------------------------- runner
+
+
+def fail(message: str) -> None:
+    """Print ``zsched: error: message`` on stderr."""
+    print(f"zsched: error: {message}", file=sys.stderr)
+
+
+def warn(message: str) -> None:
+    """Print ``zsched: warning: message`` on stderr."""
+    print(f"zsched: warning: {message}", file=sys.stderr)
+
+
+def runner(handler: Handler, *, create: bool,
+           precheck: Callable[[argparse.Namespace], None] | None = None) -> Callable[[argparse.Namespace], int]:
+    """The ``func`` of a subcommand: run ``precheck(args)`` (refuses contradictory arguments with
+    BadInput before connecting, so the operator learns what to fix even when Redis is down),
+    connect (``create``: may create the namespace; otherwise an unknown one is NotFound), run the
+    handler, close. Known conditions print one line and return their exit code; anything else
+    propagates with its traceback."""
+
+    def run(args: argparse.Namespace) -> int:
+        client: Client | None = None
+        try:
+            if precheck is not None:
+                precheck(args)
+            client = admin.open_client(args.redis, args.namespace, create=create)
+            return int(handler(client, args) or 0)
+        except AdminError as exc:
+            fail(str(exc))
+            return exc.exit_code
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            url = admin.safe_url(config.redis_url(args.redis))
+            fail(f"cannot reach Redis at {url}: {exc} (check --redis / ZSCHED_REDIS_URL)")
+            return EXIT_UNAVAILABLE
+        except redis.exceptions.RedisError as exc:  # e.g. NOPERM for an ACL user, OOM, READONLY replica
+            fail(f"Redis refused the command: {type(exc).__name__}: {exc}")
+            return EXIT_UNAVAILABLE
+        except ValueError as exc:
+            # The client refusing what the operator typed: ConfigError (--redis, --namespace),
+            # PayloadError, DurabilityUnsupported, or a ValueError naming the argument (an idempotency
+            # key, a cron expression or time zone, a time out of range, an id of another namespace).
+            fail(str(exc))
+            return EXIT_BAD_INPUT
+        except BrokenPipeError:  # `zsched dead list | head`
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
+            return EXIT_OK
+        finally:
+            if client is not None:
+                client.close()
+
+    return run
+
+
+# --------------------------------------------------------------------------------- output
+
+
+def print_json(doc: Any, out: TextIO | None = None) -> None:
+    """Print ``doc`` as one line of JSON (UTF-8 as it is) on ``out`` (default stdout)."""
+    print(json.dumps(doc, ensure_ascii=False), file=out or sys.stdout)
+
+
+def when_text(ms: int | None, now_ms: float | None = None) -> str:
+    """``2026-12-01T08:00:00.000Z (in 3h)``: an instant in epoch ms and how far from now; ``-`` for None."""
+    if ms is None:
+        return "-"
+    now = time.time() * 1000 if now_ms is None else now_ms
+    return f"{admin.iso(ms)} ({admin.human_delta((ms - now) / 1000)})"
+
+
+def dt_ms(dt: datetime | None) -> int | None:
+    """A datetime as epoch ms (None stays None)."""
+    return None if dt is None else int(round(dt.timestamp() * 1000))

@@ -1,0 +1,58 @@
+"""``zsched stats``: counts per queue and state, and per partition its owner, epoch and earliest due timer.
+
+Thin argparse layer over :func:`scheduler.shell.admin.collect_stats`, with the shared options, exit
+codes and error format of :mod:`scheduler.shell.cli_common`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..client import Client
+from . import admin
+from .cli_common import EXIT_OK, Commands, SubParsers, number, print_json, warn, when_text
+
+
+def add_parsers(sub: SubParsers) -> None:
+    """Register ``stats`` (called by scheduler/shell/cli.py)."""
+    cmds = Commands(sub)
+    p = cmds.leaf(sub, "stats", _stats, help="counts per queue and state; per partition owner, earliest due, counts",
+                  description="Counts per queue and state, and per partition: owner replica (from etcd), epoch, "
+                              "earliest due timer and counts.")
+    p.add_argument("--etcd", metavar="ENDPOINTS",
+                   help="etcd endpoints for partition owners (env ZSCHED_ETCD_ENDPOINTS; without either, "
+                        "owners are not shown)")
+    p.add_argument("--etcd-timeout", type=number("seconds", 0.1, 60), default=1.5, metavar="S",
+                   help="give up on etcd after this long and show owners as unknown (default 1.5)")
+
+
+def _stats(client: Client, args: argparse.Namespace) -> int:
+    endpoints = args.etcd or os.environ.get("ZSCHED_ETCD_ENDPOINTS") or None
+    rep = admin.collect_stats(client, etcd_endpoints=endpoints, etcd_timeout=args.etcd_timeout)
+    if rep.owners_source == "unavailable":
+        warn(f"etcd at {endpoints} did not answer ({rep.owners_error}); partition owners shown as unknown")
+    if args.json:
+        print_json(admin.stats_doc(rep))
+        return EXIT_OK
+    states = ("scheduled", "ready", "running", "dead")
+    qrows = [(q, *(c[s] for s in states)) for q, c in sorted(rep.queues.items())]
+    qrows.append(("TOTAL", *(rep.totals[s] for s in states)))
+    print(f"namespace {rep.namespace}: {len(rep.partitions)} partitions, Redis time {admin.iso(rep.now_ms)}")
+    print()
+    print(admin.table(("QUEUE", "SCHEDULED", "READY", "RUNNING", "DEAD"), qrows, right=(1, 2, 3, 4)))
+    print()
+
+    def owner(ps: admin.PartitionStats) -> str:
+        if rep.owners_source == "etcd":
+            return ps.owner or "NONE"
+        return "unknown" if rep.owners_source == "unavailable" else "-"
+
+    prows = [(ps.partition, owner(ps), ps.epoch, when_text(ps.earliest_due_ms, rep.now_ms),
+              ps.scheduled, ps.ready, ps.running, ps.dead) for ps in rep.partitions]
+    print(admin.table(("PARTITION", "OWNER", "EPOCH", "EARLIEST DUE", "SCHEDULED", "READY", "RUNNING", "DEAD"),
+                      prows, right=(0, 2, 4, 5, 6, 7)))
+    if rep.owners_source == "not configured":
+        print("\n(owners: give --etcd or set ZSCHED_ETCD_ENDPOINTS)")
+    elif rep.owners_source == "etcd" and any(ps.owner is None for ps in rep.partitions):
+        print("\nNONE: no replica owns the partition, so its due jobs are not firing")
+    return EXIT_OK

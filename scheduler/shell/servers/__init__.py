@@ -1,0 +1,71 @@
+"""Real redis-server, Sentinel, etcd and ``zsched`` processes on loopback, started and stopped by us.
+
+One place that runs them, for ``zsched dev``, the tests and the benchmarks:
+
+- ``process``: a child process with a log file (:class:`ChildProcess`), signalled only by the pid
+  we started, and a server with a directory and a readiness probe (:class:`ServerProcess`);
+- ``ports``: free loopback ports;
+- ``resp``: a minimal RESP client to probe and drive Redis without a client library;
+- ``redis``: :class:`RedisServer`;  ``sentinel``: :class:`SentinelServer`, :class:`SentinelSet`;
+- ``etcd``: :class:`EtcdServer`, :class:`EtcdCluster` and calls to etcd's HTTP gateway;
+- ``zsched``: :class:`ZschedProc`, ``python -m scheduler`` child processes.
+
+Everything listens on 127.0.0.1 only.  Fault injection (SIGSTOP, busy scripts, rollbacks, role
+swaps) is not here: it lives with the tests (``tests/faults.py``, ``tests/servers.py``).
+"""
+
+from .etcd import (
+    EtcdCluster,
+    EtcdServer,
+    etcd_delete_all,
+    etcd_get,
+    etcd_healthy,
+    etcd_put,
+    etcd_request,
+    etcd_revoke_all_leases,
+)
+from .ports import HOST, free_port, free_ports, pick_port
+from .process import (
+    OWNER_FILE,
+    ChildProcess,
+    ServerError,
+    ServerProcess,
+    pid_alive,
+    sweep_stale_dirs,
+    wait_for,
+)
+from .redis import RedisServer
+from .resp import encode_command, read_reply, redis_command, redis_info
+from .sentinel import SentinelServer, SentinelSet
+from .zsched import ZschedProc, scheduler_proc
+
+__all__ = [
+    "HOST",
+    "OWNER_FILE",
+    "ChildProcess",
+    "EtcdCluster",
+    "EtcdServer",
+    "RedisServer",
+    "SentinelServer",
+    "SentinelSet",
+    "ServerError",
+    "ServerProcess",
+    "ZschedProc",
+    "encode_command",
+    "etcd_delete_all",
+    "etcd_get",
+    "etcd_healthy",
+    "etcd_put",
+    "etcd_request",
+    "etcd_revoke_all_leases",
+    "free_port",
+    "free_ports",
+    "pick_port",
+    "pid_alive",
+    "read_reply",
+    "redis_command",
+    "redis_info",
+    "scheduler_proc",
+    "sweep_stale_dirs",
+    "wait_for",
+]

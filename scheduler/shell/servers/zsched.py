@@ -1,0 +1,139 @@
+"""``zsched`` child processes (scheduler replicas, workers): ``python -m scheduler ARGS`` with its
+output in a log file, for ``zsched dev``, the integration tests and the benchmarks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Self
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from .ports import HOST, free_port
+from .process import LOG_TAIL_LINES, ChildProcess
+
+STOP_TIMEOUT_S = 10.0
+
+
+class ZschedProc(ChildProcess):
+    """A ``python -m scheduler ARGS`` child process.
+
+    ``metrics``: add ``--metrics-port`` with a free port (``metrics_port``), for :meth:`metric`.
+    ``log``: where its output goes (default: a new ``/tmp/zsched-proc-*.log``).
+    ``new_session``: its own session, so a Ctrl-C in our terminal does not reach it.
+    Secrets (a Redis URL with a password) belong in ``env`` (``ZSCHED_REDIS_URL``), never in
+    ``args``, where ``ps`` shows them to every user.
+    """
+
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        metrics: bool = True,
+        log: Path | None = None,
+        new_session: bool = False,
+    ) -> None:
+        if log is None:
+            fd, name = tempfile.mkstemp(prefix="zsched-proc-", suffix=".log")
+            os.close(fd)
+            log = Path(name)
+        super().__init__(log)
+        self.metrics_port = free_port() if metrics else None
+        self.args = list(args) + (["--metrics-port", str(self.metrics_port)] if metrics else [])
+        self.env = {**os.environ, **(env or {})}
+        self.cwd = cwd
+        self.new_session = new_session
+
+    def argv(self) -> list[str]:
+        """The command line: this interpreter running ``-m scheduler`` with ``args``."""
+        return [sys.executable, "-m", "scheduler", *self.args]
+
+    def start(self) -> Self:
+        """Start the process (no readiness wait: callers know what "ready" means for them)."""
+        self.launch(self.argv(), cwd=self.cwd, env=self.env, new_session=self.new_session)
+        return self
+
+    @property
+    def pid(self) -> int:
+        """The process's pid (it must have been started)."""
+        assert self.proc is not None, "not started"
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        """True while the process runs."""
+        return self.running
+
+    def wait(self, timeout: float) -> int:
+        """Wait for the process to exit; its exit code (raises ``subprocess.TimeoutExpired``)."""
+        assert self.proc is not None, "not started"
+        return self.proc.wait(timeout)
+
+    def term(self, timeout: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM and wait up to ``timeout`` s for the exit code (no SIGKILL)."""
+        self.signal(signal.SIGTERM)
+        return self.wait(timeout)
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM (and SIGCONT, in case it is stopped), SIGKILL after ``timeout`` s."""
+        self.shutdown(timeout)
+
+    def output(self) -> str:
+        """Everything the process has written so far."""
+        return self.log.read_text(errors="replace")
+
+    def tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The last ``lines`` lines of the log, headed by the command, for assertion messages."""
+        return f"--- log of {' '.join(self.args[:9])} (pid {self.proc.pid if self.proc else None}) ---\n" + (
+            self.log_tail(lines)
+        )
+
+    def scrape(self) -> str:
+        """The process's ``/metrics`` page (it must run with ``metrics=True``)."""
+        assert self.metrics_port is not None, "started without metrics"
+        with urllib.request.urlopen(f"http://{HOST}:{self.metrics_port}/metrics", timeout=2) as r:
+            return bytes(r.read()).decode()
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of all samples named ``name`` on this process's /metrics whose labels include
+        ``labels`` (any labels when none are given)."""
+        total = 0.0
+        for family in text_string_to_metric_families(self.scrape()):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    total += sample.value
+        return total
+
+    def try_metric(self, name: str, default: float | None = None, **labels: str) -> float | None:
+        """``metric()``, or ``default`` while /metrics does not answer (process starting or frozen)."""
+        try:
+            return self.metric(name, **labels)
+        except OSError:
+            return default
+
+
+def scheduler_proc(
+    redis_url: str,
+    etcd: str,
+    namespace: str,
+    replica: str,
+    *,
+    ttl: float = 2.0,
+    env: dict[str, str] | None = None,
+    extra: Sequence[str] = (),
+) -> ZschedProc:
+    """A ``zsched scheduler`` replica (not started) with a metrics port."""
+    return ZschedProc(
+        [
+            "scheduler", "--redis", redis_url, "--etcd", etcd, "--namespace", namespace,
+            "--replica-id", replica, "--lease-ttl", str(ttl), *extra,
+        ],  # fmt: skip
+        env=env,
+    )

@@ -1,0 +1,425 @@
+"""The worker's parts on their own, without Redis: options, handler registry, claim planner,
+outbox batching, heartbeats and the handler runner's outcomes."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+from typing import Any
+
+import pytest
+
+from scheduler.protocol import codec
+from scheduler.protocol.codes import FailKind
+from scheduler.protocol.replies import Claimed
+from workers import Job, PermanentError, Retry, Worker, WorkerStats
+from workers.attempt import DONE, RELEASED, RUNNING, Attempt
+from workers.heartbeat import Heartbeats
+from workers.lifecycle import Lifecycle
+from workers.options import WorkerOptions
+from workers.outbox import CALL_BATCH, Outbox
+from workers.planner import CLAIM_CHUNK, ClaimPlanner
+from workers.registry import HandlerRegistry
+from workers.runner import HandlerRunner, ThreadCount
+from workers.slots import Slots
+
+# -- helpers --------------------------------------------------------------------------------------
+
+
+def fake_call(name: str, p: int, *args: Any) -> tuple[str, list[str], list[Any]]:
+    """Stands in for Calls.call: the partition in the keys, the arguments as given."""
+    return name, [f"p{p}"], list(args)
+
+
+def claimed(n: int = 0, *, record: bool = True, payload: Any = None, attempt: int = 1, max_attempts: int = 3,
+            lease_ms: int = 30_000, raw_payload: bytes | None = None) -> Claimed:
+    body = raw_payload if raw_payload is not None else codec.pack_payload(payload, codec.DEFAULT_MAX_PAYLOAD)
+    raw = codec.build_record(body, max_attempts=max_attempts, created_s=0, attempt=attempt, lease_ms=lease_ms)
+    rec = codec.decode_record(raw) if record else None
+    return Claimed(n.to_bytes(15, "big"), raw, rec, None if record else "bad record", 100 + n, 0, 1_700_000_000_000)
+
+
+def attempt(n: int = 0, p: int = 0, queue: str = "q", t0: float = 0.0, **kw: Any) -> Attempt:
+    return Attempt(p, queue, claimed(n, **kw), None, WorkerStats(), t0)
+
+
+class Refusals:
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, str]] = []
+
+    def __call__(self, r: Attempt, what: str) -> None:
+        self.seen.append((int.from_bytes(r.raw_id, "big"), what))
+
+
+def outbox(tomb_ms: int = 5000) -> tuple[Outbox, Refusals]:
+    refused = Refusals()
+    return Outbox(fake_call, tomb_ms, refused), refused
+
+
+# -- options --------------------------------------------------------------------------------------
+
+
+def test_options_normalise_and_stay_immutable() -> None:
+    o = WorkerOptions(queues=["b", "a", "b"], handler_timeouts={"a": 2}, shutdown_grace=0, redis_kwargs={"x": 1})
+    assert o.queues == ("b", "a")
+    assert o.handler_timeouts == {"a": 2.0} and isinstance(o.handler_timeouts["a"], float)
+    assert o.shutdown_grace == 0.0 and o.concurrency == 16 and o.metrics_host == "127.0.0.1"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        o.concurrency = 3  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        o.redis_kwargs["y"] = 2  # type: ignore[index]
+    assert hash(o) == hash(WorkerOptions(queues=["b", "a"], handler_timeouts={"a": 2}, shutdown_grace=0))
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    (dict(concurrency=0), ValueError), (dict(concurrency=2.5), TypeError), (dict(concurrency=True), TypeError),
+    (dict(queues="default"), TypeError), (dict(queues=[]), ValueError), (dict(queues=["no spaces"]), ValueError),
+    (dict(handler_timeouts={"q": 0}), ValueError), (dict(handler_timeouts={"q": "1"}), TypeError),
+    (dict(shutdown_grace=-1), ValueError), (dict(shutdown_grace=math.inf), ValueError),
+    (dict(shutdown_grace=True), ValueError), (dict(metrics_port=70000), ValueError),
+    (dict(metrics_port=True), ValueError), (dict(metrics_host=""), ValueError),
+    (dict(max_payload_bytes=0), ValueError), (dict(max_payload_bytes=1.5), ValueError),
+    (dict(idle_sweep=0), ValueError), (dict(idle_sweep=math.nan), ValueError),
+    (dict(redis_url="http://nope"), ValueError),
+])
+def test_options_refuse_bad_values(kwargs: dict[str, Any], error: type[Exception]) -> None:
+    with pytest.raises(error):
+        WorkerOptions(**kwargs)
+
+
+def test_options_updated_changes_only_given_settings_and_merges_timeouts() -> None:
+    o = WorkerOptions(namespace="ns", concurrency=3, handler_timeouts={"a": 1, "b": 2})
+    u = o.updated(concurrency=7, namespace=None, handler_timeouts={"b": 5, "c": 6})
+    assert (u.namespace, u.concurrency) == ("ns", 7)
+    assert dict(u.handler_timeouts) == {"a": 1.0, "b": 5.0, "c": 6.0}
+    assert o.concurrency == 3 and dict(o.handler_timeouts) == {"a": 1.0, "b": 2.0}  # the original is unchanged
+    with pytest.raises(ValueError):
+        o.updated(concurrency=-1)
+
+
+def test_worker_exposes_its_options_and_checks_the_fetch_argument() -> None:
+    w = Worker(queues=["a"], concurrency=4, idle_sweep=0.5)
+    assert w.options.concurrency == 4 and w.idle_sweep == 0.5 and w.queues == ["a"]
+    w.configure(metrics_host="0.0.0.0")
+    assert w.metrics_host == "0.0.0.0" and w.options.metrics_host == "0.0.0.0"
+    with pytest.raises(AttributeError):
+        w.concurrency = 8  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        w.handler_timeouts["a"] = 1  # type: ignore[index]  # a change that would be lost fails loudly
+    with pytest.raises(TypeError, match="fetch"):
+        Worker(fetch=42)  # type: ignore[arg-type]
+
+
+# -- registry -------------------------------------------------------------------------------------
+
+
+def test_registry_detects_async_callables_and_applies_timeout_overrides() -> None:
+    reg = HandlerRegistry()
+
+    class AsyncCallable:
+        async def __call__(self, job: Job) -> None:
+            pass
+
+    reg.register("a", AsyncCallable(), timeout=3)
+    reg.register("s", lambda job: None)
+    assert reg["a"].is_async and reg["a"].timeout == 3.0
+    assert not reg["s"].is_async and reg["s"].timeout is None
+    assert list(reg) == ["a", "s"] and "a" in reg and "x" not in reg
+    specs = reg.for_queues(["a", "s", "x"], {"s": 9})
+    assert specs["a"] is reg["a"] and specs["s"] is not None and specs["s"].timeout == 9.0 and specs["x"] is None
+    with pytest.raises(TypeError, match="callable"):
+        reg.register("n", 42)  # type: ignore[arg-type]
+
+
+# -- planner --------------------------------------------------------------------------------------
+
+
+def test_planner_full_claims_make_a_partition_hot_and_short_ones_drop_it() -> None:
+    planner = ClaimPlanner(["q"], 4)
+    planner.notify("q", 1)
+    [(q, p, n, gen)] = planner.plan(16)
+    assert (q, p, n) == ("q", 1, 16)
+    planner.claimed(q, p, n, gen, got=n)
+    assert planner.hot["q"] == {1} and 1 in planner.candidates["q"]
+    [(_, _, n2, gen2)] = planner.plan(40)
+    assert n2 == CLAIM_CHUNK  # hot: a big batch, capped
+    planner.claimed("q", 1, n2, gen2, got=3)
+    assert planner.hot["q"] == set() and planner.candidates["q"] == {}
+    assert not planner.has_candidates() and planner.plan(16) == []
+
+
+def test_planner_keeps_a_candidate_notified_after_its_claim_was_planned() -> None:
+    planner = ClaimPlanner(["q"], 4)
+    planner.notify("q", 2)
+    [(_, _, n, gen)] = planner.plan(4)
+    planner.notify("q", 2)  # a job landed while the claim was in flight
+    planner.claimed("q", 2, n, gen, got=0)
+    assert 2 in planner.candidates["q"]
+    planner.failed("q", 2)
+    assert planner.candidates["q"] == {}
+
+
+def test_planner_sweep_marks_every_queue_and_partition_and_zero_slots_plan_nothing() -> None:
+    planner = ClaimPlanner(["a", "b"], 3)
+    planner.mark_all()
+    assert planner.candidates == {"a": {0: 1, 1: 1, 2: 1}, "b": {0: 1, 1: 1, 2: 1}}
+    assert planner.plan(0) == []
+    assert sum(n for *_, n, _ in planner.plan(100)) == 100  # unknown depth: the slots are spread over all six
+    assert not planner.notify("a", -1) and planner.notify("b", 0)
+
+
+# -- outbox ---------------------------------------------------------------------------------------
+
+
+def test_outbox_batches_per_partition_in_order_and_bounds_each_call() -> None:
+    box, _ = outbox(tomb_ms=5000)
+    acks = [attempt(i, p=0) for i in range(CALL_BATCH * 2 + 50)]
+    for r in acks:
+        box.ack(r)
+    box.ack(attempt(999, p=3))
+    fails = [attempt(1000 + i, p=1) for i in range(CALL_BATCH // 2 + 1)]
+    for r in fails:
+        box.fail(r, FailKind.FAILED, -5, b"err")
+    ext = attempt(2000, p=2)
+    box.extend(ext)
+    rel = attempt(3000, p=2)
+    box.release(rel)
+    assert box.n == len(acks) + 1 + len(fails) + 2
+    calls, meta = box.take()
+    assert box.n == 0 and box.take() == ([], [])
+    assert [(c[0], c[1][0]) for c in calls] == [("extend", "p2"), ("fail", "p1"), ("fail", "p1"),
+                                                ("ack", "p0"), ("ack", "p0"), ("ack", "p0"), ("ack", "p3"),
+                                                ("release", "p2")]
+    assert [len(items) for _, items in meta] == [1, CALL_BATCH // 2, 1, CALL_BATCH, CALL_BATCH, 50, 1, 1]
+    assert calls[0][2] == [ext.raw_id, ext.token, 0]
+    assert calls[1][2][:5] == [fails[0].raw_id, fails[0].token, FailKind.FAILED, 0, b"err"]  # negative delay: 0
+    assert calls[3][2][:3] == [5000, acks[0].raw_id, acks[0].token]  # ack: tombstone TTL first
+    assert calls[-1][2] == [rel.raw_id, rel.token]
+
+
+def test_outbox_drops_extensions_of_finished_or_lost_attempts() -> None:
+    box, _ = outbox()
+    done, lost, live = attempt(1), attempt(2), attempt(3)
+    done.state = DONE
+    lost.lost = True
+    for r in (done, lost, live):
+        box.extend(r)
+    calls, meta = box.take()
+    assert meta == [("extend", [live])] and calls[0][2] == [live.raw_id, live.token, 0]
+
+
+def test_outbox_requeue_marks_outcomes_uncertain_and_keeps_them() -> None:
+    box, _ = outbox()
+    a, f, e, gone = attempt(1), attempt(2), attempt(3), attempt(4)
+    box.ack(a)
+    box.fail(f, FailKind.RETRY, 10, b"x")
+    box.extend(e)
+    box.extend(gone)
+    _, meta = box.take()
+    gone.state = RELEASED  # ended while the round trip failed: its extension is not worth sending
+    box.requeue(meta)
+    assert box.n == 3 and box.wake.is_set()
+    assert a.uncertain and f.uncertain and e.uncertain
+    calls, meta2 = box.take()
+    assert [k for k, _ in meta2] == ["extend", "fail", "ack"] and meta2[0][1] == [e]
+    assert meta2[1][1] == [(f, FailKind.RETRY, 10, b"x")]
+
+
+def test_outbox_applies_replies_to_counters_and_reports_refusals() -> None:
+    box, refused = outbox()
+    acked, refused_ack = attempt(1), attempt(2)
+    retried, dead, refused_fail = attempt(3), attempt(4), attempt(5)
+    extended, refused_ext = attempt(6), attempt(7)
+    released = attempt(8)
+    for r in (acked, refused_ack):
+        box.ack(r)
+    for r in (retried, dead, refused_fail):
+        box.fail(r, FailKind.FAILED, 0, b"")
+    for r in (extended, refused_ext):
+        r.hb_pending = True
+        box.extend(r)
+    box.release(released)
+    _, meta = box.take()
+    box.apply(meta, [[1_700_000_000_000, 0], [1, 2, 0], [1, 0], [1]])
+    assert (acked.stats.acked, refused_ack.stats.acked) == (1, 0)
+    assert (retried.stats.retried, dead.stats.dead, refused_fail.stats.retried + refused_fail.stats.dead) == (1, 1, 0)
+    assert released.stats.released == 1
+    assert not extended.hb_pending and not refused_ext.hb_pending
+    assert sorted(refused.seen) == [(2, "ack"), (5, "fail"), (7, "lease extension")]
+    assert box.n == 0
+
+
+def test_outbox_queues_again_the_items_of_a_call_that_errored() -> None:
+    box, refused = outbox()
+    a, b = attempt(1, p=0), attempt(2, p=1)
+    box.ack(a)
+    box.ack(b)
+    _, meta = box.take()
+    box.apply(meta, [RuntimeError("ERR script"), [1]])
+    assert b.stats.acked == 1 and a.stats.acked == 0 and refused.seen == []
+    _, again = box.take()
+    assert again == [("ack", [a])] and a.uncertain
+
+
+# -- heartbeats -----------------------------------------------------------------------------------
+
+
+def test_heartbeats_queue_due_extensions_once_until_answered() -> None:
+    box, _ = outbox()
+    due, later, lost = attempt(1, t0=0.0, lease_ms=3000), attempt(2, t0=0.0, lease_ms=30_000), attempt(3)
+    lost.lost = True
+    hb = Heartbeats({due, later, lost}, box)
+    assert due.next_hb == 1.0 and later.next_hb == 10.0
+    assert hb.due(1.5) == 2.5  # due was extended; its next heartbeat is a third of its lease later
+    assert hb.due(3.0) == 4.0  # due again, but the first extension is unanswered: not queued twice
+    _, meta = box.take()
+    assert meta == [("extend", [due])]
+
+
+async def test_heartbeat_loop_waits_when_every_running_lease_is_lost() -> None:
+    box, _ = outbox()
+    lost = attempt(1)
+    lost.lost = True
+    hb = Heartbeats({lost}, box)
+    rounds = 0
+    real_due = hb.due
+
+    def counting_due(now: float) -> float:
+        nonlocal rounds
+        rounds += 1
+        if rounds > 100:
+            raise RuntimeError("the heartbeat loop spins")
+        return real_due(now)
+
+    hb.due = counting_due  # type: ignore[method-assign]
+    task = asyncio.create_task(hb.run())
+    await asyncio.sleep(0.05)
+    assert not task.done() and rounds == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+# -- runner ---------------------------------------------------------------------------------------
+
+
+def make_runner(reg: HandlerRegistry, queue: str = "q", concurrency: int = 4) -> tuple[HandlerRunner, Outbox, Slots]:
+    box, _ = outbox()
+    running: set[Attempt] = set()
+    slots = Slots(concurrency)
+    runner = HandlerRunner(
+        loop=asyncio.get_running_loop(), specs=reg.for_queues([queue], {}), qstats={queue: WorkerStats()},
+        running=running, slots=slots, outbox=box, heartbeats=Heartbeats(running, box), life=Lifecycle(),
+        metrics=None, max_payload_bytes=codec.DEFAULT_MAX_PAYLOAD, threads=ThreadCount(), concurrency=concurrency)
+    return runner, box, slots
+
+
+async def settle(runner: HandlerRunner) -> None:
+    for _ in range(20):
+        if not runner.running:
+            return
+        await asyncio.sleep(0.01)
+
+
+def fail_items(box: Outbox) -> list[tuple[str, int, bytes]]:
+    return [(kind, delay, err) for items in box.fails.values() for _, kind, delay, err in items]
+
+
+async def test_runner_turns_what_a_handler_did_into_outcomes() -> None:
+    reg = HandlerRegistry()
+    seen: list[Any] = []
+
+    async def handler(job: Job) -> None:
+        seen.append(job.payload)
+        what = job.payload["do"]
+        if what == "retry":
+            raise Retry(2.5)
+        if what == "permanent":
+            raise PermanentError("bad input")
+        if what == "boom":
+            raise ValueError("boom")
+
+    reg.register("q", handler)
+    runner, box, slots = make_runner(reg)
+    jobs = [claimed(i, payload={"do": d}) for i, d in enumerate(["ok", "retry", "permanent", "boom"])]
+    slots.free -= len(jobs)  # the claimer takes the slots before the round trip
+    runner.dispatch("q", 0, jobs, 0.0)
+    assert len(runner.running) == 4
+    await settle(runner)
+    assert len(seen) == 4 and not runner.running and slots.free == 4
+    assert [int.from_bytes(r.raw_id, "big") for r in box.acks[0]] == [0]
+    kinds = sorted(fail_items(box), key=lambda f: f[0])
+    assert [(k, d) for k, d, _ in kinds if k != FailKind.FAILED] == [(FailKind.PERMANENT, 0), (FailKind.RETRY, 2500)]
+    [(_, boom_delay, boom_err)] = [f for f in kinds if f[0] == FailKind.FAILED]
+    assert 0 <= boom_delay <= 1000 * 2 and boom_err.startswith(b"ValueError\0boom\0")
+    stats = runner.qstats["q"]
+    assert (stats.claimed, stats.failed) == (4, 2)  # Retry is not a failure
+
+
+async def test_runner_dead_letters_poison_without_running_a_handler() -> None:
+    reg = HandlerRegistry()
+    calls: list[Job] = []
+
+    async def handler(job: Job) -> None:
+        calls.append(job)
+
+    reg.register("q", handler)
+    runner, box, slots = make_runner(reg)
+    runner.dispatch("q", 0, [claimed(1, record=False), claimed(2, raw_payload=b"\xc1")], 0.0)
+    assert calls == [] and not runner.running and slots.free == 4 + 2  # no slots were taken in this test
+    errs = fail_items(box)
+    assert [k for k, _, _ in errs] == [FailKind.PERMANENT, FailKind.PERMANENT]
+    assert errs[0][2].startswith(b"PoisonJob\0job record cannot be decoded")
+    assert errs[1][2].startswith(b"PoisonJob\0payload cannot be decoded")
+    assert runner.qstats["q"].poison == 2
+
+
+async def test_runner_reports_a_timeout_as_a_failure() -> None:
+    reg = HandlerRegistry()
+
+    async def slow(job: Job) -> None:
+        await asyncio.sleep(10)
+
+    reg.register("q", slow, timeout=0.02)
+    runner, box, _ = make_runner(reg)
+    runner.dispatch("q", 0, [claimed(1, payload=None)], 0.0)
+    await settle(runner)
+    [(kind, _, err)] = fail_items(box)
+    assert kind == FailKind.FAILED
+    assert err.startswith(b"HandlerTimeout\0handler for queue 'q' did not finish within 0.02 s")
+
+
+async def test_runner_hands_back_running_jobs_at_shutdown() -> None:
+    reg = HandlerRegistry()
+
+    async def forever(job: Job) -> None:
+        await asyncio.Event().wait()
+
+    reg.register("q", forever)
+    runner, box, _ = make_runner(reg)
+    runner.dispatch("q", 0, [claimed(1), claimed(2)], 0.0)
+    await asyncio.sleep(0)
+    cancelled = runner.hand_back()
+    assert len(cancelled) == 2 and not runner.running
+    await asyncio.wait(cancelled, timeout=1)
+    assert all(t.done() and not t.cancelled() for t in cancelled)  # released: the handler ends quietly
+    assert len(box.releases[0]) == 2 and not box.acks and not box.fails
+    assert all(r.state == RELEASED for r in box.releases[0])
+
+
+async def test_runner_releases_jobs_claimed_while_stopping() -> None:
+    reg = HandlerRegistry()
+    reg.register("q", lambda job: None)
+    runner, box, slots = make_runner(reg)
+    runner.life.stopping = True
+    slots.free -= 1
+    runner.dispatch("q", 0, [claimed(1)], 0.0)
+    assert slots.free == 4 and not runner.running and [r.state for r in box.releases[0]] == [RELEASED]
+    runner.close()
+
+
+def test_attempt_starts_running_with_its_first_heartbeat_a_third_into_the_lease() -> None:
+    r = attempt(1, t0=100.0, lease_ms=9000)
+    assert r.state == RUNNING and r.lease_s == 9.0 and r.next_hb == pytest.approx(103.0)
+    assert not r.lost and not r.uncertain and r.job is None
+

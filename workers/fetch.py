@@ -1,0 +1,282 @@
+"""Fetch strategies: how a worker gets jobs (``Worker(fetch=...)``, like Sidekiq's ``fetch_class``).
+
+A strategy is made once per ``serve()`` from a :class:`FetchContext` and runs two loops: one that
+learns which partitions have ready jobs (:meth:`Fetch.listen_loop`) and one that claims them into
+free slots (:meth:`Fetch.claim_loop`). The default, :class:`PubSubFetch`:
+
+* **listens** on ``NS:ready:QUEUE`` (payload: a partition number) and marks that (queue,
+  partition) as a claim candidate; (re)subscribing triggers a full sweep;
+* **claims** whenever there are free slots and candidates, in one pipelined round trip of
+  ``claim`` calls planned by the :class:`~workers.planner.ClaimPlanner`, never asking for more
+  jobs than free slots (so concurrency is exact); outcomes waiting in the outbox ride along.
+  A safety-net sweep marks every (queue, partition) as a candidate when nothing else happened
+  for ``idle_sweep`` s.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from scheduler.protocol.calls import Calls
+from scheduler.protocol.replies import Claimed, parse_claim
+from scheduler.protocol.transport import Call
+
+from .lifecycle import Lifecycle
+from .outbox import Meta, Outbox
+from .planner import ClaimPlanner
+from .slots import Slots
+from .wire import REDIS_ERRORS, Outage, Send
+
+log = logging.getLogger("zsched.worker")
+
+CLAIM_RECEIPT_MS = 30_000  # how long Redis keeps a claim's receipt for a re-send after a lost reply
+PUBSUB_PING = 30.0         # idle pub/sub connection health check
+
+# One claim of a round trip: (queue, partition, jobs asked for, candidate generation, request id).
+Claim = tuple[str, int, int, int, str]
+
+
+@dataclass(frozen=True, slots=True)
+class FetchContext:
+    """What a fetch strategy gets from the worker.
+
+    ``queues``/``partitions``: what to serve. ``calls``: builds script calls (``calls.call``) and
+    knows the key layout (``calls.ks``). ``redis``: the worker's ``redis.asyncio`` client (for
+    pub/sub). ``send``: one round trip of script calls on a named lane. ``slots``: the free
+    handler slots; take them before a claim round trip, give back what the reply did not fill,
+    and wait on ``slots.wake``. ``outbox``: outcomes that may ride along with a claim.
+    ``dispatch(queue, partition, jobs, t0)``: hand claimed jobs to the runner (each holds one
+    slot; ``t0`` is when the claim was sent, monotonic). ``life``: stop state and the ``ready``
+    event. ``idle_sweep``: seconds between safety-net sweeps. ``roundtrip(op, seconds)``: the
+    round-trip histogram, if exported.
+    """
+
+    queues: Sequence[str]
+    partitions: int
+    calls: Calls
+    redis: Any
+    send: Send
+    slots: Slots
+    outbox: Outbox
+    dispatch: Callable[[str, int, list[Claimed], float], None]
+    life: Lifecycle
+    idle_sweep: float
+    roundtrip: Callable[[str, float], None] | None
+
+
+class Fetch(ABC):
+    """The interface the worker uses to get jobs. The worker runs both loops (each restarted if it
+    crashes); at shutdown it sets ``ctx.life.stopping`` and ``ctx.slots.wake``, cancels the
+    listen loop and gives the claim loop up to 10 s to return."""
+
+    def __init__(self, ctx: FetchContext) -> None:
+        self.ctx = ctx
+
+    @abstractmethod
+    async def listen_loop(self) -> None:
+        """Learn which queues and partitions have ready jobs; set ``ctx.life.ready`` once jobs are
+        being found (``Worker.wait_ready()`` returns then). Runs until cancelled."""
+
+    @abstractmethod
+    async def claim_loop(self) -> None:
+        """Claim jobs into free slots and ``ctx.dispatch`` them; return once ``ctx.life.stopping``
+        is set and no claim is in flight (jobs claimed then are released by the runner)."""
+
+
+class PubSubFetch(Fetch):
+    """The default strategy: ready notifications over pub/sub, claims planned per round trip.
+
+    Claims carry request ids: a claim whose reply was lost is re-sent with the same id and Redis
+    answers from its receipt (lua/claim.lua) instead of stranding the jobs until their lease
+    expires. The last answered id per (queue, partition) lets the next claim drop its receipt.
+    """
+
+    def __init__(self, ctx: FetchContext) -> None:
+        super().__init__(ctx)
+        self.planner = ClaimPlanner(ctx.queues, ctx.partitions)
+        self._rid_prefix = os.urandom(6).hex()
+        self._rid_n = 0
+        self._last_rid: dict[tuple[str, int], str] = {}
+        # The claims whose reply was lost: their slots stay taken until they are re-sent.
+        self._lost: list[Claim] | None = None
+        self._last_sweep = time.monotonic()  # the first sweep follows the pub/sub subscription
+
+    def mark_all(self) -> None:
+        """Full sweep: every (queue, partition) becomes a candidate."""
+        self.planner.mark_all()
+        self._last_sweep = time.monotonic()
+        self.ctx.slots.wake.set()
+
+    # -- claims ---------------------------------------------------------------------------------
+    async def claim_loop(self) -> None:
+        ctx = self.ctx
+        outage = Outage("claim")
+        # The safety-net sweep costs one claim per (queue, partition): keep it under ~16 calls/s
+        # per worker, however many partitions and queues (notifications do the real work).
+        every = ctx.idle_sweep * max(1.0, len(ctx.queues) * ctx.partitions / 32)
+        while not ctx.life.stopping or self._lost is not None:
+            plan = self._lost  # the same request ids: Redis answers from the receipts; slots still reserved
+            if plan is None:
+                if ctx.slots.free <= 0 or not self.planner.has_candidates():
+                    await self._idle(every)
+                    continue
+                plan = self._plan()
+            # Outcomes waiting for the outcome loop ride along (one round trip instead of two); they
+            # go first, so a job failed with no delay is back in ready before the claims run.
+            calls, meta = ctx.outbox.take()
+            k = len(calls)
+            calls += self._claim_calls(plan)
+            t0 = time.monotonic()
+            try:
+                replies = await ctx.send(calls, "claim")
+                if ctx.roundtrip is not None:
+                    ctx.roundtrip("claim", time.monotonic() - t0)
+            except REDIS_ERRORS as exc:
+                if await self._claims_lost(plan, meta, exc, outage):
+                    return
+                continue
+            self._lost = None
+            outage.ok()
+            if k:
+                ctx.outbox.apply(meta, replies[:k])
+            self._claimed(plan, replies[k:], t0)
+
+    async def _idle(self, every: float) -> None:
+        """Nothing to claim: wait for a wake-up, or sweep when the safety-net period is over."""
+        slots = self.ctx.slots
+        slots.wake.clear()
+        wait = self._last_sweep + every * random.uniform(0.8, 1.0) - time.monotonic()
+        if wait <= 0:
+            if slots.free > 0:
+                self.mark_all()  # safety net: a lost notification costs at most ~one sweep period
+                return
+            wait = every
+        try:
+            async with asyncio.timeout(wait):
+                await slots.wake.wait()
+        except TimeoutError:
+            pass
+
+    def _plan(self) -> list[Claim]:
+        """The next claims, with fresh request ids; their slots are taken before the round trip."""
+        plan = []
+        slots = self.ctx.slots
+        for q, p, n, gen in self.planner.plan(slots.free):
+            self._rid_n += 1
+            plan.append((q, p, n, gen, f"{self._rid_prefix}{self._rid_n:x}"))
+        slots.free -= sum(item[2] for item in plan)
+        return plan
+
+    def _claim_calls(self, plan: list[Claim]) -> list[Call]:
+        call = self.ctx.calls.call
+        last = self._last_rid
+        return [call("claim", p, q, n, rid, CLAIM_RECEIPT_MS, last.get((q, p), "")) for q, p, n, _, rid in plan]
+
+    async def _claims_lost(self, plan: list[Claim], meta: Meta, exc: BaseException,
+                           outage: Outage) -> bool:
+        """The claim round trip failed: the claims may have run. True if the loop should end."""
+        ctx = self.ctx
+        ctx.outbox.requeue(meta)
+        if ctx.life.stopping:  # give up: those jobs are reaped when their leases expire
+            ctx.slots.free += sum(item[2] for item in plan)
+            self._lost = None
+            return True
+        self._lost = plan  # ask again with the same ids
+        if await ctx.life.wait_stop(outage.failed(exc)):
+            return False  # one last re-send so claimed jobs are released now, not reaped later
+        self.mark_all()  # anything may have become ready meanwhile
+        return False
+
+    def _claimed(self, plan: list[Claim], replies: Sequence[Any], t0: float) -> None:
+        slots, planner, dispatch = self.ctx.slots, self.planner, self.ctx.dispatch
+        for (q, p, n, gen, rid), reply in zip(plan, replies):
+            self._last_rid[(q, p)] = rid
+            if isinstance(reply, Exception):
+                slots.free += n
+                planner.failed(q, p)  # back with the next notification or sweep
+                log.error("claim on partition %d queue %r failed: %s", p, q, reply)
+                continue
+            _, jobs = parse_claim(reply)
+            got = len(jobs)
+            slots.free += n - got
+            planner.claimed(q, p, n, gen, got)
+            if got:
+                dispatch(q, p, jobs, t0)
+
+    # -- notifications --------------------------------------------------------------------------
+    async def listen_loop(self) -> None:
+        ctx = self.ctx
+        outage = Outage("pubsub")
+        channels = [ctx.calls.ks.ready_channel(q) for q in ctx.queues]
+        while not ctx.life.stopping:
+            ps = ctx.redis.pubsub()
+            try:
+                await self._subscribe(ps, channels)
+                outage.ok()
+                self.mark_all()
+                ctx.life.ready.set()
+                await self._listen(ps)
+            except REDIS_ERRORS as exc:
+                delay = outage.failed(exc)
+            finally:
+                with contextlib.suppress(Exception):
+                    await ps.aclose()
+            if await ctx.life.wait_stop(delay):
+                return
+
+    async def _subscribe(self, ps: Any, channels: list[str]) -> None:
+        """Subscribe and wait for every confirmation: a sweep before that could miss a job landing
+        between the sweep and the subscription until the next safety-net sweep."""
+        await ps.subscribe(*channels)
+        prefix = self.ctx.calls.ks.ready_channel_prefix.encode()
+        plen = len(prefix)
+        confirmed = 0
+        async with asyncio.timeout(10):
+            while confirmed < len(channels):
+                msg = await ps.get_message(timeout=5)
+                if msg is None:
+                    continue
+                if msg["type"] == "subscribe":
+                    confirmed += 1
+                elif msg["type"] == "message":
+                    with contextlib.suppress(ValueError):  # malformed: the sweep that follows covers it
+                        self._notify(msg["channel"][plen:].decode(), int(msg["data"]))
+
+    def _notify(self, queue: str, p: int) -> None:
+        if self.planner.notify(queue, p):
+            self.ctx.slots.wake.set()
+
+    async def _listen(self, ps: Any) -> NoReturn:
+        """Turn ready messages into claim candidates until the connection fails."""
+        prefix = self.ctx.calls.ks.ready_channel_prefix.encode()
+        plen = len(prefix)
+        notify = self.planner.notify
+        wake = self.ctx.slots.wake.set
+        ping_sent = 0.0
+        while True:
+            msg = await ps.get_message(timeout=PUBSUB_PING)
+            if msg is None:
+                if ping_sent:
+                    raise ConnectionError(f"no PONG on the pub/sub connection within {PUBSUB_PING:g} s")
+                await ps.ping()
+                ping_sent = time.monotonic()
+                continue
+            t = msg["type"]
+            if t == "message":
+                ch = msg["channel"]
+                if ch.startswith(prefix):
+                    try:
+                        if notify(ch[plen:].decode(), int(msg["data"])):
+                            wake()
+                    except ValueError:
+                        log.warning("ignoring malformed ready message %r on %r", msg["data"], ch)
+            elif t == "pong":
+                ping_sent = 0.0

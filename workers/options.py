@@ -1,0 +1,126 @@
+"""The worker's settings as one checked, immutable value (``Worker.options``).
+
+Every setting is checked when a :class:`WorkerOptions` is made, so a bad value fails where it is
+written (``Worker(...)`` or ``worker.configure(...)``), never later inside a running worker.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+from scheduler.protocol import codec, config
+from scheduler.protocol.keys import validate_name
+
+DEFAULT_CONCURRENCY = 16
+DEFAULT_SHUTDOWN_GRACE = 30.0
+DEFAULT_TOMBSTONE_TTL = 3600.0
+DEFAULT_IDLE_SWEEP = 2.0
+DEFAULT_METRICS_HOST = "127.0.0.1"  # loopback unless the operator asks for more
+
+def check_positive(name: str, value: object, *, integer: bool = False) -> float:
+    """``value`` if it is a finite number > 0 (an int when ``integer``); TypeError or ValueError
+    naming ``name`` otherwise. bool is refused: ``True`` is never meant as 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise TypeError(f"{name} must be {'an int' if integer else 'a number'}, got {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    return value
+
+
+def _queues(queues: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(queues, str):
+        raise TypeError("queues must be a list of queue names, not a str")
+    qs = [validate_name("queue", q) for q in queues]
+    if not qs:
+        raise ValueError("queues must name at least one queue")
+    return tuple(dict.fromkeys(qs))  # first occurrence wins, order kept
+
+
+def _timeouts(timeouts: Mapping[str, float]) -> Mapping[str, float]:
+    for q, t in timeouts.items():
+        validate_name("queue", q)
+        check_positive(f"handler_timeouts[{q!r}]", t)
+    return MappingProxyType({q: float(t) for q, t in timeouts.items()})
+
+
+def _grace(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"shutdown_grace must be >= 0 seconds, got {value!r}")
+    return float(value)
+
+
+def _port(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        raise ValueError(f"metrics_port must be a TCP port number, got {value!r}")
+    return value
+
+
+def _host(value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"metrics_host must be an address like '127.0.0.1', got {value!r}")
+    return value
+
+
+def _payload_limit(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"max_payload_bytes must be a positive int, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerOptions:
+    """A worker's settings, checked and normalised (see :class:`~workers.Worker` for their meaning).
+
+    ``redis_url`` and ``namespace`` of None mean "from the environment, else the default" and are
+    resolved when the worker starts; ``queues`` of None means "the queues that have handlers";
+    ``partitions`` of None adopts the namespace's stored count.
+    """
+
+    redis_url: str | None = None
+    namespace: str | None = None
+    queues: Sequence[str] | None = None  # stored as a tuple, duplicates dropped
+    concurrency: int = DEFAULT_CONCURRENCY
+    handler_timeouts: Mapping[str, float] = field(default_factory=dict, hash=False)
+    shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
+    tombstone_ttl: float = DEFAULT_TOMBSTONE_TTL
+    max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD
+    partitions: int | None = None
+    metrics_port: int | None = None
+    metrics_host: str = DEFAULT_METRICS_HOST
+    idle_sweep: float = DEFAULT_IDLE_SWEEP
+    redis_kwargs: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        # Normalised in place (frozen: through object.__setattr__); checking an already
+        # normalised value again gives the same value, so replace() can re-run all of this.
+        def put(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        if self.redis_url is not None:
+            put("redis_url", config.redis_url(self.redis_url))
+        if self.namespace is not None:
+            put("namespace", config.namespace(self.namespace))
+        if self.queues is not None:
+            put("queues", _queues(self.queues))
+        check_positive("concurrency", self.concurrency, integer=True)
+        put("metrics_host", _host(self.metrics_host))
+        put("handler_timeouts", _timeouts(self.handler_timeouts))
+        put("shutdown_grace", _grace(self.shutdown_grace))
+        put("metrics_port", _port(self.metrics_port))
+        put("tombstone_ttl", float(self.tombstone_ttl))
+        put("max_payload_bytes", _payload_limit(self.max_payload_bytes))
+        put("idle_sweep", float(check_positive("idle_sweep", self.idle_sweep)))
+        put("redis_kwargs", MappingProxyType(dict(self.redis_kwargs)))
+
+    def updated(self, **changes: Any) -> WorkerOptions:
+        """A copy with the given settings changed; ``None`` leaves a setting as it is, and
+        ``handler_timeouts`` are merged into the current ones (a queue given again is replaced)."""
+        given = {k: v for k, v in changes.items() if v is not None}
+        if "handler_timeouts" in given:
+            given["handler_timeouts"] = {**self.handler_timeouts, **given["handler_timeouts"]}
+        return replace(self, **given)

@@ -1,0 +1,243 @@
+"""The outbox: outcomes (ack, fail, extend, release) queued per partition and sent in batches.
+
+An outcome waits about a millisecond (:data:`FLUSH_DELAY`) so others can share its round trip,
+unless :data:`FLUSH_BIG` are queued; the outcome loop has at most one round trip in flight, and
+the claim loop takes whatever is queued along with its claims. A round trip that fails puts its
+outcomes back (the jobs keep their leases meanwhile) and marks them uncertain: once re-sent, a
+refusal may mean "already applied".
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from scheduler.protocol.codes import AckCode, FailCode, FailKind, ReleaseCode
+from scheduler.protocol.ids import encode_id
+from scheduler.protocol.transport import Call
+
+from .attempt import RUNNING, Attempt
+from .lifecycle import Lifecycle
+from .wire import REDIS_ERRORS, Outage, Send
+
+log = logging.getLogger("zsched.worker")
+
+FLUSH_DELAY = 0.001     # outcomes wait this long to share a round trip...
+FLUSH_BIG = 200         # ...unless this many are queued
+CALL_BATCH = 200        # outcomes per script call (bounded work per EVALSHA)
+DRAIN_TIMEOUT = 10.0    # at shutdown, how long to keep trying to deliver outcomes
+
+# Per-job reply codes of ack, fail and release (extend replies the new deadline, 0 if refused),
+# as plain ints: these comparisons run once per job, and an enum member lookup costs more.
+_ACKED = int(AckCode.ACKED)
+_RETRY_SCHEDULED, _DEAD = int(FailCode.RETRY_SCHEDULED), int(FailCode.DEAD)
+_RELEASED = int(ReleaseCode.RELEASED)
+
+# (script, items) of each call of a batch; items are Attempts, or (Attempt, kind, delay_ms, error)
+# for "fail".
+Meta = list[tuple[str, list[Any]]]
+Fail = tuple[Attempt, FailKind, int, bytes]
+CallBuilder = Callable[..., Call]  # Calls.call: (script, partition, *args) -> call
+Refused = Callable[[Attempt, str], None]
+
+
+class Outbox:
+    """Outcomes waiting for a round trip, per partition. ``call`` builds one script call
+    (``Calls.call``), ``tomb_ms`` is the ack's tombstone TTL, and ``on_refused(attempt, what)`` is
+    told when Redis refused an outcome because the attempt no longer holds the lease."""
+
+    def __init__(self, call: CallBuilder, tomb_ms: int, on_refused: Refused) -> None:
+        self.call = call
+        self.tomb_ms = tomb_ms
+        self.on_refused = on_refused
+        self.acks: defaultdict[int, list[Attempt]] = defaultdict(list)
+        self.fails: defaultdict[int, list[Fail]] = defaultdict(list)
+        self.extends: defaultdict[int, list[Attempt]] = defaultdict(list)
+        self.releases: defaultdict[int, list[Attempt]] = defaultdict(list)
+        self.n = 0              # outcomes queued
+        self.flushing = False   # the outcome loop has a round trip in flight
+        self.wake = asyncio.Event()
+
+    # -- queueing -------------------------------------------------------------------------------
+    def ack(self, r: Attempt) -> None:
+        self.acks[r.p].append(r)
+        self.n += 1
+        self.wake.set()
+
+    def fail(self, r: Attempt, kind: FailKind, delay_ms: int, err: bytes) -> None:
+        self.fails[r.p].append((r, kind, max(0, int(delay_ms)), err))
+        self.n += 1
+        self.wake.set()
+
+    def extend(self, r: Attempt) -> None:
+        self.extends[r.p].append(r)
+        self.n += 1
+        self.wake.set()
+
+    def release(self, r: Attempt) -> None:
+        self.releases[r.p].append(r)
+        self.n += 1
+        self.wake.set()
+
+    # -- batching -------------------------------------------------------------------------------
+    def take(self) -> tuple[list[Call], Meta]:
+        """Empty the outbox into script calls, and the items each call carries: extends first (a
+        job may have finished since its heartbeat was queued: those are dropped), then fails,
+        acks and releases; at most :data:`CALL_BATCH` jobs' arguments per call."""
+        if not self.n:
+            return [], []
+        ext, fails, acks, rels = self.extends, self.fails, self.acks, self.releases
+        self.extends, self.fails, self.acks, self.releases = (defaultdict(list), defaultdict(list),
+                                                              defaultdict(list), defaultdict(list))
+        self.n = 0
+        call = self.call
+        calls: list[Call] = []
+        meta: Meta = []
+        for p, runs in ext.items():
+            runs = [r for r in runs if r.state == RUNNING and not r.lost]
+            for s in range(0, len(runs), CALL_BATCH):
+                chunk = runs[s:s + CALL_BATCH]
+                args: list[Any] = []
+                for r in chunk:
+                    args += (r.raw_id, r.token, 0)
+                calls.append(call("extend", p, *args))
+                meta.append(("extend", chunk))
+        for p, items in fails.items():
+            for s in range(0, len(items), CALL_BATCH // 2):
+                fchunk = items[s:s + CALL_BATCH // 2]
+                args = []
+                for r, kind, delay, err in fchunk:
+                    args += (r.raw_id, r.token, kind, delay, err)
+                calls.append(call("fail", p, *args))
+                meta.append(("fail", fchunk))
+        for name, src in (("ack", acks), ("release", rels)):
+            for p, runs in src.items():
+                for s in range(0, len(runs), CALL_BATCH):
+                    chunk = runs[s:s + CALL_BATCH]
+                    args = [self.tomb_ms] if name == "ack" else []
+                    for r in chunk:
+                        args.append(r.raw_id)
+                        args.append(r.token)
+                    calls.append(call(name, p, *args))
+                    meta.append((name, chunk))
+        return calls, meta
+
+    def requeue(self, meta: Meta) -> None:
+        """Put outcomes back after a failed round trip (the job keeps its lease meanwhile)."""
+        if meta:
+            self.wake.set()
+        for kind, items in meta:
+            for it in items:
+                r: Attempt = it[0] if kind == "fail" else it
+                r.uncertain = True
+                if kind == "extend":
+                    if r.state == RUNNING:
+                        self.extends[r.p].append(r)
+                        self.n += 1
+                elif kind == "fail":
+                    self.fails[r.p].append(it)
+                    self.n += 1
+                elif kind == "ack":
+                    self.acks[r.p].append(r)
+                    self.n += 1
+                else:
+                    self.releases[r.p].append(r)
+                    self.n += 1
+
+    def apply(self, meta: Meta, results: Sequence[Any]) -> None:
+        """Take the replies of a round trip: count what Redis did, report refusals, and queue
+        again the outcomes of a call that failed as a whole (a script error)."""
+        for (kind, items), res in zip(meta, results):
+            if isinstance(res, Exception):
+                log.error("%s script failed (will retry): %s", kind, res)
+                self.requeue([(kind, items)])
+                self.wake.set()
+                continue
+            if kind == "ack":
+                self._acked(items, res)
+            elif kind == "fail":
+                self._failed(items, res)
+            elif kind == "extend":
+                self._extended(items, res)
+            else:
+                self._released(items, res)
+
+    def _acked(self, items: list[Attempt], res: list[Any]) -> None:
+        for r, code in zip(items, res):
+            if code == _ACKED:
+                r.stats.acked += 1
+            else:
+                self.on_refused(r, "ack")
+
+    def _failed(self, items: list[Fail], res: list[Any]) -> None:
+        for (r, kind, _d, _e), code in zip(items, res):
+            if code == _RETRY_SCHEDULED:
+                r.stats.retried += 1
+            elif code == _DEAD:
+                r.stats.dead += 1
+                if kind is FailKind.RETRY:  # failures and poison were logged when they happened
+                    log.warning("job %s (queue %r) asked for a retry but its attempts are spent; dead-lettered",
+                                encode_id(r.raw_id), r.queue)
+            else:
+                self.on_refused(r, "fail")
+
+    def _extended(self, items: list[Attempt], res: list[Any]) -> None:
+        for r, deadline in zip(items, res):
+            r.hb_pending = False
+            if not deadline:
+                self.on_refused(r, "lease extension")
+
+    def _released(self, items: list[Attempt], res: list[Any]) -> None:
+        for r, code in zip(items, res):
+            if code == _RELEASED:
+                r.stats.released += 1
+            else:
+                self.on_refused(r, "release")
+
+    # -- the outcome loop -----------------------------------------------------------------------
+    async def run(self, send: Send, life: Lifecycle, roundtrip: Callable[[str, float], None] | None) -> None:
+        """Send queued outcomes, one round trip at a time, until cancelled (or, while stopping,
+        until Redis stays unreachable past ``life.drain_deadline``). ``roundtrip(op, seconds)``
+        observes each round trip's duration when histograms are exported."""
+        outage = Outage("outcomes")
+        while True:
+            if not self.n:
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            if self.n < FLUSH_BIG:
+                await asyncio.sleep(FLUSH_DELAY)  # let more outcomes join this round trip
+            calls, meta = self.take()
+            if not calls:
+                continue  # the claim loop took them along with its claims
+            self.flushing = True
+            try:
+                t_flush = time.perf_counter()
+                results = await send(calls, "flush")
+                if roundtrip is not None:
+                    roundtrip("ack", time.perf_counter() - t_flush)
+            except REDIS_ERRORS as exc:
+                self.requeue(meta)
+                self.flushing = False
+                if life.stopping and life.drain_deadline < time.monotonic():
+                    return
+                await asyncio.sleep(outage.failed(exc))
+                continue
+            self.flushing = False
+            outage.ok()
+            self.apply(meta, results)
+
+    async def drain(self, flusher: asyncio.Task[Any], life: Lifecycle) -> None:
+        """At shutdown: keep the outcome loop (``flusher``) busy until everything queued was
+        delivered, or for at most :data:`DRAIN_TIMEOUT` seconds (``life.drain_deadline``)."""
+        deadline = time.monotonic() + DRAIN_TIMEOUT
+        life.drain_deadline = deadline
+        while (self.n or self.flushing) and time.monotonic() < deadline and not flusher.done():
+            self.wake.set()
+            await asyncio.sleep(0.005)
+        if self.n or self.flushing:
+            log.error("could not deliver %d outcome(s) before exiting; those jobs run again after their leases "
+                      "expire", self.n)

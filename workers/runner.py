@@ -1,0 +1,316 @@
+"""The handler runner: turns claimed jobs into handler runs and handler runs into outcomes.
+
+``async def`` handlers run as tasks on the event loop, plain functions in a thread pool of
+``concurrency`` threads. What the handler does decides the outcome: returning acks; ``Retry``
+retries after its delay; ``PermanentError`` dead-letters now; any other exception, or the
+handler's timeout, is a failure retried after backoff. Jobs that cannot reach a handler (an
+undecodable record or payload, a queue without a handler) are poison: dead-lettered at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from scheduler.protocol import codec
+from scheduler.protocol.calls import error_arg
+from scheduler.protocol.codes import FailKind
+from scheduler.protocol.errors import PayloadError
+from scheduler.protocol.ids import encode_id
+from scheduler.protocol.replies import Claimed, backoff_delay_ms
+
+from .attempt import DONE, RELEASED, RUNNING, Attempt
+from .errors import PermanentError, Retry
+from .heartbeat import Heartbeats
+from .job import Job
+from .lifecycle import Lifecycle
+from .outbox import Outbox
+from .registry import Handler, HandlerSpec
+from .slots import Slots
+from .stats import WorkerMetrics, WorkerStats
+
+log = logging.getLogger("zsched.worker")
+
+
+def type_name(exc: BaseException) -> str:
+    """The exception type as stored in a job's last error: builtins by name, others qualified."""
+    t = type(exc)
+    return t.__qualname__ if t.__module__ in ("builtins", "__main__") else f"{t.__module__}.{t.__qualname__}"
+
+
+def short_tb(exc: BaseException) -> str:
+    """The last frames of the traceback (the job's stored error is bounded anyway)."""
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-8))
+
+
+class CancelledByOther(Exception):
+    """A handler task was cancelled by something other than the worker's own shutdown."""
+
+    def __str__(self) -> str:
+        return "handler task was cancelled"
+
+
+class ThreadCount:
+    """How many sync handlers are running in threads now. A thread cannot be interrupted, so one
+    may outlive ``serve()`` (after a timeout or a release at shutdown): ``Worker.run()`` checks."""
+
+    def __init__(self) -> None:
+        self.busy = 0
+        self._lock = threading.Lock()
+
+    def call(self, fn: Handler, job: Job) -> Any:
+        """Run ``fn(job)`` in the calling (pool) thread, counted."""
+        with self._lock:
+            self.busy += 1
+        try:
+            return fn(job)
+        finally:
+            with self._lock:
+                self.busy -= 1
+
+
+class HandlerRunner:
+    """Starts handlers for claimed jobs and reports their outcomes to the outbox.
+
+    ``specs``: the handler of each served queue (None: none). ``running``: the attempts whose
+    handler runs now (shared with the heartbeats). Every started attempt holds one of ``slots``
+    until its handler ends (a timed-out sync handler until its thread returns, so the limit stays
+    exact)."""
+
+    def __init__(self, *, loop: asyncio.AbstractEventLoop, specs: Mapping[str, HandlerSpec | None],
+                 qstats: Mapping[str, WorkerStats], running: set[Attempt], slots: Slots, outbox: Outbox,
+                 heartbeats: Heartbeats, life: Lifecycle, metrics: WorkerMetrics | None,
+                 max_payload_bytes: int, threads: ThreadCount, concurrency: int) -> None:
+        self.loop = loop
+        self.specs = specs
+        self.qstats = qstats
+        self.running = running
+        self.slots = slots
+        self.outbox = outbox
+        self.heartbeats = heartbeats
+        self.life = life
+        self.metrics = metrics
+        self.max_payload_bytes = max_payload_bytes
+        self.threads = threads
+        self.pool: ThreadPoolExecutor | None = None
+        if any(spec is not None and not spec.is_async for spec in specs.values()):
+            self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="zsched-handler")
+
+    def close(self) -> None:
+        """Stop the thread pool without waiting for threads still running a handler."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- starting -------------------------------------------------------------------------------
+    def dispatch(self, q: str, p: int, jobs: list[Claimed], t0: float) -> None:
+        """Start the jobs one claim returned (sent at ``t0``, monotonic); each already holds a slot."""
+        stats = self.qstats[q]
+        stats.claimed += len(jobs)
+        spec = self.specs[q]
+        limit = self.max_payload_bytes
+        create_task = self.loop.create_task
+        metrics = self.metrics
+        hb = self.heartbeats
+        for c in jobs:
+            r = Attempt(p, q, c, spec, stats, t0)
+            if self.life.stopping:
+                # Claimed while we were stopping: hand it straight back (no attempt spent).
+                self.slots.free += 1
+                r.state = RELEASED
+                self.outbox.release(r)
+                continue
+            rec = c.record
+            if rec is None:
+                self._poison(r, "PoisonJob", f"job record cannot be decoded: {c.decode_error}")
+                continue
+            if spec is None:
+                self._poison(r, "NoHandler", f"no handler registered for queue {q!r} on this worker")
+                continue
+            try:
+                payload = codec.unpack_payload(rec.payload_bytes, limit)
+            except PayloadError as exc:
+                self._poison(r, "PoisonJob", f"payload cannot be decoded: {exc}")
+                continue
+            job = Job(c.raw_id, q, payload, rec.key, rec.attempt, rec.max_attempts, c.due_ms, c.token, r.lease_s,
+                      rec.cron_nominal_ms, rec.cron_missed)
+            r.job = job
+            self.running.add(r)
+            if metrics is not None:
+                try:
+                    metrics.job_started(job)
+                except Exception:
+                    log.exception("metrics.job_started failed")
+            r.task = create_task(self._run_async(r) if spec.is_async else self._run_sync(r))
+            if r.next_hb < hb.next_due:
+                hb.wake.set()
+
+    def _poison(self, r: Attempt, etype: str, message: str) -> None:
+        self.slots.free += 1
+        r.stats.poison += 1
+        r.state = DONE
+        log.error("poison job %s on queue %r (partition %d): %s: %s; dead-lettering it",
+                  encode_id(r.raw_id), r.queue, r.p, etype, message)
+        self.outbox.fail(r, FailKind.PERMANENT, 0, error_arg(etype, message))
+
+    # -- running --------------------------------------------------------------------------------
+    async def _run_async(self, r: Attempt) -> None:
+        spec = r.handler
+        assert spec is not None and r.job is not None
+        try:
+            if spec.timeout is None:
+                await spec.fn(r.job)
+            else:
+                try:
+                    async with asyncio.timeout(spec.timeout) as cm:
+                        await spec.fn(r.job)
+                except TimeoutError:
+                    if cm.expired():
+                        self._finish_timeout(r)
+                        return
+                    raise
+        except asyncio.CancelledError:
+            if r.state == RELEASED:
+                return  # shutdown handed the job back; nothing to report
+            self._finish_exc(r, CancelledByOther())
+            raise
+        except BaseException as exc:  # noqa: BLE001 - even SystemExit from a handler is just a failure
+            self._finish_exc(r, exc)
+        else:
+            self._finish_ok(r)
+
+    async def _run_sync(self, r: Attempt) -> None:
+        spec = r.handler
+        assert spec is not None and r.job is not None and self.pool is not None
+        fut = self.loop.run_in_executor(self.pool, self.threads.call, spec.fn, r.job)
+        try:
+            if spec.timeout is None:
+                await fut
+            else:
+                try:
+                    await asyncio.wait_for(asyncio.shield(fut), spec.timeout)
+                except TimeoutError:
+                    if fut.done():
+                        fut.result()  # it finished at the deadline: use its own outcome
+                    else:
+                        # A thread cannot be interrupted: report the timeout now (so the retry is
+                        # scheduled) but keep the slot until the thread returns, so the limit stays exact.
+                        self._finish_timeout(r, keep_slot=True)
+                        fut.add_done_callback(self._thread_done_late)
+                        return
+        except asyncio.CancelledError:
+            if r.state == RELEASED:
+                return
+            self._finish_exc(r, CancelledByOther())
+            raise
+        except BaseException as exc:  # noqa: BLE001
+            self._finish_exc(r, exc)
+        else:
+            self._finish_ok(r)
+
+    def _thread_done_late(self, fut: asyncio.Future[Any]) -> None:
+        if not fut.cancelled():
+            fut.exception()  # retrieve it: the outcome was already reported as a timeout
+        self.slots.give_back()
+
+    # -- outcomes -------------------------------------------------------------------------------
+    def _end(self, r: Attempt, outcome: str, keep_slot: bool = False) -> None:
+        r.state = DONE
+        self.running.discard(r)
+        r.task = None  # no reference cycles: finished jobs are freed by refcounting, not the GC
+        if not keep_slot:
+            self.slots.give_back()
+        if self.metrics is not None:
+            try:
+                self.metrics.job_finished(r.job, outcome, time.monotonic() - r.t0)  # type: ignore[arg-type]
+            except Exception:
+                log.exception("metrics.job_finished failed")
+
+    def _finish_ok(self, r: Attempt) -> None:
+        if r.state != RUNNING:
+            return
+        self._end(r, "ok")
+        if r.lost:
+            return  # refused for sure (tokens only grow): already counted and logged
+        self.outbox.ack(r)
+
+    def _finish_timeout(self, r: Attempt, keep_slot: bool = False) -> None:
+        if r.state != RUNNING:
+            return
+        spec = r.handler
+        assert spec is not None and spec.timeout is not None
+        self._end(r, "timeout", keep_slot)
+        r.stats.failed += 1
+        msg = f"handler for queue {r.queue!r} did not finish within {spec.timeout:g} s"
+        err = error_arg("HandlerTimeout", msg)
+        self._report_failure(r, FailKind.FAILED, self._backoff_ms(r), err, "HandlerTimeout", msg)
+
+    def _finish_exc(self, r: Attempt, exc: BaseException) -> None:
+        if r.state != RUNNING:
+            return
+        if isinstance(exc, Retry):
+            self._end(r, "retry")
+            delay = self._backoff_ms(r) if exc.delay is None else int(exc.delay * 1000)
+            log.debug("job %s (queue %r, attempt %d) asked for a retry in %.3g s", encode_id(r.raw_id), r.queue,
+                      r.rec.attempt if r.rec else 0, delay / 1000)
+            self._report_failure(r, FailKind.RETRY, delay, error_arg("Retry", str(exc)), None, None)
+            return
+        kind, outcome = ((FailKind.PERMANENT, "permanent") if isinstance(exc, PermanentError)
+                         else (FailKind.FAILED, "failed"))
+        self._end(r, outcome)
+        r.stats.failed += 1
+        etype, msg = type_name(exc), str(exc)
+        self._report_failure(r, kind, self._backoff_ms(r) if kind is FailKind.FAILED else 0,
+                             error_arg(etype, msg, short_tb(exc)), etype, msg)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("job %s handler traceback", encode_id(r.raw_id), exc_info=exc)
+
+    @staticmethod
+    def _backoff_ms(r: Attempt) -> int:
+        rec = r.rec
+        assert rec is not None
+        return backoff_delay_ms(rec.attempt, rec.backoff_base_ms, rec.backoff_cap_ms)
+
+    def _report_failure(self, r: Attempt, kind: FailKind, delay_ms: int, err: bytes, etype: str | None,
+                        msg: str | None) -> None:
+        job = r.job
+        if etype is not None and job is not None:
+            last = kind is FailKind.PERMANENT or job.attempt >= job.max_attempts
+            log.warning("job %s (queue %r, attempt %d/%d) failed: %s: %s; %s", job.id, r.queue, job.attempt,
+                        job.max_attempts, etype, msg,
+                        "dead-lettering it" if last else f"retry in {delay_ms / 1000:.3g} s")
+        if r.lost:
+            return
+        self.outbox.fail(r, kind, delay_ms, err)
+
+    # -- shutdown -------------------------------------------------------------------------------
+    def tasks(self) -> list[asyncio.Future[Any]]:
+        """The tasks of the handlers running now."""
+        return [r.task for r in self.running if r.task is not None]
+
+    def hand_back(self) -> list[asyncio.Future[Any]]:
+        """Release every job whose handler is still running (back to ready, no attempt spent) and
+        cancel its task; returns the tasks cancelled."""
+        left = [r for r in self.running if r.state == RUNNING]
+        if not left:
+            return []
+        log.warning("handing %d unfinished job(s) back to ready (no attempt spent)", len(left))
+        cancelled: list[asyncio.Future[Any]] = []
+        for r in left:
+            r.state = RELEASED
+            self.running.discard(r)
+            if not r.lost:
+                self.outbox.release(r)
+            if self.metrics is not None and r.job is not None:
+                try:
+                    self.metrics.job_finished(r.job, "released", time.monotonic() - r.t0)
+                except Exception:
+                    log.exception("metrics.job_finished failed")
+            if r.task is not None:
+                r.task.cancel()
+                cancelled.append(r.task)
+        return cancelled

@@ -1,0 +1,73 @@
+"""How the worker talks to Redis: its round trips, its retry policy, and how it rides out an outage.
+
+The claim loop and the outcome loop each send one batch of script calls at a time, each on its
+own *lane* of the transport (a connection kept between round trips). Redis errors never kill the
+worker: each loop logs once per outage (:class:`Outage`) and retries with capped, jittered backoff.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from scheduler.protocol.transport import AsyncScriptTransport, Call, RetryPolicy
+
+log = logging.getLogger("zsched.worker")
+
+BACKOFF_BASE, BACKOFF_CAP = 0.05, 5.0
+REDIS_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+# The transport retries only before a call reaches Redis (connect failures, a restart in
+# progress): outcomes and claims that may have run are never re-sent by the transport; the
+# worker's own loops re-send them knowing a refusal may then mean "already applied" (see
+# Attempt.uncertain, and the claim receipts of the fetch strategy).
+WORKER_RETRY = RetryPolicy(budget=0.5, attempts=4)
+
+# One round trip: script calls and a lane name -> one reply (or exception object) per call.
+Send = Callable[[Sequence[Call], str], Awaitable[list[Any]]]
+
+
+def sender(transport: AsyncScriptTransport) -> Send:
+    """The worker's round trip over ``transport``. Per-call errors come back as exception objects
+    (one bad partition does not hide the others' results); connection errors raise, and nothing
+    that may have reached Redis is re-sent by the transport: the caller's loop does that."""
+    call_many = transport.call_many
+
+    async def send(calls: Sequence[Call], lane: str) -> list[Any]:
+        return await call_many(calls, resend=False, raise_on_error=False, lane=lane)
+
+    return send
+
+
+class Outage:
+    """Logs a Redis outage once (then every 30 s), recovery once, and computes capped backoff."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.failures = 0
+        self.since = 0.0
+        self.last_log = 0.0
+
+    def failed(self, exc: BaseException) -> float:
+        """Count a failure; returns the seconds to wait before the next try."""
+        now = time.monotonic()
+        if self.failures == 0:
+            self.since = now
+            self.last_log = now
+            log.warning("%s: Redis unavailable (%s: %s); retrying with backoff", self.what, type(exc).__name__, exc)
+        elif now - self.last_log > 30:
+            self.last_log = now
+            log.warning("%s: Redis still unavailable after %.0f s (%s: %s)", self.what, now - self.since,
+                        type(exc).__name__, exc)
+        self.failures += 1
+        return float(min(BACKOFF_CAP, BACKOFF_BASE * 2 ** min(self.failures - 1, 20)) * random.uniform(0.5, 1.0))
+
+    def ok(self) -> None:
+        """A call went through: log the recovery if there was an outage."""
+        if self.failures:
+            log.info("%s: Redis reachable again after %.1f s", self.what, time.monotonic() - self.since)
+            self.failures = 0
