@@ -679,11 +679,13 @@ if __name__ == "__main__":
     ap.add_argument("what", nargs="?", default="run", choices=("run", "profile", "w3-profile", "micro"))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--keep", action="store_true", help="keep the extracted old tree")
+    ap.add_argument("--old", default=OLD_COMMIT, metavar="REV",
+                    help=f"the commit to compare the working tree with (default {OLD_COMMIT})")
     ap.add_argument("-n", type=int, default=20_000, help="profile: calls to profile; w3-profile: jobs")
     ap.add_argument("--concurrency", type=int, default=64, help="w3-profile: worker concurrency")
     a = ap.parse_args()
     if a.what == "run":
-        emit({"transport": run(a.quick, keep=a.keep)})
+        emit({"transport": run(a.quick, old_commit=a.old, keep=a.keep)})
     elif a.what == "profile":
         emit({"transport_profile": profile(a.n)})
     elif a.what == "micro":

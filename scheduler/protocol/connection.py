@@ -10,6 +10,10 @@ here, so a URL means the same thing everywhere:
   to the master; sentinels that need their own credentials take ``?sentinel_username=`` and
   ``?sentinel_password=``. The master is looked up through the sentinels on every new connection,
   so a failover is followed without a restart.
+* ``redis+cluster://[user:password@]host:port[,host:port...]`` and ``rediss+cluster://...`` (TLS):
+  Redis Cluster, through redis-py's ``RedisCluster``. The listed nodes are only where the client
+  starts; it learns the whole cluster from any of them and follows slot moves and failovers
+  (``MOVED``/``ASK`` redirects are followed by redis-py: a redirected command had not run).
 
 Clients are built with redis-py's own retry switched off: zsched's script transport
 (:mod:`scheduler.transport`) decides which calls may be re-sent, and a library that re-sends a
@@ -23,7 +27,9 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 import redis.asyncio as aredis
+import redis.asyncio.cluster as acluster
 import redis.asyncio.sentinel as asentinel
+import redis.cluster as rcluster
 import redis.sentinel as sentinel
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
@@ -32,6 +38,7 @@ from redis.retry import Retry
 from .errors import ConfigError
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 PLAIN_SCHEMES = ("redis", "rediss", "unix")
 
 # Defaults for long-running components; producers may pass their own (see Client.from_url).
@@ -43,7 +50,24 @@ DEFAULT_SOCKET_TIMEOUT = 10.0
 _SENTINEL_ONLY = ("sentinel_username", "sentinel_password")
 _HINT = ("expected redis://[user:password@]host:port/db, rediss:// for TLS, unix:///path, or "
          "redis+sentinel://[user:password@]host:port[,host:port...]/MASTER_NAME[/db] "
-         "(rediss+sentinel:// for TLS)")
+         "(rediss+sentinel:// for TLS), or redis+cluster://[user:password@]host:port[,host:port...] "
+         "(rediss+cluster:// for TLS)")
+
+SyncRedis = redis.Redis | rcluster.RedisCluster
+"""A blocking client: one server (plain, TLS, unix socket, Sentinel-discovered) or a cluster."""
+AsyncRedis = aredis.Redis | acluster.RedisCluster
+"""An asyncio client: one server or a cluster."""
+
+
+@dataclass(frozen=True)
+class ClusterTarget:
+    """A parsed cluster URL: the nodes to start from, TLS, credentials, connection options."""
+
+    nodes: tuple[tuple[str, int], ...]
+    ssl: bool
+    username: str | None
+    password: str | None
+    options: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -69,6 +93,8 @@ def check_url(url: str) -> str:
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme in SENTINEL_SCHEMES:
         parse_sentinel_url(url)
+    elif scheme in CLUSTER_SCHEMES:
+        parse_cluster_url(url)
     elif scheme not in PLAIN_SCHEMES:
         raise _bad(url, f"unknown scheme {scheme + '://' if scheme else '(none)'}")
     return url
@@ -80,32 +106,7 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
     scheme = parts.scheme.lower()
     if scheme not in SENTINEL_SCHEMES:
         raise _bad(url, "not a Sentinel URL")
-    netloc = parts.netloc
-    username = password = None
-    if "@" in netloc:
-        creds, netloc = netloc.rsplit("@", 1)
-        user, _, pw = creds.partition(":")
-        username, password = (unquote(user) or None), (unquote(pw) or None)
-    hosts: list[tuple[str, int]] = []
-    for item in netloc.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        if item.startswith("["):  # [::1]:26379
-            host, _, port_s = item[1:].partition("]:")
-        else:
-            host, _, port_s = item.rpartition(":")
-            if not host:
-                host, port_s = item, "26379"
-        try:
-            port = int(port_s)
-        except ValueError:
-            raise _bad(url, f"sentinel address {item!r} has no valid port") from None
-        if not host or not 0 < port < 65536:
-            raise _bad(url, f"sentinel address {item!r} is not host:port")
-        hosts.append((host, port))
-    if not hosts:
-        raise _bad(url, "no sentinel address")
+    username, password, hosts = _hosts(url, parts.netloc, "sentinel", 26379)
     path = [p for p in parts.path.split("/") if p]
     if not path:
         raise _bad(url, "no master name (the name the sentinels monitor, e.g. /mymaster)")
@@ -123,6 +124,68 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
         (sopts if k in _SENTINEL_ONLY else opts)[k] = v[-1]
     return SentinelTarget(tuple(hosts), unquote(path[0]), db, scheme == "rediss+sentinel", username, password,
                           opts, sopts)
+
+
+def _hosts(url: str, netloc: str, what: str, default_port: int) -> tuple[str | None, str | None,
+                                                                        list[tuple[str, int]]]:
+    """Credentials and the ``host:port[,host:port...]`` list of a multi-host URL."""
+    username = password = None
+    if "@" in netloc:
+        creds, netloc = netloc.rsplit("@", 1)
+        user, _, pw = creds.partition(":")
+        username, password = (unquote(user) or None), (unquote(pw) or None)
+    hosts: list[tuple[str, int]] = []
+    for raw in netloc.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        if item.startswith("["):  # [::1]:26379
+            host, _, port_s = item[1:].partition("]:")
+        else:
+            host, _, port_s = item.rpartition(":")
+            if not host:
+                host, port_s = item, str(default_port)
+        try:
+            port = int(port_s)
+        except ValueError:
+            raise _bad(url, f"{what} address {item!r} has no valid port") from None
+        if not host or not 0 < port < 65536:
+            raise _bad(url, f"{what} address {item!r} is not host:port")
+        hosts.append((host, port))
+    if not hosts:
+        raise _bad(url, f"no {what} address")
+    return username, password, hosts
+
+
+def parse_cluster_url(url: str) -> ClusterTarget:
+    """Split ``redis+cluster://[user:pass@]h:p[,h:p...][?opts]``. A cluster has only database 0,
+    so a path other than ``/`` or ``/0`` is refused."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in CLUSTER_SCHEMES:
+        raise _bad(url, "not a cluster URL")
+    username, password, hosts = _hosts(url, parts.netloc, "cluster node", 6379)
+    if parts.path.strip("/") not in ("", "0"):
+        raise _bad(url, f"Redis Cluster has only database 0, got path {parts.path!r}")
+    opts = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+    return ClusterTarget(tuple(hosts), scheme == "rediss+cluster", username, password, opts)
+
+
+def is_cluster(client: object) -> bool:
+    """Whether ``client`` (sync or asyncio) talks to a Redis Cluster."""
+    return isinstance(client, rcluster.RedisCluster | acluster.RedisCluster)
+
+
+def _cluster_kwargs(url: str, kw: dict[str, Any]) -> tuple[ClusterTarget, dict[str, Any]]:
+    t = parse_cluster_url(url)
+    ckw = {**_coerce(t.options), **kw}
+    if t.username:
+        ckw.setdefault("username", t.username)
+    if t.password:
+        ckw.setdefault("password", t.password)
+    if t.ssl:
+        ckw["ssl"] = True
+    return t, ckw
 
 
 def mask_url(url: str) -> str:
@@ -193,11 +256,16 @@ def _sentinel_parts(url: str, kw: dict[str, Any]) -> tuple[SentinelTarget, dict[
     return t, master_kw, skw
 
 
-def sync_redis(url: str, **kwargs: Any) -> redis.Redis:
+def sync_redis(url: str, **kwargs: Any) -> SyncRedis:
     """A blocking redis-py client for ``url`` (any supported scheme), without redis-py retries."""
     check_url(url)
     kw = _defaults(kwargs, Retry(NoBackoff(), 0))
-    if url.split("://", 1)[0].lower() in SENTINEL_SCHEMES:
+    scheme = url.split("://", 1)[0].lower()
+    if scheme in CLUSTER_SCHEMES:
+        c, ckw = _cluster_kwargs(url, kw)
+        nodes = [rcluster.ClusterNode(h, p) for h, p in c.nodes]  # type: ignore[no-untyped-call]
+        return rcluster.RedisCluster(startup_nodes=nodes, **ckw)
+    if scheme in SENTINEL_SCHEMES:
         t, master_kw, skw = _sentinel_parts(url, kw)
         s = sentinel.Sentinel(list(t.sentinels), sentinel_kwargs=skw, **master_kw)  # type: ignore[no-untyped-call]
         master: redis.Redis = s.master_for(t.master_name)  # type: ignore[no-untyped-call]
@@ -205,11 +273,15 @@ def sync_redis(url: str, **kwargs: Any) -> redis.Redis:
     return redis.Redis.from_url(url, **kw)
 
 
-def async_redis(url: str, **kwargs: Any) -> aredis.Redis:
+def async_redis(url: str, **kwargs: Any) -> AsyncRedis:
     """An asyncio redis-py client for ``url`` (any supported scheme), without redis-py retries."""
     check_url(url)
     kw = _defaults(kwargs, AsyncRetry(NoBackoff(), 0))
-    if url.split("://", 1)[0].lower() in SENTINEL_SCHEMES:
+    scheme = url.split("://", 1)[0].lower()
+    if scheme in CLUSTER_SCHEMES:
+        c, ckw = _cluster_kwargs(url, kw)
+        return acluster.RedisCluster(startup_nodes=[acluster.ClusterNode(h, p) for h, p in c.nodes], **ckw)
+    if scheme in SENTINEL_SCHEMES:
         t, master_kw, skw = _sentinel_parts(url, kw)
         s = asentinel.Sentinel(list(t.sentinels), sentinel_kwargs=skw, **master_kw)  # type: ignore[no-untyped-call]
         amaster: aredis.Redis = s.master_for(t.master_name)

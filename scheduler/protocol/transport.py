@@ -18,175 +18,48 @@ sends script calls through :class:`ScriptTransport` or :class:`AsyncScriptTransp
   connection failed after it was written) is re-sent only when its script is safe to run twice,
   per :data:`RESEND`; ``schedule`` is re-sent with its re-send flag set, which makes the script
   return the ids it already created instead of creating them again.
+* **Redis Cluster** (a ``RedisCluster`` client): the same transport sends each call to the master
+  that owns its partition's slot (:mod:`.routing`), one round trip per node per batch (the
+  asyncio transport talks to the nodes concurrently). MOVED updates the slot map and sends the
+  call again at once, ASK sends it once to the importing node after ``ASKING`` (neither had
+  run); TRYAGAIN and CLUSTERDOWN are "not run" refusals; a connection failure re-reads the slot
+  map before the re-send rules above apply.
 """
 from __future__ import annotations
 
-import asyncio
 import os
-import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from redis.exceptions import ConnectionError, NoScriptError, ResponseError, TimeoutError
+from redis.exceptions import NoScriptError, RedisClusterException, ResponseError
 
-from .scripts import Script, load_scripts
+from .batch import (
+    DEFAULT_RETRY,
+    MAX_REDIRECTS,
+    NO_RETRY,
+    RESEND,
+    RESEND_FLAG,
+    TRANSIENT,
+    Batch,
+    Call,
+    RetryPolicy,
+    finish,
+    is_noscript,
+    mark_resend,
+    merge_tails,
+    not_run,
+    pack,
+    resend_safe,
+)
+from .connection import is_cluster
+from .routing import SyncRoutes
+from .scripts import load_scripts
+from .transport_async import AsyncScriptTransport
 
-_hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
-try:  # redis[hiredis] is a dependency; its C packer is what the hot paths use
-    from hiredis import pack_command as _hiredis_pack
-except ImportError:  # pragma: no cover
-    _hiredis_pack = None
-
-
-def _pack(conn: Any, cmds: list[tuple[Any, ...]]) -> Any:
-    """Commands as one buffer. hiredis's packer: redis-py's own ``pack_commands`` converts every
-    argument in Python first, which measured as most of the worker's CPU per claim/ack round trip."""
-    if _hiredis_pack is None:
-        return conn.pack_commands(cmds)
-    return [b"".join([_hiredis_pack(c) for c in cmds])]
-
-Call = tuple[str, Sequence[Any], Sequence[Any]]
-"""A script call: (script name, keys, args)."""
-
-# -- retry safety -------------------------------------------------------------------------------
-# What happens when a script call is sent twice (the first reply was lost):
-#   "safe": the second run finds the first one's result and changes nothing it should not
-#           (fenced by a lease token or an epoch, or naturally idempotent). Its *reply* may differ
-#           (e.g. ack returns 0 "refused" for a job the first run acked).
-#   "flag": safe when re-sent with the script's re-send flag (an ARGV position, 0-based in args)
-#           set to 1; the first send leaves it 0 so the common path pays nothing for the check.
-RESEND: dict[str, str] = {
-    "schedule": "flag",     # creates a job only if its id is new (the id is made by the client)
-    "tick": "safe",         # fenced by the epoch; a second tick finds fewer due timers
-    "reap": "safe",         # fenced by the epoch; only expired leases are reaped
-    "claim": "safe",        # never hands out a job that is already running; a lost reply strands
-                            # its jobs until their lease expires (then they are reaped)
-    "ack": "safe", "fail": "safe", "extend": "safe", "release": "safe",  # fenced by the lease token
-    "cancel": "safe", "reschedule": "safe", "requeue": "safe", "purge": "safe",
-    "inspect": "safe", "stats": "safe", "dead_list": "safe", "list": "safe",  # read-only
-    "ratelimit": "safe",    # a lost reply spends tokens nobody uses: the queue runs a bit slow once
-    "cron_set": "safe", "cron_remove": "safe",
-    "cron_fill": "safe",    # versioned: a second fill of the same version is ignored
-    "epoch_reset": "safe",  # compare-and-set
-}
-RESEND_FLAG: dict[str, int] = {"schedule": 6}  # 0-based index into args (ARGV[index + 1]) of the flag
-
-# Error replies that mean the command was not executed: safe to send again after a pause.
-# NOREPLICAS (min-replicas-to-write not met) is raised at a script's first write, before it wrote.
-_NOT_RUN = ("LOADING", "BUSY ", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
-TRANSIENT = (ConnectionError, TimeoutError, OSError)
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How long and how often a call is retried after a transient failure.
-
-    Delays are full jitter: uniform in [0, min(cap, base * 2**n)], so clients that failed together
-    come back spread out. ``budget`` bounds the total time spent retrying (the call then raises
-    the last error); ``attempts`` bounds the number of tries (1 = no retry)."""
-
-    budget: float = 10.0
-    attempts: int = 30
-    base: float = 0.025
-    cap: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.attempts < 1 or self.budget < 0 or self.base <= 0 or self.cap < self.base:
-            raise ValueError(f"invalid RetryPolicy {self!r}: need attempts >= 1, budget >= 0, 0 < base <= cap")
-
-    def delays(self) -> Iterator[float]:
-        """Sleep before each retry; ends when the attempts or the time budget are spent."""
-        deadline = time.monotonic() + self.budget
-        for n in range(self.attempts - 1):
-            d = random.uniform(0, min(self.cap, self.base * 2 ** min(n, 30)))
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            yield min(d, left)
-
-
-DEFAULT_RETRY = RetryPolicy()
-NO_RETRY = RetryPolicy(attempts=1, budget=0)
-
-
-def _not_run(exc: BaseException) -> bool:
-    return isinstance(exc, ResponseError) and str(exc).startswith(_NOT_RUN)
-
-
-def _is_noscript(exc: BaseException) -> bool:
-    return isinstance(exc, NoScriptError) or (isinstance(exc, ResponseError) and str(exc).startswith("NOSCRIPT"))
-
-
-def resend_safe(calls: Sequence[Call]) -> bool:
-    return all(RESEND.get(name) in ("safe", "flag") for name, _, _ in calls)
-
-
-def mark_resend(call: Call) -> Call:
-    """The call as it must be re-sent (with its script's re-send flag set, if it has one)."""
-    name, keys, args = call
-    i = RESEND_FLAG.get(name)
-    if i is None:
-        return call
-    args = list(args)
-    args[i] = 1
-    return name, keys, args
-
-
-class _Batch:
-    """Book-keeping of one batch across NOSCRIPT reloads, refusals and re-sends."""
-
-    __slots__ = ("calls", "results", "pending", "scripts", "resent")
-
-    def __init__(self, calls: Sequence[Call], scripts: dict[str, Script]) -> None:
-        self.calls = list(calls)
-        self.results: list[Any] = [None] * len(calls)
-        self.pending = list(range(len(calls)))
-        self.scripts = scripts
-        self.resent = False
-
-    def commands(self) -> list[tuple[Any, ...]]:
-        by = self.scripts
-        out = []
-        for i in self.pending:
-            name, keys, args = self.calls[i]
-            out.append(("EVALSHA", by[name].sha, len(keys), *keys, *args))
-        return out
-
-    def take(self, replies: Sequence[Any]) -> tuple[list[str], bool]:
-        """Store replies; keep pending the calls refused as NOSCRIPT or not-run. Returns the
-        scripts to load and whether a not-run refusal asks for a pause before sending again."""
-        missing: list[str] = []
-        wait = False
-        still = []
-        for i, r in zip(self.pending, replies):
-            if isinstance(r, Exception) and _is_noscript(r):
-                missing.append(self.calls[i][0])
-                still.append(i)
-            elif isinstance(r, Exception) and _not_run(r):
-                self.results[i] = r  # reported if the retries run out
-                still.append(i)
-                wait = True
-            else:
-                self.results[i] = r
-        self.pending = still
-        return sorted(set(missing)), wait
-
-    def mark_resent(self) -> None:
-        """The connection failed after sending: every pending call may have run."""
-        self.resent = True
-        for i in self.pending:
-            self.calls[i] = mark_resend(self.calls[i])
-
-
-def _finish(results: list[Any], raise_on_error: bool) -> list[Any]:
-    if raise_on_error:
-        for r in results:
-            if isinstance(r, Exception):
-                raise r
-    return results
+__all__ = ["DEFAULT_RETRY", "NO_RETRY", "RESEND", "RESEND_FLAG", "TRANSIENT", "AsyncScriptTransport", "Call",
+           "RetryPolicy", "ScriptTransport", "mark_resend", "resend_safe"]
 
 
 class _Checkout:
@@ -231,6 +104,7 @@ class ScriptTransport:
         self.scripts = load_scripts()
         self.resends = 0  # calls sent again after a connection failure (observability, tests)
         self._local = threading.local()
+        self._routes = SyncRoutes(redis) if is_cluster(redis) else None
 
     def _checkout(self) -> _Checkout:
         held: _Checkout | None = getattr(self._local, "held", None)
@@ -263,17 +137,19 @@ class ScriptTransport:
         The first attempt takes a short path (one command, no batch book-keeping): producers call
         ``schedule`` one job at a time in hot loops. Anything unusual (NOSCRIPT, a refusal, a
         failed connection) continues on :meth:`call_many`'s path with the same rules."""
+        if self._routes is not None:
+            return self.call_many([(name, keys, args)], retry=retry, resend=resend)[0]
         try:
             held = self._checkout()
         except TRANSIENT:
             return self.call_many([(name, keys, args)], retry=retry, resend=resend)[0]
         conn = held.conn
         try:
-            conn.send_packed_command(_pack(conn, [("EVALSHA", self.scripts[name].sha, len(keys), *keys, *args)]),
+            conn.send_packed_command(pack(conn, [("EVALSHA", self.scripts[name].sha, len(keys), *keys, *args)]),
                                      check_health=False)
             return conn.read_response()
         except ResponseError as exc:  # the reply was read: the connection is still in sync
-            if _is_noscript(exc) or _not_run(exc):  # it did not run: the general path handles it
+            if is_noscript(exc) or not_run(exc):  # it did not run: the general path handles it
                 return self.call_many([(name, keys, args)], retry=retry, resend=resend)[0]
             raise
         except TRANSIENT:
@@ -294,9 +170,19 @@ class ScriptTransport:
         ``resend=False``: never send a call again once it may have reached Redis (a failure
         before sending is still retried). ``then``: one more command sent on the same connection
         after the calls (e.g. ``WAIT``); its reply is appended to the list."""
-        batch = _Batch(calls, self.scripts)
+        batch = Batch(calls, self.scripts)
         policy = retry or self.retry
-        delays = policy.delays()
+        if self._routes is not None:
+            tails = self._cluster(batch, policy.delays(), resend, then)
+        else:
+            tails = [self._single(batch, policy.delays(), resend, then)]
+        out = finish(batch.results, raise_on_error)
+        if then is not None:
+            out.append(merge_tails(tails))
+        return out
+
+    def _single(self, batch: Batch, delays: Iterator[float], resend: bool, then: Sequence[Any] | None) -> Any:
+        """The batch on one server, over this thread's held connection."""
         tail: Any = None
         while True:
             try:
@@ -306,10 +192,10 @@ class ScriptTransport:
                     raise
                 continue
             try:
-                tail = self._roundtrip(held.conn, batch, then)
+                tail = self._roundtrip(held.conn, batch, then, batch.pending)
             except TRANSIENT:
                 self._broken(held)
-                if not (resend and resend_safe([batch.calls[i] for i in batch.pending])) or not self._pause(delays):
+                if not (resend and batch.resend_safe()) or not self._pause(delays):
                     raise
                 batch.mark_resent()
                 self.resends += 1
@@ -319,13 +205,60 @@ class ScriptTransport:
                 raise
             if batch.pending:  # refused as not run (LOADING, BUSY, READONLY, ...): again later
                 if not self._pause(delays):
-                    break
+                    return tail
                 continue
-            break
-        out = _finish(batch.results, raise_on_error)
-        if then is not None:
-            out.append(tail)
-        return out
+            return tail
+
+    def _cluster(self, batch: Batch, delays: Iterator[float], resend: bool, then: Sequence[Any] | None) -> list[Any]:
+        """The batch on a cluster: one round trip per node, until every call has its reply."""
+        routes = self._routes
+        assert routes is not None
+        tails: list[Any] = []
+        redirects = 0
+        while batch.pending:
+            failed: BaseException | None = None
+            try:
+                groups = routes.groups(batch)
+            except RedisClusterException as exc:  # a slot with no known master (a failover under way)
+                groups, failed = [], exc
+            for node, idx in groups:
+                pool = routes.pool(node)
+                try:
+                    conn = pool.get_connection()
+                except TRANSIENT as exc:  # nothing was sent
+                    failed = exc
+                    continue
+                try:
+                    tails.append(self._roundtrip(conn, batch, then, idx))
+                except TRANSIENT as exc:
+                    conn.disconnect()
+                    pool.release(conn)
+                    if not (resend and batch.resend_safe(idx)):
+                        raise
+                    batch.mark_resent(idx)
+                    self.resends += 1
+                    failed = exc
+                    continue
+                except BaseException:
+                    conn.disconnect()  # a reply may be half read
+                    pool.release(conn)
+                    raise
+                pool.release(conn)
+            if batch.moved and redirects < MAX_REDIRECTS and failed is None:
+                redirects += 1
+                routes.moved(batch.moved)
+                batch.moved.clear()
+                continue
+            if batch.moved:
+                routes.moved(batch.moved)
+                batch.moved.clear()
+            if failed is not None:
+                routes.refresh()
+            if batch.pending and not self._pause(delays):
+                if failed is not None:
+                    raise failed
+                break
+        return tails
 
     @staticmethod
     def _pause(delays: Iterator[float]) -> bool:
@@ -336,15 +269,21 @@ class ScriptTransport:
         return True
 
     @staticmethod
-    def _roundtrip(conn: Any, batch: _Batch, then: Sequence[Any] | None) -> Any:
+    def _roundtrip(conn: Any, batch: Batch, then: Sequence[Any] | None, idx: Sequence[int]) -> Any:
+        """Send the calls ``idx`` (and ``then``) on ``conn``, read every reply; after NOSCRIPT load
+        the missing scripts on the same connection and send the refused calls again."""
         tail: Any = None
-        for _ in range(3):  # send; after NOSCRIPT load and send the refused ones again
-            cmds = batch.commands()
+        idx = list(idx)
+        for _ in range(3):
+            cmds = batch.commands(idx)
             if then is not None:
                 cmds.append(tuple(then))
-            conn.send_packed_command(_pack(conn, cmds), check_health=False)
+            asking = [i in batch.ask for i in idx]
+            conn.send_packed_command(pack(conn, cmds), check_health=False)
             replies = []
-            for _c in batch.pending:
+            for ask in asking:
+                if ask:
+                    conn.read_response()  # ASKING's +OK
                 try:
                     replies.append(conn.read_response())
                 except ResponseError as exc:  # the reply was read: the connection is still in sync
@@ -354,141 +293,12 @@ class ScriptTransport:
                     tail = conn.read_response()
                 except ResponseError as exc:
                     tail = exc
-            missing, _wait = batch.take(replies)
+            refused = [i for i, r in zip(idx, replies) if isinstance(r, Exception) and is_noscript(r)]
+            missing, _wait = batch.take(idx, replies)
             if not missing:
                 return tail
             for name in missing:
                 conn.send_command("SCRIPT", "LOAD", batch.scripts[name].source, check_health=False)
                 conn.read_response()
+            idx = refused
         raise NoScriptError("scripts still missing after loading them twice (is SCRIPT FLUSH running in a loop?)")
-
-
-class AsyncScriptTransport:
-    """The asyncio twin of :class:`ScriptTransport` (a ``redis.asyncio`` client).
-
-    A caller that never has two round trips in flight at once on the same *lane* (e.g. the
-    worker's claim loop and its outcome loop) may name it: the lane keeps the pool connection it
-    checked out between calls instead of paying the pool's checkout and return (lock, health
-    probe, book-keeping) on every round trip. The connection goes back to the pool when a call
-    on it fails or :meth:`close` is called."""
-
-    def __init__(self, redis: Any, retry: RetryPolicy = DEFAULT_RETRY) -> None:
-        self.redis = redis
-        self.retry = retry
-        self.scripts = load_scripts()
-        self.resends = 0
-        self._lanes: dict[str, Any] = {}
-
-    async def close(self) -> None:
-        """Return the lanes' connections to the pool."""
-        lanes, self._lanes = self._lanes, {}
-        for conn in lanes.values():
-            await self.redis.connection_pool.release(conn)
-
-    async def _checkout(self, lane: str | None) -> Any:
-        pool = self.redis.connection_pool
-        conn = self._lanes.pop(lane, None) if lane is not None else None
-        if conn is None:
-            return await pool.get_connection()
-        try:  # the pool's own checkout probe: reconnects one the server closed (a restart)
-            await pool.ensure_connection(conn)
-        except BaseException:
-            await asyncio.shield(_drop_and_release(pool, conn))
-            raise
-        return conn
-
-    async def call(self, name: str, keys: Sequence[Any], args: Sequence[Any], *,
-                   retry: RetryPolicy | None = None, resend: bool = True) -> Any:
-        """Run one script; returns its reply, raises its error reply or the transport error."""
-        return (await self.call_many([(name, keys, args)], retry=retry, resend=resend))[0]
-
-    async def call_many(self, calls: Sequence[Call], *, retry: RetryPolicy | None = None, resend: bool = True,
-                        raise_on_error: bool = True, then: Sequence[Any] | None = None,
-                        lane: str | None = None) -> list[Any]:
-        """See :meth:`ScriptTransport.call_many`; ``lane``: see the class docstring."""
-        batch = _Batch(calls, self.scripts)
-        policy = retry or self.retry
-        delays = policy.delays()
-        pool = self.redis.connection_pool
-        tail: Any = None
-        while True:
-            try:
-                conn = await self._checkout(lane)
-            except TRANSIENT:
-                if not await self._pause(delays):
-                    raise
-                continue
-            try:
-                tail = await self._roundtrip(conn, batch, then)
-            except TRANSIENT:
-                await _drop(conn)
-                await pool.release(conn)
-                if not (resend and resend_safe([batch.calls[i] for i in batch.pending])) \
-                        or not await self._pause(delays):
-                    raise
-                batch.mark_resent()
-                self.resends += 1
-                continue
-            except BaseException:  # cancelled mid-call, or a bug: the reply may be half read
-                await asyncio.shield(_drop_and_release(pool, conn))
-                raise
-            if lane is not None and lane not in self._lanes:
-                self._lanes[lane] = conn
-            else:
-                await pool.release(conn)
-            if batch.pending:
-                if not await self._pause(delays):
-                    break
-                continue
-            break
-        out = _finish(batch.results, raise_on_error)
-        if then is not None:
-            out.append(tail)
-        return out
-
-    @staticmethod
-    async def _pause(delays: Iterator[float]) -> bool:
-        d = next(delays, None)
-        if d is None:
-            return False
-        await asyncio.sleep(d)
-        return True
-
-    @staticmethod
-    async def _roundtrip(conn: Any, batch: _Batch, then: Sequence[Any] | None) -> Any:
-        tail: Any = None
-        for _ in range(3):
-            cmds = batch.commands()
-            if then is not None:
-                cmds.append(tuple(then))
-            await conn.send_packed_command(_pack(conn, cmds), check_health=False)
-            replies = []
-            for _c in batch.pending:
-                try:
-                    replies.append(await conn.read_response())
-                except ResponseError as exc:
-                    replies.append(exc)
-            if then is not None:
-                try:
-                    tail = await conn.read_response()
-                except ResponseError as exc:
-                    tail = exc
-            missing, _wait = batch.take(replies)
-            if not missing:
-                return tail
-            for name in missing:
-                await conn.send_command("SCRIPT", "LOAD", batch.scripts[name].source, check_health=False)
-                await conn.read_response()
-        raise NoScriptError("scripts still missing after loading them twice (is SCRIPT FLUSH running in a loop?)")
-
-
-async def _drop(conn: Any) -> None:
-    try:
-        await conn.disconnect(nowait=True)
-    except Exception:  # closing a broken connection must not hide the error that broke it
-        pass
-
-
-async def _drop_and_release(pool: Any, conn: Any) -> None:
-    await _drop(conn)
-    await pool.release(conn)

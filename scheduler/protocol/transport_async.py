@@ -1,0 +1,245 @@
+"""The asyncio script transport (:class:`AsyncScriptTransport`), the twin of
+:class:`~.transport.ScriptTransport`: same batches, same retry and re-send rules, same cluster
+routing; see :mod:`.transport` for what it guarantees."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from redis.exceptions import NoScriptError, RedisClusterException, ResponseError
+
+from .batch import (
+    DEFAULT_RETRY,
+    MAX_REDIRECTS,
+    TRANSIENT,
+    Batch,
+    Call,
+    RetryPolicy,
+    finish,
+    is_noscript,
+    merge_tails,
+    pack,
+)
+from .connection import is_cluster
+from .routing import AsyncRoutes
+from .scripts import load_scripts
+
+
+class AsyncScriptTransport:
+    """The asyncio twin of :class:`ScriptTransport` (a ``redis.asyncio`` client).
+
+    A caller that never has two round trips in flight at once on the same *lane* (e.g. the
+    worker's claim loop and its outcome loop) may name it: the lane keeps the pool connection it
+    checked out between calls instead of paying the pool's checkout and return (lock, health
+    probe, book-keeping) on every round trip. The connection goes back to the pool when a call
+    on it fails or :meth:`close` is called."""
+
+    def __init__(self, redis: Any, retry: RetryPolicy = DEFAULT_RETRY) -> None:
+        self.redis = redis
+        self.retry = retry
+        self.scripts = load_scripts()
+        self.resends = 0
+        self._lanes: dict[str, Any] = {}
+        self._routes = AsyncRoutes(redis) if is_cluster(redis) else None
+
+    async def close(self) -> None:
+        """Return the lanes' connections to the pool (a cluster transport holds none)."""
+        lanes, self._lanes = self._lanes, {}
+        for conn in lanes.values():
+            await self.redis.connection_pool.release(conn)
+
+    async def _checkout(self, lane: str | None) -> Any:
+        pool = self.redis.connection_pool
+        conn = self._lanes.pop(lane, None) if lane is not None else None
+        if conn is None:
+            return await pool.get_connection()
+        try:  # the pool's own checkout probe: reconnects one the server closed (a restart)
+            await pool.ensure_connection(conn)
+        except BaseException:
+            await asyncio.shield(_drop_and_release(pool, conn))
+            raise
+        return conn
+
+    async def call(self, name: str, keys: Sequence[Any], args: Sequence[Any], *,
+                   retry: RetryPolicy | None = None, resend: bool = True) -> Any:
+        """Run one script; returns its reply, raises its error reply or the transport error."""
+        return (await self.call_many([(name, keys, args)], retry=retry, resend=resend))[0]
+
+    async def call_many(self, calls: Sequence[Call], *, retry: RetryPolicy | None = None, resend: bool = True,
+                        raise_on_error: bool = True, then: Sequence[Any] | None = None,
+                        lane: str | None = None) -> list[Any]:
+        """See :meth:`ScriptTransport.call_many`; ``lane``: see the class docstring (ignored on a
+        cluster, where every round trip takes a connection from each node's pool)."""
+        batch = Batch(calls, self.scripts)
+        policy = retry or self.retry
+        if self._routes is not None:
+            tails = await self._cluster(self._routes, batch, policy.delays(), resend, then)
+        else:
+            tails = [await self._single(batch, policy.delays(), resend, then, lane)]
+        out = finish(batch.results, raise_on_error)
+        if then is not None:
+            out.append(merge_tails(tails))
+        return out
+
+    async def _single(self, batch: Batch, delays: Iterator[float], resend: bool, then: Sequence[Any] | None,
+                      lane: str | None) -> Any:
+        """The batch on one server."""
+        pool = self.redis.connection_pool
+        tail: Any = None
+        while True:
+            try:
+                conn = await self._checkout(lane)
+            except TRANSIENT:
+                if not await self._pause(delays):
+                    raise
+                continue
+            try:
+                tail = await self._roundtrip(conn, batch, then, batch.pending)
+            except TRANSIENT:
+                await _drop(conn)
+                await pool.release(conn)
+                if not (resend and batch.resend_safe()) or not await self._pause(delays):
+                    raise
+                batch.mark_resent()
+                self.resends += 1
+                continue
+            except BaseException:  # cancelled mid-call, or a bug: the reply may be half read
+                await asyncio.shield(_drop_and_release(pool, conn))
+                raise
+            if lane is not None and lane not in self._lanes:
+                self._lanes[lane] = conn
+            else:
+                await pool.release(conn)
+            if batch.pending:
+                if not await self._pause(delays):
+                    return tail
+                continue
+            return tail
+
+    async def _cluster(self, routes: AsyncRoutes, batch: Batch, delays: Iterator[float], resend: bool,
+                       then: Sequence[Any] | None) -> list[Any]:
+        """The batch on a cluster: one round trip per node, the nodes concurrently."""
+        await routes.start()
+        tails: list[Any] = []
+        redirects = 0
+        while batch.pending:
+            try:
+                groups = routes.groups(batch)
+            except RedisClusterException as exc:  # a slot with no known master (a failover under way)
+                groups = [(None, exc)]  # type: ignore[list-item]  # _on_node reports it as a failure
+            results = await asyncio.gather(*(self._on_node(node, batch, then, idx, resend) for node, idx in groups),
+                                           return_exceptions=True)
+            failed: BaseException | None = None
+            for r in results:
+                if isinstance(r, _Failed):
+                    failed = r.error
+                elif isinstance(r, BaseException):
+                    raise r
+                else:
+                    tails.append(r)
+            if batch.moved and redirects < MAX_REDIRECTS and failed is None:
+                redirects += 1
+                await routes.moved(batch.moved)
+                batch.moved.clear()
+                continue
+            if batch.moved:
+                await routes.moved(batch.moved)
+                batch.moved.clear()
+            if failed is not None:
+                await routes.refresh()
+            if batch.pending and not await self._pause(delays):
+                if failed is not None:
+                    raise failed
+                break
+        return tails
+
+    async def _on_node(self, node: Any, batch: Batch, then: Sequence[Any] | None, idx: Any,
+                       resend: bool) -> Any:
+        """One round trip to one cluster node; a transport failure that allows a re-send comes
+        back as :class:`_Failed` (the calls are marked re-sent), any other error is raised."""
+        if node is None:  # no route: ``idx`` is the routing error
+            return _Failed(idx)
+        try:
+            conn = node.acquire_connection()
+        except TRANSIENT as exc:  # nothing was sent
+            return _Failed(exc)
+        try:
+            tail = await self._roundtrip(conn, batch, then, idx)
+        except TRANSIENT as exc:
+            await _drop(conn)
+            node.release(conn)
+            if not (resend and batch.resend_safe(idx)):
+                raise
+            batch.mark_resent(idx)
+            self.resends += 1
+            return _Failed(exc)
+        except BaseException:
+            await asyncio.shield(_drop(conn))
+            node.release(conn)
+            raise
+        node.release(conn)
+        return tail
+
+    @staticmethod
+    async def _pause(delays: Iterator[float]) -> bool:
+        d = next(delays, None)
+        if d is None:
+            return False
+        await asyncio.sleep(d)
+        return True
+
+    @staticmethod
+    async def _roundtrip(conn: Any, batch: Batch, then: Sequence[Any] | None, idx: Sequence[int]) -> Any:
+        tail: Any = None
+        idx = list(idx)
+        for _ in range(3):
+            cmds = batch.commands(idx)
+            if then is not None:
+                cmds.append(tuple(then))
+            asking = [i in batch.ask for i in idx]
+            await conn.send_packed_command(pack(conn, cmds), check_health=False)
+            replies = []
+            for ask in asking:
+                if ask:
+                    await conn.read_response()  # ASKING's +OK
+                try:
+                    replies.append(await conn.read_response())
+                except ResponseError as exc:
+                    replies.append(exc)
+            if then is not None:
+                try:
+                    tail = await conn.read_response()
+                except ResponseError as exc:
+                    tail = exc
+            refused = [i for i, r in zip(idx, replies) if isinstance(r, Exception) and is_noscript(r)]
+            missing, _wait = batch.take(idx, replies)
+            if not missing:
+                return tail
+            for name in missing:
+                await conn.send_command("SCRIPT", "LOAD", batch.scripts[name].source, check_health=False)
+                await conn.read_response()
+            idx = refused
+        raise NoScriptError("scripts still missing after loading them twice (is SCRIPT FLUSH running in a loop?)")
+
+
+class _Failed:
+    """A node's round trip failed in transit (connection error or timeout) in a way the batch
+    may retry: the cluster loop re-reads the slot map and pauses before sending again."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+async def _drop(conn: Any) -> None:
+    try:
+        await conn.disconnect(nowait=True)
+    except Exception:  # closing a broken connection must not hide the error that broke it
+        pass
+
+
+async def _drop_and_release(pool: Any, conn: Any) -> None:
+    await _drop(conn)
+    await pool.release(conn)

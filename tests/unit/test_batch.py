@@ -1,0 +1,84 @@
+"""The rules a script batch follows in flight (scheduler/protocol/batch.py): which error replies
+mean "not run", how redirects and NOSCRIPT keep a call pending, how replies of several cluster
+nodes to the command sent after a batch (WAIT) become one."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from redis._parsers.base import BaseParser
+from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError
+
+from scheduler.protocol.batch import Batch, merge_tails, not_run
+from scheduler.protocol.routing import slot_of
+from scheduler.protocol.scripts import load_scripts
+
+
+class _Parser(BaseParser):
+    """redis-py's own error-reply parsing, without a connection."""
+
+    def on_connect(self, connection: Any) -> None: ...
+
+    def on_disconnect(self) -> None: ...
+
+
+@pytest.mark.parametrize("reply", ["READONLY You can't write against a read only replica.",
+                                   "LOADING Redis is loading the dataset in memory",
+                                   "TRYAGAIN Multiple keys request during rehashing of slot",
+                                   "CLUSTERDOWN The cluster is down",
+                                   "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+                                   "BUSY Redis is busy running a script.",
+                                   "NOREPLICAS Not enough good replicas to write."])
+def test_refusals_that_did_not_run_are_recognised_as_redis_py_parses_them(reply: str) -> None:
+    # redis-py turns several of these into their own exception classes and strips the code
+    # from the message: matching on the text alone missed READONLY after a failover
+    exc = _Parser().parse_error(reply)
+    assert not_run(exc), (type(exc).__name__, str(exc))
+
+
+@pytest.mark.parametrize("reply", ["ERR wrong number of arguments", "WRONGTYPE Operation against a key",
+                                   "OOM command not allowed when used memory > 'maxmemory'."])
+def test_other_errors_are_final(reply: str) -> None:
+    assert not not_run(_Parser().parse_error(reply))
+
+
+def _batch(n: int) -> Batch:
+    keys = ["{ns:%d}:t" % i for i in range(n)]
+    return Batch([("stats", [k], []) for k in keys], load_scripts())
+
+
+def test_replies_settle_calls_and_redirects_keep_them_pending() -> None:
+    b = _batch(5)
+    moved = MovedError(f"{slot_of('{ns:1}:t')} 127.0.0.1:7001")
+    ask = AskError(f"{slot_of('{ns:2}:t')} 127.0.0.1:7002")
+    missing, wait = b.take([0, 1, 2, 3, 4], ["ok", moved, ask, NoScriptError("No matching script"),
+                                             ResponseError("TRYAGAIN Multiple keys")])
+    assert missing == ["stats"] and wait
+    assert b.results[0] == "ok" and b.pending == [1, 2, 3, 4]
+    assert b.moved == [moved] and set(b.ask) == {2}
+    # the ASK-redirected call is sent once with ASKING in front of it
+    cmds = b.commands([2, 3])
+    assert cmds[0] == ("ASKING",) and cmds[1][0] == "EVALSHA" and cmds[2][0] == "EVALSHA"
+    b.take([2, 3, 4, 1], ["two", "three", "four", "one"])
+    assert b.pending == [] and b.results == ["ok", "one", "two", "three", "four"] and not b.ask
+
+
+def test_a_lost_reply_marks_only_the_calls_of_that_node_as_resent() -> None:
+    b = Batch([("schedule", ["{ns:0}:t"], [0, 0, 0, 0, 0, 0, 0]), ("schedule", ["{ns:1}:t"], [0, 0, 0, 0, 0, 0, 0])],
+              load_scripts())
+    b.mark_resent([1])
+    assert list(b.calls[0][2])[6] == 0 and list(b.calls[1][2])[6] == 1, "the re-send flag on the lost call only"
+
+
+def test_the_weakest_node_reply_answers_for_the_batch() -> None:
+    assert merge_tails([]) is None
+    assert merge_tails([2]) == 2
+    assert merge_tails([2, 1, 3]) == 1, "WAIT: fewest replicas any node reached"
+    assert merge_tails([[1, 2], [1, 0]]) == [1, 0], "WAITAOF: element by element"
+    err = ResponseError("NOREPLICAS")
+    assert merge_tails([2, err]) is err
+
+
+def test_partition_keys_share_one_slot() -> None:
+    assert slot_of("{ns:3}:t") == slot_of("{ns:3}:r:mail") == slot_of(b"{ns:3}:j")
+    assert slot_of("{ns:3}:t") != slot_of("{ns:4}:t")
