@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from scheduler.shell.servers import etcd_delete_all, etcd_revoke_all_leases
-from tests.servers import EtcdCluster, EtcdServer, RedisServer, SentinelSet
+from tests.servers import ClusterServer, ClusterSet, EtcdCluster, EtcdServer, RedisServer, SentinelSet
 
 
 def _revive(server: RedisServer | EtcdServer) -> None:
@@ -58,6 +59,66 @@ def sentinel_set() -> Iterator[SentinelSet]:
     failover tests; ``.url`` is ``redis+sentinel://...``.  Stopped afterwards (about 2 s to start)."""
     with SentinelSet() as s:
         yield s
+
+
+# --------------------------------------------------------------------------- redis cluster
+
+
+def _revive_cluster(cluster: ClusterSet) -> None:
+    """Undo a stray pause/kill of a session cluster node and wait until the cluster is ok again."""
+    for node in cluster.nodes:
+        if isinstance(node, ClusterServer) and node.paused:
+            node.resume()
+    for node in cluster.nodes:
+        if not node.running:
+            cluster.restart_node(node)
+    cluster.wait_ok()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[ClusterSet]:
+    """One Redis Cluster (3 masters, no replicas) for the whole run; ``.url`` is
+    ``redis+cluster://...``.  Never kill or pause its nodes, nor leave slots moved: use
+    ``redis_cluster_factory`` (or ``redis_cluster_replicas``) for that.  Node timeout 3 s: with no
+    replica to promote it only decides how soon a silent node fails the whole cluster, and a longer
+    one keeps a loaded machine from seeing CLUSTERDOWN."""
+    with ClusterSet(masters=3, node_timeout_ms=3000) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster: ClusterSet) -> str:
+    """URL of the session cluster, ok and emptied (FLUSHALL on every master, SCRIPT FLUSH everywhere)."""
+    _revive_cluster(redis_cluster)
+    for master in redis_cluster.masters():
+        master.command("FLUSHALL")
+    for node in redis_cluster.running():
+        node.command("SCRIPT", "FLUSH")  # so EVALSHA/NOSCRIPT paths start cold
+    return redis_cluster.url
+
+
+@pytest.fixture
+def redis_cluster_replicas() -> Iterator[ClusterSet]:
+    """A dedicated Redis Cluster of 3 masters with 1 replica each, for failover tests
+    (``kill_master()``, ``restart_node()``); stopped afterwards (about 2 s to form)."""
+    with ClusterSet(masters=3, replicas=1) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def redis_cluster_factory() -> Iterator[Callable[..., ClusterSet]]:
+    """``make(masters=3, replicas=0, **kw)``: a started, dedicated ``ClusterSet`` the test may break;
+    every one made is stopped afterwards (processes by pid, temp dirs removed)."""
+    made: list[ClusterSet] = []
+
+    def make(masters: int = 3, replicas: int = 0, **kw: Any) -> ClusterSet:
+        cluster = ClusterSet(masters, replicas, **kw)
+        made.append(cluster)
+        return cluster.start()
+
+    yield make
+    for cluster in made:
+        cluster.stop()
 
 
 # --------------------------------------------------------------------------- etcd

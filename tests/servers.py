@@ -8,7 +8,9 @@ things, on purpose:
 - ``RedisServer.stall(ms)`` (a busy Lua script: every other client waits), ``save_point()`` +
   ``crash_to_save_point()`` (a real rollback of acknowledged writes);
 - ``SentinelSet.kill_master()`` and ``restart_old_master_as_replica()`` (role swaps);
-- ``EtcdCluster`` and ``SentinelSet`` start these fault-capable servers.
+- ``ClusterSet.kill_master()`` (kill -9 of a Redis Cluster master, until its replica took over;
+  ``restart_node()``, shared, brings the old master back as a replica);
+- ``EtcdCluster``, ``SentinelSet`` and ``ClusterSet`` start these fault-capable servers.
 """
 
 from __future__ import annotations
@@ -21,7 +23,16 @@ from scheduler.shell import servers
 from scheduler.shell.servers import HOST, ServerError, wait_for
 from tests.faults import Pausable, RedisStall
 
-__all__ = ["EtcdCluster", "EtcdServer", "RedisServer", "RedisStall", "SentinelServer", "SentinelSet"]
+__all__ = [
+    "ClusterServer",
+    "ClusterSet",
+    "EtcdCluster",
+    "EtcdServer",
+    "RedisServer",
+    "RedisStall",
+    "SentinelServer",
+    "SentinelSet",
+]
 
 
 class RedisServer(Pausable, servers.RedisServer):
@@ -154,3 +165,56 @@ class SentinelSet(servers.SentinelSet):
             old.start()
         self.wait_settled(timeout)
         return old
+
+
+class ClusterServer(RedisServer, servers.ClusterServer):
+    """A Redis Cluster node that tests may pause, stall or kill (a pause or a stall longer than the
+    cluster's node timeout makes the cluster fail it over)."""
+
+
+class ClusterSet(servers.ClusterSet):
+    """A Redis Cluster of fault-capable nodes, and master failovers.
+
+        with ClusterSet(replicas=1) as c:
+            old = c.node_for_key("{ns:0}:t")
+            new = c.kill_master(old)      # its replica, promoted; the cluster is ok again
+            c.restart_node(old)           # back as new's replica, in sync
+    """
+
+    node_class = ClusterServer
+
+    def kill_master(self, master: servers.ClusterServer | None = None, timeout: float = 30.0) -> servers.ClusterServer:
+        """kill -9 ``master`` (default: the first master that has a replica), then wait until one of
+        its replicas says it is a master and :meth:`wait_ok` holds again (every slot served, every
+        running node agreeing); returns the promoted replica.
+
+        Writes the replica had not received yet are lost, as in production: call
+        ``wait_replicated()`` first to lose nothing acknowledged."""
+        masters = self.masters()
+        if master is None:
+            master = next((m for m in masters if self.replicas_of(m)), None)
+            if master is None:
+                raise ServerError(f"no master of {self!r} has a replica: start it with replicas=1")
+        elif master not in masters:
+            raise ServerError(f"{master!r} is not a running master of {self!r} (masters: {masters!r})")
+        candidates = self.replicas_of(master)
+        if not candidates:
+            raise ServerError(f"{master!r} has no replica: nothing would take over; start with replicas=1")
+        master.kill()
+        promoted: list[servers.ClusterServer] = []
+        last: list[str] = []
+
+        def taken_over() -> bool:
+            if not promoted:
+                for r in candidates:
+                    try:
+                        if r.myself(0.5).is_master:
+                            promoted.append(r)
+                            break
+                    except (OSError, ServerError):
+                        continue
+            last[:] = self.problems() if promoted else ["no replica promoted yet"]
+            return not last
+
+        wait_for(taken_over, timeout, lambda: f"a replica of {master!r} to take over: {last}", 0.05)
+        return promoted[0]

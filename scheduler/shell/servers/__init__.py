@@ -7,6 +7,8 @@ One place that runs them, for ``zsched dev``, the tests and the benchmarks:
 - ``ports``: free loopback ports;
 - ``resp``: a minimal RESP client to probe and drive Redis without a client library;
 - ``redis``: :class:`RedisServer`;  ``sentinel``: :class:`SentinelServer`, :class:`SentinelSet`;
+- ``cluster``: :class:`ClusterServer`, :class:`ClusterSet` (Redis Cluster formed with ``redis-cli``,
+  online resharding with ``move_slots``);
 - ``etcd``: :class:`EtcdServer`, :class:`EtcdCluster` and calls to etcd's HTTP gateway;
 - ``zsched``: :class:`ZschedProc`, ``python -m scheduler`` child processes.
 
@@ -14,6 +16,7 @@ Everything listens on 127.0.0.1 only.  Fault injection (SIGSTOP, busy scripts, r
 swaps) is not here: it lives with the tests (``tests/faults.py``, ``tests/servers.py``).
 """
 
+from .cluster import CLUSTER_SLOTS, ClusterServer, ClusterSet, NodeLine, parse_cluster_nodes, slot_of
 from .etcd import (
     EtcdCluster,
     EtcdServer,
@@ -40,11 +43,15 @@ from .sentinel import SentinelServer, SentinelSet
 from .zsched import ZschedProc, scheduler_proc
 
 __all__ = [
+    "CLUSTER_SLOTS",
     "HOST",
     "OWNER_FILE",
     "ChildProcess",
+    "ClusterServer",
+    "ClusterSet",
     "EtcdCluster",
     "EtcdServer",
+    "NodeLine",
     "RedisServer",
     "SentinelServer",
     "SentinelSet",
@@ -61,11 +68,13 @@ __all__ = [
     "free_port",
     "free_ports",
     "pick_port",
+    "parse_cluster_nodes",
     "pid_alive",
     "read_reply",
     "redis_command",
     "redis_info",
     "scheduler_proc",
+    "slot_of",
     "sweep_stale_dirs",
     "wait_for",
 ]
