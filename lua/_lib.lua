@@ -9,7 +9,10 @@
 --     q (queue names hash), g (gauges hash), c (counters hash), meta (fence, epoch, fcur),
 --     f (finished jobs: tombstone summaries hash, see tombstone() below)
 --   ARGV[1] = partition key prefix "{ns:p}:"  (ready lists are PREFIX .. "r:" .. queue, same slot)
---   ARGV[2] = channel prefix "ns:"            (wake: CHAN.."wake", ready: CHAN.."ready:"..queue)
+--   ARGV[2] = channel prefix CHAN             (wake: CHAN.."wake", ready: CHAN.."ready:"..queue,
+--             epoch reset: CHAN.."epoch-reset"): "ns:" for plain pub/sub, or in sharded mode (Redis
+--             Cluster) the partition prefix "{ns:p}:", so the channel hashes to this partition's slot.
+--             Scripts publish only through publish(), which picks PUBLISH or SPUBLISH from CHAN.
 --   ARGV[3] = partition number (the pub/sub message)
 --   ARGV[4..] script-specific, see each script's header.
 -- Times are Redis server milliseconds (TIME). Jitter is always computed by the caller: Redis's
@@ -220,6 +223,12 @@ local function put_timer(id, rec, at)
   if at ~= u48(id, 1) then redis.call('HSET', K_M, id, fmt(at)) else redis.call('HDEL', K_M, id) end
 end
 
+-- Sharded pub/sub when CHAN starts with '{' (byte 123; a namespace name never does): SPUBLISH
+-- reaches only the node that owns the partition's slot, where PUBLISH would be broadcast over the
+-- whole cluster bus. One byte comparison per publish, no extra argument.
+local function publish(channel, msg)
+  redis.call(string.byte(CHAN, 1) == 123 and 'SPUBLISH' or 'PUBLISH', channel, msg)
+end
 local ready_touched = {}
 local function push_ready(id, qname, front)
   if front then
@@ -230,7 +239,7 @@ local function push_ready(id, qname, front)
   ready_touched[qname] = true
 end
 local function publish_ready()
-  for qname in pairs(ready_touched) do redis.call('PUBLISH', CHAN .. 'ready:' .. qname, PART) end
+  for qname in pairs(ready_touched) do publish(CHAN .. 'ready:' .. qname, PART) end
 end
 -- Put a job back to work at 'at': its ready list when due (body in 'j', due = at), else the timer
 -- set (body inside the timer member). Returns 'at' when it went to the timer set, so the caller
@@ -246,4 +255,4 @@ local function place(id, rec, q, at, now)
   bump(K_G, 's:' .. q)
   return at
 end
-local function wake_scheduler() redis.call('PUBLISH', CHAN .. 'wake', PART) end
+local function wake_scheduler() publish(CHAN .. 'wake', PART) end

@@ -3,8 +3,9 @@
 -- meta.epoch and every tick is refused). Run by `zsched epochs reset`, never by the tier itself.
 -- KEYS: the 14 partition keys (see _lib.lua); only K_META (field 'epoch') is read or written.
 -- ARGV: 1-3 common; 4 expected epoch: the value the operator saw (decimal; 0 = none stored).
--- Publishes: the partition number on CHAN.."epoch-reset" after a reset, so a replica backing off
--- from the conflict retries at once instead of at its next backoff step (up to 30 s later).
+-- Publishes: the partition number on CHAN.."epoch-reset" after a reset (publish(): SPUBLISH in
+-- sharded mode), so a replica backing off from the conflict retries at once instead of at its
+-- next backoff step (up to 30 s later).
 -- Returns: {1, previous epoch} reset to 0; {0, current epoch} not reset because the stored value
 --          is no longer the expected one (a legitimate owner raised it meanwhile: look again);
 --          {2, 0} nothing to do (nothing or 0 stored, as expected).
@@ -21,5 +22,5 @@ local cur = tonumber(redis.call('HGET', K_META, 'epoch') or '0')
 if cur ~= expected then return {0, cur} end
 if cur == 0 then return {2, 0} end
 redis.call('HSET', K_META, 'epoch', '0')
-redis.call('PUBLISH', CHAN .. 'epoch-reset', PART)
+publish(CHAN .. 'epoch-reset', PART)
 return {1, cur}

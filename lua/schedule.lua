@@ -20,6 +20,8 @@
 -- An idempotency key maps to at most one live job. Keys starting with "cron:" are refused (they
 -- belong to cron occurrences; the client refuses them too). The owner is woken (pub/sub) only when a job
 -- lands before the partition's current earliest timer.
+-- Publishes (publish(): SPUBLISH in sharded mode): the partition number on CHAN.."ready:"..queue
+-- when jobs landed in the ready list, on CHAN.."wake" when one landed before the earliest timer.
 local queue, ttl, n, resend = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1'
 for i = 0, n - 1 do  -- before any write: Redis does not roll a script back on error
   if string.sub(ARGV[10 + i * 3], 1, 5) == 'cron:' then
@@ -84,7 +86,7 @@ if #jargs > 0 then
   multi('HSET', K_J, jargs)
   multi('LPUSH', PREFIX .. 'r:' .. queue, ready_ids)
   bump(K_C, 'fired:' .. queue, #ready_ids)
-  redis.call('PUBLISH', CHAN .. 'ready:' .. queue, PART)
+  publish(CHAN .. 'ready:' .. queue, PART)
 end
 flush_bumps()
 sweep_after_tombstones(now)

@@ -23,6 +23,8 @@
 -- cursor in meta 'fcur') deleting expired ones, and drains expired entries of the legacy 'x'
 -- zset; when that found a dense run of expired tombstones, 'moved' is reported as the batch limit
 -- so the caller ticks again at once (a partition that stopped finishing jobs drains quickly).
+-- Publishes (publish(): SPUBLISH in sharded mode): the partition number on CHAN.."ready:"..QUEUE
+-- once per queue whose ready list received jobs.
 local refused = check_epoch(tonumber(ARGV[4]))
 if refused then return {-1, refused} end
 local limit, ttl, nlim = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7] or '0')
@@ -148,7 +150,7 @@ end
 for q, ids in pairs(per_queue) do
   multi('LPUSH', PREFIX .. 'r:' .. q, ids)
   bump(K_C, 'fired:' .. q, #ids)
-  redis.call('PUBLISH', CHAN .. 'ready:' .. q, PART)
+  publish(CHAN .. 'ready:' .. q, PART)
 end
 for i = 1, nlim do
   local q = lim_order[i]

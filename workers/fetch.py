@@ -5,7 +5,9 @@ learns which partitions have ready jobs (:meth:`Fetch.listen_loop`) and one that
 free slots (:meth:`Fetch.claim_loop`). The default, :class:`PubSubFetch`:
 
 * **listens** on ``NS:ready:QUEUE`` (payload: a partition number) and marks that (queue,
-  partition) as a claim candidate; (re)subscribing triggers a full sweep;
+  partition) as a claim candidate; (re)subscribing triggers a full sweep. With sharded pub/sub
+  (Redis Cluster, ``Keyspace.sharded``) it SSUBSCRIBEs to ``{NS:P}:ready:QUEUE`` of every
+  partition instead, each on the node that owns the partition (:mod:`scheduler.protocol.pubsub`);
 * **claims** whenever there are free slots and candidates, in one pipelined round trip of
   ``claim`` calls planned by the :class:`~workers.planner.ClaimPlanner`, never asking for more
   jobs than free slots (so concurrency is exact); outcomes waiting in the outbox ride along.
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from scheduler.protocol.calls import Calls
+from scheduler.protocol.pubsub import Subscription, subscription
 from scheduler.protocol.replies import Claimed, parse_claim
 from scheduler.protocol.transport import Call
 
@@ -214,16 +217,18 @@ class PubSubFetch(Fetch):
     # -- notifications --------------------------------------------------------------------------
     async def listen_loop(self) -> None:
         ctx = self.ctx
+        ks = ctx.calls.ks
         outage = Outage("pubsub")
-        channels = [ctx.calls.ks.ready_channel(q) for q in ctx.queues]
+        # channel -> queue; the partition is the payload (in both layouts)
+        queue_of = {ch.encode(): q for q in ctx.queues for ch in ks.ready_channels(q)}
         while not ctx.life.stopping:
-            ps = ctx.redis.pubsub()
+            ps = subscription(ctx.redis, ks.sharded)
             try:
-                await self._subscribe(ps, channels)
+                await self._subscribe(ps, queue_of)
                 outage.ok()
                 self.mark_all()
                 ctx.life.ready.set()
-                await self._listen(ps)
+                await self._listen(ps, queue_of)
             except REDIS_ERRORS as exc:
                 delay = outage.failed(exc)
             finally:
@@ -232,32 +237,30 @@ class PubSubFetch(Fetch):
             if await ctx.life.wait_stop(delay):
                 return
 
-    async def _subscribe(self, ps: Any, channels: list[str]) -> None:
+    async def _subscribe(self, ps: Subscription, queue_of: dict[bytes, str]) -> None:
         """Subscribe and wait for every confirmation: a sweep before that could miss a job landing
         between the sweep and the subscription until the next safety-net sweep."""
-        await ps.subscribe(*channels)
-        prefix = self.ctx.calls.ks.ready_channel_prefix.encode()
-        plen = len(prefix)
+        await ps.subscribe([ch.decode() for ch in queue_of])
         confirmed = 0
         async with asyncio.timeout(10):
-            while confirmed < len(channels):
+            while confirmed < len(queue_of):
                 msg = await ps.get_message(timeout=5)
                 if msg is None:
                     continue
                 if msg["type"] == "subscribe":
                     confirmed += 1
                 elif msg["type"] == "message":
-                    with contextlib.suppress(ValueError):  # malformed: the sweep that follows covers it
-                        self._notify(msg["channel"][plen:].decode(), int(msg["data"]))
+                    queue = queue_of.get(msg["channel"])
+                    if queue is not None:
+                        with contextlib.suppress(ValueError):  # malformed: the sweep that follows covers it
+                            self._notify(queue, int(msg["data"]))
 
     def _notify(self, queue: str, p: int) -> None:
         if self.planner.notify(queue, p):
             self.ctx.slots.wake.set()
 
-    async def _listen(self, ps: Any) -> NoReturn:
+    async def _listen(self, ps: Subscription, queue_of: dict[bytes, str]) -> NoReturn:
         """Turn ready messages into claim candidates until the connection fails."""
-        prefix = self.ctx.calls.ks.ready_channel_prefix.encode()
-        plen = len(prefix)
         notify = self.planner.notify
         wake = self.ctx.slots.wake.set
         ping_sent = 0.0
@@ -272,9 +275,10 @@ class PubSubFetch(Fetch):
             t = msg["type"]
             if t == "message":
                 ch = msg["channel"]
-                if ch.startswith(prefix):
+                queue = queue_of.get(ch)
+                if queue is not None:
                     try:
-                        if notify(ch[plen:].decode(), int(msg["data"])):
+                        if notify(queue, int(msg["data"])):
                             wake()
                     except ValueError:
                         log.warning("ignoring malformed ready message %r on %r", msg["data"], ch)

@@ -5,13 +5,11 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from typing import Any, Unpack
 
-import redis.asyncio as aredis
-
 from ..protocol import codec, config
 from ..protocol import durability as dur
 from ..protocol.calls import Calls, id_list
 from ..protocol.codes import Outcome, cancel_outcome, cron_removed, purge_outcome, requeue_outcomes, reschedule_outcome
-from ..protocol.connection import async_redis
+from ..protocol.connection import AsyncRedis, async_redis
 from ..protocol.cron import CronInfo
 from ..protocol.keys import Keyspace
 from ..protocol.models import JobInfo, JobState
@@ -19,7 +17,7 @@ from ..protocol.options import JobOptionFields, JobOptions, with_overrides
 from ..protocol.replies import merge_stats, parse_stats
 from ..protocol.timeutil import to_ms
 from ..protocol.transport import NO_RETRY, TRANSIENT, AsyncScriptTransport, RetryPolicy
-from .options import UNSET, ClientOptions, socket_timeout
+from .options import UNSET, ClientOptions, resolve_sharded_pubsub, socket_timeout
 from .settings import (
     DEFAULT_QUEUE_IDLE,
     QUEUE_IDLE_FIELD,
@@ -47,22 +45,29 @@ class AsyncClient:
     truthy only when the job was changed, else the member that says why not.
     """
 
-    def __init__(self, redis_client: aredis.Redis, *, namespace: str | None = None, partitions: int | None = None,
+    def __init__(self, redis_client: AsyncRedis, *, namespace: str | None = None, partitions: int | None = None,
                  max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD, tombstone_ttl: float = 3600.0,
                  retry: RetryPolicy | None = None, durable: str | None = None, durable_replicas: int = 1,
-                 durable_timeout: float = 1.0) -> None:
+                 durable_timeout: float = 1.0, sharded_pubsub: bool | None = None) -> None:
         """``namespace`` (default ZSCHED_NAMESPACE or ``zsched``); ``partitions``: expected count
         (default: the namespace's, 16 for a new one). ``max_payload_bytes``: largest payload
         accepted. ``tombstone_ttl``: seconds a finished job stays visible to ``get()``.
         ``retry``: how calls are retried when Redis is unreachable or a reply is lost.
         ``durable``: default durability of ``schedule``/``schedule_many`` (None, ``"replica"``,
         ``"fsync"``), waiting for ``durable_replicas`` replicas up to ``durable_timeout`` seconds.
+        ``sharded_pubsub``: publish and subscribe to wake-ups with Redis 7 sharded pub/sub
+        (SPUBLISH/SSUBSCRIBE on channels in each partition's slot, so a message reaches only the
+        node that owns it instead of every node of a cluster); None (default): exactly when
+        ``redis_client`` is a Redis Cluster client. True needs Redis >= 7. Producers, scheduler
+        replicas and workers of a namespace should agree: a subscriber of the other layout does
+        not hear the wake-ups and falls back to its periodic checks (later, never lost).
         Every argument is checked here; nothing is sent to Redis."""
         self.redis = redis_client
         self._opts = ClientOptions(namespace=namespace, partitions=partitions, max_payload_bytes=max_payload_bytes,
                                    tombstone_ttl=tombstone_ttl, retry=retry, durable=durable,
                                    durable_replicas=durable_replicas, durable_timeout=durable_timeout,
-                                   socket_timeout=socket_timeout(redis_client))
+                                   socket_timeout=socket_timeout(redis_client),
+                                   sharded=resolve_sharded_pubsub(redis_client, sharded_pubsub))
         self.transport = AsyncScriptTransport(redis_client, self._opts.retry)
         self._calls: Calls | None = None
 

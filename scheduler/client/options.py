@@ -7,6 +7,7 @@ from typing import Any
 from ..protocol import config
 from ..protocol import durability as dur
 from ..protocol.calls import Calls, tombstone_ms
+from ..protocol.connection import is_cluster
 from ..protocol.keys import Keyspace
 from ..protocol.transport import DEFAULT_RETRY, RetryPolicy
 
@@ -29,6 +30,17 @@ def socket_timeout(redis_client: Any) -> float | None:
     return float(t) if isinstance(t, (int, float)) else None
 
 
+def resolve_sharded_pubsub(redis_client: Any, override: object) -> bool:
+    """Whether a client's namespace uses sharded pub/sub (SPUBLISH/SSUBSCRIBE on channels in each
+    partition's slot, Redis >= 7): ``override`` when it is a bool, else (None) when ``redis_client``
+    talks to a Redis Cluster, where a plain PUBLISH would be broadcast to every node."""
+    if override is None:
+        return is_cluster(redis_client)
+    if not isinstance(override, bool):
+        raise TypeError(f"sharded_pubsub must be True, False or None (automatic), got {override!r}")
+    return override
+
+
 class ClientOptions:
     """Checked constructor arguments of a client: the namespace, transport and durability
     settings, and what its :class:`~scheduler.protocol.calls.Calls` is built from once the
@@ -36,7 +48,7 @@ class ClientOptions:
 
     def __init__(self, *, namespace: str | None, partitions: int | None, max_payload_bytes: int,
                  tombstone_ttl: float, retry: RetryPolicy | None, durable: str | None, durable_replicas: int,
-                 durable_timeout: float, socket_timeout: float | None = None) -> None:
+                 durable_timeout: float, socket_timeout: float | None = None, sharded: bool = False) -> None:
         self.namespace = config.namespace(namespace)
         self.partitions = config.partitions(partitions)
         self.max_payload_bytes = payload_limit(max_payload_bytes)
@@ -46,6 +58,7 @@ class ClientOptions:
         self.durable_replicas = durable_replicas
         self.durable_timeout = durable_timeout
         self.socket_timeout = socket_timeout
+        self.sharded = sharded  # the pub/sub layout of the Keyspace (see resolve_sharded_pubsub())
         self.durable = self._check(dur.resolve(durable, durable_replicas, durable_timeout))
         # A re-sent schedule recognises its jobs by id, finished ones by their tombstone: re-send
         # only while tombstones outlive the retry window by a wide margin.
@@ -63,7 +76,7 @@ class ClientOptions:
         """The namespace's call builder from the replies of :meth:`partition_commands`;
         ConfigError when the stored count differs from an explicit ``partitions``."""
         count = config.resolve_partitions(replies[1], self.partitions, self.namespace)
-        return Calls(Keyspace(self.namespace, count), max_payload_bytes=self.max_payload_bytes,
+        return Calls(Keyspace(self.namespace, count, sharded=self.sharded), max_payload_bytes=self.max_payload_bytes,
                      tombstone_ttl=self.tombstone_ttl)
 
     def _check(self, d: dur.Durability | None) -> dur.Durability | None:

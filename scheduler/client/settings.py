@@ -100,10 +100,14 @@ def parse_queue_idle(cfg: Mapping[Any, Any]) -> float | None:
 
 def config_commands(pipe: Any, ks: Keyspace, fields: Mapping[str, str | None], what: str) -> None:
     """Queue the namespace-config writes (None deletes a field) and the change notice the
-    scheduler tier listens for."""
+    scheduler tier listens for. Sharded, the notice is an SPUBLISH on ``{ns}:config``, the slot
+    of ``{ns}:cfg``: it rides in the same MULTI on a cluster and reaches only that slot's node."""
     for k, v in fields.items():
         if v is None:
             pipe.hdel(ks.config_key, k)
         else:
             pipe.hset(ks.config_key, k, v)
-    pipe.publish(ks.config_channel, what)
+    if ks.sharded:
+        pipe.spublish(ks.config_channel, what)
+    else:
+        pipe.publish(ks.config_channel, what)

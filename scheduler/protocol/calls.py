@@ -75,9 +75,10 @@ class Calls:
         self.tomb_ms = tombstone_ms(tombstone_ttl)
         self.ids = IdGenerator()
         self.clock_offset_ms = 0  # Redis clock - this host's clock, from the last schedule reply
-        self.chan = keyspace.namespace + ":"
         self._keys = [keyspace.partition_keys(p) for p in range(keyspace.partitions)]
-        self._common = [[keyspace.prefix(p), self.chan, str(p)] for p in range(keyspace.partitions)]
+        # CHAN per partition: "ns:" for plain pub/sub, the partition's "{ns:p}:" when sharded (the
+        # scripts' publish() picks PUBLISH or SPUBLISH from it; see Keyspace.channel_prefix)
+        self._common = [[keyspace.prefix(p), keyspace.channel_prefix(p), str(p)] for p in range(keyspace.partitions)]
 
     def call(self, name: str, partition: int, *args: Any) -> Call:
         """Any script's call on ``partition``: its keys and the common arguments (prefix, channel

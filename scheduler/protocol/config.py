@@ -15,7 +15,8 @@ DEFAULT_ETCD_ENDPOINTS = "127.0.0.1:2379"
 
 def redis_url(value: str | None = None) -> str:
     """The Redis URL to use (argument, else ZSCHED_REDIS_URL, else the local default), checked:
-    redis://, rediss://, unix:// or redis+sentinel:// / rediss+sentinel:// (see scheduler.connection)."""
+    redis://, rediss://, unix://, redis+sentinel:// / rediss+sentinel:// or redis+cluster:// /
+    rediss+cluster:// (see scheduler.protocol.connection)."""
     url = value or os.environ.get("ZSCHED_REDIS_URL") or DEFAULT_REDIS_URL
     return check_url(url)
 

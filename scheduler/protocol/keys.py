@@ -28,13 +28,20 @@ Per partition ``{ns:p}:`` +
   ``cr:RID``   claim receipts: the ids a claim with request id RID handed out (re-sent claims)
   ``crons``    cron names; ``cron:NAME`` one cron's definition and upcoming occurrences (lua/_lib_cron.lua)
 Namespace-wide: ``{ns}:cfg`` (partition count, ``rate:QUEUE`` limits, ``dead:max``, ``dead:ttl_ms``,
-``queue:idle_ms``), ``{ns}:rl:QUEUE`` token buckets. Pub/sub: ``ns:wake`` (scheduler),
-``ns:ready:QUEUE`` (workers), ``ns:config`` (config changed), ``ns:epoch-reset``.
+``queue:idle_ms``), ``{ns}:rl:QUEUE`` token buckets.
+
+Pub/sub, two layouts (the scripts publish on ``CHAN .. name`` with CHAN = :meth:`Keyspace.channel_prefix`):
+  plain (one Redis): ``ns:wake`` (scheduler), ``ns:ready:QUEUE`` (workers), ``ns:config`` (config
+  changed), ``ns:epoch-reset``; PUBLISH/SUBSCRIBE.
+  sharded (``Keyspace(..., sharded=True)``, Redis Cluster; Redis >= 7): ``{ns:p}:wake``,
+  ``{ns:p}:ready:QUEUE``, ``{ns:p}:epoch-reset`` per partition, ``{ns}:config``; SPUBLISH/SSUBSCRIBE.
+  A channel carries its partition's hash tag (the config channel the ``{ns}`` tag of ``{ns}:cfg``),
+  so a message goes only to the node that owns the slot, not over the whole cluster bus.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 MAX_PARTITIONS = 4096
@@ -67,10 +74,16 @@ def validate_partitions(n: object) -> int:
 
 @dataclass(frozen=True)
 class Keyspace:
-    """Key names of one namespace."""
+    """Key and channel names of one namespace.
+
+    ``sharded``: the pub/sub layout for Redis Cluster (see the module docstring): every channel
+    carries a hash tag, and the scripts and clients use SPUBLISH/SSUBSCRIBE (Redis >= 7). The keys
+    are the same in both layouts.
+    """
 
     namespace: str
     partitions: int
+    sharded: bool = field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
         validate_name("namespace", self.namespace)
@@ -80,31 +93,69 @@ class Keyspace:
     def config_key(self) -> str:
         return "{%s}:cfg" % self.namespace
 
+    def channel_prefix(self, partition: int) -> str:
+        """What the scripts of ``partition`` get as CHAN (ARGV[2]) and prepend to every channel they
+        publish on. Sharded, it is the partition's key prefix ``{ns:p}:``; lua/_lib.lua ``publish``
+        tells the modes apart by its first byte (``{``: SPUBLISH), which a namespace name never
+        starts with (:func:`validate_name`)."""
+        return self.prefix(partition) if self.sharded else f"{self.namespace}:"
+
+    def _namespace_channel(self, name: str) -> str:
+        if self.sharded:
+            raise ValueError(f"namespace {self.namespace!r} uses sharded pub/sub: its {name} channels are per "
+                             f"partition; use {name.replace('-', '_')}_channels()")
+        return self.channel_prefix(0) + name
+
     @property
     def wake_channel(self) -> str:
-        return f"{self.namespace}:wake"
+        """The wake channel of the plain layout (ValueError when sharded: see :meth:`wake_channels`)."""
+        return self._namespace_channel("wake")
+
+    def wake_channels(self) -> list[str]:
+        """Every wake channel: one for the namespace, or per partition when sharded (element p is
+        partition p's). Payload: the partition number."""
+        return self._channels("wake")
 
     @property
     def config_channel(self) -> str:
+        """Where clients announce a change of the namespace config: ``ns:config``, or when sharded
+        ``{ns}:config`` (the slot of ``{ns}:cfg``, so it is SPUBLISHed in the write's MULTI)."""
+        if self.sharded:
+            return "{%s}:config" % self.namespace
         return f"{self.namespace}:config"
 
     def bucket(self, queue: str) -> str:
         """Namespace-wide token bucket of a rate-limited queue (not a partition key)."""
         return "{%s}:rl:%s" % (self.namespace, queue)
 
-    def ready_channel(self, queue: str) -> str:
-        return f"{self.namespace}:ready:{queue}"
+    def ready_channel(self, queue: str, partition: int | None = None) -> str:
+        """The channel scripts publish on when jobs of ``queue`` land in ``partition``'s ready list
+        (payload: the partition number). ``partition`` is needed only when sharded."""
+        if partition is None:
+            if self.sharded:
+                raise ValueError("sharded pub/sub: ready channels are per partition; pass the partition")
+            partition = 0
+        return f"{self.channel_prefix(partition)}ready:{queue}"
+
+    def ready_channels(self, queue: str) -> list[str]:
+        """Every ready channel of ``queue``: one, or per partition when sharded (element p is
+        partition p's)."""
+        return self._channels(f"ready:{queue}")
 
     @property
     def epoch_reset_channel(self) -> str:
         """Pub/sub channel ``epoch_reset`` publishes a partition number on after resetting it (the
         script builds it as CHAN .. 'epoch-reset'); replicas backing off from an epoch conflict
-        retry that partition at once."""
-        return f"{self.namespace}:epoch-reset"
+        retry that partition at once. Plain layout only (ValueError when sharded: see
+        :meth:`epoch_reset_channels`)."""
+        return self._namespace_channel("epoch-reset")
 
-    @property
-    def ready_channel_prefix(self) -> str:
-        return f"{self.namespace}:ready:"
+    def epoch_reset_channels(self) -> list[str]:
+        """Every epoch-reset channel: one, or per partition when sharded (element p is partition p's)."""
+        return self._channels("epoch-reset")
+
+    def _channels(self, name: str) -> list[str]:
+        return [self.channel_prefix(p) + name for p in range(self.partitions if self.sharded else 1)]
 
     def prefix(self, partition: int) -> str:
         return "{%s:%d}:" % (self.namespace, partition)

@@ -2,7 +2,9 @@
 
 Glue between the pieces: the etcd :class:`Ownership` decides which partitions this replica owns;
 for each one a :class:`PartitionRunner` fires due jobs; a pub/sub listener wakes runners when a
-producer schedules a job earlier than the partition's current earliest timer.
+producer schedules a job earlier than the partition's current earliest timer. With sharded pub/sub
+(Redis Cluster) the listener SSUBSCRIBEs to every partition's wake and epoch-reset channels, each
+on the node that owns the partition, and to the namespace's config channel.
 """
 from __future__ import annotations
 
@@ -11,17 +13,15 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import cast
-
-from redis.asyncio.client import PubSub
 
 from ..client import AsyncClient, parse_dead_retention, parse_queue_idle, parse_rate_limits
 from ..coord import Coordinator, EtcdCoordinator
 from ..metrics import PartitionStatsCollector, SchedulerMetrics, serve
 from ..protocol import config
 from ..protocol.connection import async_redis, mask_url
+from ..protocol.pubsub import Subscription, subscription
 from ..protocol.replies import parse_stats
 from ..protocol.tick import Retention
 from ..protocol.transport import AsyncScriptTransport, RetryPolicy
@@ -54,6 +54,9 @@ class SchedulerConfig:
     redis_timeout: float = 5.0   # socket timeout of every Redis call (a stall longer than this is retried)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     ignore_deadline: bool = False
+    # sharded pub/sub (SSUBSCRIBE per partition, Redis >= 7): None = when the URL is a cluster's
+    # (AsyncClient's sharded_pubsub); the CLI keeps it automatic
+    sharded_pubsub: bool | None = None
 
 
 class SchedulerProcess:
@@ -68,7 +71,7 @@ class SchedulerProcess:
         # keep their own deadlines and back off, and the epoch fences a call that lands late.
         self.redis = async_redis(cfg.redis_url, health_check_interval=10, socket_timeout=cfg.redis_timeout)
         self.client = AsyncClient(self.redis, namespace=cfg.namespace, partitions=cfg.partitions,
-                                  tombstone_ttl=cfg.tombstone_ttl)
+                                  tombstone_ttl=cfg.tombstone_ttl, sharded_pubsub=cfg.sharded_pubsub)
         # Short retries only (a stale pooled connection after a restart, a failover in progress):
         # a firing loop must get back to checking its ownership deadline, and it backs off itself.
         # Re-sending tick/reap/cron_fill is safe (epoch-fenced), see scheduler.transport.RESEND.
@@ -287,30 +290,33 @@ class SchedulerProcess:
     async def _wake_listener(self) -> None:
         """Wake a partition's runner when a producer schedules a job before its earliest timer,
         reload the config when it changes, and retry a partition in an epoch conflict at once
-        when an operator reset its epoch (``zsched epochs reset``)."""
-        channel = self.client.keyspace.wake_channel
-        config_channel = self.client.keyspace.config_channel
-        epoch_channel = self.client.keyspace.epoch_reset_channel
+        when an operator reset its epoch (``zsched epochs reset``). Sharded, it listens to every
+        partition, not only the owned ones: the set stays right across ownership changes, and a
+        wake-up is still one message per event (SPUBLISH reaches only the owning node)."""
+        ks = self.client.keyspace
+        config_channel = ks.config_channel.encode()
+        epoch_channels = {ch.encode() for ch in ks.epoch_reset_channels()}
+        channels = [*ks.wake_channels(), ks.config_channel, *ks.epoch_reset_channels()]
         delay = 0.1
         while not self._closing:
-            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            pubsub = subscription(self.redis, ks.sharded, ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(channel, config_channel, epoch_channel)
+                await pubsub.subscribe(channels)
                 delay = 0.1
                 for runner in list(self.runners.values()):  # we may have missed wake-ups while away
                     runner.wake.set()
                 while True:
                     msg = await pubsub.get_message(timeout=None)
-                    if msg is None:
+                    if msg is None or msg["type"] != "message":
                         continue
-                    if msg["channel"] == config_channel.encode():
+                    if msg["channel"] == config_channel:
                         await self._load_config()
                         continue
                     try:
                         target = self.runners.get(int(msg["data"]))
                     except (TypeError, ValueError):
                         continue
-                    if target is not None and msg["channel"] == epoch_channel.encode():
+                    if target is not None and msg["channel"] in epoch_channels:
                         target.retry_now()
                     elif target is not None:
                         target.wake.set()
@@ -325,10 +331,12 @@ class SchedulerProcess:
                 delay = min(2.0, delay * 2)
 
 
-async def _close(pubsub: PubSub) -> None:
-    """``pubsub.aclose()``, through a typed reference."""
-    close: Callable[[], Awaitable[None]] = pubsub.aclose  # typed here: redis-py leaves it unannotated
-    await close()
+async def _close(pubsub: Subscription) -> None:
+    """Close a subscription whose connection may already be gone."""
+    try:
+        await pubsub.aclose()
+    except Exception as exc:  # closing a broken connection: nothing left to clean up
+        log.debug("closing the wake-up subscription: %s", exc)
 
 
 def run_forever(cfg: SchedulerConfig) -> int:

@@ -4,7 +4,14 @@ from __future__ import annotations
 import pytest
 
 from scheduler.protocol import config
-from scheduler.protocol.connection import async_redis, mask_url, parse_sentinel_url, sync_redis
+from scheduler.protocol.connection import (
+    async_redis,
+    is_cluster,
+    mask_url,
+    parse_cluster_url,
+    parse_sentinel_url,
+    sync_redis,
+)
 from scheduler.protocol.errors import ConfigError
 
 
@@ -23,6 +30,9 @@ def test_sentinel_url_with_several_sentinels_master_and_db() -> None:
     ("redis+sentinel://127.0.0.1:x/m", "no valid port"),
     ("redis+sentinel://127.0.0.1:26379/m/notadb", "not a number"),
     ("redis+sentinel://127.0.0.1:26379/m/0/extra", "MASTER_NAME/DB"),
+    ("redis+cluster://", "no cluster node address"),
+    ("redis+cluster://127.0.0.1:x", "no valid port"),
+    ("redis+cluster://127.0.0.1:7000/3", "only database 0"),
     ("http://127.0.0.1:6379", "unknown scheme"),
     ("127.0.0.1:6379", "unknown scheme"),
 ])
@@ -30,12 +40,13 @@ def test_bad_urls_say_what_is_wrong_and_what_is_expected(url: str, why: str) -> 
     with pytest.raises(ConfigError) as err:
         config.redis_url(url)
     msg = str(err.value)
-    assert why in msg and "redis+sentinel://" in msg and "ZSCHED_REDIS_URL" in msg
+    assert why in msg and "redis+sentinel://" in msg and "redis+cluster://" in msg and "ZSCHED_REDIS_URL" in msg
 
 
 def test_every_scheme_is_accepted() -> None:
     for url in ("redis://127.0.0.1:6379/0", "rediss://127.0.0.1:6379/0", "unix:///tmp/redis.sock",
-                "redis+sentinel://127.0.0.1:26379/mymaster", "rediss+sentinel://h:1,h:2/m/3"):
+                "redis+sentinel://127.0.0.1:26379/mymaster", "rediss+sentinel://h:1,h:2/m/3",
+                "redis+cluster://127.0.0.1:7000,127.0.0.1:7001", "rediss+cluster://u:p@h:7000/0"):
         assert config.redis_url(url) == url
 
 
@@ -67,3 +78,14 @@ def test_etcd_endpoint_errors_do_not_carry_the_password(endpoint: str) -> None:
     with pytest.raises(ValueError) as err:
         EtcdCoordinator.from_endpoints(endpoint)
     assert "hunter2" not in str(err.value) and "root:***@" in str(err.value)
+
+
+def test_cluster_url_with_several_nodes_credentials_and_options() -> None:
+    t = parse_cluster_url("rediss+cluster://app:s%40cret@127.0.0.1:7000,[::1]:7001,h?socket_timeout=2")
+    assert t.nodes == (("127.0.0.1", 7000), ("::1", 7001), ("h", 6379))
+    assert (t.username, t.password, t.ssl, t.options) == ("app", "s@cret", True, {"socket_timeout": "2"})
+    assert mask_url("redis+cluster://app:s3cret@127.0.0.1:7000") == "redis+cluster://app:***@127.0.0.1:7000"
+
+
+def test_plain_urls_are_not_clusters() -> None:
+    assert not is_cluster(sync_redis("redis://127.0.0.1:1/0")) and not is_cluster(async_redis("redis://127.0.0.1:1/0"))
