@@ -125,3 +125,30 @@ def test_retry_policy_is_bounded_by_attempts_and_time() -> None:
     assert time.monotonic() - t0 < 0.4 and n < 1000
     with pytest.raises(ValueError):
         RetryPolicy(attempts=0)
+
+
+def test_a_read_only_refusal_is_retried_until_the_server_takes_writes_again() -> None:
+    """READONLY (a master demoted by a failover) means the call did not run: it is retried within
+    the retry budget. redis-py parses the reply into ReadOnlyError and strips the code from its
+    text, which once made the transport give up at the first refusal."""
+    import threading
+
+    from scheduler.shell.servers import RedisServer
+
+    with RedisServer() as srv:
+        c = Client.from_url(srv.url, namespace="ro", partitions=1,
+                            retry=RetryPolicy(budget=10.0, attempts=200, base=0.02, cap=0.1)).connect()
+        try:
+            srv.command("REPLICAOF", "127.0.0.1", "1")  # a replica of nothing: every write is refused
+            with pytest.raises(redis.exceptions.ReadOnlyError):
+                Client.from_url(srv.url, namespace="ro", retry=RetryPolicy(attempts=1, budget=0)).schedule(LATER, 1)
+            promote = threading.Timer(0.5, srv.command, ("REPLICAOF", "NO", "ONE"))
+            promote.start()
+            t = time.monotonic()
+            jid = c.schedule(LATER, "x")
+            assert time.monotonic() - t >= 0.4, "the write went through while the server was read-only"
+            promote.join()
+            info = c.get(jid)
+            assert info is not None and info.payload == "x"
+        finally:
+            c.close()
