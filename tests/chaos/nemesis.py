@@ -31,9 +31,7 @@ import threading
 import time
 import traceback
 
-from scheduler.shell.servers import HOST, ServerError
-from scheduler.shell.servers import encode_command as _encode
-from scheduler.shell.servers import read_reply as _read_resp
+from scheduler.shell.servers import HOST, ServerError, encode_command, read_reply
 from tests.chaos.history import Fault, JsonlWriter
 from tests.chaos.stack import Stack
 from tests.servers import RedisServer
@@ -44,10 +42,10 @@ def replicating(port: int, timeout_ms: int = 200) -> bool:
     writing connection: it waits for that connection's writes)."""
     try:
         with socket.create_connection((HOST, port), timeout=timeout_ms / 1000 + 2.0) as so, so.makefile("rb") as f:
-            so.sendall(_encode("SET", "chaos-nemesis-probe", str(time.time())))
-            _read_resp(f)
-            so.sendall(_encode("WAIT", 1, timeout_ms))
-            return bool(_read_resp(f) == 1)
+            so.sendall(encode_command("SET", "chaos-nemesis-probe", str(time.time())))
+            read_reply(f)
+            so.sendall(encode_command("WAIT", 1, timeout_ms))
+            return bool(read_reply(f) == 1)
     except (OSError, ServerError):
         return False
 
@@ -313,7 +311,7 @@ class Nemesis(threading.Thread):
                 return False
             time.sleep(0.1)
         raise ServerError(f"sentinels neither kept nor replaced the restarted master {m!r} within {timeout} s: "
-                          f"{s._sentinel_views()}")
+                          f"{s.sentinel_views()}")
 
     def _watch_master(self) -> None:
         s = self.s.sentinel

@@ -12,7 +12,7 @@ from scheduler.shell.cli import build_parser
 from workers import Job, PermanentError, Retry, Worker, WorkerStats
 from workers.cli import load_worker
 from workers.planner import CLAIM_CHUNK, ClaimPlanner
-from workers.runner import type_name as _type_name
+from workers.runner import type_name
 
 
 def test_retry_delay_forms() -> None:
@@ -140,9 +140,9 @@ def test_error_type_names() -> None:
     class Boom(Exception):
         pass
 
-    assert _type_name(ValueError("x")) == "ValueError"
-    assert _type_name(PermanentError("x")) == "workers.errors.PermanentError"
-    assert _type_name(Boom()).endswith("test_error_type_names.<locals>.Boom")
+    assert type_name(ValueError("x")) == "ValueError"
+    assert type_name(PermanentError("x")) == "workers.errors.PermanentError"
+    assert type_name(Boom()).endswith("test_error_type_names.<locals>.Boom")
 
 
 def test_cli_parser_registers_worker_command() -> None:

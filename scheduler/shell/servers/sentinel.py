@@ -220,7 +220,7 @@ class SentinelSet:
                 return True
             return False
 
-        wait_for(ask, timeout, lambda: f"a sentinel to name a master that is up: {self._sentinel_views()}")
+        wait_for(ask, timeout, lambda: f"a sentinel to name a master that is up: {self.sentinel_views()}")
         return found[0]
 
     # -- waiting for a state
@@ -237,7 +237,8 @@ class SentinelSet:
             and ri.get("master_port") == str(m.port)
         )
 
-    def _sentinel_views(self) -> dict[int, str]:
+    def sentinel_views(self) -> dict[int, str]:
+        """What each sentinel says about the master and its replicas (for error messages)."""
         out: dict[int, str] = {}
         for s in self.sentinels:
             try:
@@ -294,9 +295,9 @@ class SentinelSet:
                     pass
             return False
 
-        wait_for(synced, timeout, lambda: f"{self.replica!r} to sync from {self.master!r}: {self._sentinel_views()}")
+        wait_for(synced, timeout, lambda: f"{self.replica!r} to sync from {self.master!r}: {self.sentinel_views()}")
         wait_for(
-            lambda: self._settled(self.master), timeout, lambda: f"sentinels to settle: {self._sentinel_views()}", 0.05
+            lambda: self._settled(self.master), timeout, lambda: f"sentinels to settle: {self.sentinel_views()}", 0.05
         )
 
     def wait_sentinels_steady(self, steady: float = 1.5, timeout: float = 30.0) -> None:
@@ -322,7 +323,7 @@ class SentinelSet:
                 since.append(time.monotonic())
             return time.monotonic() - since[0] >= steady
 
-        wait_for(steady_now, timeout, lambda: f"sentinels to agree on {self.master!r}: {self._sentinel_views()}", 0.1)
+        wait_for(steady_now, timeout, lambda: f"sentinels to agree on {self.master!r}: {self.sentinel_views()}", 0.1)
 
     def wait_failover(self, old_port: int, timeout: float = 30.0, all_sentinels: bool = False) -> int:
         """Wait until a sentinel (every running one with ``all_sentinels``) names a master other than
@@ -347,7 +348,7 @@ class SentinelSet:
             done,
             timeout,
             lambda: f"a failover away from port {old_port}: sentinel views {self.master_ports()}; "
-            f"{self._sentinel_views()}",
+            f"{self.sentinel_views()}",
             0.05,
         )
         new_port = found[0]
@@ -380,7 +381,7 @@ class SentinelSet:
             wait_for(
                 lambda: self._settled(m),
                 max(0.1, deadline - time.monotonic()),
-                lambda: f"sentinels to settle: {self._sentinel_views()}",
+                lambda: f"sentinels to settle: {self.sentinel_views()}",
                 0.05,
             )
         except BaseException:
