@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from scheduler.shell.servers import etcd_delete_all, etcd_revoke_all_leases
+from tests.helpers import BACKENDS
 from tests.servers import ClusterServer, ClusterSet, EtcdCluster, EtcdServer, RedisServer, SentinelSet
 
 
@@ -119,6 +120,20 @@ def redis_cluster_factory() -> Iterator[Callable[..., ClusterSet]]:
     yield make
     for cluster in made:
         cluster.stop()
+
+
+@pytest.fixture
+def backend_url(request: pytest.FixtureRequest) -> str:
+    """A flushed Redis URL of the backend the test is parametrized with: ``"single"`` (the session
+    redis-server, ``redis_url``; also the default when the test is not parametrized) or
+    ``"cluster"`` (the session 3-master cluster, ``redis_cluster_url``). Run a test on both with
+    ``tests.helpers.on_both_backends`` (``parametrize("backend_url", BACKENDS, indirect=True)``);
+    build clients with ``scheduler.protocol.connection.sync_redis``/``async_redis``, which follow
+    the URL's scheme."""
+    kind = getattr(request, "param", "single")
+    if kind not in BACKENDS:
+        raise ValueError(f"backend_url: unknown backend {kind!r}, expected one of {BACKENDS}")
+    return str(request.getfixturevalue("redis_url" if kind == "single" else "redis_cluster_url"))
 
 
 # --------------------------------------------------------------------------- etcd

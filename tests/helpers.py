@@ -4,14 +4,21 @@ from __future__ import annotations
 
 from collections import Counter
 
-import redis
+import pytest
 
 from scheduler import Client
 from scheduler.protocol.codec import TOMBSTONE_HEADER, decode_tombstone
+from scheduler.protocol.connection import SyncRedis
 from scheduler.protocol.ids import ID_BYTES, encode_id, partition_of
 
+BACKENDS = ("single", "cluster")
+"""The Redis deployments a test may run against (params of the ``backend_url`` fixture)."""
+on_both_backends = pytest.mark.parametrize("backend_url", BACKENDS, indirect=True)
+"""Run the test once on a single redis-server and once on a 3-master Redis Cluster: the test takes
+the ``backend_url`` fixture (tests/conftest.py) instead of ``redis_url``."""
 
-def tombstones(r: redis.Redis, client: Client) -> dict[str, str]:
+
+def tombstones(r: SyncRedis, client: Client) -> dict[str, str]:
     """Map job id -> state (done, cancelled, misfired) for every tombstone summary (the ``f``
     hashes), asserting each is well-formed and in its own partition."""
     ks = client.keyspace
@@ -27,7 +34,7 @@ def tombstones(r: redis.Redis, client: Client) -> dict[str, str]:
     return out
 
 
-def snapshot(r: redis.Redis, client: Client) -> dict[str, dict[str, str]]:
+def snapshot(r: SyncRedis, client: Client) -> dict[str, dict[str, str]]:
     """Map job id -> state for every job in live structures; asserts the structural invariants
     (also: no finished job's tombstone names a live job, and only live jobs have a last error)."""
     ks = client.keyspace

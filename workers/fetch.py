@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from scheduler.protocol.calls import Calls
-from scheduler.protocol.pubsub import Subscription, subscription
+from scheduler.protocol.pubsub import ChannelsPending, Subscription, subscription
 from scheduler.protocol.replies import Claimed, parse_claim
-from scheduler.protocol.transport import Call
+from scheduler.protocol.transport import Call, NodeFailed
 
 from .lifecycle import Lifecycle
 from .outbox import Meta, Outbox
@@ -110,6 +110,13 @@ class PubSubFetch(Fetch):
         self._last_rid: dict[tuple[str, int], str] = {}
         # The claims whose reply was lost: their slots stay taken until they are re-sent.
         self._lost: list[Claim] | None = None
+        # Claims whose Redis Cluster node failed after they were sent (NodeFailed): they may have
+        # run, so they go again with their request ids, riding along with new claims once
+        # ``_orphans_at`` has passed (the other nodes' claims never wait for them); their slots
+        # stay taken meanwhile. ``_orphan_rids``: those ids, until a reply comes back.
+        self._orphans: list[Claim] = []
+        self._orphan_rids: dict[str, float] = {}  # request id -> when it was first orphaned
+        self._orphans_at = 0.0
         self._last_sweep = time.monotonic()  # the first sweep follows the pub/sub subscription
 
     def mark_all(self) -> None:
@@ -128,10 +135,12 @@ class PubSubFetch(Fetch):
         while not ctx.life.stopping or self._lost is not None:
             plan = self._lost  # the same request ids: Redis answers from the receipts; slots still reserved
             if plan is None:
-                if ctx.slots.free <= 0 or not self.planner.has_candidates():
+                orphans = self._due_orphans()
+                new = self._plan() if ctx.slots.free > 0 and self.planner.has_candidates() else []
+                if not orphans and not new:
                     await self._idle(every)
                     continue
-                plan = self._plan()
+                plan = orphans + new
             # Outcomes waiting for the outcome loop ride along (one round trip instead of two); they
             # go first, so a job failed with no delay is back in ready before the claims run.
             calls, meta = ctx.outbox.take()
@@ -147,10 +156,28 @@ class PubSubFetch(Fetch):
                     return
                 continue
             self._lost = None
-            outage.ok()
             if k:
                 ctx.outbox.apply(meta, replies[:k])
-            self._claimed(plan, replies[k:], t0)
+            node_down = self._claimed(plan, replies[k:], t0)
+            if node_down is None:
+                outage.ok()
+            else:  # one cluster node failed; the others answered
+                self._orphans_at = time.monotonic() + outage.failed(node_down)
+
+    def _due_orphans(self) -> list[Claim]:
+        """The orphaned claims, once their retry time has come (then they leave the list). Those
+        older than their receipt are given up, their slots freed: a re-send could no longer get
+        their jobs back (those are reaped when their leases expire)."""
+        now = time.monotonic()
+        if not self._orphans or now < self._orphans_at:
+            return []
+        due, self._orphans = self._orphans, []
+        keep = now - CLAIM_RECEIPT_MS / 1000
+        for q, p, n, _gen, rid in [c for c in due if self._orphan_rids[c[4]] < keep]:
+            del self._orphan_rids[rid]
+            self.ctx.slots.free += n
+            self.planner.failed(q, p)
+        return [c for c in due if c[4] in self._orphan_rids]
 
     async def _idle(self, every: float) -> None:
         """Nothing to claim: wait for a wake-up, or sweep when the safety-net period is over."""
@@ -162,6 +189,8 @@ class PubSubFetch(Fetch):
                 self.mark_all()  # safety net: a lost notification costs at most ~one sweep period
                 return
             wait = every
+        if self._orphans:  # wake up to send them again
+            wait = max(0.0, min(wait, self._orphans_at - time.monotonic()))
         try:
             async with asyncio.timeout(wait):
                 await slots.wake.wait()
@@ -198,14 +227,25 @@ class PubSubFetch(Fetch):
         self.mark_all()  # anything may have become ready meanwhile
         return False
 
-    def _claimed(self, plan: list[Claim], replies: Sequence[Any], t0: float) -> None:
+    def _claimed(self, plan: list[Claim], replies: Sequence[Any], t0: float) -> NodeFailed | None:
+        """Take a round trip's claim replies; returns the failure of a cluster node, if any."""
         slots, planner, dispatch = self.ctx.slots, self.planner, self.ctx.dispatch
-        for (q, p, n, gen, rid), reply in zip(plan, replies):
+        node_down: NodeFailed | None = None
+        for item, reply in zip(plan, replies):
+            q, p, n, gen, rid = item
+            if isinstance(reply, NodeFailed):  # its node failed, the other nodes' claims went through
+                node_down = reply
+                if reply.sent or rid in self._orphan_rids:  # may have run: again with the same id
+                    self._orphans.append(item)
+                    self._orphan_rids.setdefault(rid, time.monotonic())
+                    continue
+            self._orphan_rids.pop(rid, None)
             self._last_rid[(q, p)] = rid
             if isinstance(reply, Exception):
                 slots.free += n
                 planner.failed(q, p)  # back with the next notification or sweep
-                log.error("claim on partition %d queue %r failed: %s", p, q, reply)
+                if reply is not node_down:  # a node failure is logged once per outage by the loop
+                    log.error("claim on partition %d queue %r failed: %s", p, q, reply)
                 continue
             _, jobs = parse_claim(reply)
             got = len(jobs)
@@ -213,6 +253,7 @@ class PubSubFetch(Fetch):
             planner.claimed(q, p, n, gen, got)
             if got:
                 dispatch(q, p, jobs, t0)
+        return node_down
 
     # -- notifications --------------------------------------------------------------------------
     async def listen_loop(self) -> None:
@@ -229,6 +270,8 @@ class PubSubFetch(Fetch):
                 self.mark_all()
                 ctx.life.ready.set()
                 await self._listen(ps, queue_of)
+            except ChannelsPending:  # a cluster node still down (said when it broke): try its channels again
+                delay = 0.0
             except REDIS_ERRORS as exc:
                 delay = outage.failed(exc)
             finally:
@@ -240,10 +283,10 @@ class PubSubFetch(Fetch):
     async def _subscribe(self, ps: Subscription, queue_of: dict[bytes, str]) -> None:
         """Subscribe and wait for every confirmation: a sweep before that could miss a job landing
         between the sweep and the subscription until the next safety-net sweep."""
-        await ps.subscribe([ch.decode() for ch in queue_of])
+        sent = await ps.subscribe([ch.decode() for ch in queue_of])  # on a cluster, maybe not a down node's
         confirmed = 0
         async with asyncio.timeout(10):
-            while confirmed < len(queue_of):
+            while confirmed < len(sent):
                 msg = await ps.get_message(timeout=5)
                 if msg is None:
                     continue

@@ -94,6 +94,7 @@ class WorkerOptions:
     metrics_host: str = DEFAULT_METRICS_HOST
     idle_sweep: float = DEFAULT_IDLE_SWEEP
     redis_kwargs: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    sharded_pubsub: bool | None = None  # None: sharded exactly on a Redis Cluster (AsyncClient's rule)
 
     def __post_init__(self) -> None:
         # Normalised in place (frozen: through object.__setattr__); checking an already
@@ -116,6 +117,8 @@ class WorkerOptions:
         put("max_payload_bytes", _payload_limit(self.max_payload_bytes))
         put("idle_sweep", float(check_positive("idle_sweep", self.idle_sweep)))
         put("redis_kwargs", MappingProxyType(dict(self.redis_kwargs)))
+        if self.sharded_pubsub is not None and not isinstance(self.sharded_pubsub, bool):
+            raise TypeError(f"sharded_pubsub must be True, False or None (automatic), got {self.sharded_pubsub!r}")
 
     def updated(self, **changes: Any) -> WorkerOptions:
         """A copy with the given settings changed; ``None`` leaves a setting as it is, and

@@ -17,7 +17,7 @@ from typing import Any
 
 from scheduler.protocol.codes import AckCode, FailCode, FailKind, ReleaseCode
 from scheduler.protocol.ids import encode_id
-from scheduler.protocol.transport import Call
+from scheduler.protocol.transport import Call, NodeFailed
 
 from .attempt import RUNNING, Attempt
 from .lifecycle import Lifecycle
@@ -147,12 +147,17 @@ class Outbox:
                     self.releases[r.p].append(r)
                     self.n += 1
 
-    def apply(self, meta: Meta, results: Sequence[Any]) -> None:
+    def apply(self, meta: Meta, results: Sequence[Any]) -> NodeFailed | None:
         """Take the replies of a round trip: count what Redis did, report refusals, and queue
-        again the outcomes of a call that failed as a whole (a script error)."""
+        again the outcomes of a call that failed as a whole (a script error, or its Redis Cluster
+        node failed: returned, so the caller backs off before sending them again)."""
+        node_down: NodeFailed | None = None
         for (kind, items), res in zip(meta, results):
             if isinstance(res, Exception):
-                log.error("%s script failed (will retry): %s", kind, res)
+                if isinstance(res, NodeFailed):
+                    node_down = res  # logged once per outage by the caller's loop
+                else:
+                    log.error("%s script failed (will retry): %s", kind, res)
                 self.requeue([(kind, items)])
                 self.wake.set()
                 continue
@@ -164,6 +169,7 @@ class Outbox:
                 self._extended(items, res)
             else:
                 self._released(items, res)
+        return node_down
 
     def _acked(self, items: list[Attempt], res: list[Any]) -> None:
         for r, code in zip(items, res):
@@ -227,8 +233,11 @@ class Outbox:
                 await asyncio.sleep(outage.failed(exc))
                 continue
             self.flushing = False
-            outage.ok()
-            self.apply(meta, results)
+            node_down = self.apply(meta, results)
+            if node_down is None:
+                outage.ok()
+            else:  # one cluster node failed, the others' outcomes went through: wait, then again
+                await asyncio.sleep(outage.failed(node_down))
 
     async def drain(self, flusher: asyncio.Task[Any], life: Lifecycle) -> None:
         """At shutdown: keep the outcome loop (``flusher``) busy until everything queued was

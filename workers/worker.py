@@ -105,7 +105,11 @@ class Worker:
     ``metrics``: optional :class:`~workers.stats.WorkerMetrics` hook. ``metrics_port``: serve
     Prometheus metrics on 127.0.0.1:PORT. ``idle_sweep``: seconds between safety-net sweeps when
     idle (stretched so a sweep costs at most ~16 claims/s with many partitions and queues).
-    ``redis_kwargs``: extra arguments for ``redis.asyncio.Redis.from_url``. ``fetch``: how jobs
+    ``redis_kwargs``: extra arguments for ``redis.asyncio.Redis.from_url``. ``sharded_pubsub``:
+    hear ready wake-ups on the sharded channels ``{NS:P}:ready:QUEUE`` (SSUBSCRIBE, Redis >= 7)
+    instead of ``NS:ready:QUEUE``; None (default): exactly when the URL is a Redis Cluster's. It
+    must match the producers' and the scheduler replicas' layout, or the worker hears nothing
+    and finds jobs only by its ``idle_sweep``. ``fetch``: how jobs
     are fetched: a :class:`~workers.fetch.Fetch` subclass (or any callable taking a
     :class:`~workers.fetch.FetchContext` and returning a ``Fetch``); default
     :class:`~workers.fetch.PubSubFetch`. The settings are in :attr:`options`.
@@ -128,10 +132,12 @@ class Worker:
         idle_sweep: float = 2.0,
         redis_kwargs: Mapping[str, Any] | None = None,
         fetch: FetchFactory = PubSubFetch,
+        sharded_pubsub: bool | None = None,
     ) -> None:
         # None leaves the first group at its default, as configure() does.
         base = WorkerOptions(tombstone_ttl=tombstone_ttl, max_payload_bytes=max_payload_bytes,
-                             partitions=partitions, idle_sweep=idle_sweep, redis_kwargs=redis_kwargs or {})
+                             partitions=partitions, idle_sweep=idle_sweep, redis_kwargs=redis_kwargs or {},
+                             sharded_pubsub=sharded_pubsub)
         self.options: WorkerOptions = base.updated(
             redis_url=redis_url, namespace=namespace, queues=queues, concurrency=concurrency,
             handler_timeouts=handler_timeouts, shutdown_grace=shutdown_grace, metrics_port=metrics_port)
@@ -233,6 +239,10 @@ class Worker:
     @property
     def redis_kwargs(self) -> Mapping[str, Any]:
         return self.options.redis_kwargs
+
+    @property
+    def sharded_pubsub(self) -> bool | None:
+        return self.options.sharded_pubsub
 
     # -- introspection --------------------------------------------------------------------------
     @property
@@ -344,7 +354,8 @@ class Worker:
         while True:
             try:
                 client = AsyncClient(redis, namespace=self.namespace, partitions=self.partitions,
-                                     max_payload_bytes=self.max_payload_bytes, tombstone_ttl=self.tombstone_ttl)
+                                     max_payload_bytes=self.max_payload_bytes, tombstone_ttl=self.tombstone_ttl,
+                                     sharded_pubsub=self.sharded_pubsub)
                 await client.connect()
                 break
             except REDIS_ERRORS as exc:

@@ -25,9 +25,24 @@ def payload_limit(max_payload_bytes: object) -> int:
 
 def socket_timeout(redis_client: Any) -> float | None:
     """The redis-py client's socket timeout (seconds), None when it has none."""
-    pool = getattr(redis_client, "connection_pool", None)
-    t = getattr(pool, "connection_kwargs", {}).get("socket_timeout") if pool is not None else None
+    if is_cluster(redis_client):
+        # a cluster client has no pool of its own: every node's pool is made with the connection
+        # arguments its nodes manager keeps (without this the durable_timeout check was skipped)
+        kwargs = getattr(getattr(redis_client, "nodes_manager", None), "connection_kwargs", None) or {}
+    else:
+        pool = getattr(redis_client, "connection_pool", None)
+        kwargs = getattr(pool, "connection_kwargs", None) or {}
+    t = kwargs.get("socket_timeout")
     return float(t) if isinstance(t, (int, float)) else None
+
+
+def info_server_command(redis_client: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments of the ``INFO server`` read that checks the Redis version: on a cluster, of
+    every master (redis-py sends INFO to one node by default, and a cluster in a rolling upgrade
+    runs several versions; the scripts run on all masters)."""
+    if is_cluster(redis_client):
+        return ("server",), {"target_nodes": redis_client.PRIMARIES}
+    return ("server",), {}
 
 
 def resolve_sharded_pubsub(redis_client: Any, override: object) -> bool:

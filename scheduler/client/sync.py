@@ -18,7 +18,7 @@ from ..protocol.options import JobOptionFields, JobOptions, with_overrides
 from ..protocol.replies import merge_stats, parse_stats
 from ..protocol.timeutil import to_ms
 from ..protocol.transport import NO_RETRY, TRANSIENT, RetryPolicy, ScriptTransport
-from .options import UNSET, ClientOptions, resolve_sharded_pubsub, socket_timeout
+from .options import UNSET, ClientOptions, info_server_command, resolve_sharded_pubsub, socket_timeout
 from .settings import (
     DEFAULT_QUEUE_IDLE,
     QUEUE_IDLE_FIELD,
@@ -133,7 +133,8 @@ class Client:
     def _durability(self, durable: Any) -> dur.Durability | None:
         d = self._opts.durability(durable)
         if d is not None and d.mode == "fsync" and not self._opts.waitaof_checked:
-            dur.require_waitaof(self.redis.info("server"))
+            args, kw = info_server_command(self.redis)
+            dur.require_waitaof(self.redis.info(*args, **kw))
             self._opts.waitaof_checked = True
         return d
 

@@ -137,6 +137,18 @@ def mark_resend(call: Call) -> Call:
     return name, keys, args
 
 
+class NodeFailed(ConnectionError):
+    """A call of a batch sent with ``raise_on_error=False`` to a Redis Cluster whose node failed
+    (could not be reached, or its connection broke): the call comes back as this error in its
+    place, so the replies of the other nodes are neither held back nor lost with it. ``sent``:
+    the call had been written before the connection failed, so it may have run; send it again
+    only where that is safe (a claim with the same request id, a fenced outcome)."""
+
+    def __init__(self, message: str, sent: bool) -> None:
+        super().__init__(message)
+        self.sent = sent
+
+
 class Batch:
     """Book-keeping of one batch across NOSCRIPT reloads, refusals, redirects and re-sends.
 
@@ -146,7 +158,7 @@ class Batch:
     to that node once, preceded by ``ASKING``. ``moved``: MOVED redirects seen since the caller
     last looked (the caller updates its slot map, then sends those calls again at once)."""
 
-    __slots__ = ("calls", "results", "pending", "scripts", "resent", "ask", "moved")
+    __slots__ = ("calls", "results", "pending", "scripts", "resent", "ask", "moved", "written")
 
     def __init__(self, calls: Sequence[Call], scripts: dict[str, Script]) -> None:
         self.calls = list(calls)
@@ -156,6 +168,7 @@ class Batch:
         self.resent = False
         self.ask: dict[int, AskError] = {}
         self.moved: list[MovedError] = []
+        self.written: set[int] = set()  # calls sent on a connection that then failed: they may have run
 
     def commands(self, idx: Sequence[int]) -> list[tuple[Any, ...]]:
         """The commands for the calls ``idx`` (an ``ASKING`` before each ASK-redirected one)."""
@@ -199,10 +212,35 @@ class Batch:
         self.resent = True
         for i in self.pending if idx is None else idx:
             self.calls[i] = mark_resend(self.calls[i])
+            self.written.add(i)
+
+    def give_up(self, idx: Sequence[int], error: BaseException, *, written: bool = False) -> None:
+        """Stop trying the calls ``idx`` (their node failed): each gets a :class:`NodeFailed`
+        reply saying whether it may have run (``written`` now, or sent on an earlier try)."""
+        drop = set(idx)
+        for i in drop:
+            if written:
+                self.written.add(i)
+            self.results[i] = NodeFailed(f"the cluster node of this call failed: {error}", i in self.written)
+        self.pending = [i for i in self.pending if i not in drop]
 
     def resend_safe(self, idx: Sequence[int] | None = None) -> bool:
         """Whether the calls ``idx`` (default: every pending one) may be sent again."""
         return resend_safe([self.calls[i] for i in (self.pending if idx is None else idx)])
+
+
+NO_TAIL: Any = object()
+"""What a round trip returns for the command sent after its calls (``then``) when none of its
+calls ran (each was redirected, refused as not run, or NOSCRIPT): that ``WAIT``'s reply confirms
+no write, and on a node that is no longer the slot's master it is an error ("WAIT cannot be used
+with replica instances"), so it must not answer for the batch; the calls' re-send carries its own."""
+
+
+def any_ran(replies: Sequence[Any]) -> bool:
+    """Whether a round trip's replies include one of a call that ran (anything but a redirect,
+    a not-run refusal or NOSCRIPT: an error raised by the script itself ran, maybe in part)."""
+    return any(not (isinstance(r, Exception) and (isinstance(r, AskError) or is_noscript(r) or not_run(r)))
+               for r in replies)
 
 
 def finish(results: list[Any], raise_on_error: bool) -> list[Any]:
@@ -220,7 +258,9 @@ def merge_tails(tails: Sequence[Any]) -> Any:
     """One reply for the command sent after a batch (``WAIT``/``WAITAOF``) when the batch went to
     several cluster nodes: the weakest of the nodes' replies (an error first, then the smallest
     count, element by element for WAITAOF's pair), since the promise holds only where every node
-    kept it. None when nothing was sent."""
+    kept it. None when nothing was sent. :data:`NO_TAIL` replies (round trips in which no call
+    ran) are left out."""
+    tails = [t for t in tails if t is not NO_TAIL]
     if not tails:
         return None
     for t in tails:

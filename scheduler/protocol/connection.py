@@ -33,6 +33,7 @@ import redis.cluster as rcluster
 import redis.sentinel as sentinel
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from .errors import ConfigError
@@ -264,7 +265,15 @@ def sync_redis(url: str, **kwargs: Any) -> SyncRedis:
     if scheme in CLUSTER_SCHEMES:
         c, ckw = _cluster_kwargs(url, kw)
         nodes = [rcluster.ClusterNode(h, p) for h, p in c.nodes]  # type: ignore[no-untyped-call]
-        return rcluster.RedisCluster(startup_nodes=nodes, **ckw)
+        try:
+            return rcluster.RedisCluster(startup_nodes=nodes, **ckw)
+        except RedisClusterException as exc:
+            # The blocking cluster client reads the slot map at once (the asyncio one on first
+            # use). No node answering is a connection error, as for one server: callers handle
+            # that (the CLI exits 3 "cannot reach Redis"), not redis-py's own exception class.
+            if isinstance(exc.__cause__, redis.ConnectionError | redis.TimeoutError | OSError):
+                raise redis.ConnectionError(f"no node of the cluster answered: {exc.__cause__}") from exc
+            raise
     if scheme in SENTINEL_SCHEMES:
         t, master_kw, skw = _sentinel_parts(url, kw)
         s = sentinel.Sentinel(list(t.sentinels), sentinel_kwargs=skw, **master_kw)  # type: ignore[no-untyped-call]

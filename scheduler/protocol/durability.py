@@ -78,14 +78,25 @@ def waitaof_missing(version: str) -> DurabilityUnsupported:
 
 
 def require_waitaof(info: Any) -> None:
-    """Raise :class:`DurabilityUnsupported` unless the server (``INFO server`` reply) has WAITAOF."""
-    version = parse_version(info)
-    try:
-        major, minor = (int(x) for x in version.split(".")[:2])
-    except ValueError:
-        return  # unknown version string: let the server answer WAITAOF itself
-    if (major, minor) < (7, 2):
-        raise waitaof_missing(version)
+    """Raise :class:`DurabilityUnsupported` unless the server (``INFO server`` reply) has WAITAOF.
+
+    ``info`` may also be a cluster's reply from every master (node name -> that node's reply):
+    then every master must have it, since a batch's WAIT goes to each node it touched."""
+    for version in _versions(info):
+        try:
+            major, minor = (int(x) for x in version.split(".")[:2])
+        except ValueError:
+            continue  # unknown version string: let the server answer WAITAOF itself
+        if (major, minor) < (7, 2):
+            raise waitaof_missing(version)
+
+
+def _versions(info: Any) -> list[str]:
+    """The ``redis_version`` of one ``INFO server`` reply, or of each node's in a per-node mapping."""
+    if isinstance(info, dict) and "redis_version" not in info and info \
+            and all(isinstance(v, dict) for v in info.values()):
+        return [parse_version(v) for v in info.values()]
+    return [parse_version(info)]
 
 
 def parse_version(info: Any) -> str:

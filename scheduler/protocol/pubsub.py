@@ -49,14 +49,22 @@ class ChannelMoved(SubscriptionLost):
     """A subscribed channel's slot moved to another cluster node: subscribe again."""
 
 
+class ChannelsPending(SubscriptionLost):
+    """Some channels were left out of the subscription because their cluster node could not be
+    reached: subscribe again (the node's failure was already seen when it broke)."""
+
+
 class Subscription(ABC):
     """A subscription to some wake-up channels. Not reusable after :meth:`aclose` or an error:
     make a new one."""
 
     @abstractmethod
-    async def subscribe(self, channels: Sequence[str]) -> None:
-        """Send the subscriptions; one ``subscribe`` message per channel confirms each (unless
-        subscribe messages are ignored)."""
+    async def subscribe(self, channels: Sequence[str]) -> Sequence[str]:
+        """Send the subscriptions; returns the channels subscribed, one ``subscribe`` message
+        confirming each (unless subscribe messages are ignored). On a cluster, channels of a node
+        that cannot be reached are left out (the others are not held hostage by it) and
+        :meth:`get_message` raises :class:`SubscriptionLost` within a second or so, so the caller
+        subscribes again; it raises here only when no channel could be subscribed."""
 
     @abstractmethod
     async def get_message(self, timeout: float | None) -> Message | None:
@@ -89,11 +97,12 @@ class SingleSubscription(Subscription):
         self.ps = ps
         self.sharded = sharded
 
-    async def subscribe(self, channels: Sequence[str]) -> None:
+    async def subscribe(self, channels: Sequence[str]) -> Sequence[str]:
         if self.sharded:
             await self.ps.ssubscribe(*channels)
         else:
             await self.ps.subscribe(*channels)
+        return channels
 
     async def get_message(self, timeout: float | None) -> Message | None:
         msg: Message | None = await self.ps.get_message(timeout=timeout)
@@ -118,16 +127,39 @@ class ClusterSubscription(Subscription):
         self._queue: asyncio.Queue[Message | BaseException] = asyncio.Queue()
         self._readers: dict[Any, asyncio.Task[None]] = {}  # node PubSub -> its reader
         self._pongs_due: set[Any] = set()  # node connections that owe a pong to the last ping()
+        self._unreachable: set[str] = set()  # nodes whose channels could not be subscribed
+        self._retry_at: float | None = None  # when to ask the caller to subscribe them again
 
-    async def subscribe(self, channels: Sequence[str]) -> None:
+    async def subscribe(self, channels: Sequence[str]) -> Sequence[str]:
         await self.ps.cluster.initialize()  # the slot map, if this client has sent nothing yet
-        await self.ps.ssubscribe(*channels)
+        by_node: dict[str, list[str]] = {}
+        for ch in channels:
+            by_node.setdefault(self.ps.cluster.get_node_from_key(ch).name, []).append(ch)
+        done: list[str] = []
+        error: BaseException | None = None
+        for name, group in by_node.items():
+            try:
+                await self.ps.ssubscribe(*group)
+                done += group
+            except (RedisError, OSError) as exc:  # that node is down (a failover under way)
+                self._unreachable.add(name)
+                error = exc
+        if error is not None:
+            if not done:
+                raise error
+            # the other nodes' wake-ups are heard meanwhile; the caller subscribes again soon
+            self._retry_at = asyncio.get_running_loop().time() + RESCAN
         self._watch()
+        return done
+
+    def _live(self) -> list[Any]:
+        """The node connections of the subscription, without those of unreachable nodes."""
+        return [ps for name, ps in list(self.ps.node_pubsub_mapping.items()) if name not in self._unreachable]
 
     def _watch(self) -> None:
         """Start a reader for each node connection without one (redis-py opens one per node, also
         when it re-routes a channel after a slot-map refresh)."""
-        for node_ps in list(self.ps.node_pubsub_mapping.values()):
+        for node_ps in self._live():
             if node_ps not in self._readers:
                 self._readers[node_ps] = asyncio.create_task(self._read(node_ps), name="zsched-sharded-pubsub")
 
@@ -165,6 +197,9 @@ class ClusterSubscription(Subscription):
         deadline = None if timeout is None else loop.time() + timeout
         while True:
             self._watch()
+            if self._retry_at is not None and loop.time() >= self._retry_at:
+                raise ChannelsPending(f"the shard channels of unreachable node(s) {sorted(self._unreachable)} "
+                                      "are not subscribed: subscribe again")
             wait = RESCAN if deadline is None else min(RESCAN, deadline - loop.time())
             try:
                 item = await asyncio.wait_for(self._queue.get(), max(0.0, wait))
@@ -185,7 +220,7 @@ class ClusterSubscription(Subscription):
             await self.ps.cluster.nodes_manager.initialize()
 
     async def ping(self) -> None:
-        nodes = list(self.ps.node_pubsub_mapping.values())
+        nodes = self._live()
         if not nodes:
             self._queue.put_nowait({"type": "pong", "pattern": None, "channel": None, "data": b""})
             return

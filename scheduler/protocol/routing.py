@@ -7,11 +7,11 @@ is followed without a restart. Connections come from the node's own redis-py poo
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.crc import key_slot
-from redis.exceptions import AskError, MovedError, RedisError
+from redis.exceptions import AskError, MovedError, RedisClusterException, RedisError
 
 from .batch import Batch
 
@@ -110,3 +110,18 @@ class AsyncRoutes:
             await self.cluster.nodes_manager.initialize()
         except RedisError:
             pass
+
+
+def isolate_failed(batch: Batch, groups: Callable[[Batch], list[tuple[Any, list[int]]]], down: set[str],
+                   error: BaseException) -> None:
+    """After a node failed and the slot map was re-read: the pending calls it still sends to a
+    node that failed this round (or that have no route) come back at once as :class:`NodeFailed`
+    instead of holding the other nodes' replies for the whole retry budget (a worker's claims on
+    three masters must not wait for, or fail with, the one that died). The others go on."""
+    try:
+        stuck = [i for node, idx in groups(batch) if node.name in down for i in idx]
+    except RedisClusterException:  # still no route for some slot: nothing can go anywhere now
+        stuck = list(batch.pending)
+    if stuck:
+        batch.give_up(stuck, error)
+

@@ -23,7 +23,9 @@ sends script calls through :class:`ScriptTransport` or :class:`AsyncScriptTransp
   asyncio transport talks to the nodes concurrently). MOVED updates the slot map and sends the
   call again at once, ASK sends it once to the importing node after ``ASKING`` (neither had
   run); TRYAGAIN and CLUSTERDOWN are "not run" refusals; a connection failure re-reads the slot
-  map before the re-send rules above apply.
+  map before the re-send rules above apply. With ``raise_on_error=False`` a node that fails does
+  not fail the batch: its calls come back as ``NodeFailed`` and the other nodes' replies are kept
+  (a worker serving three masters keeps claiming on two while the third fails over).
 """
 from __future__ import annotations
 
@@ -39,12 +41,15 @@ from .batch import (
     DEFAULT_RETRY,
     MAX_REDIRECTS,
     NO_RETRY,
+    NO_TAIL,
     RESEND,
     RESEND_FLAG,
     TRANSIENT,
     Batch,
     Call,
+    NodeFailed,
     RetryPolicy,
+    any_ran,
     finish,
     is_noscript,
     mark_resend,
@@ -54,12 +59,12 @@ from .batch import (
     resend_safe,
 )
 from .connection import is_cluster
-from .routing import SyncRoutes
+from .routing import SyncRoutes, isolate_failed
 from .scripts import load_scripts
 from .transport_async import AsyncScriptTransport
 
 __all__ = ["DEFAULT_RETRY", "NO_RETRY", "RESEND", "RESEND_FLAG", "TRANSIENT", "AsyncScriptTransport", "Call",
-           "RetryPolicy", "ScriptTransport", "mark_resend", "resend_safe"]
+           "NodeFailed", "RetryPolicy", "ScriptTransport", "mark_resend", "resend_safe"]
 
 
 class _Checkout:
@@ -166,14 +171,16 @@ class ScriptTransport:
     def call_many(self, calls: Sequence[Call], *, retry: RetryPolicy | None = None, resend: bool = True,
                   raise_on_error: bool = True, then: Sequence[Any] | None = None) -> list[Any]:
         """Run several script calls in one round trip; replies in order. With
-        ``raise_on_error=False`` an error reply comes back as the exception object in its place.
+        ``raise_on_error=False`` an error reply comes back as the exception object in its place,
+        and on a cluster so does a failed node: its calls get :class:`~.batch.NodeFailed` (saying
+        whether each may have run) at once, while the other nodes' replies come back as usual.
         ``resend=False``: never send a call again once it may have reached Redis (a failure
         before sending is still retried). ``then``: one more command sent on the same connection
         after the calls (e.g. ``WAIT``); its reply is appended to the list."""
         batch = Batch(calls, self.scripts)
         policy = retry or self.retry
         if self._routes is not None:
-            tails = self._cluster(batch, policy.delays(), resend, then)
+            tails = self._cluster(batch, policy.delays(), resend, then, not raise_on_error)
         else:
             tails = [self._single(batch, policy.delays(), resend, then)]
         out = finish(batch.results, raise_on_error)
@@ -192,7 +199,9 @@ class ScriptTransport:
                     raise
                 continue
             try:
-                tail = self._roundtrip(held.conn, batch, then, batch.pending)
+                got = self._roundtrip(held.conn, batch, then, batch.pending)
+                if got is not NO_TAIL:  # else nothing ran: keep the reply that covered what did
+                    tail = got
             except TRANSIENT:
                 self._broken(held)
                 if not (resend and batch.resend_safe()) or not self._pause(delays):
@@ -209,41 +218,27 @@ class ScriptTransport:
                 continue
             return tail
 
-    def _cluster(self, batch: Batch, delays: Iterator[float], resend: bool, then: Sequence[Any] | None) -> list[Any]:
-        """The batch on a cluster: one round trip per node, until every call has its reply."""
+    def _cluster(self, batch: Batch, delays: Iterator[float], resend: bool, then: Sequence[Any] | None,
+                 isolate: bool) -> list[Any]:
+        """The batch on a cluster: one round trip per node, until every call has its reply.
+        ``isolate`` (``raise_on_error=False``): a node that fails is not waited for, see
+        :func:`.routing.isolate_failed`."""
         routes = self._routes
         assert routes is not None
         tails: list[Any] = []
         redirects = 0
         while batch.pending:
             failed: BaseException | None = None
+            down: set[str] = set()
             try:
                 groups = routes.groups(batch)
             except RedisClusterException as exc:  # a slot with no known master (a failover under way)
                 groups, failed = [], exc
             for node, idx in groups:
-                pool = routes.pool(node)
-                try:
-                    conn = pool.get_connection()
-                except TRANSIENT as exc:  # nothing was sent
-                    failed = exc
-                    continue
-                try:
-                    tails.append(self._roundtrip(conn, batch, then, idx))
-                except TRANSIENT as exc:
-                    conn.disconnect()
-                    pool.release(conn)
-                    if not (resend and batch.resend_safe(idx)):
-                        raise
-                    batch.mark_resent(idx)
-                    self.resends += 1
-                    failed = exc
-                    continue
-                except BaseException:
-                    conn.disconnect()  # a reply may be half read
-                    pool.release(conn)
-                    raise
-                pool.release(conn)
+                error = self._on_node(routes.pool(node), batch, then, idx, resend, isolate, tails)
+                if error is not None:
+                    failed = error
+                    down.add(node.name)
             if batch.moved and redirects < MAX_REDIRECTS and failed is None:
                 redirects += 1
                 routes.moved(batch.moved)
@@ -254,11 +249,44 @@ class ScriptTransport:
                 batch.moved.clear()
             if failed is not None:
                 routes.refresh()
+                if isolate:
+                    isolate_failed(batch, routes.groups, down, failed)
             if batch.pending and not self._pause(delays):
                 if failed is not None:
-                    raise failed
+                    if not isolate:
+                        raise failed
+                    batch.give_up(list(batch.pending), failed)
                 break
         return tails
+
+    def _on_node(self, pool: Any, batch: Batch, then: Sequence[Any] | None, idx: list[int], resend: bool,
+                 isolate: bool, tails: list[Any]) -> BaseException | None:
+        """One round trip to one cluster node (its reply to ``then`` goes to ``tails``). Returns
+        the transport failure when the calls may go again (re-sendable, or never sent); raises it
+        when they may not, unless ``isolate``: then they get :class:`NodeFailed` replies."""
+        try:
+            conn = pool.get_connection()  # connects: a failure here sent nothing
+        except TRANSIENT as exc:
+            return exc
+        try:
+            tails.append(self._roundtrip(conn, batch, then, idx))
+        except TRANSIENT as exc:
+            conn.disconnect()
+            pool.release(conn)
+            if not (resend and batch.resend_safe(idx)):
+                if not isolate:
+                    raise
+                batch.give_up(idx, exc, written=True)
+                return exc
+            batch.mark_resent(idx)
+            self.resends += 1
+            return exc
+        except BaseException:
+            conn.disconnect()  # a reply may be half read
+            pool.release(conn)
+            raise
+        pool.release(conn)
+        return None
 
     @staticmethod
     def _pause(delays: Iterator[float]) -> bool:
@@ -273,6 +301,7 @@ class ScriptTransport:
         """Send the calls ``idx`` (and ``then``) on ``conn``, read every reply; after NOSCRIPT load
         the missing scripts on the same connection and send the refused calls again."""
         tail: Any = None
+        ran = False  # a call of this connection ran: the last WAIT covers it (WAIT is per connection)
         idx = list(idx)
         for _ in range(3):
             cmds = batch.commands(idx)
@@ -293,10 +322,11 @@ class ScriptTransport:
                     tail = conn.read_response()
                 except ResponseError as exc:
                     tail = exc
+            ran = ran or any_ran(replies)
             refused = [i for i, r in zip(idx, replies) if isinstance(r, Exception) and is_noscript(r)]
             missing, _wait = batch.take(idx, replies)
             if not missing:
-                return tail
+                return tail if ran else NO_TAIL
             for name in missing:
                 conn.send_command("SCRIPT", "LOAD", batch.scripts[name].source, check_health=False)
                 conn.read_response()

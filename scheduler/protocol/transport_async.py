@@ -12,17 +12,19 @@ from redis.exceptions import NoScriptError, RedisClusterException, ResponseError
 from .batch import (
     DEFAULT_RETRY,
     MAX_REDIRECTS,
+    NO_TAIL,
     TRANSIENT,
     Batch,
     Call,
     RetryPolicy,
+    any_ran,
     finish,
     is_noscript,
     merge_tails,
     pack,
 )
 from .connection import is_cluster
-from .routing import AsyncRoutes
+from .routing import AsyncRoutes, isolate_failed
 from .scripts import load_scripts
 
 
@@ -74,7 +76,7 @@ class AsyncScriptTransport:
         batch = Batch(calls, self.scripts)
         policy = retry or self.retry
         if self._routes is not None:
-            tails = await self._cluster(self._routes, batch, policy.delays(), resend, then)
+            tails = await self._cluster(self._routes, batch, policy.delays(), resend, then, not raise_on_error)
         else:
             tails = [await self._single(batch, policy.delays(), resend, then, lane)]
         out = finish(batch.results, raise_on_error)
@@ -95,7 +97,9 @@ class AsyncScriptTransport:
                     raise
                 continue
             try:
-                tail = await self._roundtrip(conn, batch, then, batch.pending)
+                got = await self._roundtrip(conn, batch, then, batch.pending)
+                if got is not NO_TAIL:  # else nothing ran: keep the reply that covered what did
+                    tail = got
             except TRANSIENT:
                 await _drop(conn)
                 await pool.release(conn)
@@ -118,8 +122,9 @@ class AsyncScriptTransport:
             return tail
 
     async def _cluster(self, routes: AsyncRoutes, batch: Batch, delays: Iterator[float], resend: bool,
-                       then: Sequence[Any] | None) -> list[Any]:
-        """The batch on a cluster: one round trip per node, the nodes concurrently."""
+                       then: Sequence[Any] | None, isolate: bool) -> list[Any]:
+        """The batch on a cluster: one round trip per node, the nodes concurrently. ``isolate``
+        (``raise_on_error=False``): a node that fails is not waited for; see :func:`.routing.isolate_failed`."""
         await routes.start()
         tails: list[Any] = []
         redirects = 0
@@ -128,12 +133,14 @@ class AsyncScriptTransport:
                 groups = routes.groups(batch)
             except RedisClusterException as exc:  # a slot with no known master (a failover under way)
                 groups = [(None, exc)]  # type: ignore[list-item]  # _on_node reports it as a failure
-            results = await asyncio.gather(*(self._on_node(node, batch, then, idx, resend) for node, idx in groups),
-                                           return_exceptions=True)
+            results = await asyncio.gather(*(self._on_node(node, batch, then, idx, resend, isolate)
+                                             for node, idx in groups), return_exceptions=True)
             failed: BaseException | None = None
+            down: set[str] = set()
             for r in results:
                 if isinstance(r, _Failed):
                     failed = r.error
+                    down.add(r.node)
                 elif isinstance(r, BaseException):
                     raise r
                 else:
@@ -148,32 +155,52 @@ class AsyncScriptTransport:
                 batch.moved.clear()
             if failed is not None:
                 await routes.refresh()
+                if isolate:
+                    isolate_failed(batch, routes.groups, down, failed)
             if batch.pending and not await self._pause(delays):
                 if failed is not None:
-                    raise failed
+                    if not isolate:
+                        raise failed
+                    batch.give_up(list(batch.pending), failed)
                 break
         return tails
 
     async def _on_node(self, node: Any, batch: Batch, then: Sequence[Any] | None, idx: Any,
-                       resend: bool) -> Any:
+                       resend: bool, isolate: bool) -> Any:
         """One round trip to one cluster node; a transport failure that allows a re-send comes
-        back as :class:`_Failed` (the calls are marked re-sent), any other error is raised."""
+        back as :class:`_Failed` (the calls are marked re-sent), any other error is raised; with
+        ``isolate``, calls that may have run and may not be re-sent get :class:`NodeFailed`."""
         if node is None:  # no route: ``idx`` is the routing error
-            return _Failed(idx)
+            return _Failed(idx, "")
         try:
             conn = node.acquire_connection()
         except TRANSIENT as exc:  # nothing was sent
-            return _Failed(exc)
+            return _Failed(exc, node.name)
+        try:
+            # connect first (a no-op when connected): a failure here sent nothing, so the calls
+            # may go again whatever their script, instead of counting as "may have run"
+            await conn.connect()
+        except TRANSIENT as exc:
+            await _drop(conn)
+            node.release(conn)
+            return _Failed(exc, node.name)
+        except BaseException:
+            await asyncio.shield(_drop(conn))
+            node.release(conn)
+            raise
         try:
             tail = await self._roundtrip(conn, batch, then, idx)
         except TRANSIENT as exc:
             await _drop(conn)
             node.release(conn)
             if not (resend and batch.resend_safe(idx)):
-                raise
+                if not isolate:
+                    raise
+                batch.give_up(idx, exc, written=True)
+                return _Failed(exc, node.name)
             batch.mark_resent(idx)
             self.resends += 1
-            return _Failed(exc)
+            return _Failed(exc, node.name)
         except BaseException:
             await asyncio.shield(_drop(conn))
             node.release(conn)
@@ -192,6 +219,7 @@ class AsyncScriptTransport:
     @staticmethod
     async def _roundtrip(conn: Any, batch: Batch, then: Sequence[Any] | None, idx: Sequence[int]) -> Any:
         tail: Any = None
+        ran = False  # a call of this connection ran: the last WAIT covers it (WAIT is per connection)
         idx = list(idx)
         for _ in range(3):
             cmds = batch.commands(idx)
@@ -212,10 +240,11 @@ class AsyncScriptTransport:
                     tail = await conn.read_response()
                 except ResponseError as exc:
                     tail = exc
+            ran = ran or any_ran(replies)
             refused = [i for i, r in zip(idx, replies) if isinstance(r, Exception) and is_noscript(r)]
             missing, _wait = batch.take(idx, replies)
             if not missing:
-                return tail
+                return tail if ran else NO_TAIL
             for name in missing:
                 await conn.send_command("SCRIPT", "LOAD", batch.scripts[name].source, check_health=False)
                 await conn.read_response()
@@ -225,12 +254,14 @@ class AsyncScriptTransport:
 
 class _Failed:
     """A node's round trip failed in transit (connection error or timeout) in a way the batch
-    may retry: the cluster loop re-reads the slot map and pauses before sending again."""
+    may retry: the cluster loop re-reads the slot map and pauses before sending again. ``node``:
+    the node's name ("" when the calls had no route)."""
 
-    __slots__ = ("error",)
+    __slots__ = ("error", "node")
 
-    def __init__(self, error: BaseException) -> None:
+    def __init__(self, error: BaseException, node: str) -> None:
         self.error = error
+        self.node = node
 
 
 async def _drop(conn: Any) -> None:

@@ -21,7 +21,7 @@ from ..coord import Coordinator, EtcdCoordinator
 from ..metrics import PartitionStatsCollector, SchedulerMetrics, serve
 from ..protocol import config
 from ..protocol.connection import async_redis, mask_url
-from ..protocol.pubsub import Subscription, subscription
+from ..protocol.pubsub import ChannelsPending, Subscription, subscription
 from ..protocol.replies import parse_stats
 from ..protocol.tick import Retention
 from ..protocol.transport import AsyncScriptTransport, RetryPolicy
@@ -324,8 +324,10 @@ class SchedulerProcess:
                 await _close(pubsub)
                 raise
             except Exception as exc:  # Redis errors, or anything unexpected: never stop listening
-                log.warning("wake-up subscription lost (%s: %s); resubscribing in %.1fs",
-                            type(exc).__name__, exc, delay)
+                # a cluster node still down: retried about once a second, said once when it broke
+                level = logging.DEBUG if isinstance(exc, ChannelsPending) else logging.WARNING
+                log.log(level, "wake-up subscription lost (%s: %s); resubscribing in %.1fs",
+                        type(exc).__name__, exc, delay)
                 await _close(pubsub)
                 await asyncio.sleep(delay)
                 delay = min(2.0, delay * 2)

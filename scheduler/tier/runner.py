@@ -67,7 +67,11 @@ class RunnerConfig:
     idle_check: float = 1.0      # max sleep without a wake-up (lost pub/sub message safety net)
     reap_interval: float = 0.5   # reap at least this often while jobs are in flight
     min_sleep: float = 0.0005    # never spin: Redis may see the job due a hair later than we do
-    backoff_max: float = 2.0     # Redis retry backoff cap
+    # Redis retry backoff cap. Short: a partition must fire again within a second of Redis
+    # answering (a Redis Cluster failover takes 2-3 s; with a 2 s cap the first retry after it
+    # could come ~2.5 s late). Each step already retries for the transport's budget (0.5 s), so an
+    # outage costs a partition a few refused connects per second, nothing more.
+    backoff_max: float = 0.5
     conflict_retry_min: float = 1.0   # first retry after an epoch conflict (then doubling, with jitter)
     conflict_retry_max: float = 30.0  # cap: a conflict costs each partition ~2 refused calls per minute
 

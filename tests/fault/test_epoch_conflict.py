@@ -247,7 +247,7 @@ def test_redis_rollback_of_epochs_does_not_stall_the_current_owner(fresh_redis: 
         rolled = redis_epochs(r, ks)
         assert rolled == before, f"the restart did not load the older snapshot: {rolled} vs {before}"
         ids = [client.schedule(time.time() + 0.3, {"p": p}, key=key_in(p, PARTS, "rb")) for p in range(PARTS)]
-        # a runner retries Redis with a backoff capped at 2 s (RunnerConfig.backoff_max)
+        # a runner retries Redis with a capped backoff (RunnerConfig.backoff_max)
         wait_until(lambda: all(client.get(i).state is JobState.READY for i in ids), 5.0, 0.02,
                    f"every partition to fire after Redis came back{tails(b)}")
         print(f"\nRedis rolled back to epochs {sorted(before.values())} under owner b with "

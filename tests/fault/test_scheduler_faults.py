@@ -33,10 +33,12 @@ import pytest
 import redis
 
 from scheduler import Client, JobState
+from scheduler.protocol.connection import SyncRedis, sync_redis
 from scheduler.protocol.ids import decode_id, encode_id, partition_for_key, partition_of, run_at_of
 from scheduler.protocol.keys import PARTITION_KEYS, Keyspace
 from scheduler.shell.servers import ServerError, ZschedProc, etcd_request, free_port, scheduler_proc
-from tests.helpers import snapshot
+from scheduler.tier.runner import RunnerConfig
+from tests.helpers import on_both_backends, snapshot
 from tests.procs import REPO, wait_until
 from tests.servers import EtcdCluster, EtcdServer, RedisServer
 
@@ -98,7 +100,7 @@ def schedule_stream(client: Client, start: float, count: int, step: float, tag: 
     return client.schedule_many(jobs)
 
 
-def fired_counter(r: redis.Redis, ks: Keyspace) -> int:
+def fired_counter(r: SyncRedis, ks: Keyspace) -> int:
     """Jobs moved to ready in the namespace (sum of ``fired:default`` over partitions)."""
     return sum(int(r.hget(ks.key(p, "c"), f"fired:{QUEUE}") or 0) for p in range(ks.partitions))
 
@@ -118,7 +120,7 @@ class FireWatcher:
     returns exactly the ids pushed since the last poll, atomically."""
 
     def __init__(self, url: str, ks: Keyspace, interval: float = 0.003) -> None:
-        self.r = redis.Redis.from_url(url, socket_timeout=1.0)
+        self.r = sync_redis(url, socket_timeout=1.0)  # one server or a cluster, as the URL says
         self.ks = ks
         self.interval = interval
         self.known = [0] * ks.partitions
@@ -285,7 +287,7 @@ def stop_all(procs: Iterable[ZschedProc]) -> None:
         p.stop()
 
 
-def assert_exactly_once(r: redis.Redis, client: Client, ids: list[str], watcher: FireWatcher | None,
+def assert_exactly_once(r: SyncRedis, client: Client, ids: list[str], watcher: FireWatcher | None,
                         procs: Iterable[ZschedProc]) -> None:
     """Every job is in ready exactly once, and the tier fired exactly len(ids) jobs in the namespace."""
     st = snapshot(r, client)  # also: no job in two states, gauges consistent
@@ -300,12 +302,13 @@ def assert_exactly_once(r: redis.Redis, client: Client, ids: list[str], watcher:
 # --------------------------------------------------------------------------- 1. kill -9
 
 
-def test_kill9_partitions_fail_over_within_ttl_plus_1s(redis_url: str, etcd_endpoint: str) -> None:
+@on_both_backends
+def test_kill9_partitions_fail_over_within_ttl_plus_1s(backend_url: str, etcd_endpoint: str) -> None:
     ns, parts, ttl = "f-kill", 8, 2.0
-    client = Client.from_url(redis_url, namespace=ns, partitions=parts).connect()
-    r = redis.Redis.from_url(redis_url)
-    procs = start_replicas(redis_url, etcd_endpoint, ns, ["a", "b"], ttl)
-    watcher = FireWatcher(redis_url, client.keyspace)
+    client = Client.from_url(backend_url, namespace=ns, partitions=parts).connect()
+    r = sync_redis(backend_url)
+    procs = start_replicas(backend_url, etcd_endpoint, ns, ["a", "b"], ttl)
+    watcher = FireWatcher(backend_url, client.keyspace)
     try:
         wait_settled(etcd_endpoint, ns, procs, ["a", "b"], parts)
         ids = schedule_stream(client, time.time() + 0.3, 300, 0.02, "k9")  # due over the next ~6.3 s
@@ -678,7 +681,7 @@ def test_etcd_down_fires_until_deadline_then_stops_and_resumes(redis_url: str, f
 
 def test_redis_down_and_back_replica_survives_and_fires(fresh_redis: RedisServer, etcd_endpoint: str) -> None:
     ns, parts, ttl = "f-redis-down", 4, 2.0
-    backoff_max = 2.0  # RunnerConfig.backoff_max
+    backoff_max = RunnerConfig().backoff_max
     url = fresh_redis.url
     client = Client.from_url(url, namespace=ns, partitions=parts).connect()
     procs = start_replicas(url, etcd_endpoint, ns, ["a"], ttl)
@@ -699,8 +702,8 @@ def test_redis_down_and_back_replica_survives_and_fires(fresh_redis: RedisServer
         client = Client.from_url(url, namespace=ns, partitions=parts).connect()
         r = redis.Redis.from_url(url)
         ids = schedule_stream(client, time.time() + 0.3, 40, 0.025, "rd")  # due 0.3 - 1.3 s after restart
-        # A runner retries with a backoff capped at 2 s, so its first retry after the restart comes
-        # within 2 s and must succeed: every partition fires again by restart + cap + 0.5 s.
+        # A runner retries with a capped backoff, so its first retry after the restart comes within
+        # the cap and must succeed: every partition fires again by restart + cap + 0.5 s.
         resume_by = t_up + backoff_max + 0.5
         watcher = FireWatcher(url, client.keyspace).start()
         try:  # wait longer than the bound, so that a failure can say when they did fire
@@ -761,7 +764,7 @@ def test_redis_refusing_writes_briefly_does_not_stop_partitions_for_good(fresh_r
         finally:
             fresh_redis.command("REPLICAOF", "NO", "ONE")
         t_ok = time.time()
-        backoff_max = 2.0  # RunnerConfig.backoff_max
+        backoff_max = RunnerConfig().backoff_max
         errors = fresh_redis.command("INFO", "errorstats").decode()
         assert "READONLY" in errors, f"the fault did not happen: {errors}"
         try:

@@ -16,24 +16,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from scheduler import Client, JobState
 from scheduler.protocol.calls import error_arg
+from scheduler.protocol.connection import SyncRedis, sync_redis
 from scheduler.protocol.ids import partition_of
 from scheduler.shell import admin
 from scheduler.shell.cli import main
 from scheduler.shell.servers import etcd_put, free_port
 from scheduler.testing.transitions import Ops
-from tests.helpers import snapshot
+from tests.helpers import on_both_backends, snapshot
 
 NS = "cli"
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def client(redis_url: str) -> Iterator[Client]:
-    c = Client.from_url(redis_url, namespace=NS, partitions=4).connect()
+def client(backend_url: str) -> Iterator[Client]:
+    c = Client.from_url(backend_url, namespace=NS, partitions=4).connect()
     yield c
     c.close()
 
@@ -44,8 +44,8 @@ def ops(client: Client) -> Ops:
 
 
 @pytest.fixture
-def r(redis_url: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url)
+def r(backend_url: str) -> Iterator[SyncRedis]:
+    c = sync_redis(backend_url)
     yield c
     c.close()
 
@@ -72,8 +72,8 @@ class Cli:
 
 
 @pytest.fixture
-def cli(redis_url: str, client: Client, capsys: pytest.CaptureFixture[str]) -> Cli:
-    return Cli(redis_url, capsys)
+def cli(backend_url: str, client: Client, capsys: pytest.CaptureFixture[str]) -> Cli:
+    return Cli(backend_url, capsys)
 
 
 def kill(client: Client, ops: Ops, queue: str = "default", n: int = 1, msg: str = "boom",
@@ -277,7 +277,8 @@ def test_dead_list_and_show(cli: Cli, client: Client, ops: Ops) -> None:
     assert rc == 0 and "no dead jobs" in out
 
 
-def test_requeue_by_id_twice_runs_once(cli: Cli, client: Client, ops: Ops, r: redis.Redis) -> None:
+@on_both_backends
+def test_requeue_by_id_twice_runs_once(cli: Cli, client: Client, ops: Ops, r: SyncRedis) -> None:
     [jid] = kill(client, ops, "q")
     rc, out, err = cli("dead", "requeue", jid)
     assert rc == 0 and f"requeued {jid}" in out, err
@@ -301,7 +302,8 @@ def test_requeue_single_at_later_time(cli: Cli, client: Client, ops: Ops) -> Non
     assert abs(info.run_at.timestamp() - time.time() - 3600) < 5
 
 
-def test_requeue_filters_and_dry_run_change_nothing(cli: Cli, client: Client, ops: Ops, r: redis.Redis) -> None:
+@on_both_backends
+def test_requeue_filters_and_dry_run_change_nothing(cli: Cli, client: Client, ops: Ops, r: SyncRedis) -> None:
     mails = kill(client, ops, "emails", 4, msg="SMTP 550 mailbox unavailable")
     other = kill(client, ops, "emails", 2, msg="DNS failure", tb="socket.gaierror: Name or service not known")
     sms = kill(client, ops, "sms", 3, msg="gateway timeout")
@@ -349,7 +351,7 @@ def test_requeue_bad_selection_exits_2(cli: Cli, client: Client, args: list[str]
     assert rc == 2 and "zsched: error:" in err and needle in err, err
 
 
-def test_requeue_rate_is_paced(cli: Cli, client: Client, ops: Ops, r: redis.Redis) -> None:
+def test_requeue_rate_is_paced(cli: Cli, client: Client, ops: Ops, r: SyncRedis) -> None:
     ids = kill(client, ops, "q", 20)
     t0 = time.monotonic()
     rc, out, err = cli("dead", "requeue", "--all", "--rate", "40", "--quiet")
@@ -373,7 +375,7 @@ def test_requeue_later_spreads_due_times_instead_of_waiting(cli: Cli, client: Cl
 
 
 def test_dead_paging_survives_equal_scores_and_concurrent_requeues(client: Client, ops: Ops,
-                                                                   r: redis.Redis) -> None:
+                                                                   r: SyncRedis) -> None:
     ids = kill(client, ops, "q", 40)
     # many deaths in the same millisecond (a reap batch does that): force equal scores
     for p in range(client.keyspace.partitions):
@@ -401,7 +403,8 @@ def test_mass_requeue_excludes_jobs_that_die_during_the_run(client: Client, ops:
     assert sorted(got) == sorted(ids) and late[0] not in got
 
 
-def test_purge_older_than_and_by_id(cli: Cli, client: Client, ops: Ops, r: redis.Redis) -> None:
+@on_both_backends
+def test_purge_older_than_and_by_id(cli: Cli, client: Client, ops: Ops, r: SyncRedis) -> None:
     old = kill(client, ops, "q", 5)
     new = kill(client, ops, "q", 2)
     ten_days_ago = (time.time() - 10 * 86400) * 1000

@@ -8,15 +8,16 @@ import pytest
 import redis
 
 from scheduler import Client, JobOptions, JobState
+from scheduler.protocol.connection import SyncRedis, sync_redis
 from scheduler.protocol.ids import partition_for_key
 from scheduler.testing.transitions import Ops
-from tests.helpers import snapshot
+from tests.helpers import on_both_backends, snapshot
 from tests.integration.test_scheduler_tier import settled, start_replica, stop_replica
 
 NS = "tier"  # the replicas of test_scheduler_tier use this namespace
 
 
-def cron_jobs(r: redis.Redis, client: Client, name: str) -> dict[str, str]:
+def cron_jobs(r: SyncRedis, client: Client, name: str) -> dict[str, str]:
     """State of every live job that is an occurrence of cron ``name``."""
     out = {}
     for jid, state in snapshot(r, client).items():
@@ -31,10 +32,11 @@ def fired_occurrences(client: Client, queue: str) -> list:
     return sorted((j for j in ops.claim(queue, 1000)), key=lambda j: j.record.cron_nominal_ms)
 
 
-async def test_cron_fires_every_occurrence_on_time_with_one_pending(redis_url: str, etcd_endpoint: str) -> None:
-    client = Client.from_url(redis_url, namespace=NS, partitions=4).connect()
-    r = redis.Redis.from_url(redis_url)
-    proc, task = await start_replica(redis_url, etcd_endpoint, "solo")
+@on_both_backends
+async def test_cron_fires_every_occurrence_on_time_with_one_pending(backend_url: str, etcd_endpoint: str) -> None:
+    client = Client.from_url(backend_url, namespace=NS, partitions=4).connect()
+    r = sync_redis(backend_url)
+    proc, task = await start_replica(backend_url, etcd_endpoint, "solo")
     try:
         await settled(etcd_endpoint, [proc], 4)
         client.add_cron("tick", "* * * * * *", {"n": 1}, queue="cron")

@@ -1,5 +1,6 @@
 """End to end with every real process: redis-server, etcd, `zsched scheduler` replicas and
-`zsched worker` processes. Jobs scheduled for the next seconds run once each, at their time."""
+`zsched worker` processes. Jobs scheduled for the next seconds run once each, at their time, on a
+single redis-server and on a 3-master Redis Cluster."""
 from __future__ import annotations
 
 import signal
@@ -10,18 +11,20 @@ import pytest
 
 from scheduler import Client, JobState
 from scheduler.shell.servers import scheduler_proc
+from tests.helpers import on_both_backends
 from tests.integration.test_worker_support import read_runs, spawn_worker, wait_for, wait_worker_ready, write_app
 
 NS = "e2e"
 
 
+@on_both_backends
 @pytest.mark.parametrize("n_workers", [1, 3])
 async def test_jobs_for_the_next_seconds_run_once_each_at_their_time(
-        redis_url: str, etcd_endpoint: str, tmp_path: Path, n_workers: int) -> None:
-    client = Client.from_url(redis_url, namespace=NS, partitions=8).connect()
+        backend_url: str, etcd_endpoint: str, tmp_path: Path, n_workers: int) -> None:
+    client = Client.from_url(backend_url, namespace=NS, partitions=8).connect()
     write_app(tmp_path)
-    replicas = [scheduler_proc(redis_url, etcd_endpoint, NS, f"s{i}", ttl=2.0).start() for i in range(2)]
-    workers = [spawn_worker(tmp_path, redis_url, "--namespace", NS) for _ in range(n_workers)]
+    replicas = [scheduler_proc(backend_url, etcd_endpoint, NS, f"s{i}", ttl=2.0).start() for i in range(2)]
+    workers = [spawn_worker(tmp_path, backend_url, "--namespace", NS) for _ in range(n_workers)]
     try:
         for w in workers:
             await wait_worker_ready(w)
@@ -45,12 +48,13 @@ async def test_jobs_for_the_next_seconds_run_once_each_at_their_time(
             p.stop()
 
 
+@on_both_backends
 async def test_worker_killed_mid_job_is_rerun_once_by_the_real_scheduler_tier(
-        redis_url: str, etcd_endpoint: str, tmp_path: Path) -> None:
-    client = Client.from_url(redis_url, namespace=NS, partitions=4).connect()
+        backend_url: str, etcd_endpoint: str, tmp_path: Path) -> None:
+    client = Client.from_url(backend_url, namespace=NS, partitions=4).connect()
     write_app(tmp_path)
-    replica = scheduler_proc(redis_url, etcd_endpoint, NS, "s0", ttl=2.0).start()
-    victim = spawn_worker(tmp_path, redis_url, "--namespace", NS, env={"SLOW_SECONDS": "30"})
+    replica = scheduler_proc(backend_url, etcd_endpoint, NS, "s0", ttl=2.0).start()
+    victim = spawn_worker(tmp_path, backend_url, "--namespace", NS, env={"SLOW_SECONDS": "30"})
     try:
         await wait_worker_ready(victim)
         slow = client.schedule(time.time() + 0.3, {"slow": True}, lease=1.0)
@@ -61,7 +65,7 @@ async def test_worker_killed_mid_job_is_rerun_once_by_the_real_scheduler_tier(
         victim.signal(signal.SIGKILL)
         victim.wait(5)
         t_kill = time.time()
-        rescuer = spawn_worker(tmp_path, redis_url, "--namespace", NS)
+        rescuer = spawn_worker(tmp_path, backend_url, "--namespace", NS)
         await wait_worker_ready(rescuer)
         await wait_for(lambda: any(r[1] == slow and r[0] == "END" for r in read_runs(tmp_path)), 15,
                        what="the slow job to run again after its lease expired")

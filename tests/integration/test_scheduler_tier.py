@@ -11,9 +11,10 @@ import redis
 
 from scheduler import Client, JobState
 from scheduler.coord import EtcdCoordinator
+from scheduler.protocol.connection import SyncRedis, sync_redis
 from scheduler.testing.transitions import Ops
 from scheduler.tier import SchedulerConfig, SchedulerProcess
-from tests.helpers import snapshot
+from tests.helpers import on_both_backends, snapshot
 
 NS = "tier"
 
@@ -177,17 +178,18 @@ async def test_frozen_replica_cannot_fire_a_partition_that_moved(redis_url: str,
         await stop_replica(a, a_task)
 
 
-def _fired(r: redis.Redis, client: Client, queue: str) -> int:
+def _fired(r: SyncRedis, client: Client, queue: str) -> int:
     return sum(int(r.hget(client.keyspace.key(p, "c"), f"fired:{queue}") or 0)
                for p in range(client.keyspace.partitions))
 
 
-async def test_rate_limited_herd_drains_as_a_stream_oldest_first(redis_url: str, etcd_endpoint: str) -> None:
-    client = Client.from_url(redis_url, namespace=NS, partitions=8).connect()
-    r = redis.Redis.from_url(redis_url)
+@on_both_backends
+async def test_rate_limited_herd_drains_as_a_stream_oldest_first(backend_url: str, etcd_endpoint: str) -> None:
+    client = Client.from_url(backend_url, namespace=NS, partitions=8).connect()
+    r = sync_redis(backend_url)
     client.set_rate_limit("herd", 400)
     assert client.rate_limits() == {"herd": (400.0, 100.0)}
-    procs = [await start_replica(redis_url, etcd_endpoint, f"r{n}") for n in range(2)]
+    procs = [await start_replica(backend_url, etcd_endpoint, f"r{n}") for n in range(2)]
     try:
         await settled(etcd_endpoint, [p for p, _ in procs], 8)
         t0 = time.time() + 0.3

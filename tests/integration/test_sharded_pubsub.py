@@ -7,7 +7,6 @@ and on a real 3-master Redis Cluster through a ``redis+cluster://`` URL.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -15,7 +14,6 @@ from typing import Any
 import redis
 
 from scheduler import Client, JobState
-from scheduler.protocol.calls import Calls
 from scheduler.protocol.connection import async_redis, sync_redis
 from scheduler.protocol.ids import decode_id, partition_for_key, partition_of
 from scheduler.protocol.pubsub import subscription
@@ -149,16 +147,10 @@ class CountingFetch(PubSubFetch):
         super().mark_all()
 
 
-def _fetch(made: list[CountingFetch], sharded: bool = False) -> Callable[[FetchContext], CountingFetch]:
-    """A ``Worker(fetch=...)`` factory recording the strategy it makes. ``sharded``: on the sharded
-    layout of the worker's namespace, what a worker on a cluster gets by itself (Worker has no
-    sharded_pubsub switch of its own)."""
+def _fetch(made: list[CountingFetch]) -> Callable[[FetchContext], CountingFetch]:
+    """A ``Worker(fetch=...)`` factory recording the strategy it makes."""
 
     def make(ctx: FetchContext) -> CountingFetch:
-        if sharded:
-            c = ctx.calls
-            ctx = dataclasses.replace(ctx, calls=Calls(dataclasses.replace(c.ks, sharded=True),
-                                                       max_payload_bytes=c.max_payload, tombstone_ttl=c.tomb_ms / 1000))
         made.append(CountingFetch(ctx))
         return made[-1]
 
@@ -166,7 +158,10 @@ def _fetch(made: list[CountingFetch], sharded: bool = False) -> Callable[[FetchC
 
 
 def _worker(url: str, made: list[CountingFetch], sharded: bool = False) -> Worker:
-    w = Worker.from_url(url, namespace=NS, queues=["q"], idle_sweep=IDLE_SWEEP, fetch=_fetch(made, sharded))
+    """``sharded``: the worker's own switch (``Worker(sharded_pubsub=True)``, what a worker on a
+    cluster gets by itself); otherwise automatic."""
+    w = Worker.from_url(url, namespace=NS, queues=["q"], idle_sweep=IDLE_SWEEP, fetch=_fetch(made),
+                        sharded_pubsub=True if sharded else None)
 
     @w.handler("q")
     async def handle(job: Job) -> None:

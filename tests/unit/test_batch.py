@@ -9,7 +9,7 @@ import pytest
 from redis._parsers.base import BaseParser
 from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError
 
-from scheduler.protocol.batch import Batch, merge_tails, not_run
+from scheduler.protocol.batch import NO_TAIL, Batch, any_ran, merge_tails, not_run
 from scheduler.protocol.routing import slot_of
 from scheduler.protocol.scripts import load_scripts
 
@@ -82,3 +82,14 @@ def test_the_weakest_node_reply_answers_for_the_batch() -> None:
 def test_partition_keys_share_one_slot() -> None:
     assert slot_of("{ns:3}:t") == slot_of("{ns:3}:r:mail") == slot_of(b"{ns:3}:j")
     assert slot_of("{ns:3}:t") != slot_of("{ns:4}:t")
+
+
+def test_a_round_trip_in_which_no_call_ran_does_not_answer_for_the_batch() -> None:
+    # a schedule sent to a node that lost the slot (MOVED), then WAIT there: "WAIT cannot be used
+    # with replica instances" must not fail the batch once the re-sent call ran and its WAIT answered
+    moved = MovedError("3999 127.0.0.1:6381")
+    assert not any_ran([moved, AskError("3999 127.0.0.1:6381"), ResponseError("TRYAGAIN Multiple keys"),
+                        NoScriptError("No matching script")])
+    assert any_ran([moved, ["id"]]) and any_ran([ResponseError("ERR user_script:1: boom")])
+    assert merge_tails([NO_TAIL, 1]) == 1
+    assert merge_tails([NO_TAIL]) is None

@@ -1,0 +1,173 @@
+"""The client, transport, worker and CLI on a Redis Cluster: ``durable=`` means the same as on one
+server, a master that is down does not hold back the others, an unreachable cluster is "cannot
+reach Redis".
+
+The cluster tests of the whole stack under faults are in tests/fault/test_cluster_faults.py; the
+end-to-end tests run on both backends (``tests.helpers.on_both_backends``)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from scheduler import AsyncClient, Client, JobState
+from scheduler.protocol.errors import DurabilityUnsupported
+from scheduler.protocol.ids import partition_for_key
+from scheduler.protocol.keys import Keyspace
+from scheduler.protocol.transport import NodeFailed, RetryPolicy
+from scheduler.shell.cli import main
+from scheduler.shell.servers import free_port
+from scheduler.shell.servers import wait_for as wait_sync
+from tests.integration.test_worker_support import serving, wait_for
+from tests.servers import ClusterServer, ClusterSet
+from workers import Job, Worker
+
+LATER = 3600.0  # seconds ahead: nothing fires during the test
+
+
+def key_in(partition: int, partitions: int, tag: str) -> str:
+    """An idempotency key whose job lands in ``partition``."""
+    return next(k for n in range(10_000) if partition_for_key(k := f"{tag}-{n}", partitions) == partition)
+
+
+def manual_failover(cluster: ClusterSet, master: ClusterServer) -> ClusterServer:
+    """``CLUSTER FAILOVER`` on ``master``'s replica (coordinated: nothing is lost); returns it once
+    it is the master and every node agrees. Clients that read the slot map before still send
+    that slot's calls to the old master, which now answers ``MOVED``."""
+    replica = cluster.replicas_of(master)[0]
+    replica.command("CLUSTER", "FAILOVER")
+    wait_sync(lambda: replica.myself().is_master and not master.myself().is_master, 15, "the manual failover")
+    cluster.wait_ok()
+    return replica
+
+
+async def test_durable_schedule_through_a_stale_slot_map_follows_moved_and_is_confirmed(
+        redis_cluster_replicas: ClusterSet) -> None:
+    """The clients still route a partition to its old master, now a replica: the script is
+    answered MOVED and the WAIT sent after it "WAIT cannot be used with replica instances". That
+    WAIT confirmed nothing (nothing ran there); the call goes to the new master, whose WAIT
+    answers for it. (It used to raise DurabilityError: the weakest reply was the replica's error.)"""
+    cluster = redis_cluster_replicas
+    parts = 4
+    sync = Client.from_url(cluster.url, namespace="stale", partitions=parts, durable="replica",
+                           durable_timeout=2.0).connect()
+    aio = AsyncClient.from_url(cluster.url, namespace="stale", partitions=parts, durable="replica", durable_timeout=2.0)
+    try:
+        old = cluster.node_for_key(sync.keyspace.prefix(0))
+        # both clients read the slot map now
+        first = [sync.schedule(time.time() + LATER, "s", key=key_in(0, parts, "s0")),
+                 await aio.schedule(time.time() + LATER, "a", key=key_in(0, parts, "a0"))]
+        new = await asyncio.to_thread(manual_failover, cluster, old)
+        ids = [sync.schedule(time.time() + LATER, "s", key=key_in(0, parts, "s1")),
+               await aio.schedule(time.time() + LATER, "a", key=key_in(0, parts, "a1")),
+               *sync.schedule_many([(time.time() + LATER, "m", key_in(p, parts, "m")) for p in range(parts)])]
+        assert cluster.node_for_key(sync.keyspace.prefix(0)) is new
+        for jid in first + ids:
+            info = sync.get(jid)
+            assert info is not None and info.state is JobState.SCHEDULED, jid
+    finally:
+        sync.close()
+        await aio.close()
+
+
+def test_durable_fsync_is_refused_before_writing_on_a_cluster_without_waitaof(redis_cluster_url: str) -> None:
+    """Every master is asked for its version (a batch's WAITAOF goes to each node it touched)."""
+    c = Client.from_url(redis_cluster_url, namespace="durf", partitions=4)
+    try:
+        with pytest.raises(DurabilityUnsupported, match="WAITAOF.*7.2"):
+            c.schedule_many([(time.time() + LATER, p, key_in(p, 4, "f")) for p in range(4)], durable="fsync")
+        assert c.stats() == {}, "nothing may be written when the durability cannot be given"
+    finally:
+        c.close()
+
+
+# --------------------------------------------------------------------------- a master down for good
+
+
+@pytest.fixture
+def degraded_cluster(redis_cluster_factory: Callable[..., ClusterSet]) -> ClusterSet:
+    """3 masters without replicas that keep serving their slots when one of them is down
+    (``cluster-require-full-coverage no``)."""
+    return redis_cluster_factory(3, redis_args=["--cluster-require-full-coverage", "no"])
+
+
+def split(cluster: ClusterSet, ks: Keyspace) -> tuple[ClusterServer, list[int], list[int]]:
+    """The master of partition 0, the partitions it owns and the others'."""
+    victim = cluster.node_for_key(ks.prefix(0))
+    parts = range(ks.partitions)
+    down = [p for p in parts if cluster.node_for_key(ks.prefix(p)) is victim]
+    up = [p for p in parts if p not in down]
+    assert up, "every partition on one master: pick another namespace"
+    return victim, down, up
+
+
+async def test_a_batch_with_one_node_down_returns_the_others_replies_at_once(degraded_cluster: ClusterSet) -> None:
+    """``raise_on_error=False`` (the workers' round trips): the down node's calls come back as
+    NodeFailed without waiting out the retry budget, the other nodes' calls are answered;
+    ``raise_on_error=True`` raises the node's error as before."""
+    client = AsyncClient.from_url(degraded_cluster.url, namespace="iso", partitions=8)
+    await client.connect()
+    ks = client.keyspace
+    victim, down, up = split(degraded_cluster, ks)
+    victim.kill()  # by pid; the cluster stays ok for the others (no full coverage required)
+    calls = [client.calls.call("stats", p) for p in range(ks.partitions)]
+    slow = RetryPolicy(budget=5.0, attempts=100)
+    try:
+        t0 = time.monotonic()
+        replies = await client.transport.call_many(calls, raise_on_error=False, retry=slow)
+        took = time.monotonic() - t0
+        assert all(isinstance(replies[p], NodeFailed) for p in down), replies
+        assert not any(isinstance(replies[p], Exception) for p in up), replies
+        assert took < 2.0, f"waited {took:.2f}s for a node that is down (retry budget 5 s)"
+        with pytest.raises(RedisConnectionError):
+            await client.transport.call_many(calls, retry=RetryPolicy(budget=0.2, attempts=3))
+    finally:
+        await client.close()
+
+
+async def test_worker_keeps_running_jobs_on_the_other_masters_while_one_is_down(
+        degraded_cluster: ClusterSet, caplog: pytest.LogCaptureFixture) -> None:
+    """A worker serving partitions on three masters, one of which dies for good: jobs on the
+    other two are still claimed, run and acked (claims and acks of the dead node come back as
+    NodeFailed per call; its wake-up channels are left out of the subscription and retried)."""
+    url, ns = degraded_cluster.url, "iso-w"
+    client = Client.from_url(url, namespace=ns, partitions=8).connect()
+    ran: list[str] = []
+    # frequent sweeps: every one also claims on the dead master's partitions
+    w = Worker.from_url(url, namespace=ns, queues=["q"], idle_sweep=0.2)
+
+    @w.handler("q")
+    async def handle(job: Job) -> None:
+        ran.append(job.id)
+
+    try:
+        victim, down, up = split(degraded_cluster, client.keyspace)
+        async with serving(w):
+            before = client.schedule(0, "warm-up", queue="q", key=key_in(up[0], 8, "warm"))
+            await wait_for(lambda: w.stats.acked == 1, 5, what="a job before the kill")
+            caplog.set_level(logging.WARNING, logger="zsched.worker")
+            victim.kill()  # by pid; the cluster stays ok for the others (no full coverage required)
+            await wait_for(lambda: any(r.getMessage().startswith("claim: Redis unavailable") for r in caplog.records),
+                           5, what="a sweep to claim on the dead master")
+            ids = [client.schedule(0, p, queue="q", key=key_in(p, 8, "after")) for p in up]
+            await wait_for(lambda: set(ids) <= set(ran), 10, what="jobs on the masters still up")
+            await wait_for(lambda: w.stats.acked == len(ids) + 1, 5, what="their acks")
+            assert all(client.get(i).state is JobState.DONE for i in [before, *ids])
+    finally:
+        client.close()
+
+
+def test_cli_with_an_unreachable_cluster_says_so_and_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
+    """The blocking cluster client reads the slot map when it is made: no node answering is
+    "cannot reach Redis" (exit 3), as for one server, not a traceback."""
+    ports = [free_port(), free_port()]
+    url = "redis+cluster://u:secret@" + ",".join(f"127.0.0.1:{p}" for p in ports)
+    rc = main(["stats", "--redis", url, "--namespace", "gone"])
+    err = capsys.readouterr().err
+    assert rc == 3 and "cannot reach Redis" in err and "secret" not in err, err
+    with pytest.raises(RedisConnectionError, match="no node of the cluster answered"):
+        Client.from_url(url)
