@@ -4,7 +4,9 @@ Prints JSON; ``all`` also writes bench/out/results.json and bench/RESULTS.md.
 Suites: core (W1 enqueue, W2 memory, tick), drain (W3), lateness (W4), herd (W5), scale (W6),
 failover (W7), pg (the seed's PostgreSQL design), transport (old vs new script transport, W1 and
 W3 side by side; not part of all), soak (30 min at 2 000 jobs/s: memory must stay flat; not part
-of all; ``python -m bench.soak --results`` also writes its section of RESULTS.md), all.
+of all; ``python -m bench.soak --results`` also writes its section of RESULTS.md), cluster (1
+redis-server vs a 3-master Redis Cluster: firing, drain, Redis CPU per job per shard; not part of
+all; without --quick it writes its section of RESULTS.md), all.
 """
 from __future__ import annotations
 
@@ -16,9 +18,10 @@ from typing import Any
 
 from bench import common
 
-SUITES = ("core", "drain", "lateness", "herd", "scale", "failover", "pg", "transport", "soak")
-# transport needs git and the old commit (minutes of interleaved runs); soak runs 30 minutes
-NOT_IN_ALL = ("transport", "soak")
+SUITES = ("core", "drain", "lateness", "herd", "scale", "failover", "pg", "transport", "soak", "cluster")
+# transport needs git and the old commit (minutes of interleaved runs); soak runs 30 minutes;
+# cluster needs redis-cli and takes about 15 minutes of alternating rounds
+NOT_IN_ALL = ("transport", "soak", "cluster")
 
 
 def run_suite(name: str, quick: bool, memory_sizes: list[int]) -> Any:
@@ -56,6 +59,13 @@ def run_suite(name: str, quick: bool, memory_sizes: list[int]) -> Any:
     if name == "transport":
         from bench import transport_compare
         return transport_compare.run(quick)
+    if name == "cluster":
+        from bench import cluster
+        out = cluster.run(quick)
+        cluster.save(out)
+        if not quick:  # a smoke run's figures do not replace the measured ones
+            cluster.write_section(out)
+        return out
     raise SystemExit(f"unknown suite {name!r}; choose from {SUITES} or all")
 
 

@@ -129,3 +129,151 @@ def update_section(path: Path, name: str, markdown: str) -> None:
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     path.write_text(text)
+
+
+def _num(v: Any) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float) and abs(v) < 100:
+        return f"{v:.3g}" if abs(v) < 1 else f"{v:.2f}" if abs(v) < 10 else f"{v:.1f}"
+    v = round(v)
+    return f"{v:,}".replace(",", " ")
+
+
+def spread_rows(r: dict[str, Any], row: Any, ms: float) -> list[str]:
+    """The cluster section's rows of the ``spread`` workload (absent from older runs)."""
+    sp = (r.get("spread") or {}).get("summary")
+    if not sp:
+        return []
+    span = r.get("spread_seconds", 6)
+    rate = f"{_num(r['jobs']['spread'] / span)}/s"
+    return [row(f"spread ({rate} due over {span:g} s, no worker): ticks per 1 000 jobs", sp["ticks_per_1000_jobs"]),
+            row("spread: messages published per 1 000 jobs", sp["publishes_per_1000_jobs"]),
+            row("**spread: per-shard Redis CPU ms per 1 000 of its jobs (net)**",
+                sp["per_shard_net_cpu_s_per_1000_jobs"], ms),
+            row("spread: scheduler replicas' CPU ms per 1 000 jobs", sp["schedulers_cpu_s_per_1000_jobs"], ms),
+            row("spread: scheduler replicas' CPU µs per tick", sp["schedulers_cpu_us_per_tick"]),
+            row("spread: firing lateness p99 ms (from the histogram)", sp["firing_lateness_p99_ms"]),
+            row("spread: share fired within 5 ms", sp["firing_share_le_5ms"])]
+
+
+def cluster_markdown(r: dict[str, Any]) -> str:
+    """The ``cluster`` section of RESULTS.md from ``bench.cluster.run``'s output."""
+    m, sides = r["machine"], r["sides"]
+    f, d = r["fire"]["summary"], r["drain"]["summary"]
+    others = [s for s in sides if s != "single"]
+    foreign = [x for wl in (r[k]["summary"] for k in ("fire", "drain", "spread") if k in r)
+               for side in sides for x in wl["foreign_cpu_s_per_s"]["runs"][side]]
+    before = r["fire"]["runs"]["cluster"][0]["balance"]["before"] if "cluster" in sides else {}
+    ms = 1000.0  # CPU s per 1 000 jobs -> CPU ms per 1 000 jobs
+    n = {k: len(r[k]["runs"]["single"]) for k in ("fire", "drain", "spread") if k in r}
+    rounds = f"{n['fire']} rounds" + (f" ({r['runs_merged']} runs of the suite pooled)" if r.get("runs_merged") else "")
+    if n.get("spread", n["fire"]) != n["fire"]:
+        rounds += f", the spread workload in {n['spread']} of them"
+
+    def row(label: str, s: dict[str, Any], scale: float = 1.0) -> str:
+        cells = [_num(s[side] * scale if s[side] is not None else None) for side in sides]
+        cells += [f"{s[f'{o}_over_single']} ({s[f'{o}_over_single_paired']})"
+                  if s[f"{o}_over_single"] is not None else "-" for o in others]
+        return f"| {label} | " + " | ".join(cells) + " |"
+
+    names = {"single": "1 redis-server", "cluster": "3 masters, 4 partitions each",
+             "cluster1": "3 masters, all on 1"}
+    head = ["measure", *[names[s] for s in sides], *[f"{o} / single" for o in others]]
+    met = {k: "met" if v else "NOT met" for k, v in (r.get("within_10_percent") or {}).items()}
+    lines = [
+        "## Redis Cluster: 1 node vs 3 masters (`python -m bench cluster`)", "",
+        f"Measured {m['date']} on {m['cpus']} cores, {m['redis'].split(' sha=')[0]}: {rounds}, the order of the "
+        f"sides reversed every round, a fresh Redis and stack per run; {_num(r['jobs']['fire'])} jobs per fire run "
+        f"and {_num(r['jobs']['drain'])} per drain run, {r['partitions']} partitions, {r['replicas']} scheduler "
+        f"replicas, AOF everysec, hz 10. The cluster is {r['masters']} masters (no replicas) on the same 2 "
+        f"cores, its partitions' slots moved so each master holds {r['partitions'] // r['masters']} (CRC16 "
+        f"alone gave {'/'.join(str(v) for v in sorted(before.values(), reverse=True))}); `cluster1` is the "
+        "same cluster with every partition on one master, a control for what cluster mode costs without "
+        "the split over nodes. Medians; ratios are of the medians, in brackets the median of the per-round "
+        "ratios. *Net* = minus the Redis CPU of an equally long idle window just before T0 (AOF, cluster "
+        "gossip, idle ticks, the benchmark's counter polling); *per shard* = one master's CPU per 1 000 of "
+        "the jobs of its own partitions (median over the masters that hold partitions). *Script µs* is "
+        "Redis's commandstats time, wall clock inside the call: with 3 masters on 2 cores it includes "
+        "preemption, CPU is the figure to read.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+        row("fire: jobs moved to ready per s (T0 to the last)", f["jobs_per_s"]),
+        row("fire: jobs/s between 10 % and 90 % fired", f["jobs_per_s_10_90"]),
+        row("**fire: per-shard Redis CPU ms per 1 000 of its jobs (net)**",
+            f["per_shard_net_cpu_s_per_1000_jobs"], ms),
+        row("fire: Redis CPU ms per 1 000 jobs, all masters (net)", f["redis_net_cpu_s_per_1000_jobs"], ms),
+        row("fire: Redis CPU ms per 1 000 jobs, all masters (raw)", f["redis_cpu_s_per_1000_jobs"], ms),
+        row("fire: Redis CPU ms per shard per 1 000 namespace jobs (net)",
+            f["redis_net_cpu_s_per_shard_per_1000_namespace_jobs"], ms),
+        row("fire: EVALSHA calls per 1 000 jobs", f["evalsha_calls_per_1000_jobs"]),
+        row("fire: script µs per job", f["script_us_per_job"]),
+        *([row("fire: ready/wake messages published per 1 000 jobs", f["publishes_per_1000_jobs"])]
+          if "publishes_per_1000_jobs" in f else []),
+        row("fire: scheduler replicas' CPU ms per 1 000 jobs", f["schedulers_cpu_s_per_1000_jobs"], ms),
+        row("fire: cluster-bus messages per s while firing", f["bus_messages_per_s"]),
+        row("fire: cluster-bus messages per s, idle window", f["idle_bus_messages_per_s"]),
+        row("pending: used_memory bytes per job", f["bytes_per_pending_job"]),
+        row("schedule_many (batches of 20 000, one client), jobs/s", f["schedule_many_jobs_per_s"]),
+        row("schedule_many: Redis CPU ms per 1 000 jobs", f["schedule_many_redis_cpu_s_per_1000_jobs"], ms),
+        row("drain (W3, 1 worker, concurrency 64): jobs/s", d["jobs_per_s"]),
+        row("**drain: per-shard Redis CPU ms per 1 000 of its jobs (net)**",
+            d["per_shard_net_cpu_s_per_1000_jobs"], ms),
+        row("drain: Redis CPU ms per 1 000 jobs, all masters (net)", d["redis_net_cpu_s_per_1000_jobs"], ms),
+        row("drain: EVALSHA calls per 1 000 jobs", d["evalsha_calls_per_1000_jobs"]),
+        row("drain: Redis reads (round trips) per 1 000 jobs", d["redis_reads_per_1000_jobs"]),
+        row("drain: script µs per job", d["script_us_per_job"]),
+        *([row("drain: messages published per 1 000 jobs", d["publishes_per_1000_jobs"])]
+          if "publishes_per_1000_jobs" in d else []),
+        row("drain: scheduler replicas' CPU ms per 1 000 jobs", d["schedulers_cpu_s_per_1000_jobs"], ms),
+        row("drain: worker CPU ms per 1 000 jobs", d["workers_cpu_s_per_1000_jobs"], ms),
+        *spread_rows(r, row, ms),
+        "",
+        "Target (issue 13): per-shard cost in the cluster within 10 % of a single node. Firing: "
+        f"{met.get('fire_single', 'n/a')} (medians), {met.get('fire_single_paired', 'n/a')} (per round); "
+        f"drain: {met.get('drain_single', 'n/a')} (medians), {met.get('drain_single_paired', 'n/a')} (per round). "
+        f"Noise: other processes used {_num(min(foreign))}-{_num(max(foreign))} CPU s per s of the 2 cores during "
+        f"the measured windows (load average {m['loadavg_start'][0]:.2f} at the start, "
+        f"{m['loadavg_end'][0]:.2f} at the end); {r['seconds'] / 60:.0f} min of runs.",
+    ]
+    if {"cluster", "cluster1"} <= set(sides):
+        rd, ev = d["redis_reads_per_1000_jobs"], d["evalsha_calls_per_1000_jobs"]
+        ps = d["per_shard_net_cpu_s_per_1000_jobs"]
+        bus = f["bus_messages_per_s"]
+        lines += ["", f"No cross-node chatter per job: the cluster bus carried {_num(bus['cluster'])} messages/s while "
+                  f"{_num(r['jobs']['fire'])} jobs fired and {_num(f['idle_bus_messages_per_s']['cluster'])}/s idle "
+                  "(gossip). What the drain pays on the cluster follows its round trips: a worker's batch goes to "
+                  "every master that has work for it, so the masters processed "
+                  f"{_num(rd['cluster'])} reads per 1 000 jobs against {_num(rd['single'])} on one node, for the same "
+                  f"{_num(ev['cluster'])} script calls; `cluster1` (cluster mode, one master) costs "
+                  f"{ps['cluster1_over_single']} ({ps['cluster1_over_single_paired']}) of a single node."]
+    for v in r.get("drain_variants") or []:
+        vs = v["summary"]
+        ps, rd = vs["per_shard_net_cpu_s_per_1000_jobs"], vs["redis_reads_per_1000_jobs"]
+        wk = vs["workers_cpu_s_per_1000_jobs"]
+        lines += ["", f"The drain with the worker at concurrency {v['concurrency']} instead ({v['rounds']} rounds, "
+                  "`python -m bench.cluster --sides single,cluster --workloads drain --concurrency "
+                  f"{v['concurrency']}`): per-shard Redis CPU {_num(ps['single'] * 1000)} ms per 1 000 jobs on one "
+                  f"node, {_num(ps['cluster'] * 1000)} on the cluster, {ps['cluster_over_single']} "
+                  f"({ps['cluster_over_single_paired']}); reads per 1 000 jobs {_num(rd['single'])} vs "
+                  f"{_num(rd['cluster'])}; worker CPU {wk['cluster_over_single']} "
+                  f"({wk['cluster_over_single_paired']}); jobs/s {_num(vs['jobs_per_s']['single'])} vs "
+                  f"{_num(vs['jobs_per_s']['cluster'])}."]
+    tc = r.get("tick_cost")
+    if tc:
+        lines += ["", f"One `tick` on an otherwise idle redis-server (`tickcost`, median of {_num(tc['calls'])} calls, "
+                  f"commandstats): {_num(float(tc['tick_empty_us']))} µs moving nothing, "
+                  f"{_num(float(tc['tick_one_job_us']))} µs moving one job, of which the Redis commands it runs take "
+                  f"{_num(float(tc['tick_one_job_redis_commands_us']))} µs (the rest is the Lua script); a one-job "
+                  f"`schedule` {_num(float(tc['schedule_one_job_us']))} µs."]
+    fo = r.get("fanout")
+    if fo:
+        idle = {x["workers"]: x for x in fo["runs"]}
+        lines += ["", f"Ready notifications (`fanout`, one redis-server, {_num(fo['runs'][0]['messages'])} PUBLISHes "
+                  f"at {_num(fo['runs'][0]['rate_per_s'])}/s to 0, 1 and 4 idle worker processes): Redis CPU "
+                  f"{_num(idle[0]['redis_cpu_us_per_message'])} µs per message with no subscriber, "
+                  f"+{_num(fo['redis_cpu_us_per_delivery'])} µs per delivery (the message and the empty claim it "
+                  f"triggers: {_num(fo['claims_per_delivery'])} claims per delivery), and "
+                  f"{_num(fo['worker_cpu_us_per_delivery'])} µs of worker CPU per delivery."]
+    return "\n".join(lines)

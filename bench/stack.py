@@ -1,5 +1,9 @@
 """A benchmark stack: redis-server (AOF everysec by default: durable like a production setup),
-etcd, scheduler replicas and worker processes, all on loopback, stopped by PID."""
+etcd, scheduler replicas and worker processes, all on loopback, stopped by PID.
+
+``Stack(redis=...)`` runs on a Redis the caller started instead (a :class:`RedisServer` or a
+:class:`ClusterSet`, through its ``.url``: ``redis+cluster://`` for a cluster); the stack neither
+starts nor stops it, and reads CPU and counters from its masters."""
 from __future__ import annotations
 
 import tempfile
@@ -7,21 +11,41 @@ import time
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from bench.common import cpu_seconds
 from scheduler import Client
 from scheduler.metrics import bucket_quantile, scrape_histogram
-from scheduler.shell.servers import EtcdServer, RedisServer, ZschedProc, scheduler_proc
+from scheduler.protocol.connection import sync_redis
+from scheduler.shell.servers import ClusterSet, EtcdServer, RedisServer, ZschedProc, scheduler_proc
 
 NS = "bench"
 
 
+def redis_args(aof: bool = True) -> list[str]:
+    """The redis-server options of every benchmark stack: hz 10 (as Redis ships), AOF everysec or none."""
+    extra = ["--hz", "10"]
+    return extra + (["--appendonly", "yes", "--appendfsync", "everysec"] if aof else ["--appendonly", "no"])
+
+
+def redis_nodes(srv: RedisServer | ClusterSet) -> list[RedisServer]:
+    """The servers that hold data: the one redis-server, or the masters of a cluster."""
+    return srv.masters() if isinstance(srv, ClusterSet) else [srv]
+
+
+def redis_cpu(srv: RedisServer | ClusterSet) -> dict[int, float]:
+    """Port -> CPU seconds (INFO cpu ``used_cpu_sys + used_cpu_user``) of each data-holding server."""
+    out = {}
+    for n in redis_nodes(srv):
+        info = n.info("cpu")
+        out[n.port] = float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+    return out
+
+
 class Stack:
-    def __init__(self, partitions: int = 16, aof: bool = True, lease_ttl: float = 2.0) -> None:
-        extra = ["--hz", "10"]
-        extra += ["--appendonly", "yes", "--appendfsync", "everysec"] if aof else ["--appendonly", "no"]
-        self.redis_srv = RedisServer(extra_args=extra)
+    def __init__(self, partitions: int = 16, aof: bool = True, lease_ttl: float = 2.0,
+                 redis: RedisServer | ClusterSet | None = None) -> None:
+        # an external Redis (started by the caller, left running by us) or our own redis-server
+        self.own_redis = redis is None
+        self.redis_srv: RedisServer | ClusterSet = RedisServer(extra_args=redis_args(aof)) if redis is None else redis
         self.etcd = EtcdServer()
         self.partitions = partitions
         self.lease_ttl = lease_ttl
@@ -30,12 +54,13 @@ class Stack:
         self.tmp = Path(tempfile.mkdtemp(prefix="zsched-bench-"))
 
     def __enter__(self) -> Stack:
-        self.redis_srv.start()
+        if self.own_redis:
+            self.redis_srv.start()
         self.etcd.start()
         self.url = self.redis_srv.url
         # the namespace gets its partition count now, before any scheduler process could give it the default
         self.client = Client.from_url(self.url, namespace=NS, partitions=self.partitions).connect()
-        self.r = redis.Redis.from_url(self.url)
+        self.r = sync_redis(self.url)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -43,8 +68,10 @@ class Stack:
         for s in self.schedulers:
             s.stop()
         self.client.close()
+        self.r.close()
         self.etcd.stop()
-        self.redis_srv.stop()
+        if self.own_redis:
+            self.redis_srv.stop()
 
     def start_schedulers(self, n: int) -> None:
         for _ in range(n):
@@ -95,14 +122,18 @@ class Stack:
         self.workers = []
         return records
 
-    def counter(self, event: str, queue: str = "bench") -> int:
+    def counters(self, event: str, queue: str = "bench") -> list[int]:
+        """The partitions' event counters (element p is partition p's), in one pipeline (per node)."""
         pipe = self.r.pipeline(transaction=False)
         for p in range(self.partitions):
             pipe.hget(self.client.keyspace.key(p, "c"), f"{event}:{queue}")
-        return sum(int(v or 0) for v in pipe.execute())
+        return [int(v or 0) for v in pipe.execute()]
+
+    def counter(self, event: str, queue: str = "bench") -> int:
+        return sum(self.counters(event, queue))
 
     def cpu(self) -> dict[str, float]:
-        out = {"redis": cpu_seconds(self.redis_srv.pid)}
+        out = {"redis": sum(redis_cpu(self.redis_srv).values())}
         out["schedulers"] = sum(cpu_seconds(s.pid) for s in self.schedulers if s.proc and s.proc.poll() is None)
         out["workers"] = sum(cpu_seconds(p.pid) for p, _ in self.workers if p.proc and p.proc.poll() is None)
         return out
