@@ -18,7 +18,7 @@ from typing import Any
 
 from bench import common
 
-SUITES = ("core", "drain", "lateness", "herd", "scale", "failover", "pg", "transport", "soak", "cluster")
+SUITES = ("core", "drain", "lateness", "herd", "scale", "failover", "pg", "peers", "transport", "soak", "cluster")
 # transport needs git and the old commit (minutes of interleaved runs); soak runs 30 minutes;
 # cluster needs redis-cli and takes about 15 minutes of alternating rounds
 NOT_IN_ALL = ("transport", "soak", "cluster")
@@ -53,6 +53,9 @@ def run_suite(name: str, quick: bool, memory_sizes: list[int]) -> Any:
     if name == "pg":
         from bench import pg_baseline
         return pg_baseline.run(argparse.Namespace(quick=quick))
+    if name == "peers":
+        from bench import peers
+        return peers.run(quick)
     if name == "soak":
         from bench import soak
         return soak.run(3.0 if quick else 30.0)
@@ -96,6 +99,9 @@ def main() -> None:
         (out / "results.json").write_text(json.dumps(result, indent=2, default=str))
         from bench.report import write_markdown
         write_markdown(result, Path(__file__).resolve().parent / "RESULTS.md")
+        if result.get("peers"):  # ratios against zsched's core, drain and lateness of the same run
+            from bench.peers.report import write_section
+            write_section(result["peers"], result)
 
 
 if __name__ == "__main__":

@@ -157,7 +157,8 @@ def test_module_is_small(module: str, path: Path) -> None:
 # distribution name -> the import name that proves it is used (plugins: how they are used)
 _IMPORT_NAME = {"redis": "redis", "msgpack": "msgpack", "etcd3aio": "etcd3aio",
                 "prometheus-client": "prometheus_client", "croniter": "croniter", "pytest": "pytest",
-                "hypothesis": "hypothesis", "fakeredis": "fakeredis", "pyyaml": "yaml", "psycopg": "psycopg"}
+                "hypothesis": "hypothesis", "fakeredis": "fakeredis", "pyyaml": "yaml", "psycopg": "psycopg",
+                "huey": "huey", "celery": "celery"}
 # used without an import: pytest plugins and command-line tools
 _USED_OTHERWISE = {
     "pytest-asyncio": lambda: 'asyncio_mode = "auto"' in (ROOT / "pyproject.toml").read_text(),
