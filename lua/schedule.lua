@@ -31,6 +31,9 @@ end
 local now = now_ms()
 local RELATIVE_SLACK_MS = 250
 local qidx = queue_index(queue)
+-- Always a write, also on a re-send that finds every job already there: WAIT (durable=) counts
+-- the replicas that have this connection's last write, so a call that wrote nothing would be
+-- "confirmed" before the replicas had the first send's jobs.
 touch_queue(qidx, now)
 local qb = p16(qidx)
 local out, zargs, jargs, ready_ids, misfired, moved = {}, {}, {}, {}, {}, {}
