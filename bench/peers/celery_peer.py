@@ -127,27 +127,12 @@ def drain(n: int) -> dict[str, Any]:
 
 def lateness(n: int, span: float) -> dict[str, Any]:
     """W4: ``n`` jobs uniform over ``span`` s, 1 worker; handler start - run_at."""
-    srv = c.redis(aof=True)
-    try:
-        w, ids, r, setup, _ = _pending(srv.url, lambda now: c.lateness_times(n, span, now + 2 + n / SETUP_RATE))
-        c.wait_until(lambda: w.record_count() >= n, span + 60 + n / SETUP_RATE,
-                     f"{n} handler starts (Celery)", poll=0.1)
-        out = {"jobs": n, "rate_per_s": round(n / span), "worker_processes": 1, "setup_s": round(setup, 2)}
-        out.update(c.records_summary(w.finish(), ids))
-        r.close()
-        return out
-    finally:
-        srv.stop()
+    return c.lateness_run(_pending, SETUP_RATE, "Celery", n, span)
 
 
 def enqueue(n: int, rounds: int = 3) -> dict[str, Any]:
     """W1 alone (``bench.peers.run`` interleaves the sides' rounds instead)."""
-    srv = c.redis(aof=False)
-    try:
-        runs = [enqueue_round(srv.url, n) for _ in range(rounds)]
-    finally:
-        srv.stop()
-    return enqueue_summary(runs)
+    return enqueue_summary(c.enqueue_rounds(enqueue_round, n, rounds))
 
 
 def enqueue_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -195,3 +195,33 @@ def drain_result(worker: PeerWorker, srv: RedisServer, ids: set[str], t0: float,
            "cpu_s_per_1000_jobs": {k: round((cpu1[k] - cpu0[k]) / jobs * 1000, 3) for k in cpu0}}
     out.update({k: v for k, v in records_summary(records, ids).items() if k != "handler_lateness_ms"})
     return out
+
+
+Pending = Callable[[str, Callable[[float], list[float]]], tuple[PeerWorker, set[str], Any, float, float]]
+"""A peer's set-up: start its worker on a Redis URL, enqueue one job per run_at in ``due(now)``,
+wait until the peer holds them all; returns (worker, ids, redis client, setup s, first run_at)."""
+
+
+def lateness_run(pending: Pending, setup_rate: float, peer: str, n: int, span: float) -> dict[str, Any]:
+    """W4 for one peer: ``n`` jobs uniform over ``span`` s, 1 worker; handler start - run_at."""
+    srv = redis(aof=True)
+    try:
+        w, ids, r, setup, _ = pending(srv.url, lambda now: lateness_times(n, span, now + 2 + n / setup_rate))
+        wait_until(lambda: w.record_count() >= n, span + 60 + n / setup_rate, f"{n} handler starts ({peer})",
+                   poll=0.1)
+        out = {"jobs": n, "rate_per_s": round(n / span), "worker_processes": 1, "setup_s": round(setup, 2)}
+        out.update(records_summary(w.finish(), ids))
+        r.close()
+        return out
+    finally:
+        srv.stop()
+
+
+def enqueue_rounds(one_round: Callable[[str, int], dict[str, Any]], n: int, rounds: int) -> list[dict[str, Any]]:
+    """W1 for one peer alone, ``rounds`` times on one Redis without persistence
+    (``bench.peers.run`` interleaves the sides' rounds instead)."""
+    srv = redis(aof=False)
+    try:
+        return [one_round(srv.url, n) for _ in range(rounds)]
+    finally:
+        srv.stop()
