@@ -13,16 +13,34 @@
 --             epoch reset: CHAN.."epoch-reset"): "ns:" for plain pub/sub, or in sharded mode (Redis
 --             Cluster) the partition prefix "{ns:p}:", so the channel hashes to this partition's slot.
 --             Scripts publish only through publish(), which picks PUBLISH or SPUBLISH from CHAN.
---   ARGV[3] = partition number (the pub/sub message)
+--   ARGV[3] = partition number (the pub/sub message), followed by "/" and the caller's partition
+--             count for the scripts guarded by layout_fence() (see there); "p" alone for the ones
+--             that finish a running job (ack, fail, extend, release) and for epoch_reset
 --   ARGV[4..] script-specific, see each script's header.
 -- Times are Redis server milliseconds (TIME). Jitter is always computed by the caller: Redis's
 -- Lua random generator is deterministic.
 local K_T, K_M, K_J, K_I, K_L, K_D, K_E, K_K, K_X, K_Q, K_G, K_C, K_META, K_F =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10],
   KEYS[11], KEYS[12], KEYS[13], KEYS[14]
-local PREFIX, CHAN, PART = ARGV[1], ARGV[2], ARGV[3]
+local PREFIX, CHAN = ARGV[1], ARGV[2]
+local PART, LAYOUT = string.match(ARGV[3], '^(%d+)/?(%d*)$')
 local ID_LEN = 15
 local CHUNK = 2000 -- arguments per variadic call, well under Lua's unpack limit
+
+-- The layout fence: 'layout' in a partition's meta is written by zsched migrate-partitions: '-'
+-- while it moves jobs between partitions, then the new partition count. A caller whose count
+-- differs (it would compute other partitions for ids, keys and crons) is refused before any
+-- write, with an error it can act on: re-read the count from {ns}:cfg and plan again (clients
+-- do that themselves), or wait for the migration to finish. Never-migrated namespaces have no
+-- 'layout' field, so the fence costs one HGET.
+local function layout_fence()
+  if LAYOUT == '' then return nil end
+  local l = redis.call('HGET', KEYS[13], 'layout')
+  if l and l ~= LAYOUT then
+    return redis.error_reply('ZSCHED_LAYOUT ' .. l .. ' ' .. LAYOUT)
+  end
+  return nil
+end
 
 local function now_ms()
   local t = redis.call('TIME')

@@ -1,8 +1,8 @@
 -- _lib_cron.lua: cron helpers (definitions, occurrence tables, advancing a cron), read after
 -- _lib.lua and _lib_finish.lua as one library (scheduler/protocol/scripts.py).
 
--- Cron: definitions live in PREFIX.."cron:"..NAME (fields: def, head, tail, queue, times, fires,
--- pending, last, last_at, ver); PREFIX.."crons" is the set of names. 'times'/'fires' hold the
+-- Cron: definitions live in PREFIX.."cron:"..NAME (fields: def, head, tail, queue, h, times, fires,
+-- pending, last, last_at, ver; h = placement hash of the name, the h of every occurrence id); PREFIX.."crons" is the set of names. 'times'/'fires' hold the
 -- upcoming occurrences after the pending one (6-byte nominal / jittered fire ms each), computed
 -- by Python (croniter, time zones); Lua only consumes them.
 local CRON_TABLE_LOW = 8
@@ -25,7 +25,7 @@ local function cron_rewrite(rec, nominal, missed)
 end
 -- Create the cron's pending occurrence (an ordinary job keyed "cron:NAME:NOMINAL").
 local function cron_schedule(ck, name, nominal, fire, missed)
-  local c = redis.call('HMGET', ck, 'head', 'tail', 'queue')
+  local c = redis.call('HMGET', ck, 'head', 'tail', 'queue', 'h')
   local key = 'cron:' .. name .. ':' .. fmt(nominal)
   local existing = redis.call('HGET', K_K, key)
   if existing then
@@ -39,8 +39,9 @@ local function cron_schedule(ck, name, nominal, fire, missed)
     end
   end
   local seq = redis.call('HINCRBY', K_META, 'cronseq', 1)
-  -- Lua-made ids: top bit of the random part set, so they never collide with client-made ids
-  local id = p48(fire) .. p16(tonumber(PART)) .. string.char(128) .. p48(seq)
+  -- Lua-made ids: h = crc32(name), so the occurrence lives where its cron does under any
+  -- partition count; top bit of the random part set, so they never collide with client-made ids
+  local id = p48(fire) .. p32(tonumber(c[4])) .. string.char(128 + math.floor(seq / 4294967296) % 128) .. p32(seq % 4294967296)
   local head = c[1]
   local rec = p16(queue_index(c[3])) .. string.sub(head, 3, 4) .. string.char(string.byte(head, 5) + 4 + 16) ..
     string.sub(head, 6) .. string.char(#key) .. key .. p48(nominal) .. p16(missed) .. c[2]

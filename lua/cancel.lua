@@ -6,6 +6,7 @@
 -- replace the cron instead: a cron always has exactly one pending occurrence).
 -- Invariants: a cancelled job is in no live structure, its idempotency key is free, and with
 -- ttl > 0 a 'cancelled' summary in 'f' answers get() (due time, attempts, queue, key, last error).
+do local refused = layout_fence(); if refused then return refused end end
 local id, ttl = ARGV[4], tonumber(ARGV[5])
 local member = find_timer(id)
 local rec = member and string.sub(member, ID_LEN + 1) or jget(id)

@@ -17,6 +17,7 @@
 -- in microseconds): every claim of a job gets a larger token, which is the job's fence, even
 -- after Redis lost recent writes. An id that is already running (a duplicate ready entry: only
 -- a bug or a hand edit makes one) is dropped from the list, never handed out twice.
+do local refused = layout_fence(); if refused then return refused end end
 local queue, n, rid = ARGV[4], tonumber(ARGV[5]), ARGV[6] or ''
 local now = now_ms()
 local receipt = rid ~= '' and PREFIX .. 'cr:' .. rid

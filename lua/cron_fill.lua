@@ -8,6 +8,7 @@
 --          caller recomputes); {1, pending id} otherwise.
 -- Invariants: never creates a second pending occurrence; occurrences already in the table are
 -- not duplicated (only later ones are appended).
+do local refused = layout_fence(); if refused then return refused end end
 local refused = check_epoch(tonumber(ARGV[4]))
 if refused then return {-1, refused} end
 local name, ver, n = ARGV[5], ARGV[6], tonumber(ARGV[7])

@@ -3,6 +3,7 @@
 -- ARGV: 1-3 common; 4 name; 5 tombstone ttl ms.
 -- Returns: 1 removed, 0 no such cron.
 -- Invariants: no pending occurrence is left behind (one already running finishes normally).
+do local refused = layout_fence(); if refused then return refused end end
 local name, ttl = ARGV[4], tonumber(ARGV[5])
 local ck = PREFIX .. 'cron:' .. name
 if redis.call('EXISTS', ck) == 0 then return 0 end

@@ -5,6 +5,7 @@
 --          attempt} groups, newest first.
 -- Invariants: read-only (no key is written); scans at most ARGV[6] entries of 'd', so the cost
 --             of a call is bounded whatever the number of dead jobs.
+do local refused = layout_fence(); if refused then return refused end end
 local want, limit, scan = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local out, found, offset, page = {}, 0, 0, 200
 while found < limit and offset < scan do

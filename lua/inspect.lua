@@ -15,6 +15,7 @@
 --          tombstone written before summaries existed (legacy 'x': only its expiry is known).
 -- Invariants: read-only (no key is written); every job state is read in this one atomic call,
 --             so a job moving meanwhile is seen in exactly one state.
+do local refused = layout_fence(); if refused then return refused end end
 local function look(id)
   local member, s = find_timer(id)
   if member then

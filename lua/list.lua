@@ -24,6 +24,7 @@
 -- pages (fired, claimed, retried, extended) may be missed or listed again in its new place.
 -- Work per call: O(log n) to find the position, then at most 'budget' entries.
 -- Invariants: read-only (no key is written); examines at most ARGV[8] entries per call.
+do local refused = layout_fence(); if refused then return refused end end
 local state, queue, limit, pos, budget = ARGV[4], ARGV[5], tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
 if not limit or limit < 1 or not budget then return redis.error_reply('zsched: list: bad limit or budget') end
 if budget < limit then budget = limit end

@@ -4,6 +4,7 @@
 --       ARGV[5] ms, at most ARGV[6] jobs per call); 5 cutoff ms; 6.. limit or ids.
 -- Returns: the number of jobs purged.
 -- Invariants: only dead jobs are touched; their body, error and idempotency key go with them.
+do local refused = layout_fence(); if refused then return refused end end
 local mode = ARGV[4]
 local ids
 if mode == 'older' then

@@ -8,6 +8,7 @@
 -- ready list; or, when its attempts are spent, it goes to 'd' with a LeaseExpired error (and its
 -- idempotency key is free again).
 -- Bounded by the batch limit.
+do local refused = layout_fence(); if refused then return refused end end
 local refused = check_epoch(tonumber(ARGV[4]))
 if refused then return {-1, refused} end
 local limit = tonumber(ARGV[5])

@@ -6,6 +6,7 @@
 -- Invariants: the job leaves 'd' and enters exactly one of 't' or its ready list. Its last error
 -- stays readable until it succeeds. It takes its idempotency key back if no other live job holds
 -- it (the key was freed when it died).
+do local refused = layout_fence(); if refused then return refused end end
 local at = tonumber(ARGV[4])
 local now = now_ms()
 if at <= 0 then at = now end

@@ -3,6 +3,7 @@
 -- ARGV: 1-3 common; 4 id; 5 new run_at ms.
 -- Returns: 1 moved; 0 no live job with that id; -1 running; -2 dead (use requeue).
 -- Invariants: the job keeps its id, attempts and payload and is in exactly one state after.
+do local refused = layout_fence(); if refused then return refused end end
 local id, at = ARGV[4], tonumber(ARGV[5])
 local now = now_ms()
 local head = head_score()

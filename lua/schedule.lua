@@ -22,6 +22,7 @@
 -- lands before the partition's current earliest timer.
 -- Publishes (publish(): SPUBLISH in sharded mode): the partition number on CHAN.."ready:"..queue
 -- when jobs landed in the ready list, on CHAN.."wake" when one landed before the earliest timer.
+do local refused = layout_fence(); if refused then return refused end end
 local queue, ttl, n, resend = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1'
 for i = 0, n - 1 do  -- before any write: Redis does not roll a script back on error
   if string.sub(ARGV[10 + i * 3], 1, 5) == 'cron:' then

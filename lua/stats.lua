@@ -4,6 +4,7 @@
 -- Returns: {gauges (flat field/value list), counters (flat list), ready lengths (flat queue/len
 --          list), earliest due ms or -1, timers total, in-flight total, dead total, epoch}.
 -- Invariants: read-only (no key is written); O(queues) work, never O(jobs).
+do local refused = layout_fence(); if refused then return refused end end
 local queues = {}
 local q = redis.call('HGETALL', K_Q)
 for i = 1, #q, 2 do

@@ -25,6 +25,7 @@
 -- so the caller ticks again at once (a partition that stopped finishing jobs drains quickly).
 -- Publishes (publish(): SPUBLISH in sharded mode): the partition number on CHAN.."ready:"..QUEUE
 -- once per queue whose ready list received jobs.
+do local refused = layout_fence(); if refused then return refused end end
 local refused = check_epoch(tonumber(ARGV[4]))
 if refused then return {-1, refused} end
 local limit, ttl, nlim = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7] or '0')

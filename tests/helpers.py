@@ -25,7 +25,7 @@ def tombstones(r: SyncRedis, client: Client) -> dict[str, str]:
     out: dict[str, str] = {}
     for p in range(ks.partitions):
         for raw, v in r.hgetall(ks.key(p, "f")).items():
-            assert len(raw) == ID_BYTES and partition_of(raw) == p, f"tombstone {raw!r} in partition {p}"
+            assert len(raw) == ID_BYTES and partition_of(raw, ks.partitions) == p, f"tombstone {raw!r} in partition {p}"
             assert len(v) >= TOMBSTONE_HEADER, f"tombstone of {encode_id(raw)} is {len(v)} bytes"
             t = decode_tombstone(v)
             assert t.expires_ms >= t.finished_ms, f"tombstone of {encode_id(raw)} expires before it was written"
@@ -56,7 +56,7 @@ def snapshot(r: SyncRedis, client: Client) -> dict[str, dict[str, str]]:
         timer_ids = set()
         for member, score in timers:
             raw, rec = member[:ID_BYTES], member[ID_BYTES:]
-            assert partition_of(raw) == p
+            assert partition_of(raw, ks.partitions) == p
             jid = encode_id(raw)
             assert raw not in timer_ids, f"{jid} twice in timers"
             timer_ids.add(raw)

@@ -23,7 +23,7 @@ from .codec import build_record, finite_number, pack_payload, split_template
 from .codes import Outcome, requeue_outcomes
 from .cron import LOOKAHEAD, MAX_JITTER_S, CronInfo, occurrences, validate_expression, validate_tz, with_jitter
 from .errors import MisfiredAtSchedule, ScriptError
-from .ids import IdGenerator, decode_id, encode_id, partition_for_key, partition_of
+from .ids import IdGenerator, decode_id, encode_id, partition_for_key, partition_of, placement_for_key
 from .keys import Keyspace, validate_name
 from .listing import LIST_MAX_LIMIT, LIST_STATES, ListWalk
 from .models import JobInfo, JobState
@@ -66,6 +66,11 @@ def tombstone_ms(tombstone_ttl: object) -> int:
     return int(ttl * 1000)
 
 
+UNFENCED = frozenset({"ack", "fail", "extend", "release", "epoch_reset"})
+"""Scripts not behind the layout fence: they finish a running job where it runs, which
+``zsched migrate-partitions`` lets happen while it moves the others (see docs/scaling.md)."""
+
+
 class Calls:
     """The producer side's script calls for one namespace: builders and reply parsers."""
 
@@ -78,20 +83,23 @@ class Calls:
         self._keys = [keyspace.partition_keys(p) for p in range(keyspace.partitions)]
         # CHAN per partition: "ns:" for plain pub/sub, the partition's "{ns:p}:" when sharded (the
         # scripts' publish() picks PUBLISH or SPUBLISH from it; see Keyspace.channel_prefix)
-        self._common = [[keyspace.prefix(p), keyspace.channel_prefix(p), str(p)] for p in range(keyspace.partitions)]
+        # ARGV[3] is "p/P" (partition/count) for the scripts behind the layout fence, so a caller
+        # with an outdated count is refused instead of looking in the wrong partition (lua/_lib.lua
+        # layout_fence); "p" for those that finish a running job, which may run during a migration.
+        P = keyspace.partitions
+        self._common = [[keyspace.prefix(p), keyspace.channel_prefix(p), f"{p}/{P}"] for p in range(P)]
+        self._common_unfenced = [[keyspace.prefix(p), keyspace.channel_prefix(p), str(p)] for p in range(P)]
 
     def call(self, name: str, partition: int, *args: Any) -> Call:
         """Any script's call on ``partition``: its keys and the common arguments (prefix, channel
-        prefix, partition), then ``args`` (see the script's ARGV header)."""
-        return name, self._keys[partition], self._common[partition] + list(args)
+        prefix, partition[/count]), then ``args`` (see the script's ARGV header)."""
+        common = self._common_unfenced if name in UNFENCED else self._common
+        return name, self._keys[partition], common[partition] + list(args)
 
     def locate(self, job_id: str) -> tuple[bytes, int]:
         """A job id -> (raw id, partition); ValueError for a malformed id or one of another namespace."""
         raw = decode_id(job_id)
-        p = partition_of(raw)
-        if p >= self.ks.partitions:
-            raise ValueError(f"job id {job_id!r} names partition {p}, but the namespace has {self.ks.partitions}")
-        return raw, p
+        return raw, partition_of(raw, self.ks.partitions)
 
     # -- schedule ---------------------------------------------------------------------------------
     def validate_key(self, key: object) -> str | None:
@@ -333,7 +341,8 @@ class Calls:
                                     "grace": opts.misfire_grace, "jitter": opts.jitter, "created": time.time()})
         p = partition_for_key(name, self.ks.partitions)
         flat = [x for pair in pairs for x in pair]
-        return self.call("cron_set", p, name, opts.queue, definition, head, tail, self.tomb_ms, len(pairs), *flat)
+        return self.call("cron_set", p, name, opts.queue, definition, head, tail, self.tomb_ms, len(pairs),
+                         placement_for_key(name), *flat)
 
     @staticmethod
     def cron_set_reply(reply: list[Any]) -> str:

@@ -1,24 +1,28 @@
 """Job ids: 15 bytes in Redis, 30 lowercase hex characters in public.
 
-Layout (big-endian):  [0:6] run_at at creation in ms | [6:8] partition | [8:15] 56 random bits.
+Layout (big-endian):  [0:6] run_at at creation in ms | [6:10] placement hash h | [10:15] 40 random bits.
 
-* Sortable by the job's original due time, unique without coordination (56 random bits,
-  monotonic within one generator and millisecond).
-* The partition is embedded, so ``get``/``cancel`` of any id know where to look even when the
-  partition came from an idempotency key. For unkeyed jobs it is a stable hash of the random bits.
+* Sortable by the job's original due time, unique without coordination (for an unkeyed job h is
+  random too, so 72 random bits; ids of one generator are monotonic within a millisecond).
+* The job's partition is ``h % partitions``, for any partition count: ``get``/``cancel`` of any
+  id know where to look, and ``zsched migrate-partitions`` knows where every job goes under a new
+  count without a lookup table. For a keyed job h is ``crc32(key)``, so the job lives where its
+  idempotency key does (:func:`partition_for_key`); for a cron's occurrence, ``crc32(name)``.
 * The creation ``run_at`` lets Redis find a pending job in its timer set without a per-job index
   (see docs/architecture.md, "Where the bytes go"): the timer member *is* the job.
 """
 from __future__ import annotations
 
 import os
+import random
 import threading
 import zlib
 
 ID_BYTES = 15
 ID_CHARS = 30
 _MAX_MS = (1 << 48) - 1
-_RAND_MAX = (1 << 56) - 1
+_RAND_MAX = (1 << 40) - 1
+_getrandbits = random.Random(os.urandom(16)).getrandbits  # own generator: user code seeding random must not repeat ids
 
 
 def encode_id(raw: bytes) -> str:
@@ -38,9 +42,14 @@ def decode_id(text: str) -> bytes:
         raise ValueError(f"job id {text!r} is not hex; expected {ID_CHARS} characters 0-9a-f") from None
 
 
-def partition_of(raw: bytes) -> int:
-    """Partition a binary id belongs to."""
-    return int.from_bytes(raw[6:8], "big")
+def placement_of(raw: bytes) -> int:
+    """The placement hash h of a binary id (bytes 6-10): its partition is ``h % partitions``."""
+    return int.from_bytes(raw[6:10], "big")
+
+
+def partition_of(raw: bytes, partitions: int) -> int:
+    """Partition a binary id belongs to in a namespace of ``partitions`` partitions."""
+    return int.from_bytes(raw[6:10], "big") % partitions
 
 
 def run_at_of(raw: bytes) -> int:
@@ -48,9 +57,15 @@ def run_at_of(raw: bytes) -> int:
     return int.from_bytes(raw[0:6], "big")
 
 
+def placement_for_key(key: str) -> int:
+    """Placement hash of an idempotency key or cron name (crc32: the same on every client and
+    Python version)."""
+    return zlib.crc32(key.encode("utf-8"))
+
+
 def partition_for_key(key: str, partitions: int) -> int:
-    """Stable partition of an idempotency key (crc32, the same on every client and Python version)."""
-    return zlib.crc32(key.encode("utf-8")) % partitions
+    """Stable partition of an idempotency key or cron name."""
+    return placement_for_key(key) % partitions
 
 
 class IdGenerator:
@@ -70,11 +85,8 @@ class IdGenerator:
             if ms == self._last_ms and self._last_rand < _RAND_MAX:
                 rand = self._last_rand + 1
             else:
-                rand = int.from_bytes(os.urandom(7), "big") >> 1  # headroom for increments
+                rand = int.from_bytes(os.urandom(5), "big") >> 1  # headroom for increments
             self._last_ms, self._last_rand = ms, rand
-        rbytes = rand.to_bytes(7, "big")
-        if key is None:
-            part = zlib.crc32(rbytes) % partitions
-        else:
-            part = partition_for_key(key, partitions)
-        return ms.to_bytes(6, "big") + part.to_bytes(2, "big") + rbytes, part
+        # h spreads unkeyed jobs over the partitions; it needs no secrecy, only uniformity
+        h = _getrandbits(32) if key is None else placement_for_key(key)
+        return ms.to_bytes(6, "big") + h.to_bytes(4, "big") + rand.to_bytes(5, "big"), h % partitions

@@ -32,6 +32,10 @@ class Ops:
         self.transport = client.transport
         """The client's script transport, which every call here goes through."""
 
+    def partition(self, raw_id: bytes) -> int:
+        """The partition of a binary job id in this namespace."""
+        return partition_of(raw_id, self.calls.ks.partitions)
+
     def run(self, name: str, partition: int, *args: Any) -> Any:
         """Run script ``name`` on ``partition`` with ``args`` after the common arguments (see the
         script's ARGV header); returns its raw reply."""
@@ -72,7 +76,7 @@ class Ops:
 
     def ack(self, job: Claimed, token: int | None = None) -> AckCode:
         """Acknowledge ``job`` (it finishes as done)."""
-        reply = self.run("ack", partition_of(job.raw_id), self.calls.tomb_ms, job.raw_id,
+        reply = self.run("ack", self.partition(job.raw_id), self.calls.tomb_ms, job.raw_id,
                          job.token if token is None else token)
         return code_of(AckCode, reply[0], "ack")
 
@@ -82,17 +86,17 @@ class Ops:
         :class:`~scheduler.protocol.codes.FailKind` or its letter (``"f"``, ``"r"``, ``"p"``);
         ``delay_ms``: the retry delay."""
         kind = FailKind(kind.encode()) if isinstance(kind, str) else kind
-        reply = self.run("fail", partition_of(job.raw_id), job.raw_id, job.token if token is None else token,
+        reply = self.run("fail", self.partition(job.raw_id), job.raw_id, job.token if token is None else token,
                          kind.value, delay_ms, error_arg("RuntimeError", msg, "tb"))
         return code_of(FailCode, reply[0], "fail")
 
     def extend(self, job: Claimed, lease_ms: int = 0, token: int | None = None) -> int:
         """Extend ``job``'s lease by ``lease_ms`` (0: the job's own lease); returns the new
         deadline in ms, 0 when refused."""
-        return int(self.run("extend", partition_of(job.raw_id), job.raw_id,
+        return int(self.run("extend", self.partition(job.raw_id), job.raw_id,
                             job.token if token is None else token, lease_ms)[0])
 
     def release(self, job: Claimed) -> ReleaseCode:
         """Hand ``job`` back unrun (ready again, its attempt not counted)."""
-        return code_of(ReleaseCode, self.run("release", partition_of(job.raw_id), job.raw_id, job.token)[0],
+        return code_of(ReleaseCode, self.run("release", self.partition(job.raw_id), job.raw_id, job.token)[0],
                        "release")

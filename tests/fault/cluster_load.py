@@ -44,8 +44,8 @@ def run_at(job_id: str) -> float:
     return run_at_of(decode_id(job_id)) / 1000.0
 
 
-def partition(job_id: str) -> int:
-    return partition_of(decode_id(job_id))
+def partition(job_id: str, partitions: int = PARTS) -> int:
+    return partition_of(decode_id(job_id), partitions)
 
 
 def partitions_by_master(cluster: ClusterSet, ks: Keyspace) -> dict[ClusterServer, list[int]]:

@@ -109,8 +109,8 @@ def run_at(job_id: str) -> float:
     return run_at_of(decode_id(job_id)) / 1000.0
 
 
-def partition(job_id: str) -> int:
-    return partition_of(decode_id(job_id))
+def partition(job_id: str, partitions: int) -> int:
+    return partition_of(decode_id(job_id), partitions)
 
 
 class FireWatcher:
@@ -321,7 +321,7 @@ def test_kill9_partitions_fail_over_within_ttl_plus_1s(backend_url: str, etcd_en
         victim.kill()
         deadline = t_kill + ttl + 1.0
         time.sleep(max(0.0, deadline + 0.2 - time.time()))
-        vids = [i for i in ids if partition(i) in victim_parts]
+        vids = [i for i in ids if partition(i, parts) in victim_parts]
         after = [i for i in vids if run_at(i) > t_kill]
         fired_after = sorted(watcher.first_seen[i] for i in after if i in watcher.first_seen)
         assert fired_after, f"no job of the victim's partitions {victim_parts} fired after the kill{tails(survivor)}"
@@ -335,7 +335,8 @@ def test_kill9_partitions_fail_over_within_ttl_plus_1s(backend_url: str, etcd_en
                           f"(due, fired relative to kill): {list(late.values())[:10]}{tails(survivor)}")
         assert gap <= ttl + 1.0
         # the survivor's own partitions were not disturbed
-        others = [watcher.lateness(i) for i in ids if partition(i) not in victim_parts and i in watcher.first_seen]
+        others = [watcher.lateness(i) for i in ids
+                  if partition(i, parts) not in victim_parts and i in watcher.first_seen]
         assert max(others) < 0.25, f"survivor's own partitions fired late: max {max(others):.3f}s"
         wait_until(lambda: watcher.fired(ids), run_at(ids[-1]) - time.time() + 2.0, 0.05, "all jobs to fire")
         watcher.stop()
@@ -723,7 +724,7 @@ def test_redis_down_and_back_replica_survives_and_fires(fresh_redis: RedisServer
               f"{max(watcher.first_seen.get(i, math.inf) - run_at(i) for i in ids):.3f}s")
         assert not too_late, (f"jobs fired more than backoff cap ({backoff_max}s) + 0.5 s after Redis was back "
                               f"(seconds after the restart): {too_late}; partitions "
-                              f"{sorted({partition(i) for i in too_late})}{tails(a)}")
+                              f"{sorted({partition(i, parts) for i in too_late})}{tails(a)}")
         assert a.alive
         assert "Redis reachable again" in log, tails(a)
         assert "Traceback" not in log, f"unhandled exception in the replica{tails(a, lines=80)}"
@@ -771,7 +772,7 @@ def test_redis_refusing_writes_briefly_does_not_stop_partitions_for_good(fresh_r
             wait_until(lambda: watcher.fired(ids), max(run_at(ids[-1]), t_ok + backoff_max) + 1.5 - time.time(),
                        0.02, "every job to fire after Redis accepted writes again")
         except AssertionError as exc:
-            missing = sorted({partition(i) for i in ids if i not in watcher.first_seen})
+            missing = sorted({partition(i, parts) for i in ids if i not in watcher.first_seen})
             raise AssertionError(
                 f"{exc}: partitions {missing} never fired again, {time.time() - t_ok:.1f}s after Redis "
                 f"accepted writes; the replica is alive={a.alive}, still reports "

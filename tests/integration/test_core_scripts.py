@@ -403,7 +403,7 @@ def test_malformed_bodies_are_dead_lettered_not_lost(client: Client, ops: Ops, r
     ready = client.schedule(0, "ok")
     short = client.schedule(0, "short")
     raw = decode_id(short)
-    k = client.keyspace.key(partition_of(raw), "j")
+    k = client.keyspace.key(partition_of(raw, client.keyspace.partitions), "j")
     r.hset(k, raw, r.hget(k, raw)[:6] + b"\x00")  # 1-byte record
     claimed = ops.claim("default", 10)
     assert [c.raw_id for c in claimed] == [decode_id(ready)]

@@ -12,7 +12,6 @@ import redis
 
 from scheduler import Client, JobState
 from scheduler.protocol.calls import error_arg
-from scheduler.protocol.ids import partition_of
 from scheduler.testing.transitions import Ops
 from tests.helpers import snapshot
 from tests.integration.test_scheduler_tier import NS, settled, start_replica, stop_replica
@@ -25,7 +24,7 @@ def kill(client: Client, ops: Ops, n: int, queue: str = "q", key: str | None = N
     else:
         ids = [client.schedule(0, "keyed", queue=queue, key=key)]
     for j in ops.claim(queue, n):
-        assert ops.run("fail", partition_of(j.raw_id), j.raw_id, j.token, "p", 0, error_arg("E", "boom"))[0] == 2
+        assert ops.run("fail", ops.partition(j.raw_id), j.raw_id, j.token, "p", 0, error_arg("E", "boom"))[0] == 2
         time.sleep(0.002)  # distinct death times: "oldest" is well defined
     return ids
 

@@ -138,7 +138,7 @@ async def test_ack_refused_after_lease_lost_is_counted_not_raised(redis_url: str
         await wait_for(lambda: rec.starts, 5, what="first attempt")
         # Expire the lease under the handler and reap it, as the scheduler tier would.
         raw = decode_id(jid)
-        p = partition_of(raw)
+        p = partition_of(raw, client.keyspace.partitions)
         client.redis.zadd(client.keyspace.key(p, "i"), {raw: 0}, xx=True)
         core = client.calls
         assert client.transport.call(*core.call("reap", p, 0, 100))[0] == 1
@@ -268,7 +268,7 @@ async def test_poison_jobs_are_dead_lettered_and_worker_survives(redis_url: str,
     r = client.redis
     for jid, corrupt in ((bad_rec, "record"), (bad_payload, "payload")):
         raw = decode_id(jid)
-        key = client.keyspace.key(partition_of(raw), "j")
+        key = client.keyspace.key(partition_of(raw, client.keyspace.partitions), "j")
         v = r.hget(key, raw)
         due, rec = v[:6], v[6:]
         if corrupt == "record":  # claims a 200-byte idempotency key that is not there

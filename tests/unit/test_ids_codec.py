@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import msgpack
@@ -12,7 +13,16 @@ from redis.crc import key_slot
 
 from scheduler.protocol import codec
 from scheduler.protocol.errors import PayloadError
-from scheduler.protocol.ids import IdGenerator, decode_id, encode_id, partition_for_key, partition_of, run_at_of
+from scheduler.protocol.ids import (
+    IdGenerator,
+    decode_id,
+    encode_id,
+    partition_for_key,
+    partition_of,
+    placement_for_key,
+    placement_of,
+    run_at_of,
+)
 from scheduler.protocol.keys import Keyspace, validate_name
 from scheduler.protocol.replies import backoff_delay_ms
 from scheduler.protocol.timeutil import to_ms
@@ -34,14 +44,28 @@ def test_malformed_ids_are_refused(bad: object) -> None:
 
 def test_ids_are_unique_sortable_and_carry_partition_and_run_at() -> None:
     g = IdGenerator()
-    ids = [g.new(1_700_000_000_000 + (i // 100), 16)[0] for i in range(10_000)]
+    made = [g.new(1_700_000_000_000 + (i // 100), 16) for i in range(10_000)]
+    ids = [raw for raw, _ in made]
     assert len(set(ids)) == len(ids)
     assert [run_at_of(i) for i in ids] == sorted(run_at_of(i) for i in ids)
-    assert all(0 <= partition_of(i) < 16 for i in ids)
+    assert all(partition_of(raw, 16) == p for raw, p in made)
     raw, p = g.new(5, 16, key="order-9")
-    assert p == partition_of(raw) == partition_for_key("order-9", 16)
-    spread = {partition_of(g.new(7, 8)[0]) for _ in range(500)}
+    assert p == partition_of(raw, 16) == partition_for_key("order-9", 16)
+    spread = {partition_of(g.new(7, 8)[0], 8) for _ in range(500)}
     assert spread == set(range(8))
+
+
+@pytest.mark.parametrize("new_count", [1, 3, 16, 64, 4096])
+def test_an_id_names_its_partition_under_any_partition_count(new_count: int) -> None:
+    """The placement hash h (bytes 6-10) decides the partition for every count: migrating a
+    namespace needs no table of where jobs went, and a keyed job stays with its key."""
+    g = IdGenerator()
+    keyed, _ = g.new(5, 16, key="order-9")
+    assert placement_of(keyed) == placement_for_key("order-9")
+    assert partition_of(keyed, new_count) == partition_for_key("order-9", new_count)
+    counts = Counter(partition_of(g.new(9, 16)[0], new_count) for _ in range(50 * min(new_count, 64)))
+    if new_count <= 64:  # unkeyed jobs spread over every partition
+        assert set(counts) == set(range(new_count))
 
 
 def test_record_round_trip_with_every_option() -> None:
