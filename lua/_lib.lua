@@ -37,7 +37,12 @@ local function layout_fence()
   if LAYOUT == '' then return nil end
   local l = redis.call('HGET', KEYS[13], 'layout')
   if l and l ~= LAYOUT then
-    return redis.error_reply('ZSCHED_LAYOUT ' .. l .. ' ' .. LAYOUT)
+    if l == '-' then
+      return redis.error_reply('ZSCHED_LAYOUT migrating: zsched migrate-partitions is moving this namespace to a ' ..
+        'new partition count; calls are refused until it finishes (see docs/scaling.md)')
+    end
+    return redis.error_reply('ZSCHED_LAYOUT changed: the namespace now has ' .. l .. ' partitions, this ' ..
+      'process uses ' .. LAYOUT .. ' (zsched migrate-partitions ran); restart it so it reads the new count')
   end
   return nil
 end
@@ -274,3 +279,11 @@ local function place(id, rec, q, at, now)
   return at
 end
 local function wake_scheduler() publish(CHAN .. 'wake', PART) end
+-- The end of a script that placed jobs: write the summed counters, tell the workers about ready
+-- jobs, and wake the owner when a timer landed before the partition's earliest one ('head', read
+-- before the writes).
+local function settle(earliest, head)
+  flush_bumps()
+  publish_ready()
+  if earliest and (head == nil or earliest < head) then wake_scheduler() end
+end

@@ -38,7 +38,5 @@ for b = 4, #ARGV, 5 do
     end
   end
 end
-flush_bumps()
-publish_ready()
-if earliest and (head == nil or earliest < head) then wake_scheduler() end
+settle(earliest, head)
 return out

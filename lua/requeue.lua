@@ -30,7 +30,5 @@ for b = 5, #ARGV do
     out[#out + 1] = 1
   end
 end
-flush_bumps()
-publish_ready()
-if earliest and (head == nil or earliest < head) then wake_scheduler() end
+settle(earliest, head)
 return out

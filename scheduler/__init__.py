@@ -16,6 +16,7 @@ from .protocol.errors import (
     DurabilityError,
     DurabilityTimeout,
     DurabilityUnsupported,
+    LayoutChanged,
     MisfiredAtSchedule,
     PayloadError,
     ScriptError,
@@ -27,6 +28,6 @@ from .protocol.transport import RetryPolicy
 
 __all__ = [
     "AsyncClient", "Client", "ConfigError", "CronInfo", "DurabilityError", "DurabilityTimeout",
-    "DurabilityUnsupported", "JobError", "JobInfo", "JobOptions", "JobState", "MisfiredAtSchedule", "Outcome",
-    "PayloadError", "RetryPolicy", "ScriptError", "ZschedError",
+    "DurabilityUnsupported", "JobError", "JobInfo", "JobOptions", "JobState", "LayoutChanged",
+    "MisfiredAtSchedule", "Outcome", "PayloadError", "RetryPolicy", "ScriptError", "ZschedError",
 ]

@@ -17,6 +17,7 @@ from ..protocol.options import JobOptionFields, JobOptions, with_overrides
 from ..protocol.replies import merge_stats, parse_stats
 from ..protocol.timeutil import to_ms
 from ..protocol.transport import NO_RETRY, TRANSIENT, AsyncScriptTransport, RetryPolicy
+from .layout import follows_layout_async
 from .options import UNSET, ClientOptions, info_server_command, resolve_sharded_pubsub, socket_timeout
 from .settings import (
     DEFAULT_QUEUE_IDLE,
@@ -89,6 +90,12 @@ class AsyncClient:
         await self._connect(NO_RETRY)
         return self
 
+    async def reload_layout(self) -> int:
+        """Read the namespace's partition count again (after ``zsched migrate-partitions``);
+        returns it. Methods do this by themselves when Redis refuses their count."""
+        self._calls = None
+        return (await self._connect(self._opts.retry)).ks.partitions
+
     async def _connect(self, retry: RetryPolicy) -> Calls:
         if self._calls is None:
             delays = retry.delays()
@@ -140,6 +147,7 @@ class AsyncClient:
         return d
 
     # -- scheduling -------------------------------------------------------------------------------
+    @follows_layout_async
     async def schedule(self, at: Any, payload: Any = None, *, key: str | None = None,
                        options: JobOptions | None = None, durable: str | None = UNSET,
                        **job_options: Unpack[JobOptionFields]) -> str:
@@ -164,6 +172,7 @@ class AsyncClient:
             d.check(replies[1], [job_id])
         return job_id
 
+    @follows_layout_async
     async def schedule_many(self, jobs: Iterable[Sequence[Any]], *, options: JobOptions | None = None,
                             durable: str | None = UNSET, **job_options: Unpack[JobOptionFields]) -> list[str]:
         """Schedule many ``(at, payload)`` or ``(at, payload, key)`` jobs in one pipelined round trip
@@ -184,6 +193,7 @@ class AsyncClient:
         return ids
 
     # -- changing a job -----------------------------------------------------------------------------
+    @follows_layout_async
     async def cancel(self, job_id: str) -> Outcome:
         """Cancel a scheduled or ready job: ``DONE``; else ``NOT_FOUND`` (unknown or finished),
         ``RUNNING``, ``DEAD`` (purge it) or ``CRON_OCCURRENCE`` (remove the cron instead), and
@@ -191,6 +201,7 @@ class AsyncClient:
         calls = await self._connected()
         return cancel_outcome(await self.transport.call(*calls.cancel_call(job_id)))
 
+    @follows_layout_async
     async def reschedule(self, job_id: str, at: Any) -> Outcome:
         """Move a scheduled or ready job to ``at`` (aware datetime, timedelta from now, epoch
         seconds): ``DONE``; else ``NOT_FOUND``, ``RUNNING`` or ``DEAD`` (requeue it), and nothing
@@ -198,6 +209,7 @@ class AsyncClient:
         calls = await self._connected()
         return reschedule_outcome(await self.transport.call(*calls.reschedule_call(job_id, to_ms(at))))
 
+    @follows_layout_async
     async def requeue(self, job_id: str, at: Any = None) -> Outcome:
         """Bring a dead job back with its attempts reset, now or at ``at``: ``DONE``, or
         ``NOT_DEAD`` when it is not dead (so a second requeue of the same job does nothing)."""
@@ -205,18 +217,21 @@ class AsyncClient:
         ((call, _pos),) = calls.requeue_calls([job_id], None if at is None else to_ms(at))
         return requeue_outcomes(await self.transport.call(*call))[0]
 
+    @follows_layout_async
     async def purge(self, job_id: str) -> Outcome:
         """Delete a dead job for good: ``DONE``, or ``NOT_DEAD`` when it is not dead."""
         calls = await self._connected()
         return purge_outcome(await self.transport.call(*calls.purge_call(job_id)))
 
     # -- reading ----------------------------------------------------------------------------------
+    @follows_layout_async
     async def get(self, job_id: str) -> JobInfo | None:
         """The job in whatever state it is (see :class:`~scheduler.JobInfo`), or None if the id is
         unknown or its tombstone expired."""
         calls = await self._connected()
         return calls.one_info(job_id, await self.transport.call(*calls.inspect_call(job_id)))
 
+    @follows_layout_async
     async def get_many(self, job_ids: Iterable[str]) -> dict[str, JobInfo | None]:
         """Many jobs in one pipelined round trip: id -> JobInfo, or None for unknown ids. Every id
         is checked before anything is sent (a malformed one raises ValueError naming it)."""
@@ -227,6 +242,7 @@ class AsyncClient:
             return {}
         return calls.job_infos(ids, await self.transport.call_many(batch))
 
+    @follows_layout_async
     async def jobs(self, *, queue: str, state: str | JobState, limit: int = 100,
                    cursor: str | None = None) -> tuple[list[JobInfo], str | None]:
         """One page of the jobs of ``queue`` in ``state`` (``scheduled``, ``ready``, ``running`` or
@@ -240,18 +256,21 @@ class AsyncClient:
             walk.take(await self.transport.call(*call))
         return walk.result()
 
+    @follows_layout_async
     async def dead(self, queue: str | None = None, limit: int = 100) -> list[JobInfo]:
         """The ``limit`` most recently dead-lettered jobs across partitions (optionally of one
         queue), newest first."""
         calls = await self._connected()
         return calls.dead_infos(await self.transport.call_many(calls.dead_list_calls(queue, limit)), limit)
 
+    @follows_layout_async
     async def stats(self) -> dict[str, dict[str, int]]:
         """Per queue: counts of scheduled, ready, running and dead jobs."""
         calls = await self._connected()
         return merge_stats(map(parse_stats, await self.transport.call_many(calls.stats_calls())))
 
     # -- cron -------------------------------------------------------------------------------------
+    @follows_layout_async
     async def add_cron(self, name: str, expression: str, payload: Any = None, *, tz: str = "UTC",
                        options: JobOptions | None = None, **job_options: Unpack[JobOptionFields]) -> str:
         """Create or replace a recurring schedule; returns the id of its pending occurrence. Each
@@ -263,6 +282,7 @@ class AsyncClient:
         call = calls.cron_set_call(name, expression, payload, tz, with_overrides(options, job_options))
         return calls.cron_set_reply(await self.transport.call(*call))
 
+    @follows_layout_async
     async def remove_cron(self, name: str) -> bool:
         """Delete a cron and cancel its pending occurrence (one already running finishes); False
         when there is no such cron."""

@@ -18,6 +18,7 @@ from ..protocol.options import JobOptionFields, JobOptions, with_overrides
 from ..protocol.replies import merge_stats, parse_stats
 from ..protocol.timeutil import to_ms
 from ..protocol.transport import NO_RETRY, TRANSIENT, RetryPolicy, ScriptTransport
+from .layout import follows_layout
 from .options import UNSET, ClientOptions, info_server_command, resolve_sharded_pubsub, socket_timeout
 from .settings import (
     DEFAULT_QUEUE_IDLE,
@@ -92,6 +93,13 @@ class Client:
         self._connect(NO_RETRY)
         return self
 
+    def reload_layout(self) -> int:
+        """Read the namespace's partition count again (after ``zsched migrate-partitions``);
+        returns it. Methods do this by themselves when Redis refuses their count."""
+        with self._connecting:
+            self._calls = None
+        return self._connect(self._opts.retry).ks.partitions
+
     def _connect(self, retry: RetryPolicy) -> Calls:
         with self._connecting:
             if self._calls is None:
@@ -139,6 +147,7 @@ class Client:
         return d
 
     # -- scheduling -------------------------------------------------------------------------------
+    @follows_layout
     def schedule(self, at: Any, payload: Any = None, *, key: str | None = None, options: JobOptions | None = None,
                  durable: str | None = UNSET, **job_options: Unpack[JobOptionFields]) -> str:
         """Schedule one job; returns its id.
@@ -167,6 +176,7 @@ class Client:
             d.check(replies[1], [job_id])
         return job_id
 
+    @follows_layout
     def schedule_many(self, jobs: Iterable[Sequence[Any]], *, options: JobOptions | None = None,
                       durable: str | None = UNSET, **job_options: Unpack[JobOptionFields]) -> list[str]:
         """Schedule many ``(at, payload)`` or ``(at, payload, key)`` jobs in one pipelined round trip
@@ -187,35 +197,41 @@ class Client:
         return ids
 
     # -- changing a job -----------------------------------------------------------------------------
+    @follows_layout
     def cancel(self, job_id: str) -> Outcome:
         """Cancel a scheduled or ready job: ``DONE``; else ``NOT_FOUND`` (unknown or finished),
         ``RUNNING``, ``DEAD`` (purge it) or ``CRON_OCCURRENCE`` (remove the cron instead), and
         nothing changed."""
         return cancel_outcome(self.transport.call(*self.calls.cancel_call(job_id)))
 
+    @follows_layout
     def reschedule(self, job_id: str, at: Any) -> Outcome:
         """Move a scheduled or ready job to ``at`` (aware datetime, timedelta from now, epoch
         seconds): ``DONE``; else ``NOT_FOUND``, ``RUNNING`` or ``DEAD`` (requeue it), and nothing
         changed."""
         return reschedule_outcome(self.transport.call(*self.calls.reschedule_call(job_id, to_ms(at))))
 
+    @follows_layout
     def requeue(self, job_id: str, at: Any = None) -> Outcome:
         """Bring a dead job back with its attempts reset, now or at ``at``: ``DONE``, or
         ``NOT_DEAD`` when it is not dead (so a second requeue of the same job does nothing)."""
         ((call, _pos),) = self.calls.requeue_calls([job_id], None if at is None else to_ms(at))
         return requeue_outcomes(self.transport.call(*call))[0]
 
+    @follows_layout
     def purge(self, job_id: str) -> Outcome:
         """Delete a dead job for good: ``DONE``, or ``NOT_DEAD`` when it is not dead."""
         return purge_outcome(self.transport.call(*self.calls.purge_call(job_id)))
 
     # -- reading ----------------------------------------------------------------------------------
+    @follows_layout
     def get(self, job_id: str) -> JobInfo | None:
         """The job in whatever state it is (see :class:`~scheduler.JobInfo` for the fields per
         state), or None if the id is unknown or its tombstone expired."""
         calls = self.calls
         return calls.one_info(job_id, self.transport.call(*calls.inspect_call(job_id)))
 
+    @follows_layout
     def get_many(self, job_ids: Iterable[str]) -> dict[str, JobInfo | None]:
         """Many jobs in one pipelined round trip (one ``inspect`` call per partition and 500 ids):
         id -> JobInfo, or None for unknown ids. Every id is checked before anything is sent (a
@@ -227,6 +243,7 @@ class Client:
             return {}
         return calls.job_infos(ids, self.transport.call_many(batch))
 
+    @follows_layout
     def jobs(self, *, queue: str, state: str | JobState, limit: int = 100,
              cursor: str | None = None) -> tuple[list[JobInfo], str | None]:
         """One page of the jobs of ``queue`` in ``state`` (``scheduled``, ``ready``, ``running`` or
@@ -246,17 +263,20 @@ class Client:
             walk.take(self.transport.call(*call))
         return walk.result()
 
+    @follows_layout
     def dead(self, queue: str | None = None, limit: int = 100) -> list[JobInfo]:
         """The ``limit`` most recently dead-lettered jobs across partitions (optionally of one
         queue), newest first."""
         calls = self.calls
         return calls.dead_infos(self.transport.call_many(calls.dead_list_calls(queue, limit)), limit)
 
+    @follows_layout
     def stats(self) -> dict[str, dict[str, int]]:
         """Per queue: counts of scheduled, ready, running and dead jobs."""
         return merge_stats(map(parse_stats, self.transport.call_many(self.calls.stats_calls())))
 
     # -- cron -------------------------------------------------------------------------------------
+    @follows_layout
     def add_cron(self, name: str, expression: str, payload: Any = None, *, tz: str = "UTC",
                  options: JobOptions | None = None, **job_options: Unpack[JobOptionFields]) -> str:
         """Create or replace a recurring schedule; returns the id of its pending occurrence.
@@ -273,6 +293,7 @@ class Client:
         call = calls.cron_set_call(name, expression, payload, tz, with_overrides(options, job_options))
         return calls.cron_set_reply(self.transport.call(*call))
 
+    @follows_layout
     def remove_cron(self, name: str) -> bool:
         """Delete a cron and cancel its pending occurrence (one already running finishes); False
         when there is no such cron."""

@@ -65,6 +65,8 @@ RESEND: dict[str, str] = {
     "cron_set": "safe", "cron_remove": "safe",
     "cron_fill": "safe",    # versioned: a second fill of the same version is ignored
     "epoch_reset": "safe",  # compare-and-set
+    "migrate_out": "safe",  # a call that moves nothing new returns the outbox it already filled
+    "migrate_in": "safe",   # skips entries whose job or cron is already there
 }
 RESEND_FLAG: dict[str, int] = {"schedule": 6}  # 0-based index into args (ARGV[index + 1]) of the flag
 

@@ -54,8 +54,8 @@ def resolve_partitions(stored: bytes | str | None, wanted: int | None, ns: str) 
     have = int(stored)
     if wanted is not None and wanted != have:
         raise ConfigError(
-            f"namespace {ns!r} was created with {have} partitions, but this process was started with "
-            f"{wanted}; the count is fixed per namespace. Use {have} (unset ZSCHED_PARTITIONS or pass "
-            f"partitions={have}), or a new namespace"
+            f"namespace {ns!r} has {have} partitions, but this process was started with {wanted}; the count "
+            f"belongs to the namespace (only zsched migrate-partitions changes it). Use {have} (unset "
+            f"ZSCHED_PARTITIONS or pass partitions={have}), or a new namespace"
         )
     return have

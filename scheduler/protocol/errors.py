@@ -63,3 +63,26 @@ class MisfiredAtSchedule(ZschedError):
     def job_id(self) -> str | None:
         """The id when the call scheduled one job."""
         return self.ids[0] if len(self.ids) == 1 else None
+
+
+class LayoutChanged(ZschedError):
+    """The namespace's partition count is being changed (``migrating``) or was changed since this
+    process read it, so Redis refused the call before it wrote anything (the layout fence, see
+    ``zsched migrate-partitions`` in docs/scaling.md). Clients re-read the count and retry by
+    themselves after a finished migration; during one they raise this, and ``migrating`` is True:
+    retry after it finishes. Scheduler replicas and workers log it; restart them after a migration."""
+
+    PREFIX = "ZSCHED_LAYOUT"
+
+    def __init__(self, message: str, *, migrating: bool) -> None:
+        super().__init__(message)
+        self.migrating = migrating
+
+    @classmethod
+    def from_reply(cls, exc: BaseException) -> LayoutChanged | None:
+        """The refusal an error reply carries, or None when ``exc`` is not the layout fence's."""
+        text = str(exc)
+        if not text.startswith(cls.PREFIX):
+            return None
+        detail = text[len(cls.PREFIX):].strip()
+        return cls(detail, migrating=detail.startswith("migrating"))

@@ -2,8 +2,8 @@
 
 Layout (big-endian):  [0:6] run_at at creation in ms | [6:10] placement hash h | [10:15] 40 random bits.
 
-* Sortable by the job's original due time, unique without coordination (for an unkeyed job h is
-  random too, so 72 random bits; ids of one generator are monotonic within a millisecond).
+* Sortable by the job's original due time, unique without coordination (40 random bits, plus 32
+  in h for an unkeyed job; ids of one generator are monotonic within a millisecond).
 * The job's partition is ``h % partitions``, for any partition count: ``get``/``cancel`` of any
   id know where to look, and ``zsched migrate-partitions`` knows where every job goes under a new
   count without a lookup table. For a keyed job h is ``crc32(key)``, so the job lives where its
@@ -14,7 +14,6 @@ Layout (big-endian):  [0:6] run_at at creation in ms | [6:10] placement hash h |
 from __future__ import annotations
 
 import os
-import random
 import threading
 import zlib
 
@@ -22,7 +21,6 @@ ID_BYTES = 15
 ID_CHARS = 30
 _MAX_MS = (1 << 48) - 1
 _RAND_MAX = (1 << 40) - 1
-_getrandbits = random.Random(os.urandom(16)).getrandbits  # own generator: user code seeding random must not repeat ids
 
 
 def encode_id(raw: bytes) -> str:
@@ -71,12 +69,13 @@ def partition_for_key(key: str, partitions: int) -> int:
 class IdGenerator:
     """Generates ids; thread-safe. Within one millisecond, ids of one generator are monotonic."""
 
-    __slots__ = ("_lock", "_last_ms", "_last_rand")
+    __slots__ = ("_lock", "_last_ms", "_last_rand", "_seed")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._last_ms = -1
         self._last_rand = 0
+        self._seed = 0
 
     def new(self, run_at_ms: int, partitions: int, key: str | None = None) -> tuple[bytes, int]:
         """Return (binary id, partition) for a job first due at ``run_at_ms``."""
@@ -85,8 +84,15 @@ class IdGenerator:
             if ms == self._last_ms and self._last_rand < _RAND_MAX:
                 rand = self._last_rand + 1
             else:
-                rand = int.from_bytes(os.urandom(5), "big") >> 1  # headroom for increments
+                fresh = os.urandom(9)
+                rand = int.from_bytes(fresh[:5], "big") >> 1  # headroom for increments
+                self._seed = int.from_bytes(fresh[5:], "big")
             self._last_ms, self._last_rand = ms, rand
-        # h spreads unkeyed jobs over the partitions; it needs no secrecy, only uniformity
-        h = _getrandbits(32) if key is None else placement_for_key(key)
-        return ms.to_bytes(6, "big") + h.to_bytes(4, "big") + rand.to_bytes(5, "big"), h % partitions
+            seed = self._seed
+        head, tail = ms.to_bytes(6, "big"), rand.to_bytes(5, "big")
+        # Unkeyed: h spreads jobs evenly as a hash of the rest of the id, started from 32 random
+        # bits drawn with 'rand'. Two generators that drew overlapping 'rand' ranges in the same
+        # millisecond still differ in h (CRC is linear: other start, other result for the same
+        # bytes), so an unkeyed id carries 72 random bits, not 40.
+        h = zlib.crc32(head + tail, seed) if key is None else placement_for_key(key)
+        return head + h.to_bytes(4, "big") + tail, h % partitions

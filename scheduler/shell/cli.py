@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from workers import cli as worker_cli
 
 from ..tier import cli as tier_cli
-from . import cli_cron, cli_dead, cli_epochs, cli_jobs, cli_stats, dev
+from . import cli_cron, cli_dead, cli_epochs, cli_jobs, cli_migrate, cli_stats, dev
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     tier_cli.add_parser(sub)
     worker_cli.add_parser(sub)
     dev.add_parser(sub)
-    for module in (cli_jobs, cli_dead, cli_stats, cli_cron, cli_epochs):  # in the order of --help
+    for module in (cli_jobs, cli_dead, cli_stats, cli_cron, cli_epochs, cli_migrate):  # in the order of --help
         module.add_parsers(sub)
     return parser
 

@@ -26,6 +26,7 @@ import redis
 
 from ..client import Client
 from ..protocol import config
+from ..protocol.errors import LayoutChanged
 from . import admin
 from .admin import AdminError, BadInput
 
@@ -166,6 +167,9 @@ def runner(handler: Handler, *, create: bool,
         except AdminError as exc:
             fail(str(exc))
             return exc.exit_code
+        except LayoutChanged as exc:  # zsched migrate-partitions is running on this namespace
+            fail(f"the namespace is paused: {exc}")
+            return EXIT_UNAVAILABLE
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             url = admin.safe_url(config.redis_url(args.redis))
             fail(f"cannot reach Redis at {url}: {exc} (check --redis / ZSCHED_REDIS_URL)")

@@ -42,7 +42,7 @@ async def test_async_client_full_cycle(redis_url: str) -> None:
 async def test_async_client_refuses_partition_mismatch(redis_url: str) -> None:
     Client.from_url(redis_url, namespace="am", partitions=3).connect()
     c = AsyncClient.from_url(redis_url, namespace="am", partitions=4)
-    with pytest.raises(ConfigError, match="created with 3"):
+    with pytest.raises(ConfigError, match="has 3 partitions"):
         await c.schedule(0, 1)
     await c.close()
 

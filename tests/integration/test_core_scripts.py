@@ -364,7 +364,7 @@ def test_bad_payloads_are_refused_and_a_bad_job_in_a_batch_writes_nothing(redis_
 
 def test_partition_count_is_fixed_per_namespace(redis_url: str) -> None:
     Client.from_url(redis_url, namespace="fixed", partitions=8).connect()
-    with pytest.raises(ConfigError, match="created with 8 partitions"):
+    with pytest.raises(ConfigError, match="has 8 partitions"):
         Client.from_url(redis_url, namespace="fixed", partitions=16).connect()
     assert Client.from_url(redis_url, namespace="fixed").keyspace.partitions == 8
 
@@ -376,7 +376,7 @@ def test_env_configuration(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> N
     c = Client.from_url()
     assert c.keyspace.namespace == "envns" and c.keyspace.partitions == 5
     monkeypatch.setenv("ZSCHED_PARTITIONS", "6")
-    with pytest.raises(ConfigError, match="created with 5"):
+    with pytest.raises(ConfigError, match="has 5 partitions"):
         Client.from_url().connect()
 
 
