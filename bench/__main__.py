@@ -6,7 +6,9 @@ failover (W7), pg (the seed's PostgreSQL design), transport (old vs new script t
 W3 side by side; not part of all), soak (30 min at 2 000 jobs/s: memory must stay flat; not part
 of all; ``python -m bench.soak --results`` also writes its section of RESULTS.md), cluster (1
 redis-server vs a 3-master Redis Cluster: firing, drain, Redis CPU per job per shard; not part of
-all; without --quick it writes its section of RESULTS.md), all.
+all; without --quick it writes its section of RESULTS.md), migrate (``zsched migrate-partitions``
+16 -> 64 partitions with 1 M jobs on 1 node and 300 000 on a 3-master cluster: moved/s, Redis CPU,
+memory; not part of all), all.
 """
 from __future__ import annotations
 
@@ -18,10 +20,12 @@ from typing import Any
 
 from bench import common
 
-SUITES = ("core", "drain", "lateness", "herd", "scale", "failover", "pg", "peers", "transport", "soak", "cluster")
+SUITES = ("core", "drain", "lateness", "herd", "scale", "failover", "pg", "peers", "transport", "soak", "cluster",
+          "migrate")
 # transport needs git and the old commit (minutes of interleaved runs); soak runs 30 minutes;
 # cluster needs redis-cli and takes about 15 minutes of alternating rounds
-NOT_IN_ALL = ("transport", "soak", "cluster")
+# migrate fills 2.6 M jobs over 4 fresh servers (an admin operation, not a workload)
+NOT_IN_ALL = ("transport", "soak", "cluster", "migrate")
 
 
 def run_suite(name: str, quick: bool, memory_sizes: list[int]) -> Any:
@@ -69,6 +73,12 @@ def run_suite(name: str, quick: bool, memory_sizes: list[int]) -> Any:
         if not quick:  # a smoke run's figures do not replace the measured ones
             cluster.write_section(out)
         return out
+    if name == "migrate":
+        from bench import migrate
+        result = migrate.run(quick)
+        if not quick:
+            migrate.write_section(result)
+        return result
     raise SystemExit(f"unknown suite {name!r}; choose from {SUITES} or all")
 
 

@@ -3,15 +3,18 @@
 -- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common (no count: not behind the fence); 4 cron sequence floor (the largest 'cronseq'
 --       of the sources, so ids this partition makes for crons never repeat one made there);
+--       5 check flag: 1 when the entries may have been delivered before (an outbox re-sent after
+--       an interruption, or this call re-sent after a lost reply), 0 for a first delivery;
 --       then pairs: outbox field ('j' .. id or 'c' .. name), entry (cmsgpack, see migrate_out.lua).
 -- Returns: {taken, skipped}: entries written, and entries already here (a re-sent delivery).
--- Retry safety: an entry whose job (any state, or its finished summary) or cron is already here
---   is skipped, so delivering an outbox twice changes nothing. Running jobs never move, so an id
---   cannot be running here.
+-- Retry safety: with the check flag, an entry whose job (any state, or its finished summary) or
+--   cron is already here is skipped, so delivering an outbox twice changes nothing; a first
+--   delivery skips the lookups (ids are unique and a job is in one partition). Running jobs never
+--   move, so an id cannot be running here.
 -- Invariants: a job enters exactly the state it left (timer with its score, ready list, held
 --   set, dead set, or a finished summary) with its record's queue index translated to this
 --   partition's; a keyed job takes its idempotency key along; gauges follow the job.
-local seq_floor = tonumber(ARGV[4])
+local seq_floor, check = tonumber(ARGV[4]), ARGV[5] == '1'
 if seq_floor > tonumber(redis.call('HGET', K_META, 'cronseq') or '0') then
   redis.call('HSET', K_META, 'cronseq', fmt(seq_floor))
 end
@@ -23,13 +26,13 @@ local function put_extras(id, err, key)
   if err ~= '' then redis.call('HSET', K_E, id, err) end
   if key ~= '' then redis.call('HSET', K_K, key, id) end
 end
-for i = 5, #ARGV, 2 do
+for i = 6, #ARGV, 2 do
   local field, e = ARGV[i], cmsgpack.unpack(ARGV[i + 1])
   local kind = e[1]
   if kind == 'c' then
     local name = string.sub(field, 2)
     local ck = PREFIX .. 'cron:' .. name
-    if redis.call('EXISTS', ck) == 1 then
+    if check and redis.call('EXISTS', ck) == 1 then
       skipped = skipped + 1
     else
       multi('HSET', ck, e[2])
@@ -38,7 +41,7 @@ for i = 5, #ARGV, 2 do
     end
   else
     local id = string.sub(field, 2)
-    if job_exists(id) or redis.call('ZSCORE', K_I, id) then
+    if check and (job_exists(id) or redis.call('ZSCORE', K_I, id)) then
       skipped = skipped + 1
     elseif kind == 'f' then
       local v = e[2]

@@ -5,8 +5,9 @@
 -- ARGV: 1-3 common (ARGV[3] without a count: this script is not behind the fence); 4 new partition
 --       count N; 5 budget (entries to move in this call); then the outbox fields the caller has
 --       delivered (migrate_in ran on their targets), to forget first.
--- Returns: {done, field, target, entry, field, target, entry, ...}: done is 1 once every
---   structure was walked and nothing is left to move. Outbox fields are 'j' .. id (a job or a
+-- Returns: {done, again, field, target, entry, field, target, entry, ...}: done is 1 once every
+--   structure was walked and nothing is left to move; again is 1 when the entries are an outbox
+--   delivered before (migrate_in must then skip what it already has), 0 when this call took them. Outbox fields are 'j' .. id (a job or a
 --   finished job's summary) or 'c' .. name (a cron); target = the partition it belongs to under
 --   N; entry = cmsgpack {kind, ...} (below), read by migrate_in.
 -- Retry safety: what this call took stays in the outbox PREFIX.."mo" until a later call names it
@@ -28,7 +29,7 @@ local me = tonumber(PART)
 if #ARGV > 5 then multi('HDEL', OUT, {unpack(ARGV, 6)}) end
 local left = redis.call('HGETALL', OUT)
 if #left > 0 then
-  local out = {0}
+  local out = {0, 1}
   for i = 1, #left, 2 do
     local f, target = left[i], 0
     if string.sub(f, 1, 1) == 'j' then
@@ -43,7 +44,7 @@ if #left > 0 then
 end
 
 local function target_of(id) return u32(id, 7) % N end
-local out = {0}
+local out = {0, 0}
 local moved = 0
 local function emit(field, target, entry)
   local packed = cmsgpack.pack(entry)

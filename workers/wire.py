@@ -15,6 +15,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from scheduler.protocol.errors import LayoutChanged
 from scheduler.protocol.transport import AsyncScriptTransport, Call, RetryPolicy
 
 log = logging.getLogger("zsched.worker")
@@ -58,7 +59,10 @@ class Outage:
         if self.failures == 0:
             self.since = now
             self.last_log = now
-            log.warning("%s: Redis unavailable (%s: %s); retrying with backoff", self.what, type(exc).__name__, exc)
+            if LayoutChanged.from_reply(exc) is not None:  # zsched migrate-partitions: not an outage
+                log.error("%s: refused by the namespace's partition layout: %s", self.what, exc)
+            else:
+                log.warning("%s: Redis unavailable (%s: %s); retrying with backoff", self.what, type(exc).__name__, exc)
         elif now - self.last_log > 30:
             self.last_log = now
             log.warning("%s: Redis still unavailable after %.0f s (%s: %s)", self.what, now - self.since,

@@ -66,9 +66,9 @@ RESEND: dict[str, str] = {
     "cron_fill": "safe",    # versioned: a second fill of the same version is ignored
     "epoch_reset": "safe",  # compare-and-set
     "migrate_out": "safe",  # a call that moves nothing new returns the outbox it already filled
-    "migrate_in": "safe",   # skips entries whose job or cron is already there
+    "migrate_in": "flag",   # with its check flag, skips entries whose job or cron is already there
 }
-RESEND_FLAG: dict[str, int] = {"schedule": 6}  # 0-based index into args (ARGV[index + 1]) of the flag
+RESEND_FLAG: dict[str, int] = {"schedule": 6, "migrate_in": 4}  # 0-based index into args (ARGV[index + 1]) of the flag
 
 # Error replies that mean the command was not executed: safe to send again after a pause.
 # NOREPLICAS (min-replicas-to-write not met) is raised at a script's first write, before it wrote.

@@ -148,19 +148,20 @@ class Migration:
             replies = transport.call_many([calls.call("migrate_out", p, self.to, self.batch, *delivered.get(p, ()))
                                            for p in order])
             delivered = {}
-            inbox: dict[int, list[Any]] = defaultdict(list)
+            # per target, entries a first time (no lookups needed) and entries delivered before
+            inbox: dict[tuple[int, int], list[Any]] = defaultdict(list)
             for p, reply in zip(order, replies):
-                done, rest = int(reply[0]), reply[1:]
+                done, again, rest = int(reply[0]), int(reply[1]), reply[2:]
                 if done and not rest:
                     pending.discard(p)
                 for i in range(0, len(rest), 3):
                     f, target, entry = rest[i], int(rest[i + 1]), rest[i + 2]
-                    inbox[target] += [f, entry]
+                    inbox[target, again] += [f, entry]
                     delivered.setdefault(p, []).append(f)
-            ins = [calls.call("migrate_in", q, floor, *items[s:s + 2 * DELIVER_CHUNK])
-                   for q, items in inbox.items() for s in range(0, len(items), 2 * DELIVER_CHUNK)]
-            for call, (taken, skipped) in zip(ins, transport.call_many(ins) if ins else []):
-                q = int(call[2][2].split("/")[0])
+            plan = [(q, calls.call("migrate_in", q, floor, again, *items[s:s + 2 * DELIVER_CHUNK]))
+                    for (q, again), items in inbox.items() for s in range(0, len(items), 2 * DELIVER_CHUNK)]
+            replies = transport.call_many([call for _, call in plan]) if plan else []
+            for (q, _call), (taken, skipped) in zip(plan, replies):
                 report.moved += int(taken)
                 report.skipped += int(skipped)
                 report.by_target[q] = report.by_target.get(q, 0) + int(taken)

@@ -209,7 +209,7 @@ class StaleEpochMonitor:
                 argv = args[3 + nk:]
                 if not argv[0].startswith(self.prefix) or not argv[3].isdigit():
                     continue
-                epoch, part = int(argv[3]), int(argv[2])
+                epoch, part = int(argv[3]), int(argv[2].split(b"/")[0])  # ARGV[3] is "p/COUNT"
                 if self.stale.get(epoch) == part:
                     self.calls.append((float(line[1:].split(b" ", 1)[0]), part, epoch))
         except (OSError, ValueError):

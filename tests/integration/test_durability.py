@@ -94,6 +94,16 @@ def test_durable_fsync_is_refused_before_writing_where_waitaof_is_missing() -> N
         c.close()
 
 
+def test_durable_fsync_on_a_cluster_asks_every_master(redis_cluster_url: str) -> None:
+    """On a cluster a batch's WAITAOF goes to each master it touched, so every master must have it:
+    on Redis 7.0 masters the client refuses before writing, as on one node."""
+    c = Client.from_url(redis_cluster_url, namespace="durfc", partitions=6)
+    with pytest.raises(DurabilityUnsupported, match="WAITAOF.*7.2"):
+        c.schedule_many([(LATER, i) for i in range(30)], durable="fsync")
+    assert c.stats() == {}, "nothing may be written when the durability cannot be given"
+    c.close()
+
+
 def test_bad_durability_settings_are_refused_with_a_clear_error(redis_url: str) -> None:
     with pytest.raises(ValueError, match="durable must be None, 'replica' or 'fsync'"):
         Client.from_url(redis_url, namespace="durb", durable="always")

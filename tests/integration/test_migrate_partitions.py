@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,9 +18,11 @@ import redis
 from scheduler import Client, JobState, LayoutChanged
 from scheduler.protocol.errors import ConfigError
 from scheduler.protocol.ids import decode_id, partition_of
+from scheduler.shell.servers import scheduler_proc
 from scheduler.shell.migrate import Migration, NotFinished, read_state
 from scheduler.testing.transitions import Ops
 from tests.helpers import on_both_backends, snapshot, tombstones
+from tests.integration.test_worker_support import read_runs, spawn_worker, wait_for, wait_worker_ready, write_app
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -236,3 +239,49 @@ def test_cli_reports_and_refuses_a_different_target_mid_migration(redis_url: str
     out = subprocess.run(base + ["--to", "0"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "partition count" in out.stderr
     c.close()
+
+
+async def test_a_running_stack_pauses_for_a_migration_and_runs_every_job_once_after_restarts(
+        redis_url: str, etcd_endpoint: str, tmp_path: Path) -> None:
+    """Real replicas and workers: jobs due before, during and after the migration each run once,
+    never early; the old-count processes log what to do; restarted ones use the new count."""
+    ns = "live"
+    Client.from_url(redis_url, namespace=ns, partitions=4).connect().close()
+    client = Client.from_url(redis_url, namespace=ns).connect()  # adopts 4; not pinned, so it follows
+    write_app(tmp_path)
+    replica = scheduler_proc(redis_url, etcd_endpoint, ns, "s0", ttl=2.0).start()
+    worker = spawn_worker(tmp_path, redis_url, "--namespace", ns)
+    procs = [replica, worker]
+    try:
+        await wait_worker_ready(worker)
+        t0 = time.time() + 0.5
+        due = dict(zip(client.schedule_many([(t0 + i * 0.01, {"i": i}) for i in range(400)]),
+                       [t0 + i * 0.01 for i in range(400)]))
+        await wait_for(lambda: len([r for r in read_runs(tmp_path) if r[0] == "END"]) >= 50, 20,
+                       what="the first jobs to run")
+        out = subprocess.run([sys.executable, "-m", "scheduler", "migrate-partitions", "--redis", redis_url,
+                              "--namespace", ns, "--to", "8"], env={**os.environ, "PYTHONPATH": ROOT},
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert "restart the scheduler replicas and workers" in out.stdout
+        later = client.schedule_many([(time.time() + 0.2 + i * 0.01, {"after": i}) for i in range(100)])
+        assert client.keyspace.partitions == 8  # the producer followed by itself
+        due.update({j: time.time() for j in later})
+        await wait_for(lambda: "ZSCHED_LAYOUT" in replica.output() and "ZSCHED_LAYOUT" in worker.output(), 20,
+                       what="the old-count processes to be refused")
+        assert "restart it" in replica.output()
+        for p in procs:
+            p.stop()
+        replica = scheduler_proc(redis_url, etcd_endpoint, ns, "s1", ttl=2.0).start()
+        worker = spawn_worker(tmp_path, redis_url, "--namespace", ns)
+        procs = [replica, worker]
+        await wait_for(lambda: len({r[1] for r in read_runs(tmp_path) if r[0] == "END"}) >= 500, 30,
+                       what="every job to run after the restart")
+        starts = [r for r in read_runs(tmp_path) if r[0] == "START"]
+        assert sorted(r[1] for r in starts) == sorted(due), "each job ran exactly once"
+        first = {r[1]: r[4] for r in starts if r[1] in due and r[1] not in later}
+        assert all(first[j] >= due[j] - 0.001 for j in first), "a job ran before its time"
+    finally:
+        for p in procs:
+            p.stop()
+        client.close()

@@ -30,8 +30,8 @@ NOTIFIED_WITHIN = 1.0  # seconds: a notification, where the safety-net sweep wou
 IDLE_SWEEP = 30.0
 
 
-def _partition(job_id: str) -> int:
-    return partition_of(decode_id(job_id))
+def _partition(job_id: str, partitions: int = PARTS) -> int:
+    return partition_of(decode_id(job_id), partitions)
 
 
 class Listener:
