@@ -149,7 +149,7 @@ def run(quick: bool) -> dict[str, Any]:
 
 def markdown(r: dict[str, Any]) -> str:
     """The ``migrate`` section of bench/RESULTS.md."""
-    from bench.report import fmt_num as num
+    from bench.report import num
 
     med = r["median"]
     names = {"single": "1 redis-server", "cluster": "3-master cluster"}

@@ -131,7 +131,7 @@ def update_section(path: Path, name: str, markdown: str) -> None:
     path.write_text(text)
 
 
-def fmt_num(v: Any) -> str:
+def num(v: Any) -> str:
     if v is None:
         return "n/a"
     if isinstance(v, float) and abs(v) < 100:
@@ -146,7 +146,7 @@ def spread_rows(r: dict[str, Any], row: Any, ms: float) -> list[str]:
     if not sp:
         return []
     span = r.get("spread_seconds", 6)
-    rate = f"{fmt_num(r['jobs']['spread'] / span)}/s"
+    rate = f"{num(r['jobs']['spread'] / span)}/s"
     return [row(f"spread ({rate} due over {span:g} s, no worker): ticks per 1 000 jobs", sp["ticks_per_1000_jobs"]),
             row("spread: messages published per 1 000 jobs", sp["publishes_per_1000_jobs"]),
             row("**spread: per-shard Redis CPU ms per 1 000 of its jobs (net)**",
@@ -172,7 +172,7 @@ def cluster_markdown(r: dict[str, Any]) -> str:
         rounds += f", the spread workload in {n['spread']} of them"
 
     def row(label: str, s: dict[str, Any], scale: float = 1.0) -> str:
-        cells = [fmt_num(s[side] * scale if s[side] is not None else None) for side in sides]
+        cells = [num(s[side] * scale if s[side] is not None else None) for side in sides]
         cells += [f"{s[f'{o}_over_single']} ({s[f'{o}_over_single_paired']})"
                   if s[f"{o}_over_single"] is not None else "-" for o in others]
         return f"| {label} | " + " | ".join(cells) + " |"
@@ -184,8 +184,8 @@ def cluster_markdown(r: dict[str, Any]) -> str:
     lines = [
         "## Redis Cluster: 1 node vs 3 masters (`python -m bench cluster`)", "",
         f"Measured {m['date']} on {m['cpus']} cores, {m['redis'].split(' sha=')[0]}: {rounds}, the order of the "
-        f"sides reversed every round, a fresh Redis and stack per run; {fmt_num(r['jobs']['fire'])} jobs per fire run "
-        f"and {fmt_num(r['jobs']['drain'])} per drain run, {r['partitions']} partitions, {r['replicas']} scheduler "
+        f"sides reversed every round, a fresh Redis and stack per run; {num(r['jobs']['fire'])} jobs per fire run "
+        f"and {num(r['jobs']['drain'])} per drain run, {r['partitions']} partitions, {r['replicas']} scheduler "
         f"replicas, AOF everysec, hz 10. The cluster is {r['masters']} masters (no replicas) on the same 2 "
         f"cores, its partitions' slots moved so each master holds {r['partitions'] // r['masters']} (CRC16 "
         f"alone gave {'/'.join(str(v) for v in sorted(before.values(), reverse=True))}); `cluster1` is the "
@@ -233,7 +233,7 @@ def cluster_markdown(r: dict[str, Any]) -> str:
         "Target (issue 13): per-shard cost in the cluster within 10 % of a single node. Firing: "
         f"{met.get('fire_single', 'n/a')} (medians), {met.get('fire_single_paired', 'n/a')} (per round); "
         f"drain: {met.get('drain_single', 'n/a')} (medians), {met.get('drain_single_paired', 'n/a')} (per round). "
-        f"Noise: other processes used {fmt_num(min(foreign))}-{fmt_num(max(foreign))} CPU s per s of the 2 cores during "
+        f"Noise: other processes used {num(min(foreign))}-{num(max(foreign))} CPU s per s of the 2 cores during "
         f"the measured windows (load average {m['loadavg_start'][0]:.2f} at the start, "
         f"{m['loadavg_end'][0]:.2f} at the end); {r['seconds'] / 60:.0f} min of runs.",
     ]
@@ -241,12 +241,12 @@ def cluster_markdown(r: dict[str, Any]) -> str:
         rd, ev = d["redis_reads_per_1000_jobs"], d["evalsha_calls_per_1000_jobs"]
         ps = d["per_shard_net_cpu_s_per_1000_jobs"]
         bus = f["bus_messages_per_s"]
-        lines += ["", f"No cross-node chatter per job: the cluster bus carried {fmt_num(bus['cluster'])} messages/s while "
-                  f"{fmt_num(r['jobs']['fire'])} jobs fired and {fmt_num(f['idle_bus_messages_per_s']['cluster'])}/s idle "
+        lines += ["", f"No cross-node chatter per job: the cluster bus carried {num(bus['cluster'])} messages/s while "
+                  f"{num(r['jobs']['fire'])} jobs fired and {num(f['idle_bus_messages_per_s']['cluster'])}/s idle "
                   "(gossip). What the drain pays on the cluster follows its round trips: a worker's batch goes to "
                   "every master that has work for it, so the masters processed "
-                  f"{fmt_num(rd['cluster'])} reads per 1 000 jobs against {fmt_num(rd['single'])} on one node, for the same "
-                  f"{fmt_num(ev['cluster'])} script calls; `cluster1` (cluster mode, one master) costs "
+                  f"{num(rd['cluster'])} reads per 1 000 jobs against {num(rd['single'])} on one node, for the same "
+                  f"{num(ev['cluster'])} script calls; `cluster1` (cluster mode, one master) costs "
                   f"{ps['cluster1_over_single']} ({ps['cluster1_over_single_paired']}) of a single node."]
     for v in r.get("drain_variants") or []:
         vs = v["summary"]
@@ -254,26 +254,26 @@ def cluster_markdown(r: dict[str, Any]) -> str:
         wk = vs["workers_cpu_s_per_1000_jobs"]
         lines += ["", f"The drain with the worker at concurrency {v['concurrency']} instead ({v['rounds']} rounds, "
                   "`python -m bench.cluster --sides single,cluster --workloads drain --concurrency "
-                  f"{v['concurrency']}`): per-shard Redis CPU {fmt_num(ps['single'] * 1000)} ms per 1 000 jobs on one "
-                  f"node, {fmt_num(ps['cluster'] * 1000)} on the cluster, {ps['cluster_over_single']} "
-                  f"({ps['cluster_over_single_paired']}); reads per 1 000 jobs {fmt_num(rd['single'])} vs "
-                  f"{fmt_num(rd['cluster'])}; worker CPU {wk['cluster_over_single']} "
-                  f"({wk['cluster_over_single_paired']}); jobs/s {fmt_num(vs['jobs_per_s']['single'])} vs "
-                  f"{fmt_num(vs['jobs_per_s']['cluster'])}."]
+                  f"{v['concurrency']}`): per-shard Redis CPU {num(ps['single'] * 1000)} ms per 1 000 jobs on one "
+                  f"node, {num(ps['cluster'] * 1000)} on the cluster, {ps['cluster_over_single']} "
+                  f"({ps['cluster_over_single_paired']}); reads per 1 000 jobs {num(rd['single'])} vs "
+                  f"{num(rd['cluster'])}; worker CPU {wk['cluster_over_single']} "
+                  f"({wk['cluster_over_single_paired']}); jobs/s {num(vs['jobs_per_s']['single'])} vs "
+                  f"{num(vs['jobs_per_s']['cluster'])}."]
     tc = r.get("tick_cost")
     if tc:
-        lines += ["", f"One `tick` on an otherwise idle redis-server (`tickcost`, median of {fmt_num(tc['calls'])} calls, "
-                  f"commandstats): {fmt_num(float(tc['tick_empty_us']))} µs moving nothing, "
-                  f"{fmt_num(float(tc['tick_one_job_us']))} µs moving one job, of which the Redis commands it runs take "
-                  f"{fmt_num(float(tc['tick_one_job_redis_commands_us']))} µs (the rest is the Lua script); a one-job "
-                  f"`schedule` {fmt_num(float(tc['schedule_one_job_us']))} µs."]
+        lines += ["", f"One `tick` on an otherwise idle redis-server (`tickcost`, median of {num(tc['calls'])} calls, "
+                  f"commandstats): {num(float(tc['tick_empty_us']))} µs moving nothing, "
+                  f"{num(float(tc['tick_one_job_us']))} µs moving one job, of which the Redis commands it runs take "
+                  f"{num(float(tc['tick_one_job_redis_commands_us']))} µs (the rest is the Lua script); a one-job "
+                  f"`schedule` {num(float(tc['schedule_one_job_us']))} µs."]
     fo = r.get("fanout")
     if fo:
         idle = {x["workers"]: x for x in fo["runs"]}
-        lines += ["", f"Ready notifications (`fanout`, one redis-server, {fmt_num(fo['runs'][0]['messages'])} PUBLISHes "
-                  f"at {fmt_num(fo['runs'][0]['rate_per_s'])}/s to 0, 1 and 4 idle worker processes): Redis CPU "
-                  f"{fmt_num(idle[0]['redis_cpu_us_per_message'])} µs per message with no subscriber, "
-                  f"+{fmt_num(fo['redis_cpu_us_per_delivery'])} µs per delivery (the message and the empty claim it "
-                  f"triggers: {fmt_num(fo['claims_per_delivery'])} claims per delivery), and "
-                  f"{fmt_num(fo['worker_cpu_us_per_delivery'])} µs of worker CPU per delivery."]
+        lines += ["", f"Ready notifications (`fanout`, one redis-server, {num(fo['runs'][0]['messages'])} PUBLISHes "
+                  f"at {num(fo['runs'][0]['rate_per_s'])}/s to 0, 1 and 4 idle worker processes): Redis CPU "
+                  f"{num(idle[0]['redis_cpu_us_per_message'])} µs per message with no subscriber, "
+                  f"+{num(fo['redis_cpu_us_per_delivery'])} µs per delivery (the message and the empty claim it "
+                  f"triggers: {num(fo['claims_per_delivery'])} claims per delivery), and "
+                  f"{num(fo['worker_cpu_us_per_delivery'])} µs of worker CPU per delivery."]
     return "\n".join(lines)

@@ -18,8 +18,8 @@ import redis
 from scheduler import Client, JobState, LayoutChanged
 from scheduler.protocol.errors import ConfigError
 from scheduler.protocol.ids import decode_id, partition_of
-from scheduler.shell.servers import scheduler_proc
 from scheduler.shell.migrate import Migration, NotFinished, read_state
+from scheduler.shell.servers import scheduler_proc
 from scheduler.testing.transitions import Ops
 from tests.helpers import on_both_backends, snapshot, tombstones
 from tests.integration.test_worker_support import read_runs, spawn_worker, wait_for, wait_worker_ready, write_app
