@@ -3,7 +3,9 @@
 -- ARGV: 1-3 common; 4 queue name; 5 max jobs to claim; 6 request id (optional, '' for none);
 --       7 receipt ttl ms (with a request id); 8 an earlier request id of the same caller whose
 --       reply arrived, so its receipt can go now (optional, '' for none).
--- Returns: {now_ms, id, record, token, deadline_ms, due_ms, id, ...}; just {now_ms} when empty.
+-- Returns: {now_us, id, record, token, deadline_ms, due_ms, id, ...}; just {now_us} when empty.
+--   now_us: the server's TIME in microseconds, so a worker can start a job handed off ahead of
+--   its due time (tick's hand-off lead) at that time by Redis's clock, never before.
 --   due_ms: when this attempt became due (its fire time), for end-to-end lateness.
 -- Retry safety: with a request id, the claimed ids are kept in a receipt PREFIX.."cr:"..rid for
 -- the receipt ttl; a re-sent claim (same request id, e.g. after its reply was lost to a timeout)
@@ -19,13 +21,15 @@
 -- a bug or a hand edit makes one) is dropped from the list, never handed out twice.
 do local refused = layout_fence(); if refused then return refused end end
 local queue, n, rid = ARGV[4], tonumber(ARGV[5]), ARGV[6] or ''
-local now = now_ms()
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local now_us = fmt(tonumber(clock[1]) * 1000000 + tonumber(clock[2]))
 local receipt = rid ~= '' and PREFIX .. 'cr:' .. rid
 if (ARGV[8] or '') ~= '' then redis.call('DEL', PREFIX .. 'cr:' .. ARGV[8]) end
 if receipt then
   local prev = redis.call('GET', receipt)
   if prev then
-    local out = {now}
+    local out = {now_us}
     for s = 1, #prev, ID_LEN + 16 do
       local id, token = string.sub(prev, s, s + ID_LEN - 1), string.sub(prev, s + ID_LEN, s + ID_LEN + 15)
       token = fmt(tonumber(token))
@@ -40,11 +44,11 @@ if receipt then
   end
 end
 local ids = redis.call('RPOP', PREFIX .. 'r:' .. queue, n)
-if not ids then return {now} end
+if not ids then return {now_us} end
 local recs = redis.call('HMGET', K_J, unpack(ids))
 local running = redis.call('ZMSCORE', K_I, unpack(ids))
 local base = next_tokens(#ids) - 1
-local out, jargs, zargs, largs, kept = {now}, {}, {}, {}, {}
+local out, jargs, zargs, largs, kept = {now_us}, {}, {}, {}, {}
 for i, id in ipairs(ids) do
   local v = recs[i]
   if running[i] then

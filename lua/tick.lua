@@ -3,13 +3,17 @@
 -- ARGV: 1-3 common; 4 epoch (ownership fencing; 0 = unfenced); 5 batch limit; 6 tombstone ttl ms;
 --       7 number n of rate-limited queues (optional, default 0); then n pairs: queue name, tokens granted for this tick;
 --       then (optional) dead-letter retention: dead ttl ms (0 = keep), max dead jobs in this
---       partition (0 = no cap); then (optional) queue retirement: idle ms (0 = never retire names).
+--       partition (0 = no cap); then (optional) queue retirement: idle ms (0 = never retire names);
+--       then (optional) hand-off lead ms (default 0): timers due up to this long from now fire
+--       now, so a worker has them in hand at their due time and starts them on its own timer,
+--       never before due (workers/runner.py). Jobs handed off early keep their due time.
 -- Returns: {-1, newest_epoch} when the epoch is refused; else
 --          {moved, next_due_ms or -1, now_ms, n, (queue, tokens_used, held_now, newly_held) * n,
 --           c, cron names * c, k, (dropped dead id, its queue) * k, lateness_ms...}: the crons
 --          whose table of upcoming occurrences runs low (or ran out) and must be refilled by the
 --          caller (cron_fill); the dead jobs dropped by the retention rule (for the caller's log);
---          then one lateness value per fired job (now - its due time).
+--          then one lateness value per fired job (now - its due time; negative when handed off
+--          ahead of time).
 -- Cron occurrences: when one fires (or misfires), the cron's next occurrence is scheduled in this
 -- same script, so a cron always has exactly one pending occurrence. Occurrences missed during an
 -- outage are coalesced into one catch-up run (run_late) or counted as misfired (skip).
@@ -40,6 +44,7 @@ for i = 0, nlim - 1 do
 end
 local dead_ttl, max_dead = tonumber(ARGV[8 + nlim * 2] or '0'), tonumber(ARGV[9 + nlim * 2] or '0')
 local queue_idle = tonumber(ARGV[10 + nlim * 2] or '0')
+local horizon = now + tonumber(ARGV[11 + nlim * 2] or '0')
 -- queues no longer limited may still have held jobs: release them without a token limit
 local gauges = redis.call('HGETALL', K_G)
 for i = 1, #gauges, 2 do
@@ -100,7 +105,7 @@ for _, q in ipairs(lim_order) do
 end
 
 -- 2. due timers
-local due = redis.call('ZRANGE', K_T, '-inf', fmt(now), 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+local due = redis.call('ZRANGE', K_T, '-inf', fmt(horizon), 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
 local nd = #due / 2
 if nd > 0 then
   local has_moved = redis.call('HLEN', K_M) > 0

@@ -56,8 +56,10 @@ class FetchContext:
     pub/sub). ``send``: one round trip of script calls on a named lane. ``slots``: the free
     handler slots; take them before a claim round trip, give back what the reply did not fill,
     and wait on ``slots.wake``. ``outbox``: outcomes that may ride along with a claim.
-    ``dispatch(queue, partition, jobs, t0)``: hand claimed jobs to the runner (each holds one
-    slot; ``t0`` is when the claim was sent, monotonic). ``life``: stop state and the ``ready``
+    ``dispatch(queue, partition, jobs, t0, clock)``: hand claimed jobs to the runner (each holds
+    one slot; ``t0`` is when the claim was sent, monotonic; ``clock`` this host's monotonic time
+    minus the claim's Redis time in seconds, read when the reply arrived, so jobs handed off ahead
+    of their due time start at it; None: start at once). ``life``: stop state and the ``ready``
     event. ``idle_sweep``: seconds between safety-net sweeps. ``roundtrip(op, seconds)``: the
     round-trip histogram, if exported.
     """
@@ -69,7 +71,7 @@ class FetchContext:
     send: Send
     slots: Slots
     outbox: Outbox
-    dispatch: Callable[[str, int, list[Claimed], float], None]
+    dispatch: Callable[[str, int, list[Claimed], float, float | None], None]
     life: Lifecycle
     idle_sweep: float
     roundtrip: Callable[[str, float], None] | None
@@ -229,6 +231,7 @@ class PubSubFetch(Fetch):
 
     def _claimed(self, plan: list[Claim], replies: Sequence[Any], t0: float) -> NodeFailed | None:
         """Take a round trip's claim replies; returns the failure of a cluster node, if any."""
+        received = time.monotonic()
         slots, planner, dispatch = self.ctx.slots, self.planner, self.ctx.dispatch
         node_down: NodeFailed | None = None
         for item, reply in zip(plan, replies):
@@ -247,12 +250,12 @@ class PubSubFetch(Fetch):
                 if reply is not node_down:  # a node failure is logged once per outage by the loop
                     log.error("claim on partition %d queue %r failed: %s", p, q, reply)
                 continue
-            _, jobs = parse_claim(reply)
+            now_us, jobs = parse_claim(reply)
             got = len(jobs)
             slots.free += n - got
             planner.claimed(q, p, n, gen, got)
-            if got:
-                dispatch(q, p, jobs, t0)
+            if got:  # received - Redis's time: maps due times onto this host's monotonic clock
+                dispatch(q, p, jobs, t0, received - now_us / 1_000_000)
         return node_down
 
     # -- notifications --------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from scheduler.protocol.errors import PayloadError
 from scheduler.protocol.ids import encode_id
 from scheduler.protocol.replies import Claimed, backoff_delay_ms
 
+from .alarm import Alarm
 from .attempt import DONE, RELEASED, RUNNING, Attempt
 from .errors import PermanentError, Retry
 from .heartbeat import Heartbeats
@@ -97,24 +98,31 @@ class HandlerRunner:
         self.metrics = metrics
         self.max_payload_bytes = max_payload_bytes
         self.threads = threads
+        self.alarm = Alarm(loop)
         self.pool: ThreadPoolExecutor | None = None
         if any(spec is not None and not spec.is_async for spec in specs.values()):
             self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="zsched-handler")
 
     def close(self) -> None:
         """Stop the thread pool without waiting for threads still running a handler."""
+        self.alarm.close()
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
 
     # -- starting -------------------------------------------------------------------------------
-    def dispatch(self, q: str, p: int, jobs: list[Claimed], t0: float) -> None:
-        """Start the jobs one claim returned (sent at ``t0``, monotonic); each already holds a slot."""
+    def dispatch(self, q: str, p: int, jobs: list[Claimed], t0: float, clock: float | None = None) -> None:
+        """Start the jobs one claim returned (sent at ``t0``, monotonic); each already holds a slot.
+
+        ``clock``: this host's monotonic time minus Redis's time (seconds) for the node that ran
+        the claim, taken when its reply arrived, or None. A job handed off ahead of its due time
+        (the tier's hand-off lead) then starts when Redis's clock reaches its due time: Redis read
+        its clock somewhere between sending and this reply, so reading it as late as the reply
+        can only make the start later, never earlier (by at most the round trip)."""
         stats = self.qstats[q]
         stats.claimed += len(jobs)
         spec = self.specs[q]
         limit = self.max_payload_bytes
         create_task = self.loop.create_task
-        metrics = self.metrics
         hb = self.heartbeats
         for c in jobs:
             r = Attempt(p, q, c, spec, stats, t0)
@@ -140,14 +148,39 @@ class HandlerRunner:
                       rec.cron_nominal_ms, rec.cron_missed)
             r.job = job
             self.running.add(r)
-            if metrics is not None:
-                try:
-                    metrics.job_started(job)
-                except Exception:
-                    log.exception("metrics.job_started failed")
-            r.task = create_task(self._run_async(r) if spec.is_async else self._run_sync(r))
+            start_at = c.due_ms / 1000.0 + clock if clock is not None else 0.0
+            if start_at > time.monotonic():
+                r.task = create_task(self._start_when(r, start_at))
+            else:
+                self._started(r)
+                r.task = create_task(self._run_async(r) if spec.is_async else self._run_sync(r))
             if r.next_hb < hb.next_due:
                 hb.wake.set()
+
+    def _started(self, r: Attempt) -> None:
+        if self.metrics is not None and r.job is not None:
+            try:
+                self.metrics.job_started(r.job)
+            except Exception:
+                log.exception("metrics.job_started failed")
+
+    async def _start_when(self, r: Attempt, start_at: float) -> None:
+        """Run a job handed off ahead of its due time once this host's monotonic clock reaches
+        ``start_at`` (its due time by Redis's clock, see :meth:`dispatch`). The job holds its slot
+        and its lease (kept by the heartbeats) meanwhile; a shutdown hands it back unrun."""
+        try:
+            await self.alarm.at(start_at)
+            while (delay := start_at - time.monotonic()) > 0:  # never early, whatever woke us
+                await asyncio.sleep(delay)
+        except asyncio.CancelledError:
+            if r.state == RELEASED:
+                return  # shutdown handed the job back before it was due; nothing to report
+            self._finish_exc(r, CancelledByOther())
+            raise
+        spec = r.handler
+        assert spec is not None
+        self._started(r)
+        await (self._run_async(r) if spec.is_async else self._run_sync(r))
 
     def _poison(self, r: Attempt, etype: str, message: str) -> None:
         self.slots.free += 1

@@ -36,7 +36,7 @@ class Claimed:
 
 
 def parse_claim(reply: list[Any]) -> tuple[int, list[Claimed]]:
-    """``claim`` reply -> (redis now ms, jobs)."""
+    """``claim`` reply -> (Redis's clock in microseconds when it ran, jobs)."""
     now = int(reply[0])
     out: list[Claimed] = []
     for i in range(1, len(reply), 5):

@@ -112,13 +112,15 @@ class CronTable:
 
 # -- tick ----------------------------------------------------------------------------------------
 def tick_call(calls: Calls, partition: int, epoch: int, batch: int, tokens: Mapping[str, int],
-              retention: Retention) -> Call:
+              retention: Retention, lead_ms: int = 0) -> Call:
     """``tick``: fire up to ``batch`` due timers of ``partition``. ``tokens``: for every queue with
-    a rate limit (in the order the reply reports them), the tokens granted for this tick."""
+    a rate limit (in the order the reply reports them), the tokens granted for this tick.
+    ``lead_ms``: also hand off the timers due within this many ms (the workers hold them until
+    their due time)."""
     limited: list[Any] = [len(tokens)]
     for queue, granted in tokens.items():
         limited += [queue, granted]
-    return calls.call("tick", partition, epoch, batch, calls.tomb_ms, *limited, *retention)
+    return calls.call("tick", partition, epoch, batch, calls.tomb_ms, *limited, *retention, lead_ms)
 
 
 def parse_tick(reply: list[Any]) -> TickReply | EpochRefused:

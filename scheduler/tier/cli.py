@@ -25,6 +25,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--lease-ttl", type=float, default=float(os.environ.get("ZSCHED_LEASE_TTL", "5")),
                    help="etcd lease TTL in seconds (default 5): failover takes about this long")
     p.add_argument("--batch", type=int, default=1000, help="jobs moved per tick call (default 1000)")
+    p.add_argument("--handoff-lead", type=float, default=10.0, metavar="MS",
+                   help="hand jobs to the workers this many ms before they are due (default 10); the "
+                        "worker starts each at its due time, never before, so the hops in between do "
+                        "not make it late. 0: fire at the due time")
     p.add_argument("--redis-timeout", type=float, default=5.0, metavar="S",
                    help="socket timeout of a Redis call, seconds (default 5): a reply slower than this is "
                         "treated as lost and the call retried (ticks are epoch-fenced, so that is safe)")
@@ -42,6 +46,8 @@ def config_from_args(args: argparse.Namespace) -> SchedulerConfig:
     environment for what they leave out)."""
     if args.batch < 1 or args.batch > 5000:
         raise ValueError(f"--batch must be from 1 to 5000, got {args.batch}")
+    if not 0 <= args.handoff_lead <= 1000:
+        raise ValueError(f"--handoff-lead must be from 0 to 1000 ms, got {args.handoff_lead}")
     if not 0.01 <= args.redis_timeout <= 3600:
         raise ValueError(f"--redis-timeout must be from 0.01 to 3600 seconds, got {args.redis_timeout}")
     cfg = SchedulerConfig(
@@ -56,4 +62,5 @@ def config_from_args(args: argparse.Namespace) -> SchedulerConfig:
         redis_timeout=args.redis_timeout,
     )
     cfg.runner.batch = args.batch
+    cfg.runner.handoff_lead = args.handoff_lead / 1000.0
     return cfg

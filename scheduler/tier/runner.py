@@ -67,6 +67,11 @@ class RunnerConfig:
     idle_check: float = 1.0      # max sleep without a wake-up (lost pub/sub message safety net)
     reap_interval: float = 0.5   # reap at least this often while jobs are in flight
     min_sleep: float = 0.0005    # never spin: Redis may see the job due a hair later than we do
+    # Hand jobs to the workers this long before they are due: the hops between "due" and "a
+    # handler starts" (this loop's wake-up, the tick, the ready notification, the worker's
+    # claim) then happen ahead of time, and the worker starts the job on its own timer at its due
+    # time, never before it (workers/runner.py). 0 fires at the due time, as before.
+    handoff_lead: float = 0.010
     # Redis retry backoff cap. Short: a partition must fire again within a second of Redis
     # answering (a Redis Cluster failover takes 2-3 s; with a 2 s cap the first retry after it
     # could come ~2.5 s late). Each step already retries for the transport's budget (0.5 s), so an
@@ -304,7 +309,7 @@ class PartitionRunner:
         for q in [q for q in self._held if q not in limits]:
             del self._held[q]  # limit removed: tick releases what is held without tokens
         calls = [tick_call(self._core, self.partition, self.epoch, cfg.batch,
-                           {q: grants.get(q, 0) for q in limits}, self._retention())]
+                           {q: grants.get(q, 0) for q in limits}, self._retention(), round(cfg.handoff_lead * 1000))]
         do_reap = now_local >= self._next_reap
         if do_reap:
             calls.append(reap_call(self._core, self.partition, self.epoch, cfg.reap_batch))
@@ -377,8 +382,9 @@ class PartitionRunner:
         """How long to sleep after a tick that left no work for right now."""
         cfg = self._cfg
         sleep_for = cfg.idle_check
-        if tick.next_due_ms is not None:
-            sleep_for = min(sleep_for, (tick.next_due_ms - tick.now_ms) / 1000.0 - (time.monotonic() - received))
+        if tick.next_due_ms is not None:  # wake when the next timer enters the hand-off window
+            until_due = (tick.next_due_ms - tick.now_ms) / 1000.0 - cfg.handoff_lead
+            sleep_for = min(sleep_for, until_due - (time.monotonic() - received))
         if held_any:
             sleep_for = min(sleep_for, token_wait if token_wait != float("inf") else 0.01)
         sleep_for = min(sleep_for, max(0.0, self._next_reap - time.monotonic()), self._valid_for())

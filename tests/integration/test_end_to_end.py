@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from scheduler import Client, JobState
+from scheduler.protocol.ids import decode_id, run_at_of
 from scheduler.shell.servers import scheduler_proc
 from tests.helpers import on_both_backends
 from tests.integration.test_worker_support import read_runs, spawn_worker, wait_for, wait_worker_ready, write_app
@@ -45,6 +46,34 @@ async def test_jobs_for_the_next_seconds_run_once_each_at_their_time(
         assert all(client.get(j).state is JobState.DONE for j in list(due)[:20])
     finally:
         for p in workers + replicas:
+            p.stop()
+
+
+@on_both_backends
+async def test_jobs_handed_off_ahead_of_time_never_start_before_their_due_time(
+        backend_url: str, etcd_endpoint: str, tmp_path: Path) -> None:
+    """With a hand-off lead of 200 ms the tier puts jobs in the ready list well before they are
+    due and the worker claims them at once: each still starts at its due time by Redis's clock
+    (the same host clock here), never a microsecond before, and soon after it."""
+    client = Client.from_url(backend_url, namespace=NS, partitions=4).connect()
+    write_app(tmp_path)
+    replica = scheduler_proc(backend_url, etcd_endpoint, NS, "s0", ttl=2.0, extra=["--handoff-lead", "200"]).start()
+    worker = spawn_worker(tmp_path, backend_url, "--namespace", NS, "--concurrency", "64")
+    try:
+        await wait_worker_ready(worker)
+        t0 = time.time() + 1.0
+        jids = client.schedule_many([(t0 + i * 0.003, {"i": i}) for i in range(200)])
+        due_ms = {j: run_at_of(decode_id(j)) for j in jids}
+        await wait_for(lambda: len([r for r in read_runs(tmp_path) if r[0] == "END"]) >= 200, 20,
+                       what="all jobs to run")
+        starts = {r[1]: r[4] for r in read_runs(tmp_path) if r[0] == "START"}
+        assert set(starts) == set(jids)
+        early = {j: due_ms[j] - starts[j] * 1000 for j in jids if starts[j] * 1000 < due_ms[j]}
+        assert not early, f"{len(early)} job(s) started before their due time (ms early): {list(early.values())[:5]}"
+        late = sorted(starts[j] * 1000 - due_ms[j] for j in jids)
+        assert late[len(late) // 2] < 20, f"median lateness {late[len(late) // 2]:.2f} ms: the hand-off did not help"
+    finally:
+        for p in (worker, replica):
             p.stop()
 
 

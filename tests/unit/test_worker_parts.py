@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import time
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from scheduler.protocol import codec
 from scheduler.protocol.codes import FailKind
 from scheduler.protocol.replies import Claimed
 from workers import Job, PermanentError, Retry, Worker, WorkerStats
+from workers.alarm import Alarm
 from workers.attempt import DONE, RELEASED, RUNNING, Attempt
 from workers.heartbeat import Heartbeats
 from workers.lifecycle import Lifecycle
@@ -405,6 +407,77 @@ async def test_runner_hands_back_running_jobs_at_shutdown() -> None:
     assert all(t.done() and not t.cancelled() for t in cancelled)  # released: the handler ends quietly
     assert len(box.releases[0]) == 2 and not box.acks and not box.fails
     assert all(r.state == RELEASED for r in box.releases[0])
+
+
+def handed_off(n: int, due_in: float, redis_now_us: int = 1_700_000_000_000_000) -> tuple[Claimed, float]:
+    """A claim reply's job due ``due_in`` s after the claim's Redis time, and the dispatch clock
+    (this host's monotonic time minus that Redis time) as if the reply arrived just now."""
+    c = dataclasses.replace(claimed(n), due_ms=redis_now_us // 1000 + round(due_in * 1000))
+    return c, time.monotonic() - redis_now_us / 1_000_000
+
+
+async def test_a_job_handed_off_ahead_of_time_starts_at_its_due_time_never_before() -> None:
+    reg = HandlerRegistry()
+    started: list[float] = []
+
+    async def handler(job: Job) -> None:
+        started.append(time.monotonic())
+
+    reg.register("q", handler)
+    runner, box, slots = make_runner(reg)
+    c, clock = handed_off(1, 0.05)
+    due_local = c.due_ms / 1000 + clock  # the due time on this host's monotonic clock
+    slots.free -= 1
+    runner.dispatch("q", 0, [c], time.monotonic(), clock)
+    assert len(runner.running) == 1 and not started  # claimed, holding its slot, not started
+    await settle(runner)
+    assert len(started) == 1 and started[0] >= due_local, f"started {due_local - started[0]:.6f} s early"
+    assert started[0] - due_local < 0.05  # and not long after (a loose bound: the machine may be busy)
+    assert [int.from_bytes(r.raw_id, "big") for r in box.acks[0]] == [1] and slots.free == 4
+    # a job already due when its claim came back starts at once
+    late, clock = handed_off(2, -0.5)
+    runner.dispatch("q", 0, [late], time.monotonic(), clock)
+    await asyncio.sleep(0.01)
+    assert len(started) == 2
+    runner.close()
+
+
+async def test_a_job_held_for_its_due_time_is_handed_back_unrun_at_shutdown() -> None:
+    reg = HandlerRegistry()
+    ran: list[Job] = []
+
+    async def handler(job: Job) -> None:
+        ran.append(job)
+
+    reg.register("q", handler)
+    runner, box, _ = make_runner(reg)
+    c, clock = handed_off(1, 30.0)
+    runner.dispatch("q", 0, [c], time.monotonic(), clock)
+    await asyncio.sleep(0.01)
+    cancelled = runner.hand_back()
+    await asyncio.wait(cancelled, timeout=1)
+    assert all(t.done() and not t.cancelled() for t in cancelled)
+    assert not ran and [r.state for r in box.releases[0]] == [RELEASED] and not box.acks and not box.fails
+    runner.close()
+
+
+async def test_alarm_resolves_each_wait_at_its_time_in_order() -> None:
+    alarm = Alarm(asyncio.get_running_loop())
+    t0 = time.monotonic()
+    whens = [t0 + d for d in (0.03, 0.01, 0.02, 0.0)]
+    woke: dict[int, float] = {}
+
+    async def wait(i: int) -> None:
+        await alarm.at(whens[i])
+        woke[i] = time.monotonic()
+
+    await asyncio.wait_for(asyncio.gather(*(wait(i) for i in range(4))), 2)
+    assert all(woke[i] >= whens[i] for i in range(4))
+    assert sorted(woke, key=woke.__getitem__) == [3, 1, 2, 0]
+    cancelled = alarm.at(time.monotonic() + 0.01)
+    cancelled.cancel()  # a cancelled wait is skipped quietly when its time comes
+    await asyncio.sleep(0.03)
+    alarm.close()
 
 
 async def test_runner_releases_jobs_claimed_while_stopping() -> None:
