@@ -41,7 +41,9 @@ local function cron_schedule(ck, name, nominal, fire, missed)
   local seq = redis.call('HINCRBY', K_META, 'cronseq', 1)
   -- Lua-made ids: h = crc32(name), so the occurrence lives where its cron does under any
   -- partition count; top bit of the random part set, so they never collide with client-made ids
-  local id = p48(fire) .. p32(tonumber(c[4])) .. string.char(128 + math.floor(seq / 4294967296) % 128) .. p32(seq % 4294967296)
+  -- (a cron stored before 'h' existed: h = the partition number names this partition too)
+  local h = tonumber(c[4] or PART)
+  local id = p48(fire) .. p32(h) .. string.char(128 + math.floor(seq / 4294967296) % 128) .. p32(seq % 4294967296)
   local head = c[1]
   local rec = p16(queue_index(c[3])) .. string.sub(head, 3, 4) .. string.char(string.byte(head, 5) + 4 + 16) ..
     string.sub(head, 6) .. string.char(#key) .. key .. p48(nominal) .. p16(missed) .. c[2]

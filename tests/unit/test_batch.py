@@ -11,7 +11,7 @@ from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError
 
 from scheduler.protocol.batch import NO_TAIL, Batch, any_ran, merge_tails, not_run
 from scheduler.protocol.routing import slot_of
-from scheduler.protocol.scripts import load_scripts
+from scheduler.protocol.scripts import assemble, load_scripts
 
 
 class _Parser(BaseParser):
@@ -93,3 +93,18 @@ def test_a_round_trip_in_which_no_call_ran_does_not_answer_for_the_batch() -> No
     assert any_ran([moved, ["id"]]) and any_ran([ResponseError("ERR user_script:1: boom")])
     assert merge_tails([NO_TAIL, 1]) == 1
     assert merge_tails([NO_TAIL]) is None
+
+
+def test_a_script_carries_only_the_helpers_its_code_uses_not_those_named_in_comments() -> None:
+    lib = "\n".join([
+        "-- used_helper: mentions unused_helper in a comment only",
+        "local function used_helper() return 'x -- not a comment' .. other() end",
+        "local function other() return 1 end  -- unused_helper again",
+        "local function unused_helper() return 2 end",
+        "local BIG = {'a', 'b'}",
+    ])
+    script = assemble(lib, "-- calls unused_helper? no:\nreturn used_helper()")
+    assert "local function used_helper" in script and "local function other" in script
+    assert "local function unused_helper" not in script and "BIG" not in script
+    # every shipped script is assembled this way: schedule no longer carries queue retirement
+    assert "retire_queues" not in load_scripts()["schedule"].source
