@@ -107,4 +107,4 @@ def test_a_script_carries_only_the_helpers_its_code_uses_not_those_named_in_comm
     assert "local function used_helper" in script and "local function other" in script
     assert "local function unused_helper" not in script and "BIG" not in script
     # every shipped script is assembled this way: schedule no longer carries queue retirement
-    assert "retire_queues" not in load_scripts()["schedule"].source
+    assert "local function retire_queues" not in load_scripts()["schedule"].source
