@@ -36,6 +36,9 @@ def add_parsers(sub: SubParsers) -> None:
                    metavar="N", help=f"the new partition count (1-{MAX_PARTITIONS})")
     p.add_argument("--batch", type=number("a batch size", 10, 100_000, integer=True), default=2000, metavar="N",
                    help="jobs one script call moves (default 2000: a few ms of Redis time per call)")
+    p.add_argument("--takeover", action="store_true",
+                   help="take over from a run that died (kill -9, lost host) without waiting up to 60 s for "
+                        "its lock to expire; never use it while another run is alive")
     p.add_argument("--wait-running", type=number("seconds", 0, 86_400), default=600.0, metavar="S",
                    help="how long to wait for jobs running when it started to finish (default 600)")
 
@@ -45,7 +48,8 @@ def _migrate(client: Client, args: argparse.Namespace) -> int:
         if not args.json:
             print(line, file=sys.stderr, flush=True)
 
-    report = Migration(client, args.to, batch=args.batch, wait_running=args.wait_running, progress=progress).run()
+    report = Migration(client, args.to, batch=args.batch, wait_running=args.wait_running, progress=progress,
+                       takeover=args.takeover).run()
     if args.json:
         print_json({"namespace": report.namespace, "from": report.old, "to": report.new, "resumed": report.resumed,
                     "moved": report.moved, "already_in_place": report.skipped, "reaped": report.reaped,

@@ -33,6 +33,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import LockError
+from redis.lock import Lock
+
 from ..client import Client
 from ..protocol.calls import Calls
 from ..protocol.keys import PARTITION_KEYS, Keyspace, validate_partitions
@@ -41,6 +44,7 @@ from .admin import AdminError, BadInput, NotFound
 BATCH = 2000          # entries one migrate_out call moves (bounded time per script: a few ms)
 DELIVER_CHUNK = 500   # entries per migrate_in call
 REAP_LIMIT = 1000
+LOCK_TTL = 60.0       # seconds the run's lock lives without a renewal (renewed every round)
 
 
 class NotFinished(AdminError):
@@ -76,7 +80,9 @@ class Migration:
     """One run of ``zsched migrate-partitions`` (see the module docstring)."""
 
     def __init__(self, client: Client, to: int, *, batch: int = BATCH, wait_running: float = 600.0,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None, takeover: bool = False) -> None:
+        """``takeover``: take the namespace's migration lock from a run that died (it expires by
+        itself LOCK_TTL seconds after its holder's last round)."""
         try:
             self.to = validate_partitions(to)
         except ValueError as exc:
@@ -85,9 +91,45 @@ class Migration:
         self.batch = batch
         self.wait_running = wait_running
         self.progress = progress or (lambda line: None)
+        self._lock: Lock | None = None
+        self.takeover = takeover
 
     # -- phases -------------------------------------------------------------------------------
     def run(self) -> Report:
+        """Run (or resume) the migration; see the module docstring. One run at a time per
+        namespace: a redis-py lock (``{ns}:migrate-lock``, renewed every round) refuses a second
+        one, which would deliver the same outbox twice."""
+        lock = self.client.redis.lock("{%s}:migrate-lock" % self.client.keyspace.namespace,
+                                      timeout=LOCK_TTL, blocking=False)
+        if not lock.acquire():
+            if not self.takeover:
+                raise BadInput(f"another zsched migrate-partitions is running on namespace "
+                               f"{self.client.keyspace.namespace!r}, or one died less than {LOCK_TTL:g} s ago; "
+                               "wait for it (then run this again), or pass --takeover if that run is dead "
+                               "(killed, its host lost)")
+            self.client.redis.delete(lock.name)  # the operator says the holder is dead
+            if not lock.acquire():
+                raise BadInput("could not take over the migration lock: another run took it just now")
+        self._lock = lock
+        try:
+            return self._run()
+        finally:
+            try:
+                lock.release()
+            except LockError:  # expired meanwhile: nothing to release
+                pass
+
+    def _renew(self) -> None:
+        """Keep the run's lock; raise NotFinished if another run took it over meanwhile."""
+        if self._lock is None:
+            return
+        try:
+            self._lock.reacquire()
+        except LockError:
+            raise NotFinished("this run lost its lock on the namespace (stalled for more than "
+                              f"{LOCK_TTL:g} s?) and stopped; run the same command again") from None
+
+    def _run(self) -> Report:
         t0 = time.monotonic()
         client = self.client
         ns = client.keyspace.namespace
@@ -144,6 +186,7 @@ class Migration:
         delivered: dict[int, list[bytes]] = {}
         last_line = time.monotonic()
         while pending:
+            self._renew()
             order = sorted(pending)
             replies = transport.call_many([calls.call("migrate_out", p, self.to, self.batch, *delivered.get(p, ()))
                                            for p in order])
@@ -184,6 +227,7 @@ class Migration:
                           f"them to finish (up to {self.wait_running:g} s; expired leases are reaped)")
         deadline = time.monotonic() + self.wait_running
         while busy:
+            self._renew()
             reaps = [calls.call_unfenced("reap", p, 0, REAP_LIMIT) for p in busy]
             report.reaped += sum(int(r[0]) for r in self.client.transport.call_many(reaps) if int(r[0]) > 0)
             busy = self._running(ks)

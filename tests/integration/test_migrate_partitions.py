@@ -18,6 +18,7 @@ import redis
 from scheduler import Client, JobState, LayoutChanged
 from scheduler.protocol.errors import ConfigError
 from scheduler.protocol.ids import decode_id, partition_of
+from scheduler.shell.admin import BadInput
 from scheduler.shell.migrate import Migration, NotFinished, read_state
 from scheduler.shell.servers import scheduler_proc
 from scheduler.testing.transitions import Ops
@@ -152,8 +153,11 @@ def test_100k_jobs_survive_a_kill_9_and_an_interrupted_round(redis_url: str) -> 
         c.schedule(0, "during")
     assert refused.value.migrating
 
+    # the killed run's lock stands: a new run waits for it to expire, or takes over when told to
+    with pytest.raises(BadInput, match="--takeover"):
+        Migration(c, 16).run()
     # a run whose delivery fails: migrate_out filled the outboxes, migrate_in never ran
-    m = Migration(c, 16, batch=500)
+    m = Migration(c, 16, batch=500, takeover=True)
     orig = c.transport.call_many
 
     def broken(calls: Any, **kw: Any) -> Any:
@@ -285,3 +289,19 @@ async def test_a_running_stack_pauses_for_a_migration_and_runs_every_job_once_af
         for p in procs:
             p.stop()
         client.close()
+
+
+def test_a_second_run_at_the_same_time_is_refused(redis_url: str) -> None:
+    """Two runs would deliver the same outbox twice: the second is refused while the first holds
+    the namespace's lock, and may go once it is gone."""
+    c = Client.from_url(redis_url, namespace="lock", partitions=2).connect()
+    c.schedule_many([(time.time() + 60, i) for i in range(50)])
+    held = c.redis.lock("{lock}:migrate-lock", timeout=60, blocking=False)
+    assert held.acquire()
+    with pytest.raises(BadInput, match="another zsched migrate-partitions is running"):
+        Migration(c, 4).run()
+    assert read_state(c) == (2, None, None), "a refused run changes nothing"
+    held.release()
+    assert Migration(c, 4).run().moved > 0
+    assert not c.redis.exists("{lock}:migrate-lock")
+    c.close()
