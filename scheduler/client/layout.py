@@ -32,9 +32,15 @@ S = TypeVar("S", bound=Reloads)
 A = TypeVar("A", bound=AsyncReloads)
 
 
-def refusal(exc: ResponseError) -> LayoutChanged | None:
-    """The layout fence's refusal carried by ``exc``, if it is one."""
-    return LayoutChanged.from_reply(exc)
+def reload_needed(exc: ResponseError) -> None:
+    """Return when ``exc`` is the layout fence's refusal after a finished migration (the caller
+    re-reads the count and runs once more); raise it as LayoutChanged during one, and raise
+    ``exc`` itself when it is anything else."""
+    refused = LayoutChanged.from_reply(exc)
+    if refused is None:
+        raise exc
+    if refused.migrating:
+        raise refused from None
 
 
 def follows_layout(method: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
@@ -45,11 +51,7 @@ def follows_layout(method: Callable[Concatenate[S, P], R]) -> Callable[Concatena
         try:
             return method(self, *args, **kwargs)
         except ResponseError as exc:
-            refused = refusal(exc)
-            if refused is None:
-                raise
-            if refused.migrating:
-                raise refused from None
+            reload_needed(exc)
             self.reload_layout()
         return method(self, *args, **kwargs)
     return wrapper
@@ -63,14 +65,10 @@ def follows_layout_async(method: Callable[Concatenate[A, P], Awaitable[R]]
         try:
             return await method(self, *args, **kwargs)
         except ResponseError as exc:
-            refused = refusal(exc)
-            if refused is None:
-                raise
-            if refused.migrating:
-                raise refused from None
+            reload_needed(exc)
             await self.reload_layout()
         return await method(self, *args, **kwargs)
     return wrapper
 
 
-__all__ = ["follows_layout", "follows_layout_async", "refusal"]
+__all__ = ["follows_layout", "follows_layout_async", "reload_needed"]
