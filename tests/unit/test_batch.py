@@ -11,7 +11,7 @@ from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError
 
 from scheduler.protocol.batch import NO_TAIL, Batch, any_ran, merge_tails, not_run
 from scheduler.protocol.routing import slot_of
-from scheduler.protocol.scripts import assemble, load_scripts
+from scheduler.protocol.scripts import assemble, load_scripts, strip_comments
 
 
 class _Parser(BaseParser):
@@ -108,3 +108,17 @@ def test_a_script_carries_only_the_helpers_its_code_uses_not_those_named_in_comm
     assert "local function unused_helper" not in script and "BIG" not in script
     # every shipped script is assembled this way: schedule no longer carries queue retirement
     assert "local function retire_queues" not in load_scripts()["schedule"].source
+
+
+def test_scripts_reach_redis_without_their_comments_but_with_every_string_intact() -> None:
+    src = "\n".join([
+        "-- a header comment",
+        "",
+        "local s = 'a -- b' .. \"c -- d\"  -- trailing",
+        "local e = 'it\\'s -- kept'",
+        "   -- indented comment",
+        "return s",
+    ])
+    assert strip_comments(src) == "local s = 'a -- b' .. \"c -- d\"\nlocal e = 'it\\'s -- kept'\nreturn s\n"
+    for script in load_scripts().values():
+        assert "\n--" not in script.source and not script.source.startswith("--"), script.name
