@@ -39,8 +39,11 @@ def rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
                 _fmt(_get(pg, "enqueue", "one_jobs_per_s")), ">= 8 000"))
     for m in core.get("memory", []) or []:
         pgm = next((d for d in (pg.get("disk") or []) if d.get("pending_jobs") == m["pending_jobs"]), None)
+        fixed = m.get("namespace_fixed_bytes")
+        once = f" (+ {_fmt(round(fixed / 1000))} KB once per namespace)" if fixed else ""
         out.append(("W2 memory", f"bytes per pending job at {m['pending_jobs']:_}".replace("_", " "),
-                    _fmt(m["bytes_per_job"]), _fmt(_get(pgm, "bytes_per_job")) + (" (disk)" if pgm else ""), "<= 256"))
+                    _fmt(m["bytes_per_job"]) + once, _fmt(_get(pgm, "bytes_per_job")) + (" (disk)" if pgm else ""),
+                    "<= 256"))
     for t in core.get("tombstone", []) or []:
         key = f", {t['key_bytes']}-byte key" if t.get("key_bytes") else ""
         out.append(("W2 memory", f"bytes per finished job (tombstone summary{key})",

@@ -107,8 +107,10 @@ def rows(peers: dict[str, Any], zsched: dict[str, Any] | None = None) -> list[Ro
                  f"({fmt(get(ce, 'enqueue', 'queue_list_bytes_per_job'))} queued, no worker)" if cm else "n/a")
         queued = get(hm, "queue_list_bytes_per_job")
         htext = fmt(hb) + (f" ({fmt(queued)} before the consumer ran)" if queued else "")
+        fixed = get(zm, "namespace_fixed_bytes")
+        ztext = fmt(zb) + (f" (+ {fmt(round(fixed / 1000))} KB once per namespace)" if fixed else "")
         out.append(row("W2 memory", f"Redis bytes per pending job at {n:,}".replace(",", " "), zb, hb, cb, False,
-                       (fmt(zb), htext, ctext)))
+                       (ztext, htext, ctext)))
     zd = by(z["drain"], "worker_processes", 1)
     hd, cd = get(hu, "drain", 0), get(ce, "drain", 0)
 
