@@ -8,11 +8,13 @@ of all; ``python -m bench.soak --results`` also writes its section of RESULTS.md
 redis-server vs a 3-master Redis Cluster: firing, drain, Redis CPU per job per shard; not part of
 all; without --quick it writes its section of RESULTS.md), migrate (``zsched migrate-partitions``
 16 -> 64 partitions with 1 M jobs on 1 node and 300 000 on a 3-master cluster: moved/s, Redis CPU,
-memory; not part of all), all.
+memory; not part of all), kit (the in-process test kit, scheduler.testing on fakeredis: 1 000
+schedule -> run_due -> ack cycles, batched and one by one; no server; not part of all), all.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import time
 from pathlib import Path
@@ -21,11 +23,12 @@ from typing import Any
 from bench import common
 
 SUITES = ("core", "drain", "lateness", "herd", "scale", "failover", "pg", "peers", "transport", "soak", "cluster",
-          "migrate")
+          "migrate", "kit")
 # transport needs git and the old commit (minutes of interleaved runs); soak runs 30 minutes;
 # cluster needs redis-cli and takes about 15 minutes of alternating rounds
 # migrate fills 2.6 M jobs over 4 fresh servers (an admin operation, not a workload)
-NOT_IN_ALL = ("transport", "soak", "cluster", "migrate")
+NOT_IN_ALL = ("transport", "soak", "cluster", "migrate", "kit")
+RUN_QUICK = {"peers": "bench.peers", "transport": "bench.transport_compare", "kit": "bench.kit"}
 
 
 def run_suite(name: str, quick: bool, memory_sizes: list[int]) -> Any:
@@ -57,15 +60,11 @@ def run_suite(name: str, quick: bool, memory_sizes: list[int]) -> Any:
     if name == "pg":
         from bench import pg_baseline
         return pg_baseline.run(argparse.Namespace(quick=quick))
-    if name == "peers":
-        from bench import peers
-        return peers.run(quick)
+    if name in RUN_QUICK:  # modules whose run(quick) is the suite
+        return importlib.import_module(RUN_QUICK[name]).run(quick)
     if name == "soak":
         from bench import soak
         return soak.run(3.0 if quick else 30.0)
-    if name == "transport":
-        from bench import transport_compare
-        return transport_compare.run(quick)
     if name == "cluster":
         from bench import cluster
         out = cluster.run(quick)

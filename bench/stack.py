@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,10 +74,10 @@ class Stack:
         if self.own_redis:
             self.redis_srv.stop()
 
-    def start_schedulers(self, n: int) -> None:
+    def start_schedulers(self, n: int, extra: Sequence[str] = ()) -> None:
         for _ in range(n):
             self.schedulers.append(scheduler_proc(self.url, self.etcd.endpoint, NS, f"s{len(self.schedulers)}",
-                                                  ttl=self.lease_ttl).start())
+                                                  ttl=self.lease_ttl, extra=extra).start())
         self.wait_owned()
 
     def owners(self) -> dict[int, str]:
@@ -101,10 +102,10 @@ class Stack:
             time.sleep(0.1)
         raise RuntimeError(f"partitions not settled: {self.owners()}")
 
-    def start_workers(self, n: int, concurrency: int = 16) -> None:
+    def start_workers(self, n: int, concurrency: int = 16, extra: Sequence[str] = ()) -> None:
         for _ in range(n):
             rec = self.tmp / f"worker-{len(self.workers)}.txt"
-            p = ZschedProc(["worker", "bench.handlers:worker", "--redis", self.url, "--namespace", NS],
+            p = ZschedProc(["worker", "bench.handlers:worker", "--redis", self.url, "--namespace", NS, *extra],
                            env={"BENCH_RECORD": str(rec), "BENCH_CONCURRENCY": str(concurrency),
                                 "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
                            cwd=str(Path(__file__).resolve().parent.parent)).start()

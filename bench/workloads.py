@@ -55,10 +55,13 @@ def w3_drain(jobs: int = 20_000, workers: int = 1, replicas: int = 2) -> dict[st
         return out
 
 
-def w4_lateness(jobs: int, span: float = 20.0, workers: int = 1, replicas: int = 2) -> dict[str, Any]:
+def w4_lateness(jobs: int, span: float = 20.0, workers: int = 1, replicas: int = 2, lead_ms: float | None = None,
+                prefetch: int | None = None) -> dict[str, Any]:
+    """W4: ``jobs`` spread over ``span`` s; handler start - run_at. ``lead_ms``: the replicas'
+    ``--handoff-lead``, ``prefetch``: the workers' ``--prefetch`` (None: their defaults)."""
     with Stack() as st:
-        st.start_schedulers(replicas)
-        st.start_workers(workers)
+        st.start_schedulers(replicas, [] if lead_ms is None else ["--handoff-lead", str(lead_ms)])
+        st.start_workers(workers, extra=[] if prefetch is None else ["--prefetch", str(prefetch)])
         start = time.time() + 2
         rnd = random.Random(7)
         times = sorted(start + rnd.random() * span for _ in range(jobs))
@@ -68,7 +71,8 @@ def w4_lateness(jobs: int, span: float = 20.0, workers: int = 1, replicas: int =
         time.sleep(0.5)
         after = st.firing_buckets()
         records = st.stop_workers()
-        out = {"jobs": jobs, "rate_per_s": round(jobs / span), "worker_processes": workers, "replicas": replicas}
+        out = {"jobs": jobs, "rate_per_s": round(jobs / span), "worker_processes": workers, "replicas": replicas,
+               "handoff_lead_ms": lead_ms, "prefetch": prefetch}
         out.update(records_summary(records, ids))
         out["firing_lateness"] = bucket_summary(before, after)
         return out

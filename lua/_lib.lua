@@ -51,6 +51,17 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+-- A run_at argument: absolute epoch ms, or "ESTrDELTA" for a time relative to now (a timedelta
+-- in the client): due at now + DELTA ms by this script's clock (TIME), so a producer whose clock is
+-- off fires nothing early. Returns the due ms and, for a relative time, the client's estimate EST
+-- of it (Redis clock; schedule keeps it when close, as its id embeds it). Errors on anything else.
+local function resolve_at(arg, now)
+  local at = tonumber(arg)
+  if at then return at, nil end
+  local est, delta = string.match(arg, '^(%d+)r(%-?%d+)$')
+  if not est then error('zsched: run_at must be epoch ms or "ESTrDELTA", got ' .. tostring(arg)) end
+  return now + tonumber(delta), tonumber(est)
+end
 -- integers as decimal strings: tostring() would switch to exponent notation past 14 digits
 local function fmt(n) return string.format('%d', n) end
 local function u16(s, i) local a, b = string.byte(s, i, i + 1); return a * 256 + b end

@@ -2,7 +2,9 @@
 -- _lib.lua and _lib_finish.lua as one library (scheduler/protocol/scripts.py).
 
 -- Cron: definitions live in PREFIX.."cron:"..NAME (fields: def, head, tail, queue, h, times, fires,
--- pending, last, last_at, ver; h = placement hash of the name, the h of every occurrence id); PREFIX.."crons" is the set of names. 'times'/'fires' hold the
+-- pending, last, last_at, ver, paused, missed; h = placement hash of the name, the h of every occurrence id;
+-- missed = occurrences that did not run at their time since the cron was created: coalesced into a
+-- run_late catch-up run or dropped by skip, counted by cron_advance); PREFIX.."crons" is the set of names. 'times'/'fires' hold the
 -- upcoming occurrences after the pending one (6-byte nominal / jittered fire ms each), computed
 -- by Python (croniter, time zones); Lua only consumes them.
 local CRON_TABLE_LOW = 8
@@ -68,6 +70,9 @@ local function cron_advance(id, rec, now, skipped)
   local times, fires = c[2] or '', c[3] or ''
   local n, i = #times / 6, 0
   while i < n and u48(fires, i * 6 + 1) <= now do i = i + 1 end
+  -- the cron's missed counter: the passed table entries, and the pending one itself when it misfired
+  local missed = i + (skipped and 1 or 0)
+  if missed > 0 then redis.call('HINCRBY', ck, 'missed', missed) end
   if i > 0 then
     local grace = rec_opts(rec)
     if grace or skipped then

@@ -2,8 +2,14 @@
 -- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; 4 queue name; 5 max jobs to claim; 6 request id (optional, '' for none);
 --       7 receipt ttl ms (with a request id); 8 an earlier request id of the same caller whose
---       reply arrived, so its receipt can go now (optional, '' for none).
--- Returns: {now_us, id, record, token, deadline_ms, due_ms, id, ...}; just {now_us} when empty.
+--       reply arrived, so its receipt can go now (optional, '' for none); 9 the most jobs that
+--       are already due (due_ms <= now) to take (optional, default: all of them): a worker
+--       claims jobs handed off ahead of their due time into its prefetch allowance and the due
+--       ones only into free handler slots. Jobs are taken in list order; at the first due job
+--       over that limit the claim stops and it and the rest go back to the consuming end of the
+--       list, in their order.
+-- Returns: {now_us, id, record, token, deadline_ms, due_ms, id, ...}; just {now_us} when empty;
+--   {now_us, paused_since_ms} (2 elements) when the queue is paused (PREFIX..'paused', lua/pause.lua).
 --   now_us: the server's TIME in microseconds, so a worker can start a job handed off ahead of
 --   its due time (tick's hand-off lead) at that time by Redis's clock, never before.
 --   due_ms: when this attempt became due (its fire time), for end-to-end lateness.
@@ -18,7 +24,8 @@
 -- the record. Tokens come from next_tokens (a per-partition counter kept above the server clock
 -- in microseconds): every claim of a job gets a larger token, which is the job's fence, even
 -- after Redis lost recent writes. An id that is already running (a duplicate ready entry: only
--- a bug or a hand edit makes one) is dropped from the list, never handed out twice.
+-- a bug or a hand edit makes one) is dropped from the list, never handed out twice. A job over
+-- the due limit (ARGV 9) leaves the list only to go back to the same place in the same script.
 do local refused = layout_fence(); if refused then return refused end end
 local queue, n, rid = ARGV[4], tonumber(ARGV[5]), ARGV[6] or ''
 local clock = redis.call('TIME')
@@ -43,9 +50,32 @@ if receipt then
     return out
   end
 end
+-- A paused queue (lua/pause.lua) hands out nothing: its jobs wait in the ready list (tick keeps
+-- filling it; misfire is decided there, never here, so waiting out a pause misfires nothing).
+local paused = redis.call('HGET', PREFIX .. 'paused', queue)
+if paused then return {now_us, tonumber(paused)} end
 local ids = redis.call('RPOP', PREFIX .. 'r:' .. queue, n)
 if not ids then return {now_us} end
 local recs = redis.call('HMGET', K_J, unpack(ids))
+local max_due = tonumber(ARGV[9] or '')
+if max_due and max_due < #ids then
+  -- Keep the first due job over the limit and everything after it in the list, in order (RPOP
+  -- took them from the tail: pushing them back last-first puts the first back at the tail).
+  local due_n, stop = 0, nil
+  for i = 1, #ids do
+    local v = recs[i]
+    if v and u48(v, 1) <= now then
+      due_n = due_n + 1
+      if due_n > max_due then stop = i; break end
+    end
+  end
+  if stop then
+    local back = {}
+    for i = #ids, stop, -1 do back[#back + 1] = ids[i]; ids[i] = nil; recs[i] = nil end
+    redis.call('RPUSH', PREFIX .. 'r:' .. queue, unpack(back))
+    if #ids == 0 then return {now_us} end
+  end
+end
 local running = redis.call('ZMSCORE', K_I, unpack(ids))
 local base = next_tokens(#ids) - 1
 local out, jargs, zargs, largs, kept = {now_us}, {}, {}, {}, {}

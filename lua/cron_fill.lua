@@ -6,7 +6,7 @@
 --       7 count n; then n pairs: nominal ms, fire ms, ascending, all after the table's last entry.
 -- Returns: {-1, newest_epoch} when refused; {0} when the cron changed or vanished meanwhile (the
 --          caller recomputes); {1, pending id} otherwise.
--- Invariants: never creates a second pending occurrence; occurrences already in the table are
+-- Invariants: never creates a second pending occurrence, nor one for a paused cron; occurrences already in the table are
 -- not duplicated (only later ones are appended).
 do local refused = layout_fence(); if refused then return refused end end
 local refused = check_epoch(tonumber(ARGV[4]))
@@ -15,6 +15,8 @@ local name, ver, n = ARGV[5], ARGV[6], tonumber(ARGV[7])
 local ck = PREFIX .. 'cron:' .. name
 local c = redis.call('HMGET', ck, 'ver', 'pending', 'times', 'fires', 'pnom')
 if c[1] ~= ver then return {0} end
+-- a paused cron (cron_pause) gets no occurrence until cron_resume
+if redis.call('HEXISTS', ck, 'paused') == 1 then return {0} end
 local times, fires = c[3] or '', c[4] or ''
 local last = -1
 if c[2] and c[2] ~= '' then last = tonumber(c[5] or '-1') end

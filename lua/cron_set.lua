@@ -6,7 +6,8 @@
 --       scheduler/protocol/ids.py); then n pairs: nominal ms, fire ms (jitter applied), ascending.
 -- Returns: the id of the pending occurrence.
 -- Invariants: afterwards the cron has exactly one pending occurrence (the first pair); a replaced
--- cron's pending occurrence is cancelled first (unless it is already running: it finishes).
+-- cron's pending occurrence is cancelled first (unless it is already running: it finishes); a
+-- paused cron that is replaced is active again.
 do local refused = layout_fence(); if refused then return refused end end
 local name, queue, def, head, tail, ttl, n = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
 local now = now_ms()
@@ -21,6 +22,7 @@ for i = 2, n do
 end
 redis.call('HSET', ck, 'def', def, 'head', head, 'tail', tail, 'queue', queue, 'h', ARGV[11],
   'times', table.concat(times), 'fires', table.concat(fires), 'pending', '')
+redis.call('HDEL', ck, 'paused') -- replacing a paused cron resumes it
 redis.call('SADD', PREFIX .. 'crons', name)
 local id = cron_schedule(ck, name, tonumber(ARGV[12]), tonumber(ARGV[13]), 0)
 flush_bumps()

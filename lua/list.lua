@@ -3,7 +3,11 @@
 -- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; 4 state: 'scheduled', 'ready', 'running' or 'dead'; 5 queue name; 6 limit
 --       (at most this many jobs); 7 position ('' = from the start, else a position this script
---       returned for the same state and queue); 8 scan budget: examine at most this many entries.
+--       returned for the same state and queue); 8 scan budget: examine at most this many entries;
+--       9, 10 (optional, 'scheduled' only): run_at range, inclusive epoch ms from / to ('' = open
+--       end). Both of the state's sets are scored by run_at (due time for 'h'), so the range is
+--       pushed into the read: the walk starts at the first member at or after 'from' and stops at
+--       the last at or before 'to' (ranks by ZCOUNT, O(log n)); the budget is spent only inside it.
 -- Returns: {next position, or '' when this partition has nothing more; then 6 values per job:
 --          id, record, score, token or false, error or false, due ms}. score as in inspect (run_at,
 --          due time, lease deadline, time of death); token: running jobs' fence. Fewer than
@@ -22,7 +26,7 @@
 -- Sorted-set positions are exclusive (score, id) pairs, found again by binary search (O(log n)):
 -- a job that stays where it is is listed exactly once across pages, a job that moves between
 -- pages (fired, claimed, retried, extended) may be missed or listed again in its new place.
--- Work per call: O(log n) to find the position, then at most 'budget' entries.
+-- Work per call: O(log n) to find the position (and the range's ends), then at most 'budget' entries.
 -- Invariants: read-only (no key is written); examines at most ARGV[8] entries per call.
 do local refused = layout_fence(); if refused then return refused end end
 local state, queue, limit, pos, budget = ARGV[4], ARGV[5], tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
@@ -38,6 +42,13 @@ if pos ~= '' then
     from_score, from_id = string.sub(pos, 2, -ID_LEN - 2), string.sub(pos, -ID_LEN)
     if not tonumber(from_score) then return redis.error_reply('zsched: list: malformed position') end
   end
+end
+local rmin, rmax = ARGV[9] or '', ARGV[10] or ''
+if (rmin ~= '' and not tonumber(rmin)) or (rmax ~= '' and not tonumber(rmax)) then
+  return redis.error_reply('zsched: list: bad run_at range')
+end
+if (rmin ~= '' or rmax ~= '') and state ~= 'scheduled' then
+  return redis.error_reply('zsched: list: a run_at range is for state scheduled only')
 end
 local want = ({scheduled = 'ht', ready = 'r', running = 'i', dead = 'd'})[state]
 if not want then return redis.error_reply('zsched: list: unknown state ' .. tostring(state)) end
@@ -68,13 +79,19 @@ local function rank_after(key, score, id)
 end
 
 -- Walk a sorted set from after (score, id), calling keep(member, score) per entry, until the page
--- is full or the budget is spent. Returns the last (score, id) examined (nil if none) and whether
--- the set was exhausted.
+-- is full or the budget is spent, within the run_at range (rmin, rmax) when one is given. Returns
+-- the last (score, id) examined (nil if none) and whether the set (or range) was exhausted.
 local function walk(key, score, id, keep)
   local r = score and rank_after(key, score, id) or 0
+  if rmin ~= '' then r = math.max(r, redis.call('ZCOUNT', key, '-inf', '(' .. rmin)) end
+  local stop = rmax ~= '' and redis.call('ZCOUNT', key, '-inf', rmax) or nil -- first rank past the range
   local ls, lid = nil, nil
   while found < limit and examined < budget do
     local n = math.min(200, budget - examined)
+    if stop then
+      n = math.min(n, stop - r)
+      if n <= 0 then return ls, lid, true end
+    end
     local chunk = redis.call('ZRANGE', key, r, r + n - 1, 'WITHSCORES')
     for i = 1, #chunk, 2 do
       examined = examined + 1
@@ -84,6 +101,7 @@ local function walk(key, score, id, keep)
     end
     if #chunk < 2 * n then return ls, lid, true end
     r = r + n
+    if stop and r >= stop then return ls, lid, true end
   end
   return ls, lid, false
 end

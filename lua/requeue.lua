@@ -1,14 +1,16 @@
 -- requeue: dead -> scheduled (or ready when due), attempts reset to 0.
 -- KEYS: the 14 partition keys (see _lib.lua).
--- ARGV: 1-3 common; 4 run_at ms (0 = now); then job ids.
+-- ARGV: 1-3 common; 4 run_at: absolute epoch ms (0 = now), or "ESTrDELTA" for now + DELTA ms by
+--       this script's clock (TIME; resolve_at in _lib.lua, as schedule; EST is not used here);
+--       then job ids.
 -- Returns: one code per id: 1 requeued, 0 not dead (already requeued, live, or unknown), so
 -- requeuing twice runs the job once.
 -- Invariants: the job leaves 'd' and enters exactly one of 't' or its ready list. Its last error
 -- stays readable until it succeeds. It takes its idempotency key back if no other live job holds
 -- it (the key was freed when it died).
 do local refused = layout_fence(); if refused then return refused end end
-local at = tonumber(ARGV[4])
 local now = now_ms()
+local at = resolve_at(ARGV[4], now)
 if at <= 0 then at = now end
 local head, earliest = head_score(), nil
 local out = {}

@@ -1,11 +1,14 @@
 -- reschedule: scheduled/ready -> scheduled at a new time (or ready when it is due).
 -- KEYS: the 14 partition keys (see _lib.lua).
--- ARGV: 1-3 common; 4 id; 5 new run_at ms.
+-- ARGV: 1-3 common; 4 id; 5 new run_at: absolute epoch ms, or "ESTrDELTA" for now + DELTA ms by
+--       this script's clock (TIME; resolve_at in _lib.lua, as schedule: a producer whose clock is
+--       off cannot move the job early; EST, the client's estimate, is not used here).
 -- Returns: 1 moved; 0 no live job with that id; -1 running; -2 dead (use requeue).
 -- Invariants: the job keeps its id, attempts and payload and is in exactly one state after.
 do local refused = layout_fence(); if refused then return refused end end
-local id, at = ARGV[4], tonumber(ARGV[5])
+local id = ARGV[4]
 local now = now_ms()
+local at = resolve_at(ARGV[5], now)
 local head = head_score()
 local member = find_timer(id)
 local rec, q

@@ -5,7 +5,8 @@
 --       then n triples: blob (id(15) .. record with a 2-byte placeholder queue index), run_at,
 --       idempotency key ('' for none). run_at is absolute epoch ms, or for a time relative to
 --       "now" (a timedelta) "ESTrDELTA": the client's estimate of the absolute time in Redis's
---       clock and the offset in ms. The script resolves it against its own clock (TIME): the job
+--       clock and the offset in ms. The script resolves it against its own clock (TIME, resolve_at
+--       in _lib.lua): the job
 --       is due at now + DELTA, so a producer whose clock is off cannot fire a job early or
 --       misfire it. When the estimate is within RELATIVE_SLACK_MS of that it is kept (the id
 --       embeds it, and a timer whose score is its id's time needs no 'm' entry).
@@ -42,12 +43,11 @@ local head = head_score()
 local earliest = nil
 for i = 0, n - 1 do
   local b = 8 + i * 3
-  local blob, at, key = ARGV[b], tonumber(ARGV[b + 1]), ARGV[b + 2]
+  local blob, key = ARGV[b], ARGV[b + 2]
+  local at, est = resolve_at(ARGV[b + 1], now)
   local id = string.sub(blob, 1, ID_LEN)
   local off_id = false -- only a relative time can differ from the time its id was made with
-  if not at then
-    local est, delta = string.match(ARGV[b + 1], '^(%d+)r(%-?%d+)$')
-    est, at = tonumber(est), now + tonumber(delta)
+  if est then
     if math.abs(at - est) <= RELATIVE_SLACK_MS then at = est else off_id = at ~= u48(id, 1) end
   end
   local existing = false

@@ -2,7 +2,8 @@
 -- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common.
 -- Returns: {gauges (flat field/value list), counters (flat list), ready lengths (flat queue/len
---          list), earliest due ms or -1, timers total, in-flight total, dead total, epoch}.
+--          list), earliest due ms or -1, timers total, in-flight total, dead total, epoch, paused
+--          queues (flat queue/since-ms list, lua/pause.lua)}.
 -- Invariants: read-only (no key is written); O(queues) work, never O(jobs).
 do local refused = layout_fence(); if refused then return refused end end
 local queues = {}
@@ -16,4 +17,4 @@ for i = 1, #q, 2 do
 end
 return {redis.call('HGETALL', K_G), redis.call('HGETALL', K_C), queues, head_score() or -1,
         redis.call('ZCARD', K_T), redis.call('ZCARD', K_I), redis.call('ZCARD', K_D),
-        redis.call('HGET', K_META, 'epoch') or '0'}
+        redis.call('HGET', K_META, 'epoch') or '0', redis.call('HGETALL', PREFIX .. 'paused')}

@@ -3,9 +3,11 @@ several replicas in one interpreter). Label sets of rare events are pre-initiali
 instead of being absent."""
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -81,10 +83,25 @@ class SchedulerMetrics:
             h.observe(max(0, v) / 1000.0)
 
 
-def serve(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> None:
-    """Expose ``/metrics``; loopback unless the operator asks for another address."""
-    start_http_server(port, addr=host, registry=registry)
+class PortInUse(OSError):
+    """The ``/metrics`` address is taken (another process listens on it): the message names the
+    address and the fix. ``zsched`` reports it as one line, exit 4."""
+
+
+def serve(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> Any:
+    """Expose ``/metrics``; loopback unless the operator asks for another address. Returns the HTTP
+    server (``.shutdown()`` stops it); raises :class:`PortInUse` when the port is taken."""
+    try:
+        res = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        taken = PortInUse(f"metrics port {port} on {host} is already in use (another process listens on it); "
+                          "choose a free one with --metrics-port, or stop the other process")
+        taken.errno = exc.errno
+        raise taken from exc
     log.info("metrics on http://%s:%d/metrics", host, port)
+    return res[0] if isinstance(res, tuple) else None
 
 
 # Counters the Lua scripts keep per partition in the 'c' hash (field "EVENT:QUEUE"); the owner of
@@ -132,10 +149,15 @@ class PartitionStatsCollector:
         age = GaugeMetricFamily("zsched_oldest_due_age_seconds",
                                 "Age of the oldest due-but-not-fired timer per owned partition (0 when none)",
                                 labels=["partition"])
+        paused = GaugeMetricFamily("zsched_queue_paused", "1 while the queue is paused (zsched queue pause: workers "
+                                   "claim none of its jobs, due jobs wait in ready), per owned partition",
+                                   labels=["queue", "partition"])
+        since = GaugeMetricFamily("zsched_queue_paused_since_seconds", "When the queue's pause started (unix "
+                                  "time); 0 when it is not paused", labels=["queue", "partition"])
         for p, exported in sorted(self._stats.items()):
             ps = str(p)
             st = exported.stats
-            queues = set(st.ready)
+            queues = set(st.ready) | set(st.paused)
             for f in list(st.gauges) + list(st.counters):
                 queues.add(f.split(":", 1)[1])
             queues.discard("?")
@@ -148,10 +170,14 @@ class PartitionStatsCollector:
                 depth.add_metric(["dead", q, ps], st.gauges.get(f"d:{q}", 0))
                 # due but held back by a rate limit (included in "scheduled")
                 depth.add_metric(["held", q, ps], st.gauges.get(f"h:{q}", 0))
+                paused.add_metric([q, ps], 1 if q in st.paused else 0)
+                since.add_metric([q, ps], st.paused.get(q, 0) / 1000.0)
             age.add_metric([ps], exported.oldest_due_age)
         yield events
         yield depth
         yield age
+        yield paused
+        yield since
 
 
 def scrape_histogram(port: int, name: str, host: str = "127.0.0.1", timeout: float = 2.0) -> dict[float, float]:

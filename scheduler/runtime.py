@@ -1,7 +1,10 @@
-"""Process-level tuning shared by the long-running processes (scheduler replicas, workers)."""
+"""Process-level settings shared by the long-running processes (scheduler replicas, workers):
+garbage-collector tuning and the logging of entry points."""
 from __future__ import annotations
 
 import gc
+import logging
+import os
 
 
 def settle_gc() -> None:
@@ -13,3 +16,31 @@ def settle_gc() -> None:
     gc.freeze()
     gen0, gen1, gen2 = gc.get_threshold()
     gc.set_threshold(max(gen0, 5000), gen1, gen2)
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+"""How zsched's processes log: ``2026-12-01 09:00:00,123 INFO zsched.worker: worker serving ...``."""
+
+
+def entry_point_logging(level: str | None = None, *, whole_process: bool = False) -> None:
+    """Set up logging for a program's entry point; never called on import (a library must not
+    configure the application's logging).
+
+    ``zsched`` (which owns its process) passes ``whole_process``: the root logger gets a stderr
+    handler, so the handlers' own loggers print too. ``Worker.run()`` (the entry point of
+    ``python -m myapp.tasks``) does not: only zsched's loggers (``zsched.*``) print, to stderr, and
+    only when the application has configured no logging itself (the root logger has no handler),
+    so a worker always says that it started and stopped. ``level``: default ``ZSCHED_LOG_LEVEL``,
+    else INFO."""
+    level = (level or os.environ.get("ZSCHED_LOG_LEVEL") or "INFO").upper()
+    if whole_process:
+        logging.basicConfig(level=level, format=LOG_FORMAT)
+        return
+    ours = logging.getLogger("zsched")
+    if logging.getLogger().handlers or ours.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    ours.addHandler(handler)
+    if ours.level == logging.NOTSET:
+        ours.setLevel(level)

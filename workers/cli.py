@@ -5,6 +5,7 @@ import argparse
 import importlib
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from .worker import Worker
@@ -17,14 +18,23 @@ def _csv(value: str) -> list[str]:
     return items
 
 
-def _positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
-    return n
+def _int_at_least(low: int, what: str) -> Callable[[str], int]:
+    """An argparse type: a whole number >= ``low`` (``what`` names it in the error)."""
+
+    def parse(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            n = low - 1
+        if n < low:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value!r}")
+        return n
+
+    return parse
+
+
+_count = _int_at_least(0, "a whole number >= 0")
+_positive_int = _int_at_least(1, "a positive integer")
 
 
 def _port(value: str) -> int:
@@ -61,6 +71,10 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.Argument
                    help="namespace (default: the Worker's, else ZSCHED_NAMESPACE, else zsched)")
     p.add_argument("--queues", metavar="A,B", type=_csv, help="queues to serve (default: the queues with handlers)")
     p.add_argument("--concurrency", metavar="N", type=_positive_int, help="handlers running at once (default 16)")
+    p.add_argument("--prefetch", metavar="N", type=_count,
+                   help="jobs handed off ahead of their due time (zsched scheduler --handoff-lead) that may wait "
+                        "for it on top of --concurrency (default: as many as --concurrency; 0: they wait in "
+                        "handler slots)")
     p.add_argument("--metrics-port", metavar="PORT", type=_port, help="serve Prometheus metrics on this port")
     p.add_argument("--metrics-host", metavar="ADDR", help="address for /metrics (default 127.0.0.1)")
     p.add_argument("--shutdown-grace", metavar="S", type=_seconds,
@@ -106,7 +120,8 @@ def load_worker(spec: str) -> Worker:
 def main(args: argparse.Namespace) -> int:
     worker = load_worker(args.app)
     worker.configure(redis_url=args.redis, namespace=args.namespace, queues=args.queues,
-                     concurrency=args.concurrency, metrics_port=args.metrics_port,
+                     concurrency=args.concurrency, prefetch=args.prefetch, metrics_port=args.metrics_port,
                      metrics_host=args.metrics_host, shutdown_grace=args.shutdown_grace)
+    args.redis = worker.redis_url  # the URL the worker uses, for zsched's error messages
     worker.run()
     return 0

@@ -8,6 +8,9 @@ free slots (:meth:`Fetch.claim_loop`). The default, :class:`PubSubFetch`:
   partition) as a claim candidate; (re)subscribing triggers a full sweep. With sharded pub/sub
   (Redis Cluster, ``Keyspace.sharded``) it SSUBSCRIBEs to ``{NS:P}:ready:QUEUE`` of every
   partition instead, each on the node that owns the partition (:mod:`scheduler.protocol.pubsub`);
+* a claim on a **paused** queue (lua/pause.lua) comes back refused; the planner then ignores that
+  (queue, partition)'s notifications until ``resume`` publishes ``P:resume`` there (or the next
+  safety-net sweep), so a paused queue costs no claims;
 * **claims** whenever there are free slots and candidates, in one pipelined round trip of
   ``claim`` calls planned by the :class:`~workers.planner.ClaimPlanner`, never asking for more
   jobs than free slots (so concurrency is exact); outcomes waiting in the outbox ride along.
@@ -25,16 +28,16 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from scheduler.protocol.calls import Calls
 from scheduler.protocol.pubsub import ChannelsPending, Subscription, subscription
-from scheduler.protocol.replies import Claimed, parse_claim
+from scheduler.protocol.replies import Claimed, claim_paused, parse_claim
 from scheduler.protocol.transport import Call, NodeFailed
 
 from .lifecycle import Lifecycle
 from .outbox import Meta, Outbox
-from .planner import ClaimPlanner
+from .planner import ClaimPlanner, ready_message
 from .slots import Slots
 from .wire import REDIS_ERRORS, Outage, Send
 
@@ -43,8 +46,17 @@ log = logging.getLogger("zsched.worker")
 CLAIM_RECEIPT_MS = 30_000  # how long Redis keeps a claim's receipt for a re-send after a lost reply
 PUBSUB_PING = 30.0         # idle pub/sub connection health check
 
-# One claim of a round trip: (queue, partition, jobs asked for, candidate generation, request id).
-Claim = tuple[str, int, int, int, str]
+
+
+class Claim(NamedTuple):
+    """One claim of a round trip, with the slots taken for it."""
+
+    queue: str
+    p: int
+    n: int          # jobs asked for: the slots taken
+    gen: int        # the planner's candidate generation
+    rid: str        # request id (a re-send gets the same reply)
+    handler: int    # how many of the n slots are handler slots: the claim's limit on due jobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +68,11 @@ class FetchContext:
     pub/sub). ``send``: one round trip of script calls on a named lane. ``slots``: the free
     handler slots; take them before a claim round trip, give back what the reply did not fill,
     and wait on ``slots.wake``. ``outbox``: outcomes that may ride along with a claim.
-    ``dispatch(queue, partition, jobs, t0, clock)``: hand claimed jobs to the runner (each holds
-    one slot; ``t0`` is when the claim was sent, monotonic; ``clock`` this host's monotonic time
-    minus the claim's Redis time in seconds, read when the reply arrived, so jobs handed off ahead
-    of their due time start at it; None: start at once). ``life``: stop state and the ``ready``
+    ``dispatch(queue, partition, jobs, t0, clock, held)``: hand claimed jobs to the runner (each
+    holds one slot; ``t0`` is when the claim was sent, monotonic; ``clock`` this host's monotonic
+    time minus the claim's Redis time in seconds, read when the reply arrived, so jobs handed off
+    ahead of their due time start at it; None: start at once; ``held[i]``: job i is on a
+    prefetch slot, not a handler slot). ``life``: stop state and the ``ready``
     event. ``idle_sweep``: seconds between safety-net sweeps. ``roundtrip(op, seconds)``: the
     round-trip histogram, if exported.
     """
@@ -71,7 +84,7 @@ class FetchContext:
     send: Send
     slots: Slots
     outbox: Outbox
-    dispatch: Callable[[str, int, list[Claimed], float, float | None], None]
+    dispatch: Callable[[str, int, list[Claimed], float, float | None, list[bool]], None]
     life: Lifecycle
     idle_sweep: float
     roundtrip: Callable[[str, float], None] | None
@@ -94,6 +107,26 @@ class Fetch(ABC):
     async def claim_loop(self) -> None:
         """Claim jobs into free slots and ``ctx.dispatch`` them; return once ``ctx.life.stopping``
         is set and no claim is in flight (jobs claimed then are released by the runner)."""
+
+
+def held_slots(jobs: Sequence[Claimed], now_ms: int, handler: int, hold: int) -> list[bool]:
+    """Which of a claim's jobs go on its ``hold`` prefetch slots rather than its ``handler`` slots.
+    Jobs due by the claim's Redis time ``now_ms`` take handler slots (the script took no more of
+    them than that; a re-sent claim answered from its receipt may return more, and those wait on
+    prefetch slots for a handler); jobs handed off ahead of their time take prefetch slots, the
+    latest first, and any past those take the handler slots left (and wait there)."""
+    held = [False] * len(jobs)
+    due = [c.due_ms <= now_ms for c in jobs]
+    over = sum(due) - handler  # due jobs with no handler slot (re-sends only)
+    for i in range(len(jobs) - 1, -1, -1):
+        if hold <= 0:
+            break
+        if not due[i] or over > 0:
+            held[i] = True
+            hold -= 1
+            if due[i]:
+                over -= 1
+    return held
 
 
 class PubSubFetch(Fetch):
@@ -175,11 +208,11 @@ class PubSubFetch(Fetch):
             return []
         due, self._orphans = self._orphans, []
         keep = now - CLAIM_RECEIPT_MS / 1000
-        for q, p, n, _gen, rid in [c for c in due if self._orphan_rids[c[4]] < keep]:
-            del self._orphan_rids[rid]
-            self.ctx.slots.free += n
-            self.planner.failed(q, p)
-        return [c for c in due if c[4] in self._orphan_rids]
+        for c in [c for c in due if self._orphan_rids[c.rid] < keep]:
+            del self._orphan_rids[c.rid]
+            self.ctx.slots.put_back(c.handler, c.n - c.handler)
+            self.planner.failed(c.queue, c.p)
+        return [c for c in due if c.rid in self._orphan_rids]
 
     async def _idle(self, every: float) -> None:
         """Nothing to claim: wait for a wake-up, or sweep when the safety-net period is over."""
@@ -203,16 +236,18 @@ class PubSubFetch(Fetch):
         """The next claims, with fresh request ids; their slots are taken before the round trip."""
         plan = []
         slots = self.ctx.slots
-        for q, p, n, gen in self.planner.plan(slots.free):
+        # Due jobs only into handler slots; the prefetch allowance only takes jobs handed off ahead
+        # of their time (lua/claim.lua), so it rides along with claims that have a handler slot.
+        for q, p, n, gen in self.planner.plan(slots.free + slots.hold):
             self._rid_n += 1
-            plan.append((q, p, n, gen, f"{self._rid_prefix}{self._rid_n:x}"))
-        slots.free -= sum(item[2] for item in plan)
+            plan.append(Claim(q, p, n, gen, f"{self._rid_prefix}{self._rid_n:x}", slots.reserve(n)))
         return plan
 
     def _claim_calls(self, plan: list[Claim]) -> list[Call]:
         call = self.ctx.calls.call
         last = self._last_rid
-        return [call("claim", p, q, n, rid, CLAIM_RECEIPT_MS, last.get((q, p), "")) for q, p, n, _, rid in plan]
+        return [call("claim", c.p, c.queue, c.n, c.rid, CLAIM_RECEIPT_MS, last.get((c.queue, c.p), ""), c.handler)
+                for c in plan]
 
     async def _claims_lost(self, plan: list[Claim], meta: Meta, exc: BaseException,
                            outage: Outage) -> bool:
@@ -220,7 +255,8 @@ class PubSubFetch(Fetch):
         ctx = self.ctx
         ctx.outbox.requeue(meta)
         if ctx.life.stopping:  # give up: those jobs are reaped when their leases expire
-            ctx.slots.free += sum(item[2] for item in plan)
+            for c in plan:
+                ctx.slots.put_back(c.handler, c.n - c.handler)
             self._lost = None
             return True
         self._lost = plan  # ask again with the same ids
@@ -235,7 +271,7 @@ class PubSubFetch(Fetch):
         slots, planner, dispatch = self.ctx.slots, self.planner, self.ctx.dispatch
         node_down: NodeFailed | None = None
         for item, reply in zip(plan, replies):
-            q, p, n, gen, rid = item
+            q, p, n, gen, rid, h = item
             if isinstance(reply, NodeFailed):  # its node failed, the other nodes' claims went through
                 node_down = reply
                 if reply.sent or rid in self._orphan_rids:  # may have run: again with the same id
@@ -245,17 +281,29 @@ class PubSubFetch(Fetch):
             self._orphan_rids.pop(rid, None)
             self._last_rid[(q, p)] = rid
             if isinstance(reply, Exception):
-                slots.free += n
+                slots.put_back(h, n - h)
                 planner.failed(q, p)  # back with the next notification or sweep
                 if reply is not node_down:  # a node failure is logged once per outage by the loop
                     log.error("claim on partition %d queue %r failed: %s", p, q, reply)
                 continue
+            if claim_paused(reply) is not None:  # the queue is paused: wait for its resume message
+                slots.put_back(h, n - h)
+                planner.paused_at(q, p)
+                continue
             now_us, jobs = parse_claim(reply)
             got = len(jobs)
-            slots.free += n - got
-            planner.claimed(q, p, n, gen, got)
+            held = held_slots(jobs, now_us // 1000, h, n - h)
+            on_hold = sum(held)
+            slots.put_back(h - (got - on_hold), n - h - on_hold)
+            if got < n and (h == 0 or got - on_hold >= h):
+                # Maybe stopped at its limit on due jobs, not at the end of the ready list: keep the
+                # candidate (hot when that limit was its handler slots: there is more to take).
+                if h:
+                    planner.claimed(q, p, n, gen, n)
+            else:
+                planner.claimed(q, p, n, gen, got)
             if got:  # received - Redis's time: maps due times onto this host's monotonic clock
-                dispatch(q, p, jobs, t0, received - now_us / 1_000_000)
+                dispatch(q, p, jobs, t0, received - now_us / 1_000_000, held)
         return node_down
 
     # -- notifications --------------------------------------------------------------------------
@@ -299,10 +347,10 @@ class PubSubFetch(Fetch):
                     queue = queue_of.get(msg["channel"])
                     if queue is not None:
                         with contextlib.suppress(ValueError):  # malformed: the sweep that follows covers it
-                            self._notify(queue, int(msg["data"]))
+                            self._notify(queue, *ready_message(msg["data"]))
 
-    def _notify(self, queue: str, p: int) -> None:
-        if self.planner.notify(queue, p):
+    def _notify(self, queue: str, p: int, resumed: bool = False) -> None:
+        if self.planner.notify(queue, p, resumed):
             self.ctx.slots.wake.set()
 
     async def _listen(self, ps: Subscription, queue_of: dict[bytes, str]) -> NoReturn:
@@ -324,7 +372,7 @@ class PubSubFetch(Fetch):
                 queue = queue_of.get(ch)
                 if queue is not None:
                     try:
-                        if notify(queue, int(msg["data"])):
+                        if notify(queue, *ready_message(msg["data"])):
                             wake()
                     except ValueError:
                         log.warning("ignoring malformed ready message %r on %r", msg["data"], ch)

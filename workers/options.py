@@ -85,6 +85,7 @@ class WorkerOptions:
     namespace: str | None = None
     queues: Sequence[str] | None = None  # stored as a tuple, duplicates dropped
     concurrency: int = DEFAULT_CONCURRENCY
+    prefetch: int | None = None  # None: as many as concurrency
     handler_timeouts: Mapping[str, float] = field(default_factory=dict, hash=False)
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
     tombstone_ttl: float = DEFAULT_TOMBSTONE_TTL
@@ -109,6 +110,9 @@ class WorkerOptions:
         if self.queues is not None:
             put("queues", _queues(self.queues))
         check_positive("concurrency", self.concurrency, integer=True)
+        if self.prefetch is not None and (isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int)
+                                          or self.prefetch < 0):
+            raise ValueError(f"prefetch must be an int >= 0 (jobs held ahead of their due time), got {self.prefetch!r}")
         put("metrics_host", _host(self.metrics_host))
         put("handler_timeouts", _timeouts(self.handler_timeouts))
         put("shutdown_grace", _grace(self.shutdown_grace))

@@ -19,7 +19,9 @@ class ClaimPlanner:
     ``candidates[queue]`` maps each partition that may hold ready jobs to the generation of the
     notification (or sweep) that marked it; ``hot[queue]`` holds the partitions whose last claim
     came back full. Queues are served in rotating order and each queue's partitions from a
-    rotating offset, so no queue or partition starves.
+    rotating offset, so no queue or partition starves. ``paused[queue]`` holds the partitions whose
+    last claim said the queue is paused (lua/pause.lua): ready notifications for them are ignored
+    (no claim is sent) until a resume notification or the next full sweep.
     """
 
     def __init__(self, queues: Sequence[str], partitions: int, chunk: int = CLAIM_CHUNK) -> None:
@@ -28,16 +30,23 @@ class ClaimPlanner:
         self.chunk = chunk
         self.candidates: dict[str, dict[int, int]] = {q: {} for q in queues}
         self.hot: dict[str, set[int]] = {q: set() for q in queues}
+        self.paused: dict[str, set[int]] = {q: set() for q in queues}
         self.gen = 0
         self._qrot = 0
         self._prot: dict[str, int] = {q: 0 for q in queues}
 
-    def notify(self, queue: str, p: int) -> bool:
-        """Partition ``p`` of ``queue`` has ready jobs. False (ignored) for a queue this worker does
-        not serve or a partition out of range."""
+    def notify(self, queue: str, p: int, resumed: bool = False) -> bool:
+        """Partition ``p`` of ``queue`` has ready jobs (``resumed``: the queue was resumed there).
+        False (ignored) for a queue this worker does not serve, a partition out of range, or one
+        where the queue is paused (unless this is its resume)."""
         cands = self.candidates.get(queue)
         if cands is None or not 0 <= p < self.partitions:
             return False
+        paused = self.paused[queue]
+        if p in paused:
+            if not resumed:
+                return False
+            paused.discard(p)
         self.gen += 1
         cands[p] = self.gen
         return True
@@ -47,6 +56,7 @@ class ClaimPlanner:
         self.gen += 1
         g = self.gen
         for q in self.queues:
+            self.paused[q].clear()  # probe paused partitions again: a resume message may be lost
             c = self.candidates[q]
             for p in range(self.partitions):
                 c[p] = g
@@ -106,3 +116,24 @@ class ClaimPlanner:
     def failed(self, queue: str, p: int) -> None:
         """A claim on ``p`` failed: drop the candidate until the next notification or sweep."""
         self.candidates[queue].pop(p, None)
+
+    def paused_at(self, queue: str, p: int) -> None:
+        """A claim on ``p`` found ``queue`` paused: no claims there until it is resumed (or the next
+        full sweep), so a paused queue costs no round trips."""
+        self.candidates[queue].pop(p, None)
+        self.hot[queue].discard(p)
+        self.paused[queue].add(p)
+
+
+def ready_message(data: bytes | str) -> tuple[int, bool]:
+    """A ready channel's payload: ``P`` (jobs landed in partition P's ready list) or ``P:resume``
+    (lua/resume.lua) -> (partition, resumed). ValueError when malformed."""
+    try:
+        return int(data), False  # the common message: no parsing beyond int()
+    except ValueError:
+        pass
+    text = data.decode() if isinstance(data, bytes) else data
+    part, sep, what = text.partition(":")
+    if sep and what != "resume":
+        raise ValueError(f"unknown ready message {text!r}")
+    return int(part), bool(sep)

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import threading
 import time
 import traceback
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 from scheduler.protocol import codec
 from scheduler.protocol.calls import error_arg
+from scheduler.protocol.codec import Record
 from scheduler.protocol.codes import FailKind
 from scheduler.protocol.errors import PayloadError
 from scheduler.protocol.ids import encode_id
@@ -47,6 +49,69 @@ def type_name(exc: BaseException) -> str:
 def short_tb(exc: BaseException) -> str:
     """The last frames of the traceback (the job's stored error is bounded anyway)."""
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-8))
+
+
+class Poison(NamedTuple):
+    """Why a claimed job cannot reach a handler: it is dead-lettered at once with this error."""
+
+    etype: str
+    message: str
+
+
+def job_for(c: Claimed, queue: str, spec: HandlerSpec | None, max_payload_bytes: int) -> Job | Poison:
+    """The :class:`~workers.job.Job` a handler of ``queue`` receives for claimed job ``c``, or why
+    it cannot have one (an undecodable record or payload, no handler for the queue)."""
+    rec = c.record
+    if rec is None:
+        return Poison("PoisonJob", f"job record cannot be decoded: {c.decode_error}")
+    if spec is None:
+        return Poison("NoHandler", f"no handler registered for queue {queue!r} on this worker")
+    try:
+        payload = codec.unpack_payload(rec.payload_bytes, max_payload_bytes)
+    except PayloadError as exc:
+        return Poison("PoisonJob", f"payload cannot be decoded: {exc}")
+    return Job(c.raw_id, queue, payload, rec.key, rec.attempt, rec.max_attempts, c.due_ms, c.token,
+               rec.lease_ms / 1000.0, rec.cron_nominal_ms, rec.cron_missed)
+
+
+class Failure(NamedTuple):
+    """What a failed attempt reports: the ``fail`` script's kind, retry delay and error argument;
+    the outcome name for metrics; the error type and message to log (None for a requested retry,
+    which is not a failure)."""
+
+    kind: FailKind
+    delay_ms: int
+    error: bytes
+    outcome: str
+    etype: str | None
+    message: str | None
+
+
+def backoff_ms(rec: Record, rng: random.Random | None = None) -> int:
+    """The retry delay after attempt ``rec.attempt`` failed: the job's full-jitter backoff."""
+    return backoff_delay_ms(rec.attempt, rec.backoff_base_ms, rec.backoff_cap_ms, rng)
+
+
+def failure_of(exc: BaseException, rec: Record, rng: random.Random | None = None) -> Failure:
+    """The outcome of an attempt whose handler raised ``exc``: :class:`Retry` retries after its
+    delay (or the backoff), :class:`PermanentError` dead-letters now, anything else is a failure
+    retried after the backoff (``fail`` dead-letters it when the attempts are spent). ``rng``:
+    the backoff's random source (default: the ``random`` module)."""
+    if isinstance(exc, Retry):
+        delay = backoff_ms(rec, rng) if exc.delay is None else int(exc.delay * 1000)
+        return Failure(FailKind.RETRY, delay, error_arg("Retry", str(exc)), "retry", None, None)
+    etype, msg = type_name(exc), str(exc)
+    err = error_arg(etype, msg, short_tb(exc))
+    if isinstance(exc, PermanentError):
+        return Failure(FailKind.PERMANENT, 0, err, "permanent", etype, msg)
+    return Failure(FailKind.FAILED, backoff_ms(rec, rng), err, "failed", etype, msg)
+
+
+def timeout_failure(queue: str, timeout: float, rec: Record, rng: random.Random | None = None) -> Failure:
+    """The outcome of an attempt whose handler ran past its ``timeout`` (seconds): a failure."""
+    msg = f"handler for queue {queue!r} did not finish within {timeout:g} s"
+    return Failure(FailKind.FAILED, backoff_ms(rec, rng), error_arg("HandlerTimeout", msg), "timeout",
+                   "HandlerTimeout", msg)
 
 
 class CancelledByOther(Exception):
@@ -110,8 +175,11 @@ class HandlerRunner:
             self.pool.shutdown(wait=False, cancel_futures=True)
 
     # -- starting -------------------------------------------------------------------------------
-    def dispatch(self, q: str, p: int, jobs: list[Claimed], t0: float, clock: float | None = None) -> None:
-        """Start the jobs one claim returned (sent at ``t0``, monotonic); each already holds a slot.
+    def dispatch(self, q: str, p: int, jobs: list[Claimed], t0: float, clock: float | None = None,
+                 held: list[bool] | None = None) -> None:
+        """Start the jobs one claim returned (sent at ``t0``, monotonic); each already holds a slot:
+        a handler slot, or a prefetch slot where ``held[i]`` (then it takes a handler slot when it
+        is due, waiting for one if none is free; see :class:`~workers.slots.Slots`).
 
         ``clock``: this host's monotonic time minus Redis's time (seconds) for the node that ran
         the claim, taken when its reply arrived, or None. A job handed off ahead of its due time
@@ -124,32 +192,24 @@ class HandlerRunner:
         limit = self.max_payload_bytes
         create_task = self.loop.create_task
         hb = self.heartbeats
-        for c in jobs:
+        for i, c in enumerate(jobs):
             r = Attempt(p, q, c, spec, stats, t0)
+            r.held = held[i] if held is not None else False
             if self.life.stopping:
                 # Claimed while we were stopping: hand it straight back (no attempt spent).
-                self.slots.free += 1
+                self._free_slot(r)
                 r.state = RELEASED
                 self.outbox.release(r)
                 continue
-            rec = c.record
-            if rec is None:
-                self._poison(r, "PoisonJob", f"job record cannot be decoded: {c.decode_error}")
+            job = job_for(c, q, spec, limit)
+            if isinstance(job, Poison):
+                self._poison(r, job.etype, job.message)
                 continue
-            if spec is None:
-                self._poison(r, "NoHandler", f"no handler registered for queue {q!r} on this worker")
-                continue
-            try:
-                payload = codec.unpack_payload(rec.payload_bytes, limit)
-            except PayloadError as exc:
-                self._poison(r, "PoisonJob", f"payload cannot be decoded: {exc}")
-                continue
-            job = Job(c.raw_id, q, payload, rec.key, rec.attempt, rec.max_attempts, c.due_ms, c.token, r.lease_s,
-                      rec.cron_nominal_ms, rec.cron_missed)
+            assert spec is not None  # job_for gives a Job only to a queue with a handler
             r.job = job
             self.running.add(r)
             start_at = c.due_ms / 1000.0 + clock if clock is not None else 0.0
-            if start_at > time.monotonic():
+            if r.held or start_at > time.monotonic():
                 r.task = create_task(self._start_when(r, start_at))
             else:
                 self._started(r)
@@ -166,12 +226,17 @@ class HandlerRunner:
 
     async def _start_when(self, r: Attempt, start_at: float) -> None:
         """Run a job handed off ahead of its due time once this host's monotonic clock reaches
-        ``start_at`` (its due time by Redis's clock, see :meth:`dispatch`). The job holds its slot
-        and its lease (kept by the heartbeats) meanwhile; a shutdown hands it back unrun."""
+        ``start_at`` (its due time by Redis's clock, see :meth:`dispatch`), on a handler slot. The
+        job holds its slot and its lease (kept by the heartbeats) meanwhile; a shutdown hands it
+        back unrun."""
         try:
-            await self.alarm.at(start_at)
-            while (delay := start_at - time.monotonic()) > 0:  # never early, whatever woke us
-                await asyncio.sleep(delay)
+            if start_at > time.monotonic():
+                await self.alarm.at(start_at)
+                while (delay := start_at - time.monotonic()) > 0:  # never early, whatever woke us
+                    await asyncio.sleep(delay)
+            if r.held:
+                await self.slots.take_for_held()
+                r.held = False
         except asyncio.CancelledError:
             if r.state == RELEASED:
                 return  # shutdown handed the job back before it was due; nothing to report
@@ -182,8 +247,16 @@ class HandlerRunner:
         self._started(r)
         await (self._run_async(r) if spec.is_async else self._run_sync(r))
 
+    def _free_slot(self, r: Attempt) -> None:
+        """The slot of an attempt that ends or never starts comes back, of its kind."""
+        if r.held:
+            r.held = False
+            self.slots.put_back(0, 1)
+        else:
+            self.slots.give_back()
+
     def _poison(self, r: Attempt, etype: str, message: str) -> None:
-        self.slots.free += 1
+        self._free_slot(r)
         r.stats.poison += 1
         r.state = DONE
         log.error("poison job %s on queue %r (partition %d): %s: %s; dead-lettering it",
@@ -256,7 +329,7 @@ class HandlerRunner:
         self.running.discard(r)
         r.task = None  # no reference cycles: finished jobs are freed by refcounting, not the GC
         if not keep_slot:
-            self.slots.give_back()
+            self._free_slot(r)
         if self.metrics is not None:
             try:
                 self.metrics.job_finished(r.job, outcome, time.monotonic() - r.t0)  # type: ignore[arg-type]
@@ -278,35 +351,24 @@ class HandlerRunner:
         assert spec is not None and spec.timeout is not None
         self._end(r, "timeout", keep_slot)
         r.stats.failed += 1
-        msg = f"handler for queue {r.queue!r} did not finish within {spec.timeout:g} s"
-        err = error_arg("HandlerTimeout", msg)
-        self._report_failure(r, FailKind.FAILED, self._backoff_ms(r), err, "HandlerTimeout", msg)
+        assert r.rec is not None
+        f = timeout_failure(r.queue, spec.timeout, r.rec)
+        self._report_failure(r, f.kind, f.delay_ms, f.error, f.etype, f.message)
 
     def _finish_exc(self, r: Attempt, exc: BaseException) -> None:
         if r.state != RUNNING:
             return
-        if isinstance(exc, Retry):
-            self._end(r, "retry")
-            delay = self._backoff_ms(r) if exc.delay is None else int(exc.delay * 1000)
+        assert r.rec is not None
+        f = failure_of(exc, r.rec)
+        self._end(r, f.outcome)
+        if f.kind is FailKind.RETRY:
             log.debug("job %s (queue %r, attempt %d) asked for a retry in %.3g s", encode_id(r.raw_id), r.queue,
-                      r.rec.attempt if r.rec else 0, delay / 1000)
-            self._report_failure(r, FailKind.RETRY, delay, error_arg("Retry", str(exc)), None, None)
-            return
-        kind, outcome = ((FailKind.PERMANENT, "permanent") if isinstance(exc, PermanentError)
-                         else (FailKind.FAILED, "failed"))
-        self._end(r, outcome)
-        r.stats.failed += 1
-        etype, msg = type_name(exc), str(exc)
-        self._report_failure(r, kind, self._backoff_ms(r) if kind is FailKind.FAILED else 0,
-                             error_arg(etype, msg, short_tb(exc)), etype, msg)
-        if log.isEnabledFor(logging.DEBUG):
+                      r.rec.attempt, f.delay_ms / 1000)
+        else:
+            r.stats.failed += 1
+        self._report_failure(r, f.kind, f.delay_ms, f.error, f.etype, f.message)
+        if f.etype is not None and log.isEnabledFor(logging.DEBUG):
             log.debug("job %s handler traceback", encode_id(r.raw_id), exc_info=exc)
-
-    @staticmethod
-    def _backoff_ms(r: Attempt) -> int:
-        rec = r.rec
-        assert rec is not None
-        return backoff_delay_ms(rec.attempt, rec.backoff_base_ms, rec.backoff_cap_ms)
 
     def _report_failure(self, r: Attempt, kind: FailKind, delay_ms: int, err: bytes, etype: str | None,
                         msg: str | None) -> None:

@@ -1,22 +1,76 @@
-"""The exact concurrency limit: a count of free handler slots."""
+"""The exact concurrency limit: free handler slots, and the prefetch allowance for jobs handed off
+ahead of their due time."""
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 
 
 class Slots:
-    """Free handler slots. The claimer takes slots *before* its round trip (so the worker never
-    holds a job it cannot start) and gives back those the reply did not fill; the runner gives a
-    slot back when a handler ends. ``wake`` is the claim loop's wake-up: set when a slot comes
-    back, when a notification makes a partition a candidate, and at shutdown."""
+    """Free handler slots (``free``) and free prefetch slots (``hold``).
 
-    __slots__ = ("free", "wake")
+    The claimer takes slots *before* its round trip (so the worker never holds a job it has no
+    room for) and gives back those the reply did not fill. A job that is due when claimed takes a
+    handler slot. A job the tier handed off ahead of its due time (``zsched scheduler
+    --handoff-lead``) waits for that time on a prefetch slot instead, so waiting jobs never keep
+    due ones from running; when it is due it moves to a handler slot (:meth:`take_for_held`),
+    waiting for the next one to come back if none is free, and its prefetch slot comes back.
+    The claim script takes due jobs only up to the handler slots reserved for them (lua/claim.lua,
+    ARGV 9), so a worker whose handlers are all busy never claims due jobs it cannot start.
 
-    def __init__(self, concurrency: int) -> None:
+    ``wake`` is the claim loop's wake-up: set when a slot comes back, when a notification makes a
+    partition a candidate, and at shutdown."""
+
+    __slots__ = ("free", "hold", "wake", "waiting")
+
+    def __init__(self, concurrency: int, prefetch: int = 0) -> None:
         self.free = concurrency
+        self.hold = prefetch
         self.wake = asyncio.Event()
+        self.waiting: deque[asyncio.Future[None]] = deque()
+        """Held jobs that are due, waiting for a handler slot, first come first served."""
+
+    def reserve(self, n: int) -> int:
+        """Take ``n`` slots for a claim: handler slots first, then prefetch slots; returns how
+        many of them are handler slots (the claim's limit on due jobs)."""
+        h = min(n, self.free)
+        self.free -= h
+        self.hold -= n - h
+        return h
+
+    def put_back(self, handler: int, hold: int = 0) -> None:
+        """Slots a claim did not fill (or a job that did not run) come back."""
+        self.hold += hold
+        for _ in range(handler):
+            self.give_back()
+        if hold:
+            self.wake.set()
 
     def give_back(self) -> None:
-        """A handler ended: one more slot, and the claim loop may have work to do."""
+        """A handler slot comes back (a handler ended): to the first due held job waiting for one,
+        else to the claim loop."""
+        while self.waiting:
+            fut = self.waiting.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
         self.free += 1
+        self.wake.set()
+
+    async def take_for_held(self) -> None:
+        """A job on a prefetch slot is due: take a handler slot for it (waiting for one if none is
+        free), then give its prefetch slot back. Cancelled while waiting, it takes nothing and its
+        prefetch slot stays taken (the caller gives it back with the job)."""
+        if self.free > 0 and not self.waiting:
+            self.free -= 1
+        else:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self.waiting.append(fut)
+            try:
+                await fut
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():  # handed a slot just as we were cancelled
+                    self.give_back()
+                raise
+        self.hold += 1
         self.wake.set()

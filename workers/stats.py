@@ -142,10 +142,13 @@ def start_metrics_server(port: int, namespace: str, by_queue: Callable[[], dict[
     """Serve ``/metrics`` on ``addr:port`` from a private registry: ``zsched_worker_<name>_total``
     counters labelled by namespace and queue (every served queue present from the start), plus
     ``zsched_worker_running`` and ``zsched_worker_concurrency`` gauges. Returns the HTTP server
-    (call ``.shutdown()`` to stop) or None when prometheus_client is missing."""
+    (call ``.shutdown()`` to stop) or None when prometheus_client is missing; raises
+    :class:`scheduler.metrics.PortInUse` when the port is taken."""
     try:
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CollectorRegistry
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        from scheduler.metrics import serve
     except ImportError:  # pragma: no cover - it is a declared dependency
         log.warning("--metrics-port given but prometheus_client is not installed; metrics disabled")
         return None
@@ -169,7 +172,4 @@ def start_metrics_server(port: int, namespace: str, by_queue: Callable[[], dict[
     registry.register(_Collector())
     if histograms is not None:
         histograms(registry)
-    res = start_http_server(port, addr=addr, registry=registry)
-    server = res[0] if isinstance(res, tuple) else None
-    log.info("metrics on http://%s:%d/metrics", addr, port)
-    return server
+    return serve(registry, port, addr)  # PortInUse when the port is taken

@@ -28,10 +28,10 @@ from typing import Any
 from scheduler.client import AsyncClient
 from scheduler.protocol import codec, config
 from scheduler.protocol.calls import Calls
-from scheduler.protocol.connection import async_redis
+from scheduler.protocol.connection import async_redis, permanent_failure
 from scheduler.protocol.ids import encode_id
 from scheduler.protocol.transport import AsyncScriptTransport
-from scheduler.runtime import settle_gc
+from scheduler.runtime import entry_point_logging, settle_gc
 
 from .attempt import Attempt
 from .fetch import Fetch, FetchContext, PubSubFetch
@@ -39,7 +39,7 @@ from .heartbeat import Heartbeats
 from .lifecycle import Lifecycle, supervise
 from .options import WorkerOptions
 from .outbox import DRAIN_TIMEOUT, Outbox
-from .registry import Handler, HandlerRegistry
+from .registry import Handler, HandlerRegistry, HandlerSpec
 from .runner import HandlerRunner, ThreadCount
 from .slots import Slots
 from .stats import PrometheusHistograms, Tee, WorkerMetrics, WorkerStats, start_metrics_server
@@ -98,7 +98,10 @@ class Worker:
 
     ``queues``: queues to serve (default: those with handlers; a served queue without a handler
     dead-letters its jobs as ``NoHandler``). ``concurrency``: exact limit of handlers running at
-    once (sync handlers run in a thread pool of that size). ``handler_timeouts``: seconds per queue
+    once (sync handlers run in a thread pool of that size). ``prefetch``: how many jobs handed off
+    ahead of their due time (``zsched scheduler --handoff-lead``) may wait for it on top of
+    ``concurrency`` (default: as many as ``concurrency``; 0: they wait in handler slots); due
+    jobs are only ever claimed into free handler slots. ``handler_timeouts``: seconds per queue
     (overrides ``@handler(timeout=...)``); a timeout counts as a failure. ``shutdown_grace``:
     seconds running handlers get to finish after the first SIGTERM/SIGINT before their jobs are
     handed back. ``tombstone_ttl``: seconds a finished job stays visible as ``done``.
@@ -122,6 +125,7 @@ class Worker:
         namespace: str | None = None,
         queues: Sequence[str] | None = None,
         concurrency: int = 16,
+        prefetch: int | None = None,
         handler_timeouts: Mapping[str, float] | None = None,
         shutdown_grace: float = 30.0,
         tombstone_ttl: float = 3600.0,
@@ -139,7 +143,7 @@ class Worker:
                              partitions=partitions, idle_sweep=idle_sweep, redis_kwargs=redis_kwargs or {},
                              sharded_pubsub=sharded_pubsub)
         self.options: WorkerOptions = base.updated(
-            redis_url=redis_url, namespace=namespace, queues=queues, concurrency=concurrency,
+            redis_url=redis_url, namespace=namespace, queues=queues, concurrency=concurrency, prefetch=prefetch,
             handler_timeouts=handler_timeouts, shutdown_grace=shutdown_grace, metrics_port=metrics_port)
         if not callable(fetch):
             raise TypeError(f"fetch must be a Fetch subclass or factory, got {type(fetch).__name__}")
@@ -166,6 +170,7 @@ class Worker:
         namespace: str | None = None,
         queues: Sequence[str] | None = None,
         concurrency: int | None = None,
+        prefetch: int | None = None,
         handler_timeouts: Mapping[str, float] | None = None,
         shutdown_grace: float | None = None,
         metrics_port: int | None = None,
@@ -176,7 +181,7 @@ class Worker:
         if self._serving:
             raise RuntimeError("configure() must be called before the worker starts")
         self.options = self.options.updated(
-            redis_url=redis_url, namespace=namespace, queues=queues, concurrency=concurrency,
+            redis_url=redis_url, namespace=namespace, queues=queues, concurrency=concurrency, prefetch=prefetch,
             handler_timeouts=handler_timeouts, shutdown_grace=shutdown_grace, metrics_port=metrics_port,
             metrics_host=metrics_host)
         return self
@@ -203,6 +208,12 @@ class Worker:
     @property
     def concurrency(self) -> int:
         return self.options.concurrency
+
+    @property
+    def prefetch(self) -> int:
+        """Jobs handed off ahead of their due time that may wait on top of :attr:`concurrency`."""
+        p = self.options.prefetch
+        return self.options.concurrency if p is None else p
 
     @property
     def handler_timeouts(self) -> Mapping[str, float]:
@@ -254,6 +265,12 @@ class Worker:
         """Counters per served queue (snapshots)."""
         return {q: WorkerStats(**s.as_dict()) for q, s in self._qstats.items()}
 
+    def handler_specs(self) -> dict[str, HandlerSpec | None]:
+        """The handler of each queue this worker serves, as ``serve()`` runs them (``handler_timeouts``
+        applied; None: no handler, its jobs are dead-lettered as ``NoHandler``). Used by
+        :mod:`scheduler.testing` to run them in-process. ValueError when there is no queue to serve."""
+        return self._handlers.for_queues(self._queues_to_serve(), self.options.handler_timeouts)
+
     @property
     def running(self) -> int:
         """Handlers running now."""
@@ -279,7 +296,10 @@ class Worker:
 
     # -- lifecycle ------------------------------------------------------------------------------
     def run(self) -> None:
-        """Serve until SIGTERM/SIGINT (graceful: see ``shutdown_grace``); a second signal exits at once."""
+        """Serve until SIGTERM/SIGINT (graceful: see ``shutdown_grace``); a second signal exits at once.
+        An entry point: unless the application configured logging, zsched's own lines (started,
+        stopped, Redis unreachable) go to stderr (:func:`scheduler.runtime.entry_point_logging`)."""
+        entry_point_logging()
         asyncio.run(self.serve(handle_signals=True))
         if self._threads.busy:
             # A sync handler we released is still running in a thread: Python would wait for it at
@@ -359,6 +379,8 @@ class Worker:
                 await client.connect()
                 break
             except REDIS_ERRORS as exc:
+                if permanent_failure(exc):  # bad credentials, a TLS file missing: retrying cannot help
+                    raise
                 if await life.wait_stop(outage.failed(exc)):
                     return None
         outage.ok()
@@ -371,7 +393,7 @@ class Worker:
         try:
             send = sender(transport)
             roundtrip = hist.roundtrip if hist is not None else None
-            slots = Slots(self.concurrency)
+            slots = Slots(self.concurrency, self.prefetch)
             outbox = Outbox(calls.call, calls.tomb_ms, _lease_lost)
             heartbeats = Heartbeats(self._running, outbox)
             runner = HandlerRunner(

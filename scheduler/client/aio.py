@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from typing import Any, Unpack
 
-from ..protocol import codec, config
+from ..protocol import codec, config, control
 from ..protocol import durability as dur
 from ..protocol.calls import Calls, id_list
 from ..protocol.codes import Outcome, cancel_outcome, cron_removed, purge_outcome, requeue_outcomes, reschedule_outcome
@@ -15,7 +16,6 @@ from ..protocol.keys import Keyspace
 from ..protocol.models import JobInfo, JobState
 from ..protocol.options import JobOptionFields, JobOptions, with_overrides
 from ..protocol.replies import merge_stats, parse_stats
-from ..protocol.timeutil import to_ms
 from ..protocol.transport import NO_RETRY, TRANSIENT, AsyncScriptTransport, RetryPolicy
 from .layout import follows_layout_async
 from .options import UNSET, ClientOptions, info_server_command, resolve_sharded_pubsub, socket_timeout
@@ -203,18 +203,18 @@ class AsyncClient:
 
     @follows_layout_async
     async def reschedule(self, job_id: str, at: Any) -> Outcome:
-        """Move a scheduled or ready job to ``at`` (aware datetime, timedelta from now, epoch
-        seconds): ``DONE``; else ``NOT_FOUND``, ``RUNNING`` or ``DEAD`` (requeue it), and nothing
-        changed."""
+        """Move a scheduled or ready job to ``at`` (aware datetime, timedelta from now by Redis's
+        clock as in :meth:`schedule`, epoch seconds): ``DONE``; else ``NOT_FOUND``, ``RUNNING``
+        or ``DEAD`` (requeue it), and nothing changed."""
         calls = await self._connected()
-        return reschedule_outcome(await self.transport.call(*calls.reschedule_call(job_id, to_ms(at))))
+        return reschedule_outcome(await self.transport.call(*calls.reschedule_call(job_id, calls.when(at))))
 
     @follows_layout_async
     async def requeue(self, job_id: str, at: Any = None) -> Outcome:
-        """Bring a dead job back with its attempts reset, now or at ``at``: ``DONE``, or
+        """Bring a dead job back with its attempts reset, now or at ``at`` (as in :meth:`reschedule`): ``DONE``, or
         ``NOT_DEAD`` when it is not dead (so a second requeue of the same job does nothing)."""
         calls = await self._connected()
-        ((call, _pos),) = calls.requeue_calls([job_id], None if at is None else to_ms(at))
+        ((call, _pos),) = calls.requeue_calls([job_id], None if at is None else calls.when(at))
         return requeue_outcomes(await self.transport.call(*call))[0]
 
     @follows_layout_async
@@ -243,15 +243,24 @@ class AsyncClient:
         return calls.job_infos(ids, await self.transport.call_many(batch))
 
     @follows_layout_async
-    async def jobs(self, *, queue: str, state: str | JobState, limit: int = 100,
-                   cursor: str | None = None) -> tuple[list[JobInfo], str | None]:
+    async def get_by_key(self, key: str) -> JobInfo | None:
+        """The live job (scheduled, ready, running or dead) holding the idempotency ``key``, or None."""
+        calls = await self._connected()
+        job_id = control.key_holder(await self.redis.hget(calls.key_index(key), key))
+        return None if job_id is None else await self.get(job_id)
+
+    @follows_layout_async
+    async def jobs(self, *, queue: str, state: str | JobState, limit: int = 100, cursor: str | None = None,
+                   run_at_from: Any = None, run_at_to: Any = None) -> tuple[list[JobInfo], str | None]:
         """One page of the jobs of ``queue`` in ``state`` (``scheduled``, ``ready``, ``running`` or
         ``dead``): ``(jobs, next_cursor)``; pass ``next_cursor`` back as ``cursor`` until it is
         None. Each script call examines a bounded number of entries, so a page may be short, even
         empty, while ``next_cursor`` is not None: keep paging. A job that stays in its state is
         listed exactly once. ``limit``: 1 to 1000; a malformed cursor, or one of another listing,
-        raises ValueError."""
-        walk = (await self._connected()).list_walk(queue, state, limit, cursor)
+        raises ValueError. ``run_at_from``/``run_at_to`` (scheduled jobs only; aware datetimes or
+        epoch seconds, inclusive): only jobs due in that range, read as a range of the timer sets,
+        so pages stay full; pass the same range with every page."""
+        walk = (await self._connected()).list_walk(queue, state, limit, cursor, (run_at_from, run_at_to))
         while (call := walk.next_call()) is not None:
             walk.take(await self.transport.call(*call))
         return walk.result()
@@ -288,6 +297,50 @@ class AsyncClient:
         when there is no such cron."""
         calls = await self._connected()
         return cron_removed(await self.transport.call(*calls.cron_remove_call(name)))
+
+    @follows_layout_async
+    async def pause_cron(self, name: str) -> bool:
+        """Pause a cron: its pending occurrence is cancelled (one already running finishes) and no
+        occurrence is created until :meth:`resume_cron`. True when paused now, False when it
+        already was; ValueError when there is no such cron. Idempotent."""
+        calls = await self._connected()
+        return control.cron_pause_status(name, await self.transport.call(*calls.cron_pause_call(name)))
+
+    @follows_layout_async
+    async def resume_cron(self, name: str) -> bool:
+        """Resume a paused cron from now: its next occurrence is the first one after now; those
+        that fell in the pause are not run (nor counted as missed). True when resumed, False when
+        it was not paused; ValueError when there is no such cron."""
+        calls = await self._connected()
+        definition = await self.redis.hget(calls.cron_definition_key(name), "def")
+        call = control.cron_resume_call(calls, name, definition, control.time_ms(await self.redis.time()))
+        return control.cron_pause_status(name, await self.transport.call(*call))
+
+    # -- queue pause ------------------------------------------------------------------------------
+    @follows_layout_async
+    async def pause(self, queue: str) -> bool:
+        """Pause ``queue``: workers claim none of its jobs until :meth:`resume`; due jobs keep
+        moving to ready and wait there (misfire is decided when a job becomes due, so waiting out a
+        pause misfires nothing). Namespace-wide, kept in Redis (survives restarts of every
+        process). True when the queue was paused now, False when it already was (its start time
+        is kept)."""
+        step = control.QueuePause(await self._connected(), queue)
+        pipe = self.redis.pipeline(transaction=False)
+        step.config_commands(pipe, control.time_ms(await self.redis.time()))
+        return step.result(await self.transport.call_many(step.script_calls(await pipe.execute())))
+
+    @follows_layout_async
+    async def resume(self, queue: str) -> bool:
+        """Resume a paused queue: workers claim the jobs that waited, at once. True when it was
+        paused, False otherwise. Idempotent."""
+        calls = await self._connected()
+        replies = await self.transport.call_many(calls.resume_calls(queue))
+        return control.queue_resumed(await self.redis.hdel(calls.ks.config_key, control.paused_field(queue)), replies)
+
+    async def paused(self) -> dict[str, datetime]:
+        """The paused queues: queue -> when its pause started."""
+        calls = await self._connected()
+        return control.paused_queues(await self.redis.hgetall(calls.ks.config_key))
 
     async def crons(self) -> list[CronInfo]:
         """Every cron of the namespace, by name."""

@@ -4,9 +4,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from typing import Any, Unpack
 
-from ..protocol import codec, config
+from ..protocol import codec, config, control
 from ..protocol import durability as dur
 from ..protocol.calls import Calls, id_list
 from ..protocol.codes import Outcome, cancel_outcome, cron_removed, purge_outcome, requeue_outcomes, reschedule_outcome
@@ -16,7 +17,6 @@ from ..protocol.keys import Keyspace
 from ..protocol.models import JobInfo, JobState
 from ..protocol.options import JobOptionFields, JobOptions, with_overrides
 from ..protocol.replies import merge_stats, parse_stats
-from ..protocol.timeutil import to_ms
 from ..protocol.transport import NO_RETRY, TRANSIENT, RetryPolicy, ScriptTransport
 from .layout import follows_layout
 from .options import UNSET, ClientOptions, info_server_command, resolve_sharded_pubsub, socket_timeout
@@ -206,16 +206,17 @@ class Client:
 
     @follows_layout
     def reschedule(self, job_id: str, at: Any) -> Outcome:
-        """Move a scheduled or ready job to ``at`` (aware datetime, timedelta from now, epoch
-        seconds): ``DONE``; else ``NOT_FOUND``, ``RUNNING`` or ``DEAD`` (requeue it), and nothing
-        changed."""
-        return reschedule_outcome(self.transport.call(*self.calls.reschedule_call(job_id, to_ms(at))))
+        """Move a scheduled or ready job to ``at`` (aware datetime, timedelta from now by Redis's
+        clock as in :meth:`schedule`, epoch seconds): ``DONE``; else ``NOT_FOUND``, ``RUNNING``
+        or ``DEAD`` (requeue it), and nothing changed."""
+        call = self.calls.reschedule_call(job_id, self.calls.when(at))
+        return reschedule_outcome(self.transport.call(*call))
 
     @follows_layout
     def requeue(self, job_id: str, at: Any = None) -> Outcome:
-        """Bring a dead job back with its attempts reset, now or at ``at``: ``DONE``, or
+        """Bring a dead job back with its attempts reset, now or at ``at`` (as in :meth:`reschedule`): ``DONE``, or
         ``NOT_DEAD`` when it is not dead (so a second requeue of the same job does nothing)."""
-        ((call, _pos),) = self.calls.requeue_calls([job_id], None if at is None else to_ms(at))
+        ((call, _pos),) = self.calls.requeue_calls([job_id], None if at is None else self.calls.when(at))
         return requeue_outcomes(self.transport.call(*call))[0]
 
     @follows_layout
@@ -244,8 +245,15 @@ class Client:
         return calls.job_infos(ids, self.transport.call_many(batch))
 
     @follows_layout
-    def jobs(self, *, queue: str, state: str | JobState, limit: int = 100,
-             cursor: str | None = None) -> tuple[list[JobInfo], str | None]:
+    def get_by_key(self, key: str) -> JobInfo | None:
+        """The live job (scheduled, ready, running or dead) holding the idempotency ``key``, or None."""
+        calls = self.calls
+        job_id = control.key_holder(self.redis.hget(calls.key_index(key), key))
+        return None if job_id is None else self.get(job_id)
+
+    @follows_layout
+    def jobs(self, *, queue: str, state: str | JobState, limit: int = 100, cursor: str | None = None,
+             run_at_from: Any = None, run_at_to: Any = None) -> tuple[list[JobInfo], str | None]:
         """One page of the jobs of ``queue`` in ``state`` (``scheduled``, ``ready``, ``running`` or
         ``dead``): returns ``(jobs, next_cursor)``; pass ``next_cursor`` back as ``cursor`` for the
         next page, until it is None.
@@ -257,8 +265,14 @@ class Client:
         than ``limit`` jobs, even none, while ``next_cursor`` is not None: keep paging. A job that
         stays in its state is listed exactly once; one that moves meanwhile (fired, claimed,
         retried) may be missed or listed again. ``limit``: 1 to 1000. The cursor is an opaque
-        string, checked on input (ValueError when it is malformed or belongs to another listing)."""
-        walk = self.calls.list_walk(queue, state, limit, cursor)
+        string, checked on input (ValueError when it is malformed or belongs to another listing).
+
+        ``run_at_from``/``run_at_to`` (scheduled jobs only; aware datetimes or epoch seconds,
+        inclusive; None: open end): only the jobs due in that range. The range is read from the
+        timer sets by score (a ZRANGE by rank between its ends), so the scan budget is spent only
+        on jobs in range and pages are full whenever enough jobs match. Pass the same range with
+        every page of the listing. Another state with a range raises ValueError."""
+        walk = self.calls.list_walk(queue, state, limit, cursor, (run_at_from, run_at_to))
         while (call := walk.next_call()) is not None:
             walk.take(self.transport.call(*call))
         return walk.result()
@@ -298,6 +312,48 @@ class Client:
         """Delete a cron and cancel its pending occurrence (one already running finishes); False
         when there is no such cron."""
         return cron_removed(self.transport.call(*self.calls.cron_remove_call(name)))
+
+    @follows_layout
+    def pause_cron(self, name: str) -> bool:
+        """Pause a cron: its pending occurrence is cancelled (one already running finishes) and no
+        occurrence is created until :meth:`resume_cron`. True when paused now, False when it
+        already was; ValueError when there is no such cron. Idempotent."""
+        return control.cron_pause_status(name, self.transport.call(*self.calls.cron_pause_call(name)))
+
+    @follows_layout
+    def resume_cron(self, name: str) -> bool:
+        """Resume a paused cron from now: its next occurrence is the first one after now; those
+        that fell in the pause are not run (nor counted as missed). True when resumed, False when
+        it was not paused; ValueError when there is no such cron."""
+        calls = self.calls
+        definition = self.redis.hget(calls.cron_definition_key(name), "def")
+        call = control.cron_resume_call(calls, name, definition, control.time_ms(self.redis.time()))
+        return control.cron_pause_status(name, self.transport.call(*call))
+
+    # -- queue pause ------------------------------------------------------------------------------
+    @follows_layout
+    def pause(self, queue: str) -> bool:
+        """Pause ``queue``: workers claim none of its jobs until :meth:`resume`; due jobs keep
+        moving to ready and wait there (misfire is decided when a job becomes due, so waiting out a
+        pause misfires nothing). Namespace-wide, kept in Redis (survives restarts of every
+        process). True when the queue was paused now, False when it already was (its start time
+        is kept)."""
+        step = control.QueuePause(self.calls, queue)
+        pipe = self.redis.pipeline(transaction=False)
+        step.config_commands(pipe, control.time_ms(self.redis.time()))
+        return step.result(self.transport.call_many(step.script_calls(pipe.execute())))
+
+    @follows_layout
+    def resume(self, queue: str) -> bool:
+        """Resume a paused queue: workers claim the jobs that waited, at once. True when it was
+        paused, False otherwise. Idempotent."""
+        calls = self.calls
+        replies = self.transport.call_many(calls.resume_calls(queue))
+        return control.queue_resumed(self.redis.hdel(calls.ks.config_key, control.paused_field(queue)), replies)
+
+    def paused(self) -> dict[str, datetime]:
+        """The paused queues: queue -> when its pause started."""
+        return control.paused_queues(self.redis.hgetall(self.keyspace.config_key))
 
     def crons(self) -> list[CronInfo]:
         """Every cron of the namespace, by name."""

@@ -272,7 +272,7 @@ class EtcdSession:
 
     def _rejected(self, exc: BaseException) -> CoordinationError:
         return CoordinationError(
-            f"etcd rejected user {self._user!r}: {describe(exc)}; check the credentials in "
+            f"etcd rejected user {self._user!r}: {describe(exc)}; check the credentials in --etcd / "
             f"ZSCHED_ETCD_ENDPOINTS (http://user:password@host:port) and that auth is enabled"
         )
 

@@ -67,6 +67,9 @@ RESEND: dict[str, str] = {
     "epoch_reset": "safe",  # compare-and-set
     "migrate_out": "safe",  # a call that moves nothing new returns the outbox it already filled
     "migrate_in": "flag",   # with its check flag, skips entries whose job or cron is already there
+    "pause": "safe", "resume": "safe",  # set / delete a flag; a second run finds it done
+    "cron_pause": "safe",   # a paused cron is left as it is
+    "cron_resume": "safe",  # acts only on a paused cron: a second run finds it resumed
 }
 RESEND_FLAG: dict[str, int] = {"schedule": 6, "migrate_in": 4}  # 0-based index into args (ARGV[index + 1]) of the flag
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -80,6 +80,9 @@ class Calls:
         self.tomb_ms = tombstone_ms(tombstone_ttl)
         self.ids = IdGenerator()
         self.clock_offset_ms = 0  # Redis clock - this host's clock, from the last schedule reply
+        # This host's clock (epoch seconds): ids' run_at estimates, created times, cron plans;
+        # scheduler.testing puts its fake clock here, as its Redis's TIME.
+        self.clock: Callable[[], float] = time.time
         self._keys = [keyspace.partition_keys(p) for p in range(keyspace.partitions)]
         # CHAN per partition: "ns:" for plain pub/sub, the partition's "{ns:p}:" when sharded (the
         # scripts' publish() picks PUBLISH or SPUBLISH from it; see Keyspace.channel_prefix)
@@ -125,7 +128,7 @@ class Calls:
     def prepare(self, items: Iterable[Sequence[Any]], opts: JobOptions) -> tuple[list[Call], list[list[int]]]:
         """Validate every job, then build the schedule calls (one per partition and BATCH jobs) and,
         per call, the input positions of its jobs. Nothing is written if any job is bad."""
-        now_s = time.time()
+        now_s = self.clock()
         created = int(now_s)
         parts = self.ks.partitions
         rec_opts = opts.record_fields()
@@ -163,8 +166,9 @@ class Calls:
     def prepare_one(self, at: Any, payload: Any, key: str | None, opts: JobOptions) -> Call:
         """Fast path of :meth:`prepare` for one job (the common producer call)."""
         key = self.validate_key(key)
-        ms, when = self.run_at(at, opts.jitter_ms, time.time())
-        rec = build_record(pack_payload(payload, self.max_payload), created_s=int(time.time()), key=key,
+        now_s = self.clock()
+        ms, when = self.run_at(at, opts.jitter_ms, now_s)
+        rec = build_record(pack_payload(payload, self.max_payload), created_s=int(now_s), key=key,
                            max_attempts=opts.max_attempts, lease_ms=opts.lease_ms,
                            misfire_skip=opts.misfire_skip, misfire_grace_ms=opts.misfire_grace_ms,
                            backoff_base_ms=opts.backoff_base_ms, backoff_cap_ms=opts.backoff_cap_ms)
@@ -195,7 +199,7 @@ class Calls:
     def schedule_reply(self, reply: list[Any]) -> ScheduleReply:
         """A ``schedule`` reply, typed; learns the Redis clock offset for the next relative times."""
         parsed = parse_schedule(reply)
-        self.clock_offset_ms = parsed.now_ms - int(time.time() * 1000)
+        self.clock_offset_ms = parsed.now_ms - int(self.clock() * 1000)
         return parsed
 
     def one_id(self, reply: list[Any]) -> str:
@@ -263,16 +267,23 @@ class Calls:
         raw, p = self.locate(job_id)
         return self.call("cancel", p, raw, self.tomb_ms)
 
-    def reschedule_call(self, job_id: str, at_ms: int) -> Call:
-        """``reschedule`` of one job to epoch ms ``at_ms``; :func:`~.codes.reschedule_outcome`
-        reads the reply."""
+    def when(self, at: Any) -> int | str:
+        """``at`` (an aware datetime, a timedelta from now, epoch seconds) as the run_at argument of
+        ``reschedule`` and ``requeue``: epoch ms, or for a timedelta ``ESTrDELTA``, resolved by the
+        script on Redis's clock as ``schedule`` does (see :meth:`run_at`)."""
+        return self.run_at(at, 0, self.clock())[1]
+
+    def reschedule_call(self, job_id: str, at_ms: int | str) -> Call:
+        """``reschedule`` of one job to epoch ms ``at_ms`` (or a relative :meth:`when`);
+        :func:`~.codes.reschedule_outcome` reads the reply."""
         raw, p = self.locate(job_id)
         return self.call("reschedule", p, raw, at_ms)
 
-    def requeue_calls(self, job_ids: Sequence[str], at_ms: int | None = None) -> list[tuple[Call, list[int]]]:
-        """``requeue`` calls for dead jobs, due now (``at_ms`` None) or at epoch ms ``at_ms``: one
-        per partition (first-seen order), each with the positions in ``job_ids`` of the jobs it
-        carries, which :func:`~.codes.requeue_outcomes` answers in the same order."""
+    def requeue_calls(self, job_ids: Sequence[str], at_ms: int | str | None = None) -> list[tuple[Call, list[int]]]:
+        """``requeue`` calls for dead jobs, due now (``at_ms`` None) or at epoch ms ``at_ms`` (or a
+        relative :meth:`when`): one per partition (first-seen order), each with the positions in
+        ``job_ids`` of the jobs it carries, which :func:`~.codes.requeue_outcomes` answers in the
+        same order."""
         ms = at_ms or 0
         by_part: dict[int, tuple[list[bytes], list[int]]] = {}
         for n, jid in enumerate(job_ids):
@@ -323,9 +334,10 @@ class Calls:
         return [self.stats_call(p) for p in range(self.ks.partitions)]
 
     # -- listing ----------------------------------------------------------------------------------
-    def list_walk(self, queue: str, state: str | JobState, limit: int, cursor: str | None) -> ListWalk:
+    def list_walk(self, queue: str, state: str | JobState, limit: int, cursor: str | None,
+                  run_at: tuple[Any, Any] = (None, None)) -> ListWalk:
         """One page of ``jobs()``: see :class:`~.listing.ListWalk`."""
-        return ListWalk(self, queue, state, limit, cursor)
+        return ListWalk(self, queue, state, limit, cursor, run_at)
 
     # -- cron -------------------------------------------------------------------------------------
     def cron_set_call(self, name: str, expression: str, payload: Any, tz: str, opts: JobOptions) -> Call:
@@ -337,13 +349,14 @@ class Calls:
         if opts.jitter_ms > MAX_JITTER_S * 1000:
             raise ValueError(f"jitter must be at most {MAX_JITTER_S} seconds, got {opts.jitter!r}")
         data = pack_payload(payload, self.max_payload)
-        head, tail = split_template(build_record(data, created_s=int(time.time()), **opts.record_fields()))
-        nominals = occurrences(expression, zone, int(time.time() * 1000), LOOKAHEAD + 1)
+        now_s = self.clock()
+        head, tail = split_template(build_record(data, created_s=int(now_s), **opts.record_fields()))
+        nominals = occurrences(expression, zone, int(now_s * 1000), LOOKAHEAD + 1)
         if not nominals:
             raise ValueError(f"cron expression {expression!r} never fires (e.g. a day that does not exist)")
         pairs = with_jitter(nominals, opts.jitter_ms)
         definition = msgpack.packb({"expr": expression, "tz": tz, "queue": opts.queue, "misfire": opts.misfire,
-                                    "grace": opts.misfire_grace, "jitter": opts.jitter, "created": time.time()})
+                                    "grace": opts.misfire_grace, "jitter": opts.jitter, "created": now_s})
         p = partition_for_key(name, self.ks.partitions)
         flat = [x for pair in pairs for x in pair]
         return self.call("cron_set", p, name, opts.queue, definition, head, tail, self.tomb_ms, len(pairs),
@@ -359,6 +372,43 @@ class Calls:
         validate_name("cron name", name)
         return self.call("cron_remove", partition_for_key(name, self.ks.partitions), name, self.tomb_ms)
 
+    def cron_pause_call(self, name: str) -> Call:
+        """``cron_pause``: reply ``{status, since ms}`` (1 paused now, 0 already, -1 no such cron)."""
+        validate_name("cron name", name)
+        return self.call("cron_pause", partition_for_key(name, self.ks.partitions), name, self.tomb_ms)
+
+    def cron_definition_key(self, name: str) -> str:
+        """The hash of cron ``name`` (field ``def``: its msgpack definition)."""
+        validate_name("cron name", name)
+        return self.ks.key(partition_for_key(name, self.ks.partitions), f"cron:{name}")
+
+    def cron_resume_call(self, name: str, definition: bytes, now_ms: int) -> Call:
+        """``cron_resume`` with the cron's next occurrences after ``now_ms`` (Redis's clock),
+        computed from its stored ``definition`` (expression, time zone, jitter)."""
+        validate_name("cron name", name)
+        spec = msgpack.unpackb(definition, raw=False)
+        nominals = occurrences(spec["expr"], validate_tz(spec["tz"]), now_ms, LOOKAHEAD)
+        planned = with_jitter(nominals, int(float(spec.get("jitter") or 0) * 1000))
+        flat = [ms for pair in planned for ms in pair]
+        return self.call("cron_resume", partition_for_key(name, self.ks.partitions), name, len(planned), *flat)
+
+    def key_index(self, key: str) -> str:
+        """The hash that maps the live jobs' idempotency keys of ``key``'s partition to their ids."""
+        if not isinstance(key, str) or not 1 <= len(key.encode("utf-8")) <= codec.MAX_KEY_BYTES:
+            raise ValueError(f"key must be 1-{codec.MAX_KEY_BYTES} bytes of UTF-8, got {key!r}")
+        return self.ks.key(partition_for_key(key, self.ks.partitions), "k")
+
+    # -- queue pause ------------------------------------------------------------------------------
+    def pause_calls(self, queue: str, since_ms: int) -> list[Call]:
+        """``pause`` on every partition (lua/pause.lua); each reply is 1 (paused now) or 0."""
+        validate_name("queue", queue)
+        return [self.call("pause", p, queue, since_ms) for p in range(self.ks.partitions)]
+
+    def resume_calls(self, queue: str) -> list[Call]:
+        """``resume`` on every partition (lua/resume.lua); each reply is 1 (was paused) or 0."""
+        validate_name("queue", queue)
+        return [self.call("resume", p, queue) for p in range(self.ks.partitions)]
+
     def cron_list_commands(self, pipe: Any) -> None:
         """Queue on a pipeline: the cron names of every partition."""
         for p in range(self.ks.partitions):
@@ -371,7 +421,7 @@ class Calls:
         for p, names in enumerate(names_per_partition):
             for raw in sorted(names):
                 name = raw.decode()
-                pipe.hmget(self.ks.key(p, f"cron:{name}"), "def", "pending", "pnom", "last")
+                pipe.hmget(self.ks.key(p, f"cron:{name}"), "def", "pending", "pnom", "last", "paused", "missed")
                 order.append((p, name))
         return order
 
@@ -385,7 +435,7 @@ class Calls:
                    pending: dict[str, JobInfo | None]) -> list[CronInfo]:
         """Every cron by name, from :meth:`cron_detail_commands` and its pending jobs."""
         out = []
-        for (_p, name), (d, pend, pnom, last) in zip(order, details):
+        for (_p, name), (d, pend, pnom, last, paused, missed) in zip(order, details):
             if d is None:
                 continue  # removed meanwhile
             spec = msgpack.unpackb(d, raw=False)
@@ -397,5 +447,6 @@ class Calls:
                 next_fire=job.run_at if job else None,
                 next_nominal=ms_to_datetime(int(pnom)) if pnom and pend else None,
                 last_fired=ms_to_datetime(int(last)) if last else None,
-                pending_id=pid_text, payload=job.payload if job else None))
+                pending_id=pid_text, payload=job.payload if job else None,
+                paused=ms_to_datetime(int(paused)) if paused else None, missed=int(missed or 0)))
         return sorted(out, key=lambda c: c.name)

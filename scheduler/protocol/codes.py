@@ -58,6 +58,14 @@ class CronRemoveCode(IntEnum):
     NOT_FOUND = 0
 
 
+class CronPauseCode(IntEnum):
+    """First element of ``lua/cron_pause.lua`` and ``lua/cron_resume.lua`` replies."""
+
+    CHANGED = 1      # paused now / resumed now
+    UNCHANGED = 0    # already paused / was not paused
+    NOT_FOUND = -1   # no such cron
+
+
 # -- worker side ---------------------------------------------------------------------------------
 
 
@@ -206,3 +214,12 @@ def purge_outcome(reply: Any) -> Outcome:
 def cron_removed(reply: Any) -> bool:
     """The reply of a ``cron_remove`` call: True when the cron existed and is gone now."""
     return code_of(CronRemoveCode, reply, "cron_remove") is CronRemoveCode.REMOVED
+
+
+def cron_pause_status(name: str, reply: Any) -> bool:
+    """The reply of ``cron_pause``/``cron_resume``: True when the cron changed, False when it was
+    already in that state; ValueError when there is no cron ``name``."""
+    code = code_of(CronPauseCode, reply[0], "cron_pause/cron_resume")
+    if code is CronPauseCode.NOT_FOUND:
+        raise ValueError(f"no cron named {name!r} (see: zsched cron list)")
+    return code is CronPauseCode.CHANGED

@@ -296,3 +296,22 @@ def async_redis(url: str, **kwargs: Any) -> AsyncRedis:
         amaster: aredis.Redis = s.master_for(t.master_name)
         return amaster
     return aredis.Redis.from_url(url, **kw)
+
+
+def permanent_failure(exc: BaseException) -> str | None:
+    """Why retrying a failed Redis connection cannot help, or None when it may (an outage).
+
+    ``"credentials"``: Redis refused the user or password of the URL. ``"tls-files"``: a
+    certificate or key file named in the URL (``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``)
+    cannot be read. Long-running processes retry an outage at start-up and give up at once on
+    these; the CLI words its message by them."""
+    if isinstance(exc, redis.AuthenticationError):
+        return "credentials"
+    seen: BaseException | None = exc
+    for _ in range(5):  # redis-py raises ConnectionError while handling the OSError of the file
+        if seen is None:
+            break
+        if isinstance(seen, FileNotFoundError | PermissionError | IsADirectoryError):
+            return "tls-files"
+        seen = seen.__cause__ or seen.__context__
+    return None

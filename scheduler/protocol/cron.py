@@ -36,6 +36,8 @@ class CronInfo:
     last_fired: datetime | None
     pending_id: str | None
     payload: Any = None
+    paused: datetime | None = None    # when the cron was paused (client.pause_cron); None: active
+    missed: int = 0                   # occurrences not run at their time (outages): coalesced or skipped
 
 
 def validate_expression(expr: object) -> str:

@@ -26,9 +26,11 @@ Per partition ``{ns:p}:`` +
                created, key, and the last error as in ``e`` without its traceback, cut at 160 bytes;
                layout in lua/_lib.lua ``tombstone``)
   ``cr:RID``   claim receipts: the ids a claim with request id RID handed out (re-sent claims)
+  ``paused``   paused queues: hash queue -> ms when the pause started (lua/pause.lua; read by claim)
   ``crons``    cron names; ``cron:NAME`` one cron's definition and upcoming occurrences (lua/_lib_cron.lua)
 Namespace-wide: ``{ns}:cfg`` (partition count, ``rate:QUEUE`` limits, ``dead:max``, ``dead:ttl_ms``,
-``queue:idle_ms``), ``{ns}:rl:QUEUE`` token buckets.
+``queue:idle_ms``, ``paused:QUEUE`` -> ms: the queue pause every partition's ``paused`` copies),
+``{ns}:rl:QUEUE`` token buckets.
 
 Pub/sub, two layouts (the scripts publish on ``CHAN .. name`` with CHAN = :meth:`Keyspace.channel_prefix`):
   plain (one Redis): ``ns:wake`` (scheduler), ``ns:ready:QUEUE`` (workers), ``ns:config`` (config

@@ -10,6 +10,7 @@ from .ids import ID_BYTES
 from .keys import validate_name
 from .models import JobInfo, JobState
 from .replies import list_page
+from .timeutil import to_ms
 from .transport import Call
 
 if TYPE_CHECKING:
@@ -70,17 +71,36 @@ def _position_ok(pos: bytes, state: str) -> bool:
     return math.isfinite(val) and (state != "ready" or (num.isdigit() and int(num) >= 1))
 
 
+def run_at_range(state: str, start: Any, end: Any) -> list[str]:
+    """The ``list`` script's optional run_at range arguments (ARGV 9, 10) from ``jobs()``'s
+    ``run_at_from``/``run_at_to`` (aware datetimes or epoch seconds, None for an open end): ``[]``
+    without a range. Only scheduled jobs are ordered by run_at (their sets are scored by it); a
+    range with another state raises ValueError saying so."""
+    if start is None and end is None:
+        return []
+    if state != "scheduled":
+        raise ValueError(f"a run_at range is only supported for scheduled jobs (their timers are ordered by "
+                         f"run_at), not {state!r}: filter the pages of that state yourself")
+    lo = "" if start is None else str(to_ms(start, name="run_at_from"))
+    hi = "" if end is None else str(to_ms(end, name="run_at_to"))
+    return [lo, hi]
+
+
 class ListWalk:
     """One ``jobs()`` page: walks the partitions in order from the cursor, one ``list`` script call
     at a time (each bounded by its scan budget), until the page is full, the partitions are done,
-    or LIST_ROUND_TRIPS calls were made. The sync and async clients drive it the same way::
+    or LIST_ROUND_TRIPS calls were made. ``run_at``: (from, to), inclusive, aware datetimes or
+    epoch seconds, None for an open end: for scheduled jobs only, read as a range of their timer
+    sets (pages stay full when enough jobs match); pass the same range with every page of a
+    listing. The sync and async clients drive it the same way::
 
         while (call := walk.next_call()) is not None:
             walk.take(transport.call(*call))
         jobs, cursor = walk.result()
     """
 
-    def __init__(self, calls: Calls, queue: str, state: str | JobState, limit: int, cursor: str | None) -> None:
+    def __init__(self, calls: Calls, queue: str, state: str | JobState, limit: int, cursor: str | None,
+                 run_at: tuple[Any, Any] = (None, None)) -> None:
         validate_name("queue", queue)
         st = state.value if isinstance(state, JobState) else state
         if st not in LIST_STATES:
@@ -89,6 +109,7 @@ class ListWalk:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LIST_MAX_LIMIT:
             raise ValueError(f"limit must be an integer from 1 to {LIST_MAX_LIMIT}, got {limit!r}")
         self.calls, self.queue, self.state, self.limit = calls, queue, st, limit
+        self.range = run_at_range(st, *run_at)
         self.partition: int | None
         if cursor is None:
             self.partition, self.position = 0, b""
@@ -104,7 +125,7 @@ class ListWalk:
             return None
         self.sent += 1
         return self.calls.call("list", self.partition, self.state, self.queue, self.limit - len(self.jobs),
-                               self.position, self.budget)
+                               self.position, self.budget, *self.range)
 
     def take(self, reply: list[Any]) -> None:
         """Take the reply of the call :meth:`next_call` returned."""

@@ -7,6 +7,7 @@ parsed in :mod:`.codes`. Everything here is pure: no I/O, no clock.
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -35,10 +36,19 @@ class Claimed:
     due_ms: int
 
 
+def claim_paused(reply: list[Any]) -> int | None:
+    """When a ``claim`` was refused because its queue is paused (lua/pause.lua): the epoch ms the
+    pause started; None for an ordinary reply (a paused reply has 2 elements, a job adds 5)."""
+    return int(reply[1]) if len(reply) == 2 else None
+
+
 def parse_claim(reply: list[Any]) -> tuple[int, list[Claimed]]:
-    """``claim`` reply -> (Redis's clock in microseconds when it ran, jobs)."""
+    """``claim`` reply -> (Redis's clock in microseconds when it ran, jobs); a paused queue's
+    reply (:func:`claim_paused`) holds no jobs."""
     now = int(reply[0])
     out: list[Claimed] = []
+    if claim_paused(reply) is not None:
+        return now, out
     for i in range(1, len(reply), 5):
         raw_id, raw_rec, token, deadline, due = reply[i : i + 5]
         try:
@@ -202,7 +212,8 @@ class StatsReply:
     """One partition's ``stats`` reply. ``gauges``: ``s:Q`` scheduled, ``h:Q`` held by a rate
     limit, ``a:Q`` running, ``d:Q`` dead; ``counters``: events per queue (``fired:Q``, ...);
     ``ready``: ready-list length per queue; ``earliest_due_ms``: the next timer (None: none);
-    totals of the timer, in-flight and dead sets; the highest scheduler epoch seen."""
+    totals of the timer, in-flight and dead sets; the highest scheduler epoch seen; ``paused``:
+    queue -> epoch ms when its pause started, for the queues paused in this partition."""
 
     gauges: dict[str, int]
     counters: dict[str, int]
@@ -212,6 +223,7 @@ class StatsReply:
     in_flight: int
     dead: int
     epoch: int
+    paused: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def queues(self) -> dict[str, dict[str, int]]:
         """Per queue: scheduled, ready, running and dead jobs in this partition."""
@@ -234,11 +246,12 @@ def _pairs(flat: list[Any]) -> dict[str, int]:
 
 
 def parse_stats(reply: list[Any]) -> StatsReply:
-    """``{gauges, counters, ready lengths, earliest due or -1, timers, in flight, dead, epoch}``
-    (lua/stats.lua)."""
+    """``{gauges, counters, ready lengths, earliest due or -1, timers, in flight, dead, epoch,
+    paused}`` (lua/stats.lua)."""
     head = int(float(reply[3]))
     return StatsReply(_pairs(reply[0]), _pairs(reply[1]), _pairs(reply[2]), head if head >= 0 else None,
-                      int(reply[4]), int(reply[5]), int(reply[6]), int(reply[7] or 0))
+                      int(reply[4]), int(reply[5]), int(reply[6]), int(reply[7] or 0),
+                      _pairs(reply[8]) if len(reply) > 8 else {})
 
 
 def merge_stats(partitions: Iterable[StatsReply]) -> dict[str, dict[str, int]]:

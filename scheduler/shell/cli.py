@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from workers import cli as worker_cli
 
+from ..runtime import entry_point_logging
 from ..tier import cli as tier_cli
-from . import cli_cron, cli_dead, cli_epochs, cli_jobs, cli_migrate, cli_stats, dev
+from . import cli_cron, cli_dead, cli_epochs, cli_jobs, cli_migrate, cli_queue, cli_stats, cli_ui, dev
+from .cli_errors import explain, interrupt_on_sigterm, interrupted_line
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,12 +20,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zsched", description="zsched: distributed job scheduler")
     parser.add_argument("--log-level", default=os.environ.get("ZSCHED_LOG_LEVEL", "INFO"),
                         help="logging level (default INFO; env ZSCHED_LOG_LEVEL)")
+    parser.add_argument("--debug", action="store_true", default=bool(os.environ.get("ZSCHED_DEBUG")),
+                        help="print the traceback of known errors too (env ZSCHED_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     tier_cli.add_parser(sub)
     worker_cli.add_parser(sub)
     dev.add_parser(sub)
-    for module in (cli_jobs, cli_dead, cli_stats, cli_cron, cli_epochs, cli_migrate):  # in the order of --help
+    for module in (cli_jobs, cli_dead, cli_stats, cli_queue, cli_cron, cli_epochs, cli_migrate, cli_ui):  # --help order
         module.add_parsers(sub)
     return parser
 
@@ -32,18 +36,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``zsched ARGV`` (default: the process's arguments); returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    restore_sigterm = interrupt_on_sigterm()  # one-shot commands: SIGTERM stops them as Ctrl-C does
     try:
+        entry_point_logging(args.log_level, whole_process=True)
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        return 130
-    except ValueError as exc:
-        # How the subcommands refuse input that parsing could not check (a bad --batch, a
-        # MODULE:ATTR that does not import, ConfigError for --redis/--namespace): one line, exit 2.
-        # Any other exception is a bug and keeps its traceback.
-        print(f"zsched: error: {exc}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM in a one-shot command: 130 or 143
+        line, code = interrupted_line(exc)
+        print(line, file=sys.stderr)
+        return code
+    except BrokenPipeError:  # `zsched dead list | head`
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
+        return 0
+    except Exception as exc:
+        # A known condition (server unreachable, bad URL or credentials, port in use, ...): one
+        # line and its exit code (scheduler/shell/cli_errors.py); anything else is a bug and keeps
+        # its traceback.
+        known = explain(exc, args)
+        if known is None:
+            raise
+        if args.debug:
+            traceback.print_exc()
+        print(f"zsched: error: {known[0]}", file=sys.stderr)
+        return known[1]
+    finally:
+        restore_sigterm()
 
 
 if __name__ == "__main__":

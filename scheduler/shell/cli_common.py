@@ -3,11 +3,13 @@
 The operator subcommands (``schedule``, ``job``, ``dead``, ``stats``, ``cron``, ``epochs``) are thin
 argparse layers over :mod:`scheduler.shell.admin`. Each takes ``--redis``, ``--namespace`` and
 ``--json`` (:func:`common_options`); argparse's own errors look like ours (:func:`patch_errors`);
-and :func:`runner` connects, runs the command and maps the conditions an operator can cause to one
-line on stderr (``zsched: error: ...``) and an exit code: :data:`EXIT_OK` 0 ok,
-:data:`EXIT_NOT_FOUND` 1 not found (unknown job or namespace, or a job whose state does not allow
-the operation), :data:`EXIT_BAD_INPUT` 2 bad input, :data:`EXIT_UNAVAILABLE` 3 Redis unreachable
-or refusing. Anything else is a bug and keeps its traceback.
+every (sub)command has a description in ``--help`` (:class:`Commands`); and :func:`runner`
+connects and runs the command. ``zsched``'s main maps the conditions an operator can cause to one
+line on stderr (``zsched: error: ...``) and an exit code (:mod:`scheduler.shell.cli_errors`):
+:data:`EXIT_OK` 0 ok, :data:`EXIT_NOT_FOUND` 1 not found (unknown job or namespace, or a job whose
+state does not allow the operation), :data:`EXIT_BAD_INPUT` 2 bad input, :data:`EXIT_UNAVAILABLE`
+3 Redis or etcd unreachable or refusing, 4 this machine's set-up (a TLS file, a port in use).
+Anything else is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
@@ -15,22 +17,19 @@ import argparse
 import functools
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, NoReturn, TextIO, TypeAlias
 
-import redis
-
 from ..client import Client
-from ..protocol import config
-from ..protocol.errors import LayoutChanged
 from . import admin
-from .admin import AdminError, BadInput
-
-EXIT_OK, EXIT_NOT_FOUND, EXIT_BAD_INPUT, EXIT_UNAVAILABLE = 0, 1, 2, 3
+from .admin import BadInput
+from .cli_errors import EXIT_BAD_INPUT as EXIT_BAD_INPUT  # the exit codes, for the command modules
+from .cli_errors import EXIT_NOT_FOUND as EXIT_NOT_FOUND
+from .cli_errors import EXIT_OK as EXIT_OK
+from .cli_errors import EXIT_UNAVAILABLE as EXIT_UNAVAILABLE
 
 Handler = Callable[[Client, argparse.Namespace], int | None]
 """A subcommand's body: gets a connected client and the parsed arguments, returns the exit code
@@ -42,7 +41,8 @@ SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 WHEN_HELP = ("ISO-8601 with a zone (2026-12-01T09:00:00+01:00, ...Z), +DURATION from now "
              "(+90s, +4h, +1d2h30m), 'now', or epoch seconds")
 EPILOG = ("exit codes: 0 ok, 1 not found (unknown job/namespace, or a state that does not allow it), "
-          "2 bad input, 3 Redis unreachable or refusing")
+          "2 bad input, 3 Redis unreachable or refusing, 4 a TLS file cannot be read, 130 Ctrl-C "
+          "(see docs/operations.md)")
 
 
 # ------------------------------------------------------------------------- argument types
@@ -114,6 +114,22 @@ def common_options() -> argparse.ArgumentParser:
     return c
 
 
+def described(kw: dict[str, Any]) -> dict[str, Any]:
+    """``add_parser`` keywords with a ``description`` (shown by ``--help``): the ``help`` line as a
+    sentence when none is given, so no command's ``--help`` is without one."""
+    text = kw.get("help")
+    if not kw.get("description") and text:
+        kw = {**kw, "description": text[0].upper() + text[1:] + ("" if text.endswith(".") else ".")}
+    return kw
+
+
+def check_grace(args: argparse.Namespace) -> None:
+    """A precheck (see :func:`runner`): ``--grace`` goes only with ``--misfire skip``."""
+    if args.grace is not None and args.misfire != "skip":
+        raise BadInput("--grace only applies with --misfire skip (how late a skipped occurrence may still run); "
+                       "add --misfire skip or drop --grace")
+
+
 class Commands:
     """Registers operator subcommands on ``sub`` with the shared options, epilog and error format."""
 
@@ -124,14 +140,14 @@ class Commands:
 
     def group(self, name: str, **kw: Any) -> SubParsers:
         """A command with actions (``zsched NAME ACTION``); returns where the actions go."""
-        p = patch_errors(self.sub.add_parser(name, **kw))
+        p = patch_errors(self.sub.add_parser(name, **described(kw)))
         return p.add_subparsers(dest=f"{name}_action", metavar="ACTION", required=True)
 
     def leaf(self, parent: SubParsers, name: str, handler: Handler, *, create: bool = False,
              precheck: Callable[[argparse.Namespace], None] | None = None, **kw: Any) -> argparse.ArgumentParser:
         """A runnable (sub)command under ``parent`` (``self.sub`` or a :meth:`group`); see :func:`runner`
         for ``create`` and ``precheck``. Returns its parser for the command's own arguments."""
-        p = patch_errors(parent.add_parser(name, parents=[self.common], epilog=self.epilog, **kw))
+        p = patch_errors(parent.add_parser(name, parents=[self.common], epilog=self.epilog, **described(kw)))
         p.set_defaults(func=runner(handler, create=create, precheck=precheck))
         return p
 
@@ -154,8 +170,8 @@ def runner(handler: Handler, *, create: bool,
     """The ``func`` of a subcommand: run ``precheck(args)`` (refuses contradictory arguments with
     BadInput before connecting, so the operator learns what to fix even when Redis is down),
     connect (``create``: may create the namespace; otherwise an unknown one is NotFound), run the
-    handler, close. Known conditions print one line and return their exit code; anything else
-    propagates with its traceback."""
+    handler, close. What it raises goes to ``zsched``'s main, which turns known conditions into one
+    line and their exit code (:func:`scheduler.shell.cli_errors.explain`)."""
 
     def run(args: argparse.Namespace) -> int:
         client: Client | None = None
@@ -164,28 +180,6 @@ def runner(handler: Handler, *, create: bool,
                 precheck(args)
             client = admin.open_client(args.redis, args.namespace, create=create)
             return int(handler(client, args) or 0)
-        except AdminError as exc:
-            fail(str(exc))
-            return exc.exit_code
-        except LayoutChanged as exc:  # zsched migrate-partitions is running on this namespace
-            fail(f"the namespace is paused: {exc}")
-            return EXIT_UNAVAILABLE
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            url = admin.safe_url(config.redis_url(args.redis))
-            fail(f"cannot reach Redis at {url}: {exc} (check --redis / ZSCHED_REDIS_URL)")
-            return EXIT_UNAVAILABLE
-        except redis.exceptions.RedisError as exc:  # e.g. NOPERM for an ACL user, OOM, READONLY replica
-            fail(f"Redis refused the command: {type(exc).__name__}: {exc}")
-            return EXIT_UNAVAILABLE
-        except ValueError as exc:
-            # The client refusing what the operator typed: ConfigError (--redis, --namespace),
-            # PayloadError, DurabilityUnsupported, or a ValueError naming the argument (an idempotency
-            # key, a cron expression or time zone, a time out of range, an id of another namespace).
-            fail(str(exc))
-            return EXIT_BAD_INPUT
-        except BrokenPipeError:  # `zsched dead list | head`
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
-            return EXIT_OK
         finally:
             if client is not None:
                 client.close()

@@ -15,6 +15,7 @@ from .cli_common import (
     EXIT_OK,
     Commands,
     SubParsers,
+    check_grace,
     dt_ms,
     number,
     payload_arg,
@@ -22,6 +23,7 @@ from .cli_common import (
     queue_arg,
     when_text,
 )
+from .cli_queue import report_toggle
 
 
 def _time_zone(text: str) -> str:
@@ -36,7 +38,7 @@ def add_parsers(sub: SubParsers) -> None:
     """Register ``cron`` and its actions (called by scheduler/shell/cli.py)."""
     cmds = Commands(sub)
     cron = cmds.group("cron", help="recurring schedules: add, list, remove")
-    p = cmds.leaf(cron, "add", _cron_add, create=True, help="create or replace a cron",
+    p = cmds.leaf(cron, "add", _cron_add, create=True, precheck=check_grace, help="create or replace a cron",
                   description="Create or replace the cron NAME. Each occurrence is an ordinary job; a cron always "
                               "has exactly one pending occurrence.")
     p.add_argument("name", type=queue_arg, metavar="NAME", help="cron name (letters, digits, _ . -)")
@@ -54,9 +56,18 @@ def add_parsers(sub: SubParsers) -> None:
                    help="with --misfire skip: how late an occurrence may still run (default 60)")
     p.add_argument("--jitter", type=number("seconds", 0, 86400), default=0.0, metavar="S",
                    help="spread each occurrence uniformly over [nominal, nominal + S]")
-    p.add_argument("--max-attempts", type=number("an integer", 1, 255, integer=True), default=5, metavar="N")
+    p.add_argument("--max-attempts", type=number("an integer", 1, 255, integer=True), default=5, metavar="N",
+                   help="attempts each occurrence gets before it is dead-lettered (1-255, default 5)")
     cmds.leaf(cron, "list", _cron_list, help="every cron with its next fire time")
     p = cmds.leaf(cron, "remove", _cron_remove, help="delete a cron and cancel its pending occurrence")
+    p.add_argument("name", type=queue_arg, metavar="NAME", help="the cron's name (see: zsched cron list)")
+    p = cmds.leaf(cron, "pause", _cron_pause, help="stop a cron's occurrences until it is resumed",
+                  description="Pause the cron NAME: its pending occurrence is cancelled and none is created until "
+                              "'zsched cron resume'. Idempotent.")
+    p.add_argument("name", type=queue_arg, metavar="NAME")
+    p = cmds.leaf(cron, "resume", _cron_resume, help="resume a paused cron from now",
+                  description="Resume the paused cron NAME: its next occurrence is the first one after now; "
+                              "occurrences that fell in the pause are not run.")
     p.add_argument("name", type=queue_arg, metavar="NAME")
 
 
@@ -79,8 +90,9 @@ def _cron_list(client: Client, args: argparse.Namespace) -> int:
         print_json([admin.jsonable(c.__dict__) for c in crons])
         return EXIT_OK
     rows = [(c.name, c.expression, c.tz, c.queue, c.misfire + (f" ({c.misfire_grace:g}s)" if c.misfire_grace else ""),
-             when_text(dt_ms(c.next_fire)), admin.iso(c.last_fired) or "-") for c in crons]
-    print(admin.table(("NAME", "EXPR", "TZ", "QUEUE", "MISFIRE", "NEXT", "LAST FIRED"), rows) if rows else "no crons")
+             when_text(dt_ms(c.next_fire)), admin.iso(c.last_fired) or "-", str(c.missed)) for c in crons]
+    print(admin.table(("NAME", "EXPR", "TZ", "QUEUE", "MISFIRE", "NEXT", "LAST FIRED", "MISSED"), rows)
+          if rows else "no crons")
     return EXIT_OK
 
 
@@ -92,3 +104,12 @@ def _cron_remove(client: Client, args: argparse.Namespace) -> int:
     else:
         print(f"cron {args.name} removed; its pending occurrence was cancelled")
     return EXIT_OK
+
+
+
+def _cron_pause(client: Client, args: argparse.Namespace) -> int:
+    return report_toggle("cron", args.name, True, client.pause_cron(args.name), args.json)
+
+
+def _cron_resume(client: Client, args: argparse.Namespace) -> int:
+    return report_toggle("cron", args.name, False, client.resume_cron(args.name), args.json)

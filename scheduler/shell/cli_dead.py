@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
+from datetime import timedelta
 from typing import Any, Protocol, TextIO
 
 from ..client import Client
@@ -27,9 +29,10 @@ from .cli_common import (
     number,
     print_json,
     queue_arg,
-    when_arg,
+    schedule_when_arg,
     when_text,
 )
+from .cli_errors import Interrupted
 from .cli_jobs import job_lines
 
 
@@ -43,7 +46,7 @@ def add_parsers(sub: SubParsers) -> None:
     p.add_argument("--limit", type=number("an integer", 1, 10000, integer=True), default=50, metavar="N",
                    help="at most N jobs, newest first (default 50)")
     p = cmds.leaf(dead, "show", _dead_show, help="a dead job's payload and full last error with traceback")
-    p.add_argument("id", type=job_id_arg, metavar="ID")
+    p.add_argument("id", type=job_id_arg, metavar="ID", help="a dead job's id (see: zsched dead list)")
     _add_requeue(cmds, dead)
     p = cmds.leaf(dead, "purge", _dead_purge, help="delete dead jobs for good: one ID, or --older-than DURATION",
                   description="Delete dead jobs for good (body, error and idempotency key).")
@@ -83,8 +86,9 @@ def _add_requeue(cmds: Commands, dead: SubParsers) -> None:
     p.add_argument("--rate", type=number("jobs per second", 0, 1_000_000), metavar="JOBS_PER_S",
                    help=f"pace mass requeues (default {admin.DEFAULT_MASS_RATE:g}; 0 = no pacing). With a "
                         "future --at, due times are spread at this rate instead of waiting")
-    p.add_argument("--at", type=when_arg, metavar="WHEN",
-                   help="due time of the requeued jobs (default now); " + WHEN_HELP)
+    p.add_argument("--at", type=schedule_when_arg, metavar="WHEN",
+                   help="due time of the requeued jobs (default now); " + WHEN_HELP
+                        + "; 'now' and +DURATION are from Redis's clock, as for schedule")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the summary, not one line per job")
 
 
@@ -123,15 +127,25 @@ def _dead_requeue(client: Client, args: argparse.Namespace) -> int:
     if job_id is not None:
         return _requeue_single(client, args, job_id)
     assert flt is not None
+    if isinstance(args.at, timedelta):  # from Redis's clock: the due times of a spread are absolute
+        args.at = admin.redis_now_ms(client) + round(args.at / timedelta(milliseconds=1))
     rate = admin.DEFAULT_MASS_RATE if args.rate is None else args.rate
     started = time.monotonic()
     outcomes = admin.requeue_stream(client, admin.iter_dead(client, flt), rate=rate, at_ms=args.at,
                                     dry_run=args.dry_run)
     counts = {"requeued": 0, "not dead": 0, "would requeue": 0}
     emit: _JobStream = _JsonJobs(sys.stdout) if args.json else _TextJobs(sys.stdout, args.quiet)
-    for oc in outcomes:
-        counts[oc.status] += 1
-        emit.job(oc)
+    try:
+        for oc in outcomes:
+            counts[oc.status] += 1
+            emit.job(oc)
+    except KeyboardInterrupt as exc:  # Ctrl-C (or SIGTERM) during a paced requeue: say how far it got
+        if args.json:
+            emit.close({"interrupted": True, "requeued": counts["requeued"], "not_dead": counts["not dead"]})
+        done = f"{counts['requeued']} job(s) were requeued" if not args.dry_run else "nothing was changed"
+        raise Interrupted(getattr(exc, "signum", signal.SIGINT),
+                          f"{done} ({flt.describe()}); run the same command again to requeue the jobs "
+                          "that are still dead") from None
     elapsed = time.monotonic() - started
     matched = sum(counts.values())
     if args.json:

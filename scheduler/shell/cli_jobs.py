@@ -16,7 +16,6 @@ from ..protocol.calls import LIST_MAX_LIMIT, LIST_STATES, MISFIRE_POLICIES
 from ..protocol.errors import DurabilityError, MisfiredAtSchedule
 from ..protocol.models import JobInfo
 from . import admin
-from .admin import BadInput
 from .cli_common import (
     EXIT_BAD_INPUT,
     EXIT_OK,
@@ -24,6 +23,7 @@ from .cli_common import (
     WHEN_HELP,
     Commands,
     SubParsers,
+    check_grace,
     dt_ms,
     fail,
     job_id_arg,
@@ -32,7 +32,6 @@ from .cli_common import (
     print_json,
     queue_arg,
     schedule_when_arg,
-    when_arg,
     when_text,
 )
 
@@ -40,8 +39,8 @@ from .cli_common import (
 def add_parsers(sub: SubParsers) -> None:
     """Register ``schedule`` and ``job`` (called by scheduler/shell/cli.py)."""
     cmds = Commands(sub)
-    p = cmds.leaf(sub, "schedule", _schedule, create=True, help="schedule a job; prints its id",
-                  description="Schedule one job and print its id.")
+    p = cmds.leaf(sub, "schedule", _schedule, create=True, precheck=check_grace,
+                  help="schedule a job; prints its id", description="Schedule one job and print its id.")
     p.add_argument("--at", required=True, type=schedule_when_arg, metavar="WHEN", help=WHEN_HELP)
     p.add_argument("--queue", required=True, type=queue_arg, metavar="Q", help="queue name")
     p.add_argument("--payload", required=True, type=payload_arg, metavar="JSON",
@@ -64,12 +63,13 @@ def add_parsers(sub: SubParsers) -> None:
 
     job = cmds.group("job", help="show, cancel or reschedule one job", description="Operations on one job.")
     p = cmds.leaf(job, "show", _job_show, help="show a job's state, times, attempts, error and payload")
-    p.add_argument("id", type=job_id_arg, metavar="ID")
+    p.add_argument("id", type=job_id_arg, metavar="ID", help="the job's id, as printed by zsched schedule")
     p = cmds.leaf(job, "cancel", _job_cancel, help="cancel a scheduled or ready job")
-    p.add_argument("id", type=job_id_arg, metavar="ID")
+    p.add_argument("id", type=job_id_arg, metavar="ID", help="the job's id, as printed by zsched schedule")
     p = cmds.leaf(job, "reschedule", _job_reschedule, help="move a scheduled or ready job to another time")
-    p.add_argument("id", type=job_id_arg, metavar="ID")
-    p.add_argument("--at", required=True, type=when_arg, metavar="WHEN", help=WHEN_HELP)
+    p.add_argument("id", type=job_id_arg, metavar="ID", help="the job's id, as printed by zsched schedule")
+    p.add_argument("--at", required=True, type=schedule_when_arg, metavar="WHEN",
+                   help=WHEN_HELP + "; 'now' and +DURATION are from Redis's clock, as for schedule")
     p = cmds.leaf(job, "list", _job_list,
                   help="a queue's scheduled, ready, running or dead jobs, one page at a time",
                   description="List the jobs of a queue in one state, one page at a time, partition by partition: "
@@ -88,8 +88,6 @@ def add_parsers(sub: SubParsers) -> None:
 
 
 def _schedule(client: Client, args: argparse.Namespace) -> int:
-    if args.grace is not None and args.misfire != "skip":
-        raise BadInput("--grace only applies with --misfire skip (how late a skipped job may still run)")
     if args.durable:
         client = Client(client.redis, namespace=client.keyspace.namespace, durable=args.durable,
                         durable_timeout=args.durable_timeout)
@@ -135,9 +133,9 @@ def _job_cancel(client: Client, args: argparse.Namespace) -> int:
 def _job_reschedule(client: Client, args: argparse.Namespace) -> int:
     info = admin.reschedule_job(client, args.id, args.at)
     if args.json:
-        print_json({"id": args.id, "rescheduled": True, "state": info.state.value, "run_at": admin.iso(args.at)})
+        print_json({"id": args.id, "rescheduled": True, "state": info.state.value, "run_at": admin.iso(info.run_at)})
     else:
-        where = f"{info.state.value}, due {when_text(args.at)}"
+        where = f"{info.state.value}, due {when_text(dt_ms(info.run_at))}"
         print(f"rescheduled {args.id} ({where})")
     return EXIT_OK
 

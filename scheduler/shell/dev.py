@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import shutil
 import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +24,12 @@ from ..coord import EtcdCoordinator
 from ..metrics import bucket_quantile, scrape_histogram
 from ..protocol import config
 from ..protocol.connection import mask_url
+from .admin import AdminError
 from .cli_common import SubParsers
-from .servers import ChildProcess, EtcdServer, RedisServer, ServerError, ServerProcess, ZschedProc, pick_port
+from .cli_errors import EXIT_LOCAL
+from .cli_ui import missing_ui_packages
+from .servers import ChildProcess, EtcdServer, RedisServer, ServerError, ServerProcess, ZschedProc, pick_port, ui_proc
+from .ui.security import new_token
 
 NS_DEFAULT = "zsched"
 STOP_TIMEOUT_S = 35.0  # per child: longer than a worker's default shutdown grace (30 s) for its running jobs
@@ -45,14 +51,22 @@ def add_parser(sub: SubParsers) -> None:
     p.add_argument("--home", default=".zsched", help="data and logs directory (default ./.zsched)")
     p.add_argument("--duration", type=float, default=None, help="stop by itself after this many seconds")
     p.add_argument("--plain", action="store_true",
-                   help="print the view as plain text blocks instead of redrawing the screen")
+                   help="print the whole view as a text block every second instead of redrawing the screen "
+                        "(when the output is not a terminal the default is one compact line per second)")
     p.set_defaults(func=run)
 
 
+class SetUpError(AdminError):
+    """A server of the local stack cannot be started (a program missing, a port taken, a server that
+    does not come up): ``zsched: error: ...``, exit 4."""
+
+    exit_code = EXIT_LOCAL
+
+
 def need(binary: str, package: str) -> None:
-    """Exit with an install hint if ``binary`` is not on PATH."""
+    """Refuse with an install hint if ``binary`` is not on PATH."""
     if shutil.which(binary) is None:
-        raise SystemExit(f"zsched dev: {binary} not found; install it with: sudo apt-get install {package} "
+        raise SetUpError(f"zsched dev: {binary} not found; install it with: sudo apt-get install {package} "
                          "(./scripts/dev does this for you)")
 
 
@@ -68,12 +82,18 @@ class Stack:
         self.workers: dict[str, ZschedProc] = {}
         self.ns = config.namespace(args.namespace)
         self.metrics_ports: dict[str, int] = {}
+        self.consoles: dict[str, ZschedProc] = {}  # zsched ui
+        self.ui_token = os.environ.get("ZSCHED_UI_TOKEN") or new_token()
+        self.ui_url = ""
 
-    def start(self) -> None:
+    def start(self, stopping: threading.Event) -> bool:
+        """Start everything; False as soon as ``stopping`` is set (a signal) while the servers come
+        up: what was started is in ``servers``, for :meth:`stop`."""
         try:
-            self._start_servers()
+            if not self._start_servers(stopping):
+                return False
         except ServerError as exc:
-            raise SystemExit(f"zsched dev: {exc}") from None
+            raise SetUpError(f"zsched dev: {exc} (logs in {self.home / 'logs'})") from None
         a = self.args
         # the URL (it may carry a password) reaches children through their environment, not argv
         common = ["--namespace", self.ns]
@@ -89,15 +109,24 @@ class Stack:
             for _ in range(a.workers):
                 n += 1
                 self.workers[f"worker-{n}"] = self._zsched(f"worker-{n}", ["worker", app, *common], 19200 + n, env)
+        if missing_ui_packages():  # installed without the 'ui' extra: the stack runs without its console
+            self.ui_url = ""
+            return True
+        ui_port = pick_port(8089)
+        self.consoles["ui"] = ui_proc(self.redis_url, self.ns, port=ui_port, token=self.ui_token, etcd=self.etcd,
+                                      log=self.home / "logs" / "ui.log", new_session=True).start()
+        self.ui_url = f"http://127.0.0.1:{ui_port}/"
+        return True
 
-    def _start_servers(self) -> None:
+    def _start_servers(self, stopping: threading.Event) -> bool:
         logs = self.home / "logs"
         if self.args.redis:
             self.redis_url = config.redis_url(self.args.redis)
         else:
             need("redis-server", "redis-server")
             redis = RedisServer(pick_port(16379), self.home / "redis", keep=True, aof=True, log=logs / "redis.log")
-            self.servers["redis"] = redis.start()
+            if not self._start_server("redis", redis, stopping):
+                return False
             self.redis_url = redis.url
         if self.args.etcd:
             self.etcd = self.args.etcd
@@ -106,8 +135,18 @@ class Stack:
             etcd = EtcdServer(pick_port(12379), pick_port(12380), self.home / "etcd", name="dev", keep=True,
                               heartbeat_ms=50, election_ms=500, log=logs / "etcd.log")
             etcd.start_timeout = 15.0  # its data is on disk: the first start preallocates the WAL
-            self.servers["etcd"] = etcd.start()
+            if not self._start_server("etcd", etcd, stopping):
+                return False
             self.etcd = etcd.endpoint
+        return True
+
+    def _start_server(self, name: str, server: RedisServer | EtcdServer, stopping: threading.Event) -> bool:
+        """Spawn ``server`` and wait until it answers, or until ``stopping`` (False). It is in
+        ``servers`` from its spawn on, so :meth:`stop` stops it by its pid whenever the wait ends."""
+        print(f"starting {name} on 127.0.0.1:{server.port} (log {server.log})", flush=True)
+        server.spawn()
+        self.servers[name] = server
+        return server.wait_ready(stop=stopping)
 
     def _zsched(self, name: str, args: list[str], preferred_port: int, env: dict[str, str]) -> ZschedProc:
         port = pick_port(preferred_port)
@@ -121,7 +160,7 @@ class Stack:
         # then the servers
         # (three separate phases: with no workers, schedulers and servers must still not stop together,
         # or etcd is gone before the schedulers revoke their lease)
-        for group in (self.workers, self.schedulers):
+        for group in (self.consoles, self.workers, self.schedulers):
             for p in group.values():
                 p.terminate()
             for p in group.values():
@@ -140,7 +179,7 @@ class Stack:
         return [name for name, p in self._children() if not p.running]
 
     def _children(self) -> list[tuple[str, ChildProcess]]:
-        return [*self.servers.items(), *self.schedulers.items(), *self.workers.items()]
+        return [*self.servers.items(), *self.schedulers.items(), *self.workers.items(), *self.consoles.items()]
 
 
 class Producer(threading.Thread):
@@ -219,71 +258,118 @@ class View:
         except Exception as exc:  # the view must keep going while etcd is down
             return {f"(etcd unreachable: {type(exc).__name__})": []}
 
-    def render(self) -> str:
+    def sample(self) -> Sample:
+        """Read the counters, depths, lateness and owners once (for :meth:`render` or :meth:`line`)."""
         now = time.monotonic()
         dt = max(1e-3, now - self.prev_t)
         self.prev_t = now
         counts = self.counts()
-        rates = {k: (counts.get(k, 0) - self.prev_counts.get(k, 0)) / dt for k in ("scheduled", "fired", "acked")}
-        first = not self.prev_counts
+        rates = None
+        if self.prev_counts:
+            rates = {k: (counts.get(k, 0) - self.prev_counts.get(k, 0)) / dt for k in ("scheduled", "fired", "acked")}
         self.prev_counts = counts
         p50, p99 = self.lateness()
-        stats = self.client.stats()
+        return Sample(time.strftime("%H:%M:%S"), counts, rates, p50, p99, self.client.stats(), self.owners(),
+                      self.stack.dead_children())
+
+    def render(self, s: Sample) -> str:
+        """The full view, redrawn on a terminal every interval."""
         lines = [f"zsched dev - namespace {self.stack.ns} - redis {mask_url(self.stack.redis_url)} "
                  f"- etcd {self.stack.etcd}",
-                 time.strftime("%H:%M:%S") + "   (Ctrl-C stops everything)", ""]
-        if not first:
+                 s.clock + "   (Ctrl-C stops everything)", ""]
+        if s.rates is not None:
             lines.append("per second:  scheduled {scheduled:8.0f}   fired {fired:8.0f}   "
-                         "acked {acked:8.0f}".format(**rates))
-
-        def fmt(v: float | None) -> str:
-            return "-" if v is None else f"{v * 1000:.1f} ms"
-
-        lines.append(f"firing lateness (last interval): p50 {fmt(p50)}   p99 {fmt(p99)}")
-        lines.append(f"dead-lettered: {sum(q['dead'] for q in stats.values())}   "
+                         "acked {acked:8.0f}".format(**s.rates))
+        counts = s.counts
+        lines.append(f"firing lateness (last interval): p50 {_ms(s.p50)}   p99 {_ms(s.p99)}")
+        lines.append(f"dead-lettered: {s.dead}   "
                      f"totals: scheduled {counts.get('scheduled', 0)}  fired {counts.get('fired', 0)}  "
                      f"acked {counts.get('acked', 0)}  retried {counts.get('retried', 0)}  "
                      f"misfired {counts.get('misfired', 0)}")
         lines += ["", f"{'QUEUE':<12}{'SCHEDULED':>11}{'READY':>9}{'RUNNING':>9}{'DEAD':>7}"]
-        for q, s in sorted(stats.items()):
-            lines.append(f"{q:<12}{s['scheduled']:>11}{s['ready']:>9}{s['running']:>9}{s['dead']:>7}")
+        for q, st in sorted(s.stats.items()):
+            lines.append(f"{q:<12}{st['scheduled']:>11}{st['ready']:>9}{st['running']:>9}{st['dead']:>7}")
         lines += ["", "partition owners:"]
-        for rid, parts in sorted(self.owners().items()):
+        for rid, parts in sorted(s.owners.items()):
             lines.append(f"  {rid:<16} {len(parts):>2}: {' '.join(str(p) for p in sorted(parts))}")
-        dead = self.stack.dead_children()
-        if dead:
-            lines += ["", f"exited: {', '.join(dead)} (see {self.stack.home}/logs/)"]
+        if s.exited:
+            lines += ["", f"exited: {', '.join(s.exited)} (see {self.stack.home}/logs/)"]
         return "\n".join(lines)
 
 
+@dataclass
+class Sample:
+    """One reading of the stack for the view."""
+
+    clock: str
+    counts: dict[str, int]
+    rates: dict[str, float] | None  # None on the first reading
+    p50: float | None
+    p99: float | None
+    stats: dict[str, dict[str, int]]
+    owners: dict[str, list[int]]
+    exited: list[str]
+
+    @property
+    def dead(self) -> int:
+        return sum(q["dead"] for q in self.stats.values())
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.1f} ms"
+
+
+def compact_line(s: Sample) -> str:
+    """The view as one line, printed every interval when the output is not a terminal (a log file)."""
+    rates = "" if s.rates is None else "/s: scheduled {scheduled:.0f} fired {fired:.0f} acked {acked:.0f}; ".format(
+        **s.rates)
+    depth = {k: sum(q[k] for q in s.stats.values()) for k in ("scheduled", "ready", "running")}
+    owners = ", ".join(f"{rid} {len(parts)}" for rid, parts in sorted(s.owners.items())) or "none"
+    exited = f"; exited: {', '.join(s.exited)}" if s.exited else ""
+    return (f"{s.clock} {rates}lateness p50 {_ms(s.p50)} p99 {_ms(s.p99)}; scheduled {depth['scheduled']} "
+            f"ready {depth['ready']} running {depth['running']} dead {s.dead}; owners: {owners}{exited}")
+
+
 def run(args: argparse.Namespace) -> int:
-    stack = Stack(args)
     producer: Producer | None = None
     stopping = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
         stopping.set()
 
+    # before anything is started: a signal while the servers come up (etcd may take seconds) ends
+    # the wait, and the finally below stops what was started
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    stack = Stack(args)
     try:
-        stack.start()
+        if not stack.start(stopping):
+            return 0
         print(f"stack up: export ZSCHED_REDIS_URL={mask_url(stack.redis_url)} ZSCHED_ETCD_ENDPOINTS={stack.etcd} "
               f"ZSCHED_NAMESPACE={stack.ns}", flush=True)
         print("metrics: " + " ".join(f"{name}=127.0.0.1:{port}" for name, port in stack.metrics_ports.items()),
               flush=True)
+        if stack.ui_url:
+            print(f"console: {stack.ui_url} (zsched ui; actions need the token {stack.ui_token})", flush=True)
+        else:
+            print("console: not started: the web console's packages are not installed (pip install 'zsched[ui]')",
+                  flush=True)
         if not args.no_demo:
             producer = Producer(stack.redis_url, stack.ns)
             producer.start()
         view = View(stack)
         deadline = time.monotonic() + args.duration if args.duration else None
-        tty = sys.stdout.isatty() and not args.plain
+        # a terminal: the view redrawn; --plain: the view as text blocks; not a terminal (a log
+        # file, a pipe): one compact line per interval
+        tty = sys.stdout.isatty()
         while not stopping.wait(1.0):
-            text = view.render()
-            if tty:
-                sys.stdout.write("\x1b[H\x1b[2J" + text + "\n")
+            sample = view.sample()
+            if tty and not args.plain:
+                sys.stdout.write("\x1b[H\x1b[2J" + view.render(sample) + "\n")
+            elif args.plain:
+                sys.stdout.write(view.render(sample) + "\n\n")
             else:
-                sys.stdout.write(text + "\n\n")
+                sys.stdout.write(compact_line(sample) + "\n")
             sys.stdout.flush()
             if deadline is not None and time.monotonic() >= deadline:
                 break

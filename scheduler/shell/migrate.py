@@ -38,6 +38,7 @@ from redis.lock import Lock
 
 from ..client import Client
 from ..protocol.calls import Calls
+from ..protocol.control import parse_paused
 from ..protocol.keys import PARTITION_KEYS, Keyspace, validate_partitions
 from .admin import AdminError, BadInput, NotFound
 
@@ -248,9 +249,13 @@ class Migration:
 
     def _open(self, ks: Keyspace, old: int) -> None:
         r = self.client.redis
+        paused = parse_paused(r.hgetall(ks.config_key))  # queue pauses hold in every new partition too
         pipe = r.pipeline(transaction=False)
         for p in range(ks.partitions):
             meta = ks.key(p, "meta")
+            pipe.delete(ks.key(p, "paused"))
+            if paused and p < self.to:
+                pipe.hset(ks.key(p, "paused"), mapping={q: str(ms) for q, ms in paused.items()})
             pipe.hset(meta, "layout", self.to)
             pipe.hdel(meta, "mstage", "mcur")
             pipe.delete(ks.key(p, "mo"))

@@ -29,6 +29,8 @@ from ..coord import CoordinationError, Coordinator, LeaseLost, WatchCompacted
 from ..metrics import SchedulerMetrics
 
 log = logging.getLogger("zsched.ownership")
+REVOKE_ON_SHUTDOWN_S = 1.5
+"""How long a planned exit waits for etcd to revoke the lease before leaving it to expire."""
 
 
 def default_replica_id() -> str:
@@ -142,10 +144,14 @@ class Ownership:
                 await self._drop(p, "released")
         if self.lease_id is not None:
             try:
-                await self.coord.revoke(self.lease_id, timeout=2.0)
+                # bounded: with etcd gone (killed, frozen, partitioned) a SIGTERM must still end the
+                # process promptly; the lease then expires by itself
+                await self.coord.revoke(self.lease_id, timeout=REVOKE_ON_SHUTDOWN_S)
                 log.info("released all partitions (lease revoked)")
             except CoordinationError as exc:
-                log.warning("could not revoke lease on shutdown (%s); partitions move when it expires", exc)
+                log.warning("could not revoke the etcd lease on shutdown within %gs (%s); not waiting longer: "
+                            "it expires by itself within its TTL (%gs), then other replicas take the partitions",
+                            REVOKE_ON_SHUTDOWN_S, exc, self.ttl)
 
     # -- internals ---------------------------------------------------------------------------
     async def _register(self) -> None:

@@ -9,23 +9,26 @@ on the node that owns the partition, and to the namespace's config channel.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import cast
 
 from ..client import AsyncClient, parse_dead_retention, parse_queue_idle, parse_rate_limits
-from ..coord import Coordinator, EtcdCoordinator
+from ..coord import Coordinator, CoordinatorUnavailable, EtcdCoordinator
 from ..metrics import PartitionStatsCollector, SchedulerMetrics, serve
 from ..protocol import config
-from ..protocol.connection import async_redis, mask_url
+from ..protocol.connection import async_redis, mask_url, permanent_failure
 from ..protocol.pubsub import ChannelsPending, Subscription, subscription
 from ..protocol.replies import parse_stats
 from ..protocol.tick import Retention
 from ..protocol.transport import AsyncScriptTransport, RetryPolicy
 from ..runtime import settle_gc
+from .limits import retention_args
 from .ownership import Ownership, default_replica_id
 from .runner import REDIS_ERRORS, PartitionRunner, RunnerConfig
 
@@ -104,12 +107,30 @@ class SchedulerProcess:
 
     async def run(self) -> None:
         """Connect, take a share of the partitions and fire them until :meth:`stop`; then hand
-        them over (lease revoked) and close the connections."""
-        await self._connect_redis()
-        core = self.client.calls
-        await self.coord.connect()
-        if self.cfg.metrics_port is not None:
+        them over (lease revoked) and close the connections. While Redis or etcd cannot be
+        reached at start-up it retries (logging why) and a stop ends it at once; bad credentials,
+        unreadable TLS files or a metrics port in use raise."""
+        try:
+            started = await self._start()
+        except BaseException:
+            await self._close_connections()
+            raise
+        if not started:
+            await self._close_connections()
+            log.info("scheduler replica %s stopped during start-up", self.replica_id)
+            return
+        await self._stop.wait()
+        await self._shutdown()
+
+    async def _start(self) -> bool:
+        """Everything before firing; False when a stop came first."""
+        if self.cfg.metrics_port is not None:  # first: a port in use is refused before anything connects
             serve(self.metrics.registry, self.cfg.metrics_port, self.cfg.metrics_host)
+        if not await self._retry("Redis", mask_url(self.cfg.redis_url), self.client.connect):
+            return False
+        core = self.client.calls
+        if not await self._retry("etcd", self.cfg.etcd_endpoints, self.coord.connect):
+            return False
         self.metrics.partitions.labels(self.cfg.namespace).set(core.ks.partitions)
         self.ownership = Ownership(
             self.coord, namespace=self.cfg.namespace, partitions=core.ks.partitions,
@@ -120,27 +141,62 @@ class SchedulerProcess:
         self._wake_task = asyncio.create_task(self._wake_listener(), name="wake-listener")
         self._config_task = asyncio.create_task(self._config_poller(), name="config-poller")
         self._stats_task = asyncio.create_task(self._stats_poller(), name="stats-poller")
-        await self.ownership.start()
+        # registering retries while etcd answers connect but not grant/put: a stop ends that too
+        if not await self._unless_stopped(self.ownership.start()):
+            await self._shutdown()  # the loops started above, and a lease granted before the stop
+            return False
         settle_gc()
         log.info("scheduler replica %s up: namespace %s, %d partitions, lease ttl %.1fs",
                  self.replica_id, self.cfg.namespace, core.ks.partitions, self.cfg.lease_ttl)
-        await self._stop.wait()
-        await self._shutdown()
+        return True
 
     def stop(self) -> None:
         """Ask :meth:`run` to shut down (safe from a signal handler)."""
         self._stop.set()
 
-    async def _connect_redis(self) -> None:
+    async def _retry(self, what: str, where: str, connect: Callable[[], Awaitable[object]]) -> bool:
+        """``connect()`` until it succeeds (True) or a stop is asked for (False, at once, even in
+        the middle of an attempt). An outage is logged and retried with backoff; what retrying
+        cannot fix (bad credentials, a TLS file that cannot be read) is raised."""
         delay = 0.1
         while True:
             try:
-                await self.client.connect()
-                return
-            except REDIS_ERRORS as exc:
-                log.error("cannot reach Redis at %s (%s); retrying in %.1fs", mask_url(self.cfg.redis_url), exc, delay)
-                await asyncio.sleep(delay)
+                if not await self._unless_stopped(connect()):
+                    return False
+                return True
+            except (*REDIS_ERRORS, CoordinatorUnavailable) as exc:
+                if permanent_failure(exc):
+                    raise
+                # etcd's error names the endpoints and the fix already
+                hint = " (is it running? check --redis / ZSCHED_REDIS_URL)" if what == "Redis" else ""
+                log.error("cannot reach %s at %s: %s; retrying in %.1fs%s", what, where, exc, delay, hint)
+            try:
+                await asyncio.wait_for(self._stop.wait(), delay)
+                return False
+            except TimeoutError:
                 delay = min(2.0, delay * 2)
+
+    async def _unless_stopped(self, aw: Awaitable[object]) -> bool:
+        """Await ``aw``; if a stop is asked for first, cancel it and return False."""
+        work = asyncio.ensure_future(aw)
+        stopped = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if work.done():
+            work.result()
+            return True
+        work.cancel()
+        with contextlib.suppress(BaseException):
+            await work
+        return False
+
+    async def _close_connections(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.coord.close()
+        with contextlib.suppress(Exception):
+            await self.redis.aclose()
 
     async def _shutdown(self) -> None:
         t0 = time.monotonic()
@@ -178,10 +234,7 @@ class SchedulerProcess:
     def _retention_args(self) -> Retention:
         """Tick's housekeeping arguments from the namespace config (the dead-letter cap is split
         evenly over the partitions)."""
-        max_dead, ttl = self.dead_retention
-        per_partition = -(-max_dead // self.client.calls.ks.partitions) if max_dead else 0
-        idle = int(self.queue_idle * 1000) if self.queue_idle else 0
-        return Retention(int(ttl * 1000) if ttl else 0, per_partition, idle)
+        return retention_args(*self.dead_retention, self.queue_idle, self.client.calls.ks.partitions)
 
     async def _stop_partition(self, p: int) -> None:
         self.partition_stats.forget(p)  # the new owner exports it now: never count it twice
@@ -342,13 +395,19 @@ async def _close(pubsub: Subscription) -> None:
 
 
 def run_forever(cfg: SchedulerConfig) -> int:
-    """Run a replica until SIGTERM/SIGINT; exit 0 after releasing ownership."""
+    """Run a replica until SIGTERM/SIGINT (in any phase: also while it retries Redis or etcd at
+    start-up); exit 0 after releasing ownership."""
 
     async def main() -> None:
         proc = SchedulerProcess(cfg)
         loop = asyncio.get_running_loop()
+
+        def on_signal(sig: signal.Signals) -> None:
+            log.info("%s: stopping (partitions are handed over)", sig.name)
+            proc.stop()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, proc.stop)
+            loop.add_signal_handler(sig, on_signal, sig)
         await proc.run()
 
     asyncio.run(main())

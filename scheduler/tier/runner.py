@@ -41,14 +41,13 @@ from ..protocol.tick import (
     crons_key,
     parse_cron_fill,
     parse_cron_table,
-    parse_ratelimit,
     parse_reap,
     parse_tick,
-    ratelimit_call,
     reap_call,
     tick_call,
 )
 from ..protocol.transport import AsyncScriptTransport
+from .limits import TokenLedger
 
 log = logging.getLogger("zsched.scheduler")
 
@@ -111,8 +110,7 @@ class PartitionRunner:
         self._on_conflict_resolved = on_conflict_resolved
         self._limits = limits
         self._retention = retention
-        self._held: dict[str, int] = {}     # rate-limited queue -> jobs held in this partition
-        self._refund: dict[str, int] = {}   # tokens granted but not used, returned next time
+        self._tokens = TokenLedger(core.ks, partition)  # rate-limited queues: held jobs, unused tokens
         self.wake = asyncio.Event()
         self._stopping = False
         # set only by stop(): the epoch-conflict backoff waits on this, not on ``wake``, so that
@@ -284,32 +282,21 @@ class PartitionRunner:
     async def _take_tokens(self, limits: dict[str, tuple[float, float]]) -> tuple[dict[str, int], float]:
         """Ask the queues' token buckets for this partition's share; returns grants and how long
         until a token is available for a queue that got none."""
-        want = [q for q in limits if self._held.get(q, 0) > 0 or self._refund.get(q, 0) > 0]
+        want, calls = self._tokens.requests(limits)
         if not want:
             return {}, float("inf")
-        ks = self._core.ks
-        calls = [ratelimit_call(ks, q, limits[q][0], limits[q][1], self.partition, self._held.get(q, 0),
-                                self._refund.pop(q, 0))
-                 for q in want]
-        grants: dict[str, int] = {}
-        wait = float("inf")
-        for q, reply in zip(want, await self._scripts.call_many(calls)):
-            grant = parse_ratelimit(reply)
-            grants[q] = grant.granted
-            if grant.granted == 0 and self._held.get(q, 0) > 0:
-                wait = min(wait, grant.wait_ms / 1000.0)
-        return grants, wait
+        return self._tokens.grants(want, await self._scripts.call_many(calls))
 
     async def _step(self) -> float:
         """One tick (+ reap); returns how long to sleep (0 = more work right now)."""
         cfg = self._cfg
         now_local = time.monotonic()
         limits = self._limits()
-        grants, token_wait = await self._take_tokens(limits) if limits or self._held else ({}, float("inf"))
-        for q in [q for q in self._held if q not in limits]:
-            del self._held[q]  # limit removed: tick releases what is held without tokens
-        calls = [tick_call(self._core, self.partition, self.epoch, cfg.batch,
-                           {q: grants.get(q, 0) for q in limits}, self._retention(), round(cfg.handoff_lead * 1000))]
+        # a queue whose limit was removed is forgotten by the ledger: tick releases what it holds without tokens
+        grants, token_wait = (await self._take_tokens(limits) if limits or self._tokens.held
+                              else ({}, float("inf")))
+        calls = [tick_call(self._core, self.partition, self.epoch, cfg.batch, TokenLedger.tick_tokens(limits, grants),
+                           self._retention(), round(cfg.handoff_lead * 1000))]
         do_reap = now_local >= self._next_reap
         if do_reap:
             calls.append(reap_call(self._core, self.partition, self.epoch, cfg.reap_batch))
@@ -342,16 +329,10 @@ class PartitionRunner:
     def _account_tokens(self, queues: list[QueueTokens], grants: dict[str, int]) -> bool:
         """Record what the tick held back and did not spend (refunded next time); True when a
         rate-limited queue still holds due jobs in this partition."""
-        held_any = False
         for q in queues:
-            self._held[q.queue] = q.held
-            held_any = held_any or q.held > 0
-            unused = grants.get(q.queue, 0) - q.used
-            if unused > 0:
-                self._refund[q.queue] = self._refund.get(q.queue, 0) + unused
             if q.newly_held:
                 self._m.rate_limited.labels(self._m.replica, q.queue).inc(q.newly_held)
-        return held_any
+        return self._tokens.account(queues, grants)
 
     async def _refill_fired_crons(self, names: list[str]) -> None:
         try:
@@ -412,7 +393,7 @@ class PartitionRunner:
                 continue  # removed
             if only_if_needed and table.pending and table.upcoming >= LOOKAHEAD // 2:
                 continue
-            planned = _plan(name, table, now_ms)
+            planned = plan_occurrences(name, table, now_ms)
             if planned:
                 calls.append(cron_fill_call(self._core, self.partition, self.epoch, name, table.version, planned))
         if calls:
@@ -436,8 +417,10 @@ class PartitionRunner:
         raise _Refused()
 
 
-def _plan(name: str, table: CronTable, now_ms: int) -> list[tuple[int, int]]:
-    """The next ``(nominal ms, fire ms)`` occurrences of a cron after what its table has planned."""
+def plan_occurrences(name: str, table: CronTable, now_ms: int) -> list[tuple[int, int]]:
+    """The next ``(nominal ms, fire ms)`` occurrences of a cron after what its table has planned (or
+    after ``now_ms`` when nothing is pending), jittered; [] (logged) when the definition cannot be
+    evaluated. Also used by :mod:`scheduler.testing`, which refills crons on its fake clock."""
     spec = table.spec()
     after = now_ms if table.last_planned_ms is None else table.last_planned_ms
     try:

@@ -58,3 +58,57 @@ async def test_async_client_crons_and_rate_limits(redis_url: str) -> None:
         await c.set_rate_limit("q", 10)
         assert await c.rate_limits() == {"q": (10.0, 2.5)}
         assert await c.clear_rate_limit("q") and await c.rate_limits() == {}
+
+
+async def test_async_client_pauses_and_resumes_queues_and_crons_like_the_sync_client(redis_url: str) -> None:
+    from scheduler.protocol.replies import claim_paused
+
+    sync = Client.from_url(redis_url, namespace="apause", partitions=2).connect()
+    async with AsyncClient.from_url(redis_url, namespace="apause") as c:
+        jid = await c.schedule(0, {"n": 1}, queue="q", key="order-1")  # due now: ready
+        assert await c.paused() == {}
+        assert await c.pause("q") is True
+        assert await c.pause("q") is False, "a second pause keeps the first"
+        since = (await c.paused())["q"]
+        assert sync.paused() == {"q": since}, "the sync client reads the same pause"
+        p = c.calls.locate(jid)[1]
+        reply = await c.transport.call(*c.calls.call("claim", p, "q", 10, "", 0, ""))
+        assert claim_paused(reply) == int(since.timestamp() * 1000), "workers get nothing from a paused queue"
+        assert await c.resume("q") is True and await c.resume("q") is False
+        assert await c.paused() == {} and sync.paused() == {}
+        assert sync.pause("q") is True and await c.resume("q") is True, "either client undoes the other"
+
+        found = await c.get_by_key("order-1")
+        assert found is not None and found.id == jid and found.state is JobState.READY
+        assert await c.get_by_key("no-such-key") is None
+        with pytest.raises(ValueError, match="key must be"):
+            await c.get_by_key("")
+
+        await c.add_cron("every-minute", "* * * * *", None, queue="q")
+        assert await c.pause_cron("every-minute") is True and await c.pause_cron("every-minute") is False
+        [info] = await c.crons()
+        assert info.paused is not None and info.pending_id is None
+        assert await c.resume_cron("every-minute") is True and await c.resume_cron("every-minute") is False
+        [info] = await c.crons()
+        assert info.paused is None and info.next_fire is not None and info.next_fire.timestamp() > time.time() - 1
+        for call in (c.pause_cron, c.resume_cron):
+            with pytest.raises(ValueError, match="no cron named 'nope'"):
+                await call("nope")
+    snapshot(redis.Redis.from_url(redis_url), sync)
+
+
+async def test_async_client_lists_scheduled_jobs_in_a_run_at_range(redis_url: str) -> None:
+    async with AsyncClient.from_url(redis_url, namespace="arange", partitions=4) as c:
+        base = int(time.time()) + 86400
+        ids = await c.schedule_many([(base + 60 * i, i) for i in range(30)], queue="q")
+        got: list[str] = []
+        cursor = None
+        while True:
+            page, cursor = await c.jobs(queue="q", state="scheduled", limit=4, cursor=cursor,
+                                        run_at_from=base + 600, run_at_to=base + 60 * 19)
+            got += [j.id for j in page]
+            if cursor is None:
+                break
+        assert sorted(got) == sorted(ids[10:20])
+        with pytest.raises(ValueError, match="only supported for scheduled"):
+            await c.jobs(queue="q", state="ready", run_at_from=base)

@@ -10,7 +10,7 @@ import redis
 
 from scheduler import Client, ConfigError, JobState, Outcome, PayloadError
 from scheduler.protocol.errors import MisfiredAtSchedule
-from scheduler.protocol.ids import decode_id, partition_of
+from scheduler.protocol.ids import decode_id, encode_id, partition_of
 from scheduler.testing.transitions import Ops
 from tests.helpers import snapshot
 
@@ -424,3 +424,33 @@ def test_client_survives_a_redis_restart(fresh_redis) -> None:
     assert c2.get(second).payload == 2
     c.close()
     c2.close()
+
+
+def test_claim_takes_due_jobs_only_up_to_its_due_limit_and_leaves_the_rest_in_order(redis_url: str) -> None:
+    """A worker claims jobs handed off ahead of their time into its prefetch allowance and due jobs
+    only into free handler slots (claim's ARGV 9): the first due job over the limit and all after
+    it stay in the ready list, in their order; ahead-of-time jobs are not limited."""
+    from scheduler.protocol.replies import parse_claim
+    from scheduler.protocol.tick import Retention, tick_call
+
+    c = Client.from_url(redis_url, namespace="due-limit", partitions=1).connect()
+    try:
+        ops = Ops(c)
+        now = time.time()
+        ahead = [c.schedule(now + 30 + i * 0.01, f"ahead{i}") for i in range(3)]
+        reply = c.transport.call(*tick_call(c.calls, 0, 0, 100, {}, Retention(), 60_000))  # hand them off
+        assert [c.get(j).state for j in ahead] == [JobState.READY] * 3, reply
+        due = [c.schedule(now - 5 + i * 0.01, f"due{i}") for i in range(3)]
+        # consuming end first: ahead0, ahead1, ahead2, due0, due1, due2
+
+        def claim(n: int, max_due: int) -> list[str]:
+            _, jobs = parse_claim(ops.run("claim", 0, "default", n, "", 0, "", max_due))
+            return [encode_id(j.raw_id) for j in jobs]
+
+        assert claim(10, 1) == ahead + due[:1]
+        assert claim(10, 0) == []  # due1 is next and due now: nothing passes it
+        assert [c.get(j).state for j in due[1:]] == [JobState.READY] * 2
+        assert claim(10, 5) == due[1:]  # still in their order
+        assert claim(10, 5) == []
+    finally:
+        c.close()

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 import scheduler.protocol.calls as client_module
-from scheduler import Client, JobState
+from scheduler import AsyncClient, Client, JobState
 from scheduler.testing.transitions import Ops
 
 
@@ -64,3 +64,51 @@ def test_relative_times_in_a_batch_and_with_jitter(redis_url: str, r: redis.Redi
         at = c.get(jid).run_at.timestamp()
         assert now + 10 + i - 1 <= at <= now + 10 + i + 2 + 1
     c.close()
+
+
+@pytest.mark.parametrize("skew", [-120.0, 120.0], ids=["clock-behind", "clock-ahead"])
+def test_a_skewed_producer_reschedules_and_requeues_relative_times_at_redis_time(
+        redis_url: str, r: redis.Redis, monkeypatch: pytest.MonkeyPatch, skew: float) -> None:
+    skewed = types.SimpleNamespace(time=lambda: time.time() + skew, monotonic=time.monotonic,
+                                   perf_counter=time.perf_counter, sleep=time.sleep)
+    monkeypatch.setattr(client_module, "time", skewed)
+    c = Client.from_url(redis_url, namespace="skewr", partitions=2)
+    ops = Ops(c)
+    moved = c.schedule(timedelta(hours=1), "moved", queue="q")
+    assert c.reschedule(moved, timedelta(seconds=30))
+    assert abs(c.get(moved).run_at.timestamp() - (redis_now(r) + 30)) < 1.0
+    assert c.reschedule(moved, timedelta(0)) and c.get(moved).state is JobState.READY, "now is Redis's now"
+
+    [claimed] = ops.claim("q")
+    ops.fail(claimed, kind="p")
+    assert c.get(moved).state is JobState.DEAD
+    assert c.requeue(moved, at=timedelta(seconds=45))
+    info = c.get(moved)
+    assert info.state is JobState.SCHEDULED and abs(info.run_at.timestamp() - (redis_now(r) + 45)) < 1.0
+    # absolute times stay as given
+    assert c.reschedule(moved, time.time() + 3600)
+    assert abs(c.get(moved).run_at.timestamp() - (time.time() + 3600)) < 0.01
+    c.close()
+
+
+async def test_the_async_client_reschedules_and_requeues_relative_times_at_redis_time(
+        redis_url: str, r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    skewed = types.SimpleNamespace(time=lambda: time.time() - 300, monotonic=time.monotonic,
+                                   perf_counter=time.perf_counter, sleep=time.sleep)
+    monkeypatch.setattr(client_module, "time", skewed)
+    c = await AsyncClient.from_url(redis_url, namespace="skewa", partitions=2).connect()
+    jid = await c.schedule(timedelta(hours=1), "x", queue="q")
+    assert await c.reschedule(jid, timedelta(seconds=30))
+    info = await c.get(jid)
+    assert info is not None and abs(info.run_at.timestamp() - (redis_now(r) + 30)) < 1.0
+    sync = Client.from_url(redis_url, namespace="skewa", partitions=2)
+    ops = Ops(sync)
+    assert await c.reschedule(jid, timedelta(0))
+    [claimed] = ops.claim("q")
+    ops.fail(claimed, kind="p")
+    assert await c.requeue(jid, at=timedelta(seconds=45))
+    info = await c.get(jid)
+    assert info is not None and info.state is JobState.SCHEDULED
+    assert abs(info.run_at.timestamp() - (redis_now(r) + 45)) < 1.0
+    sync.close()
+    await c.close()

@@ -256,3 +256,32 @@ def test_rate_limit_validation(redis_url: str) -> None:
     with pytest.raises(ValueError):
         client.set_rate_limit("bad:queue", 10)
     assert not client.clear_rate_limit("never-limited")
+
+
+class RefusingCoordinator(EtcdCoordinator):
+    """An etcd client that connects but whose lease grants always fail, as when etcd answers
+    the connection yet refuses or times out every write."""
+
+    grants = 0
+
+    async def grant(self, ttl: float, *, timeout: float | None = None) -> int:
+        from scheduler.coord import CoordinatorUnavailable
+
+        self.grants += 1
+        raise CoordinatorUnavailable("grant refused by the test")
+
+
+async def test_a_stop_ends_a_replica_that_keeps_failing_to_register(redis_url: str, etcd_endpoint: str) -> None:
+    """Start-up has one more phase after connecting: registering with etcd (a lease, the member
+    key), retried while it fails. A stop asked for then ends the replica at once."""
+    coord = RefusingCoordinator.from_endpoints(etcd_endpoint)
+    proc = SchedulerProcess(SchedulerConfig(redis_url=redis_url, etcd_endpoints=etcd_endpoint, namespace=NS,
+                                            replica_id="unregistered", lease_ttl=2.0), coord=coord)
+    task = asyncio.create_task(proc.run())
+    deadline = time.monotonic() + 10
+    while coord.grants < 2:  # retrying: the second attempt comes a second after the first
+        assert time.monotonic() < deadline and not task.done(), "the replica never tried to register"
+        await asyncio.sleep(0.02)
+    proc.stop()
+    await asyncio.wait_for(task, 5)  # before the fix it retried until etcd granted a lease: forever here
+    assert not proc.runners

@@ -158,13 +158,17 @@ def test_module_is_small(module: str, path: Path) -> None:
 _IMPORT_NAME = {"redis": "redis", "msgpack": "msgpack", "etcd3aio": "etcd3aio",
                 "prometheus-client": "prometheus_client", "croniter": "croniter", "pytest": "pytest",
                 "hypothesis": "hypothesis", "fakeredis": "fakeredis", "pyyaml": "yaml", "psycopg": "psycopg",
-                "huey": "huey", "celery": "celery"}
+                "huey": "huey", "celery": "celery", "starlette": "starlette", "jinja2": "jinja2",
+                "uvicorn": "uvicorn", "playwright": "playwright"}
 # used without an import: pytest plugins and command-line tools
 _USED_OTHERWISE = {
     "pytest-asyncio": lambda: 'asyncio_mode = "auto"' in (ROOT / "pyproject.toml").read_text(),
     "pytest-timeout": lambda: re.search(r"^timeout = \d+", (ROOT / "pyproject.toml").read_text(), re.M) is not None,
     "ruff": lambda: "ruff check" in (ROOT / "scripts" / "lint").read_text(),
     "mypy": lambda: "mypy" in (ROOT / "scripts" / "lint").read_text(),
+    # starlette's form parser and test client import them
+    "python-multipart": lambda: "await request.form()" in (ROOT / "scheduler/shell/ui/app.py").read_text(),
+    "httpx2": lambda: "starlette.testclient" in (ROOT / "tests/integration/test_ui_routes.py").read_text(),
 }
 
 

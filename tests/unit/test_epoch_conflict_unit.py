@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from scheduler.metrics import SchedulerMetrics
+from scheduler.protocol.keys import Keyspace
 from scheduler.shell.admin import BadInput
 from scheduler.shell.epochs import select_partitions
 from scheduler.tier.runner import PartitionRunner, RunnerConfig
@@ -45,6 +46,7 @@ class FakeTransport:
 
 class FakeCore:
     tomb_ms = 0
+    ks = Keyspace("t", 8)
 
     def call(self, name: str, partition: int, *args: Any) -> tuple[str, list[str], list[Any]]:
         return name, [], [partition, *args]

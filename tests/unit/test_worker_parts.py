@@ -16,6 +16,7 @@ from scheduler.protocol.replies import Claimed
 from workers import Job, PermanentError, Retry, Worker, WorkerStats
 from workers.alarm import Alarm
 from workers.attempt import DONE, RELEASED, RUNNING, Attempt
+from workers.fetch import held_slots
 from workers.heartbeat import Heartbeats
 from workers.lifecycle import Lifecycle
 from workers.options import WorkerOptions
@@ -496,3 +497,98 @@ def test_attempt_starts_running_with_its_first_heartbeat_a_third_into_the_lease(
     assert r.state == RUNNING and r.lease_s == 9.0 and r.next_hb == pytest.approx(103.0)
     assert not r.lost and not r.uncertain and r.job is None
 
+
+
+# -- prefetch slots -------------------------------------------------------------------------------
+
+
+def test_claimed_jobs_ahead_of_their_time_go_on_prefetch_slots_latest_first() -> None:
+    now = 1_700_000_000_000
+
+    def job(n: int, due_in_ms: int) -> Claimed:
+        return dataclasses.replace(claimed(n), due_ms=now + due_in_ms)
+
+    due, soon, later = job(1, -5), job(2, 3), job(3, 8)
+    assert held_slots([due, soon, later], now, handler=1, hold=2) == [False, True, True]
+    # fewer prefetch slots than ahead jobs: the earliest ahead job waits on a handler slot
+    assert held_slots([due, soon, later], now, handler=2, hold=1) == [False, False, True]
+    # a re-sent claim answered from its receipt may bring more due jobs than handler slots: the
+    # extra ones wait on prefetch slots for a handler
+    assert held_slots([job(4, -9), due], now, handler=1, hold=1) == [False, True]
+    assert held_slots([due], now, handler=1, hold=0) == [False]
+
+
+async def test_slots_hand_a_returning_handler_slot_to_the_held_job_waiting_first() -> None:
+    slots = Slots(1, 2)
+    assert slots.reserve(3) == 1 and (slots.free, slots.hold) == (0, 0)
+    first = asyncio.ensure_future(slots.take_for_held())
+    second = asyncio.ensure_future(slots.take_for_held())
+    await asyncio.sleep(0)
+    assert not first.done() and not second.done()
+    slots.give_back()  # a handler ended: its slot goes to the first waiter, not to the claimer
+    await asyncio.sleep(0)
+    assert first.done() and not second.done() and (slots.free, slots.hold) == (0, 1)
+    second.cancel()  # e.g. its lease was lost: it takes nothing, its prefetch slot stays with the job
+    await asyncio.sleep(0)
+    slots.give_back()
+    assert (slots.free, slots.hold) == (1, 1)
+    slots.put_back(0, 1)
+    assert (slots.free, slots.hold) == (1, 2)
+
+
+async def test_held_jobs_wait_on_prefetch_slots_and_take_a_handler_slot_only_when_due() -> None:
+    reg = HandlerRegistry()
+    started: list[tuple[int, float]] = []
+    release = asyncio.Event()
+
+    async def handler(job: Job) -> None:
+        started.append((job.payload or 0, time.monotonic()))
+        if job.payload == 0:
+            await release.wait()  # keeps the only handler slot busy
+
+    reg.register("q", handler)
+    box, _ = outbox()
+    running: set[Attempt] = set()
+    slots = Slots(1, 2)
+    runner = HandlerRunner(
+        loop=asyncio.get_running_loop(), specs=reg.for_queues(["q"], {}), qstats={"q": WorkerStats()},
+        running=running, slots=slots, outbox=box, heartbeats=Heartbeats(running, box), life=Lifecycle(),
+        metrics=None, max_payload_bytes=codec.DEFAULT_MAX_PAYLOAD, threads=ThreadCount(), concurrency=1)
+    busy = dataclasses.replace(claimed(10, payload=0), due_ms=0)
+    redis_now_us = 1_700_000_000_000_000
+    clock = time.monotonic() - redis_now_us / 1_000_000
+    a, b = (dataclasses.replace(claimed(n, payload=n), due_ms=redis_now_us // 1000 + 30) for n in (1, 2))
+    assert slots.reserve(3) == 1
+    runner.dispatch("q", 0, [busy, a, b], time.monotonic(), clock, [False, True, True])
+    await asyncio.sleep(0.01)
+    assert [p for p, _ in started] == [0]  # the two held jobs wait on prefetch slots, not due yet
+    due_local = a.due_ms / 1000 + clock
+    await asyncio.sleep(due_local - time.monotonic() + 0.02)
+    assert [p for p, _ in started] == [0], "due, but the handler slot is busy: they wait for it"
+    release.set()  # the busy handler ends: its slot goes to the held jobs, one after the other
+    for _ in range(100):
+        if len(started) == 3:
+            break
+        await asyncio.sleep(0.005)
+    assert sorted(p for p, _ in started) == [0, 1, 2]
+    assert all(t >= due_local for p, t in started[1:]), "a held job never starts before its due time"
+    await settle(runner)
+    assert not runner.running and (slots.free, slots.hold) == (1, 2)
+    runner.close()
+
+
+async def test_a_held_job_handed_back_at_shutdown_returns_its_prefetch_slot() -> None:
+    reg = HandlerRegistry()
+    reg.register("q", lambda job: None)
+    runner, box, slots = make_runner(reg)
+    slots.hold = 1
+    c, clock = handed_off(1, 30.0)
+    assert slots.reserve(1) == 1 and slots.free == 3
+    slots.free += 1
+    slots.hold -= 1  # taken as a prefetch slot instead
+    runner.dispatch("q", 0, [c], time.monotonic(), clock, [True])
+    await asyncio.sleep(0.01)
+    cancelled = runner.hand_back()
+    await asyncio.wait(cancelled, timeout=1)
+    assert [r.state for r in box.releases[0]] == [RELEASED] and (slots.free, slots.hold) == (4, 0)
+    runner.close()

@@ -60,7 +60,7 @@ from .output import (
     stats_doc,
     table,
 )
-from .stats import PartitionStats, StatsReport, collect_stats, read_owner_records, read_owners
+from .stats import PartitionStats, StatsReport, collect_stats, read_owner_leases, read_owner_records, read_owners
 
 __all__ = [
     "DEFAULT_MASS_RATE", "WHEN_FORMS", "AdminError", "BadInput", "DeadFilter", "NotFound", "Pacer",
@@ -68,6 +68,6 @@ __all__ = [
     "count_dead_older", "dead_row_doc", "dead_selection", "error_doc", "error_text", "first_line", "get_dead_job",
     "get_job", "human_delta", "iso", "iter_dead", "iter_dead_ids", "job_doc", "job_row_doc", "jsonable",
     "list_dead", "list_jobs", "open_client", "parse_duration", "parse_job_id", "parse_payload", "parse_queue",
-    "parse_schedule_when", "parse_when", "purge_older", "purge_one", "read_owner_records", "read_owners",
-    "redis_now_ms", "requeue_one", "requeue_stream", "reschedule_job", "safe_url", "stats_doc", "table",
+    "parse_schedule_when", "parse_when", "purge_older", "purge_one", "read_owner_leases", "read_owner_records",
+    "read_owners", "redis_now_ms", "requeue_one", "requeue_stream", "reschedule_job", "safe_url", "stats_doc", "table",
 ]

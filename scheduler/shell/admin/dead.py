@@ -14,6 +14,7 @@ from ...client import Client
 from ...protocol.ids import encode_id
 from ...protocol.models import JobInfo, JobState
 from ...protocol.timeutil import MAX_MS
+from ...protocol.transport import Call
 from .errors import BadInput
 from .jobs import redis_now_ms
 from .output import error_text
@@ -202,8 +203,8 @@ def requeue_stream(client: Client, jobs: Iterable[JobInfo], *, rate: float | Non
     * Due now (``at_ms`` None or not in the future): the requeue calls are paced in real time,
       ``rate`` jobs per second (``batch_size(rate)`` jobs per round trip, one call per partition).
     * Due later (``at_ms`` in the future) with a rate: nothing waits now; instead the due times are
-      spread, batch ``k`` is due at ``at_ms + sent / rate``, so the scheduler fires them at
-      ``rate`` jobs/s from ``at_ms`` on.
+      spread, job ``n`` (from 0) is due at ``at_ms + n / rate`` (to the millisecond), so the
+      scheduler fires them at ``rate`` jobs/s from ``at_ms`` on.
     * ``dry_run``: nothing is written and nothing waits; outcomes say ``would requeue``.
 
     Each job is requeued by the ``requeue`` script, which answers NOT_DEAD for a job that is not
@@ -215,21 +216,39 @@ def requeue_stream(client: Client, jobs: Iterable[JobInfo], *, rate: float | Non
     pacer = pacer or Pacer(None if spread or dry_run else rate)
     sent = 0
     for batch in _chunks(jobs, batch_size(rate)):
-        due = at_ms
         if spread and at_ms is not None and rate is not None:
-            due = min(MAX_MS, at_ms + int(sent * 1000 / rate))
+            dues: list[int | None] = [min(MAX_MS, at_ms + int((sent + i) * 1000 / rate)) for i in range(len(batch))]
+        else:
+            dues = [at_ms] * len(batch)
         if dry_run:
-            for info in batch:
+            for info, due in zip(batch, dues):
                 yield RequeueOutcome(info, "would requeue", due)
             sent += len(batch)
             continue
         pacer.wait(sent)
-        calls = client.calls
-        plan = calls.requeue_calls([info.id for info in batch], due)
-        outcomes = calls.requeue_replies(plan, client.transport.call_many([call for call, _pos in plan]), len(batch))
-        for info, outcome in zip(batch, outcomes):
+        for info, due, outcome in zip(batch, dues, _requeue_batch(client, [info.id for info in batch], dues)):
             yield RequeueOutcome(info, "requeued" if outcome else "not dead", due)
         sent += len(batch)
+
+
+def _requeue_batch(client: Client, ids: list[str], dues: list[int | None]) -> list[bool]:
+    """Requeue ``ids[i]`` due at ``dues[i]`` in one pipelined round trip (one ``requeue`` call per
+    partition and due time); True where the job was dead and is requeued."""
+    calls = client.calls
+    runs: list[tuple[int, int, list[tuple[Call, list[int]]]]] = []  # (first index, count, plan)
+    start = 0
+    while start < len(ids):
+        end = start + 1
+        while end < len(ids) and dues[end] == dues[start]:
+            end += 1
+        runs.append((start, end - start, calls.requeue_calls(ids[start:end], dues[start])))
+        start = end
+    replies = client.transport.call_many([call for _s, _n, plan in runs for call, _pos in plan])
+    out: list[bool] = []
+    for _start, n, plan in runs:
+        out += [bool(o) for o in calls.requeue_replies(plan, replies[:len(plan)], n)]
+        replies = replies[len(plan):]
+    return out
 
 
 def count_dead_older(client: Client, cutoff_ms: int) -> int:

@@ -3,6 +3,9 @@ or purge it, page through a queue. A refusal is a NotFound or WrongState that na
 state and what to do instead."""
 from __future__ import annotations
 
+from datetime import timedelta
+from typing import Any
+
 from ...client import Client
 from ...protocol import config
 from ...protocol.codes import Outcome
@@ -88,9 +91,10 @@ def cancel_job(client: Client, job_id: str) -> None:
     })
 
 
-def reschedule_job(client: Client, job_id: str, at_ms: int) -> JobInfo:
-    """Move a scheduled or ready job to ``at_ms``; returns the job as it is now."""
-    outcome = client.reschedule(job_id, at_ms / 1000)
+def reschedule_job(client: Client, job_id: str, at_ms: int | timedelta) -> JobInfo:
+    """Move a scheduled or ready job to ``at_ms`` (epoch ms, or a timedelta from now that the
+    script resolves on Redis's clock); returns the job as it is now."""
+    outcome = client.reschedule(job_id, at_ms if isinstance(at_ms, timedelta) else at_ms / 1000)
     if not outcome:
         raise _refused(client, job_id, outcome, "reschedule", "rescheduled", "scheduled or ready", {
             JobState.RUNNING: Outcome.RUNNING.message,
@@ -108,13 +112,14 @@ def get_dead_job(client: Client, job_id: str) -> JobInfo:
     return info
 
 
-def requeue_one(client: Client, job_id: str, at_ms: int | None = None) -> tuple[bool, JobInfo]:
-    """Requeue one dead job (now, or at ``at_ms``). Returns (requeued, job after).
+def requeue_one(client: Client, job_id: str, at_ms: int | timedelta | None = None) -> tuple[bool, JobInfo]:
+    """Requeue one dead job (now, or at ``at_ms``: epoch ms, or a timedelta from now resolved on
+    Redis's clock). Returns (requeued, job after).
 
     ``requeued`` is False when the job exists but is not dead (already requeued, or never died):
     nothing was changed, which is what makes requeuing idempotent. Unknown ids raise NotFound.
     """
-    outcome = client.requeue(job_id, at_ms / 1000 if at_ms else None)
+    outcome = client.requeue(job_id, at_ms if isinstance(at_ms, timedelta) else at_ms / 1000 if at_ms else None)
     return bool(outcome), get_job(client, job_id)
 
 
@@ -129,11 +134,13 @@ def purge_one(client: Client, job_id: str) -> None:
     })
 
 
-def list_jobs(client: Client, queue: str, state: str, limit: int = 50,
-              cursor: str | None = None) -> tuple[list[JobInfo], str | None]:
+def list_jobs(client: Client, queue: str, state: str, limit: int = 50, cursor: str | None = None,
+              run_at_from: Any = None, run_at_to: Any = None) -> tuple[list[JobInfo], str | None]:
     """One page of a queue's jobs in one state (``client.jobs``): (jobs, next cursor or None).
-    A malformed cursor, or one of another listing, is BadInput."""
+    ``run_at_from``/``run_at_to``: scheduled jobs due in that range only (read as a range).
+    A malformed cursor, one of another listing, or a range with another state is BadInput."""
     try:
-        return client.jobs(queue=queue, state=state, limit=limit, cursor=cursor)
+        return client.jobs(queue=queue, state=state, limit=limit, cursor=cursor, run_at_from=run_at_from,
+                           run_at_to=run_at_to)
     except ValueError as exc:
         raise BadInput(str(exc)) from None

@@ -44,9 +44,16 @@ def read_owner_records(endpoints: str, namespace: str, *, timeout: float = 1.5) 
     """Partition -> (replica id, create revision = the owner's epoch) from etcd (keys
     ``/zsched/NS/owners/P``). Raises on any failure (unreachable, timeout, auth); bounded by about
     ``2 * timeout`` seconds in total."""
+    return {p: (replica, epoch) for p, (replica, epoch, _lease)
+            in read_owner_leases(endpoints, namespace, timeout=timeout).items()}
+
+
+def read_owner_leases(endpoints: str, namespace: str, *, timeout: float = 1.5) -> dict[int, tuple[str, int, int]]:
+    """Partition -> (replica id, epoch, etcd lease id of the owner key); see
+    :func:`read_owner_records`."""
     from ...coord import EtcdCoordinator  # grpc loads only for the commands that talk to etcd
 
-    async def run() -> dict[int, tuple[str, int]]:
+    async def run() -> dict[int, tuple[str, int, int]]:
         coord = EtcdCoordinator.from_endpoints(endpoints, timeout=timeout)
         try:
             await coord.connect(timeout=timeout)
@@ -54,14 +61,14 @@ def read_owner_records(endpoints: str, namespace: str, *, timeout: float = 1.5) 
             kvs, _rev = await coord.get_prefix(prefix, timeout=timeout)
         finally:
             await coord.close()
-        out: dict[int, tuple[str, int]] = {}
+        out: dict[int, tuple[str, int, int]] = {}
         for kv in kvs:
             rest = kv.key[len(prefix):]
             if rest.isdigit():
-                out[int(rest)] = (kv.value.decode("utf-8", "replace"), kv.create_revision)
+                out[int(rest)] = (kv.value.decode("utf-8", "replace"), kv.create_revision, kv.lease)
         return out
 
-    async def bounded() -> dict[int, tuple[str, int]]:
+    async def bounded() -> dict[int, tuple[str, int, int]]:
         return await asyncio.wait_for(run(), timeout * 2 + 0.5)
 
     return asyncio.run(bounded())

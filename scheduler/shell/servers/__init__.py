@@ -40,7 +40,7 @@ from .process import (
 from .redis import RedisServer
 from .resp import encode_command, read_reply, redis_command, redis_info
 from .sentinel import SentinelServer, SentinelSet
-from .zsched import ZschedProc, scheduler_proc
+from .zsched import ZschedProc, scheduler_proc, ui_proc
 
 __all__ = [
     "CLUSTER_SLOTS",
@@ -74,6 +74,7 @@ __all__ = [
     "redis_command",
     "redis_info",
     "scheduler_proc",
+    "ui_proc",
     "slot_of",
     "sweep_stale_dirs",
     "wait_for",

@@ -237,20 +237,27 @@ class ServerProcess(ChildProcess):
         self.launch(argv, cwd=self.dir, new_session=True)
         self._track()
 
-    def wait_ready(self, timeout: float | None = None) -> None:
-        """Poll the readiness probe; on failure raise with the log tail."""
+    def wait_ready(self, timeout: float | None = None, stop: threading.Event | None = None) -> bool:
+        """Poll the readiness probe; on failure raise with the log tail. True once ready; False as
+        soon as ``stop`` is set (a signal to the process that waits: the server is left running,
+        the caller stops it)."""
         deadline = time.monotonic() + (timeout or self.start_timeout)
         while True:
+            if stop is not None and stop.is_set():
+                return False
             if not self.running:
                 code = self.proc.returncode if self.proc else None
                 raise ServerError(f"{self!r} exited with {code} before ready; log tail:\n{self.log_tail()}")
             if self.ready():
-                return
+                return True
             if time.monotonic() > deadline:
                 raise ServerError(
                     f"{self!r} not ready after {timeout or self.start_timeout}s; log tail:\n{self.log_tail()}"
                 )
-            time.sleep(0.02)
+            if stop is not None:
+                stop.wait(0.02)
+            else:
+                time.sleep(0.02)
 
     def start(self) -> Self:
         """Spawn and wait until ready (kills the process if it never gets ready)."""

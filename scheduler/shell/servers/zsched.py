@@ -137,3 +137,16 @@ def scheduler_proc(
         ],  # fmt: skip
         env=env,
     )
+
+
+def ui_proc(redis_url: str, namespace: str, *, port: int, token: str, etcd: str | None = None,
+            read_only: bool = False, log: Path | None = None, new_session: bool = False) -> ZschedProc:
+    """A ``zsched ui`` console (not started) on 127.0.0.1:``port``; the Redis URL and the token go
+    through the environment (``ps`` shows argv to every user)."""
+    args = ["ui", "--namespace", namespace, "--port", str(port), "--refresh", "1"]
+    if etcd:
+        args += ["--etcd", etcd]
+    if read_only:
+        args.append("--read-only")
+    return ZschedProc(args, env={"ZSCHED_REDIS_URL": redis_url, "ZSCHED_UI_TOKEN": token}, metrics=False, log=log,
+                      new_session=new_session)

@@ -1,0 +1,47 @@
+"""An application that uses zsched: sign-up reminders (examples/README.md).
+
+``sign_up`` schedules a reminder e-mail a day later and, keyed by the user, never twice; the
+worker's handler "sends" it (here: appends to ``OUTBOX``), retries when the mail service is down
+and gives up on bad addresses. ``python examples/reminders.py`` schedules one against the dev
+stack (``./scripts/dev``, or ``ZSCHED_REDIS_URL``); ``pytest examples/`` tests it with no server.
+"""
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+from scheduler import Client
+from workers import Job, PermanentError, Retry, Worker
+
+REDIS_URL = os.environ.get("ZSCHED_REDIS_URL", "redis://127.0.0.1:16379/0")  # the dev stack's
+
+worker = Worker.from_url(REDIS_URL, namespace="zsched")
+OUTBOX: list[dict[str, Any]] = []   # stands in for the mail service
+MAIL_SERVICE_UP = [True]
+
+
+class MailServiceDown(Exception):
+    pass
+
+
+def sign_up(client: Client, user_id: int, email: str) -> str:
+    """Schedule the reminder for a new user (once per user, however often this is called)."""
+    return client.schedule(timedelta(days=1), {"user": user_id, "email": email}, queue="reminders",
+                           key=f"reminder:{user_id}", max_attempts=4, backoff=(60, 3600))
+
+
+@worker.handler("reminders")
+def send_reminder(job: Job) -> None:
+    email = job.payload["email"]
+    if "@" not in email:
+        raise PermanentError(f"not an e-mail address: {email!r}")
+    if not MAIL_SERVICE_UP[0]:
+        raise Retry(timedelta(minutes=10), "mail service down")
+    OUTBOX.append({"to": email, "job": job.id, "attempt": job.attempt})
+
+
+if __name__ == "__main__":
+    with Client.from_url(REDIS_URL, namespace="zsched") as client:
+        job_id = sign_up(client, 42, "someone@example.com")
+        print(job_id, client.get(job_id))

@@ -1,0 +1,48 @@
+"""Tests of examples/reminders.py with zsched's test kit: no server, no sleeping.
+
+Run them with ``pytest examples/`` (the ``zsched_stack`` fixture comes with zsched).
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import reminders
+
+from scheduler.testing import TestStack
+
+
+@pytest.fixture(autouse=True)
+def fresh_outbox():
+    reminders.OUTBOX.clear()
+    reminders.MAIL_SERVICE_UP[0] = True
+
+
+def test_a_reminder_is_sent_a_day_after_sign_up(zsched_stack: TestStack) -> None:
+    job_id = reminders.sign_up(zsched_stack.client, 1, "ada@example.com")
+    assert reminders.sign_up(zsched_stack.client, 1, "ada@example.com") == job_id  # once per user
+    zsched_stack.assert_scheduled("reminders", payload={"user": 1, "email": "ada@example.com"},
+                                  at=timedelta(days=1))
+
+    zsched_stack.advance(hours=23, worker=reminders.worker)
+    assert reminders.OUTBOX == []
+    zsched_stack.advance(hours=1, worker=reminders.worker)
+    assert reminders.OUTBOX == [{"to": "ada@example.com", "job": job_id, "attempt": 1}]
+    zsched_stack.assert_state(job_id, "done")
+
+
+def test_a_reminder_waits_for_the_mail_service(zsched_stack: TestStack) -> None:
+    reminders.sign_up(zsched_stack.client, 2, "bob@example.com")
+    reminders.MAIL_SERVICE_UP[0] = False
+    report = zsched_stack.advance(days=1, worker=reminders.worker)
+    assert report.outcomes == ["retry"]
+    reminders.MAIL_SERVICE_UP[0] = True
+    assert zsched_stack.advance(minutes=10, worker=reminders.worker).outcomes == ["ok"]
+    assert [m["attempt"] for m in reminders.OUTBOX] == [2]
+
+
+def test_a_bad_address_is_dead_lettered(zsched_stack: TestStack) -> None:
+    reminders.sign_up(zsched_stack.client, 3, "not-an-address")
+    zsched_stack.advance(days=1, worker=reminders.worker)
+    zsched_stack.assert_dead("reminders", error="not an e-mail address")
+    assert reminders.OUTBOX == []

@@ -1,0 +1,26 @@
+-- cron_resume: resume a paused cron from now: occurrences missed while it was paused are not run.
+-- KEYS: the 14 partition keys (see _lib.lua); the partition is the cron name's.
+-- ARGV: 1-3 common; 4 name; 5 count n of occurrences; then n pairs: nominal ms, fire ms (jitter
+--       applied), ascending, all after now (computed by the caller from the cron's definition).
+-- Returns: {status, pending id or ''}: 1 resumed (the id of its new pending occurrence), 0 it was
+--          not paused (nothing changed), -1 no such cron.
+-- Invariants: afterwards a resumed cron has exactly one pending occurrence (the first pair) and the
+-- rest as its table; occurrences between the pause and now are neither run nor counted as missed
+-- (the pause was the operator's decision). Idempotent: a re-send finds the cron not paused.
+do local refused = layout_fence(); if refused then return refused end end
+local name, n = ARGV[4], tonumber(ARGV[5])
+local ck = PREFIX .. 'cron:' .. name
+if redis.call('EXISTS', ck) == 0 then return {-1, ''} end
+if not redis.call('HGET', ck, 'paused') then return {0, ''} end
+if n < 1 then return redis.error_reply('zsched: cron_resume: expected at least one occurrence') end
+local times, fires = {}, {}
+for i = 2, n do
+  times[#times + 1] = p48(tonumber(ARGV[4 + i * 2]))
+  fires[#fires + 1] = p48(tonumber(ARGV[5 + i * 2]))
+end
+redis.call('HDEL', ck, 'paused')
+redis.call('HINCRBY', ck, 'ver', 1)
+redis.call('HSET', ck, 'times', table.concat(times), 'fires', table.concat(fires), 'pending', '')
+local id = cron_schedule(ck, name, tonumber(ARGV[6]), tonumber(ARGV[7]), 0)
+flush_bumps()
+return {1, id}

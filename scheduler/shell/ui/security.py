@@ -1,0 +1,95 @@
+"""The console's safety: an operator token, a signed session cookie naming who acts, CSRF tokens
+bound to the session, an Origin check on every POST, security headers, and the audit log.
+
+Reading pages needs no token (the console binds loopback by default); every action needs a
+session, made by logging in with the token (``ZSCHED_UI_TOKEN``, or one generated at start-up)
+and a name that the audit log records with each action.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import logging
+import secrets
+from urllib.parse import urlsplit
+
+audit = logging.getLogger("zsched.ui.audit")
+
+SESSION_COOKIE = "zsched_ui_session"
+NAME_MAX = 64
+
+# No inline script can run even if some text escaped its escaping; no framing (clickjacking).
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+                               "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+
+def new_token() -> str:
+    """A fresh operator token (printed at start-up when ``ZSCHED_UI_TOKEN`` is not set)."""
+    return secrets.token_urlsafe(24)
+
+
+class ConsoleAuth:
+    """Sessions and CSRF tokens derived from the operator token by HMAC: nothing to store, and a
+    new token (a restart with another one) invalidates every session."""
+
+    def __init__(self, token: str) -> None:
+        if len(token) < 8:
+            raise ValueError("the console token must be at least 8 characters (ZSCHED_UI_TOKEN)")
+        self.token = token
+        self._key = hashlib.sha256(b"zsched-ui:" + token.encode()).digest()
+
+    def _mac(self, purpose: str, value: str) -> str:
+        return hmac.new(self._key, f"{purpose}:{value}".encode(), hashlib.sha256).hexdigest()
+
+    def token_ok(self, given: str) -> bool:
+        """Constant-time comparison with the operator token."""
+        return hmac.compare_digest(given.encode(), self.token.encode())
+
+    def session_for(self, who: str) -> str:
+        """The session cookie value for operator ``who``."""
+        name = base64.urlsafe_b64encode(who.encode()).decode()
+        return f"{name}.{self._mac('session', name)}"
+
+    def who(self, cookie: str | None) -> str | None:
+        """The operator a session cookie names, or None when it is missing or forged."""
+        if not cookie or "." not in cookie:
+            return None
+        name, mac = cookie.rsplit(".", 1)
+        if not hmac.compare_digest(mac, self._mac("session", name)):
+            return None
+        try:
+            return base64.urlsafe_b64decode(name.encode()).decode()
+        except ValueError:
+            return None
+
+    def csrf_for(self, cookie: str) -> str:
+        """The CSRF token every action form of this session carries."""
+        return self._mac("csrf", cookie)
+
+    def csrf_ok(self, cookie: str | None, given: str) -> bool:
+        return bool(cookie) and hmac.compare_digest(given, self.csrf_for(cookie or ""))
+
+
+def same_origin(origin: str | None, referer: str | None, host: str | None) -> bool:
+    """True when a POST comes from this console's own pages: its Origin (or, without one, its
+    Referer) names this host. Browsers send Origin on every cross-site POST, so a page elsewhere
+    cannot act even with the session cookie (which is SameSite=Strict as well)."""
+    source = origin or referer
+    if not source:
+        return True  # not a browser (curl with the session cookie and the CSRF token)
+    return bool(host) and urlsplit(source).netloc == host
+
+
+def clean_name(name: str) -> str:
+    """An operator name for the audit log: printable, at most NAME_MAX characters."""
+    text = "".join(ch for ch in name.strip() if ch.isprintable())[:NAME_MAX]
+    if not text:
+        raise ValueError("give your name: it is recorded with every action")
+    return text

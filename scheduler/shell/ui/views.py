@@ -1,0 +1,198 @@
+"""What the console's pages show, read through the client and the admin helpers the CLI uses."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from ...client import Client
+from ...protocol.models import JobInfo
+from ...protocol.replies import StatsReply, parse_stats
+from .. import admin
+
+STATES = ("scheduled", "held", "ready", "running", "dead")
+
+
+def jsonable(value: Any) -> Any:
+    """A decoded payload made JSON-friendly: bytes as hex text, other keys as text."""
+    if isinstance(value, bytes | bytearray):
+        return "hex:" + bytes(value).hex()
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(jsonable(k)): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+def payload_text(payload: Any) -> str:
+    """The payload pretty-printed as JSON (msgpack shown as JSON, bytes as hex)."""
+    return json.dumps(jsonable(payload), indent=2, ensure_ascii=False, default=repr)
+
+
+@dataclass
+class QueueRow:
+    name: str
+    counts: dict[str, int]
+    fired_per_s: float | None = None
+    acked_per_s: float | None = None
+    paused_since: datetime | None = None
+
+
+@dataclass
+class PartitionRow:
+    partition: int
+    owner: str | None
+    epoch: int
+    lease: str
+    earliest_due: datetime | None
+    oldest_due_age: float
+    counts: dict[str, int]
+
+
+@dataclass
+class Overview:
+    namespace: str
+    now: datetime
+    queues: list[QueueRow]
+    partitions: list[PartitionRow]
+    owners_source: str
+    owners_error: str | None = None
+    totals: dict[str, int] = field(default_factory=dict)
+
+
+class Rates:
+    """Fired and acked per second per queue, from the Redis-kept counters of successive reads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: tuple[float, dict[str, int]] | None = None
+
+    def update(self, counters: dict[str, int]) -> dict[str, float] | None:
+        now = time.monotonic()
+        with self._lock:
+            last, self._last = self._last, (now, counters)
+        if last is None or now - last[0] < 0.2:
+            return None
+        dt = now - last[0]
+        return {k: max(0.0, (v - last[1].get(k, 0)) / dt) for k, v in counters.items()}
+
+
+def _queue_counts(stats: list[StatsReply]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for st in stats:
+        for q, counts in st.queues().items():
+            row = out.setdefault(q, dict.fromkeys(STATES, 0))
+            for s, n in counts.items():
+                row[s] += n
+        for f, n in st.gauges.items():
+            kind, _, q = f.partition(":")
+            if kind == "h":
+                out.setdefault(q, dict.fromkeys(STATES, 0))["held"] += n
+    out.pop("?", None)
+    return out
+
+
+def overview(client: Client, rates: Rates, etcd: str | None, etcd_timeout: float = 1.0) -> Overview:
+    """Counts per queue and state, rates, oldest due age, partitions and their owners."""
+    stats = [parse_stats(r) for r in client.transport.call_many(client.calls.stats_calls())]
+    now_ms = admin.redis_now_ms(client)
+    counters: dict[str, int] = {}
+    for st in stats:
+        for k, v in st.counters.items():
+            counters[k] = counters.get(k, 0) + v
+    per_s = rates.update(counters)
+    paused = client.paused()
+    counts = _queue_counts(stats)
+    queues = []
+    for q in sorted(set(counts) | set(paused)):
+        row = QueueRow(q, counts.get(q, dict.fromkeys(STATES, 0)), paused_since=paused.get(q))
+        if per_s is not None:
+            row.fired_per_s, row.acked_per_s = per_s.get(f"fired:{q}", 0.0), per_s.get(f"acked:{q}", 0.0)
+        queues.append(row)
+    owners: dict[int, tuple[str, int, int]] = {}
+    source, err = "not configured", None
+    if etcd:
+        try:
+            owners = admin.read_owner_leases(etcd, client.keyspace.namespace, timeout=etcd_timeout)
+            source = "etcd"
+        except Exception as exc:  # noqa: BLE001 - any etcd failure shows owners as unknown
+            source, err = "unavailable", f"{type(exc).__name__}: {exc}"
+    parts = []
+    for p, st in enumerate(stats):
+        owner = owners.get(p)
+        per_state = dict.fromkeys(STATES, 0)
+        for c in st.queues().values():
+            for s, n in c.items():
+                per_state[s] += n
+        due = st.earliest_due_ms
+        parts.append(PartitionRow(p, owner[0] if owner else None, owner[1] if owner else st.epoch,
+                                  f"{owner[2]:x}" if owner and owner[2] else "-",
+                                  datetime.fromtimestamp(due / 1000, tz=UTC) if due is not None else None,
+                                  max(0.0, (now_ms - due) / 1000) if due is not None else 0.0, per_state))
+    totals = {s: sum(q.counts.get(s, 0) for q in queues) for s in STATES}
+    return Overview(client.keyspace.namespace, datetime.fromtimestamp(now_ms / 1000, tz=UTC), queues, parts,
+                    source, err, totals)
+
+
+def find_job(client: Client, text: str) -> JobInfo | None:
+    """A job by its id, or else by its idempotency key."""
+    text = text.strip()
+    try:
+        info = client.get(text)
+        if info is not None:
+            return info
+    except ValueError:
+        pass  # not an id: try it as a key
+    try:
+        return client.get_by_key(text)
+    except ValueError:
+        return None
+
+
+FILL_CALLS = 8  # jobs() calls at most per console page of scheduled jobs (each bounded itself)
+
+
+def jobs_page(client: Client, queue: str, state: str, limit: int, cursor: str | None, start: datetime | None,
+              end: datetime | None) -> tuple[list[JobInfo], str | None, bool]:
+    """One console page of a queue's jobs: (rows, next cursor, whether the run_at filter was applied
+    to this page only). Scheduled jobs are ordered by run_at, so the range is pushed into the read
+    and the page is topped up (at most FILL_CALLS reads) until it is full or the listing ends. Other
+    states have no run_at order: their fetched page is filtered, so it may come back short."""
+    if state != "scheduled":
+        rows, nxt = admin.list_jobs(client, queue, state, limit, cursor)
+        return [r for r in rows if in_range(r.run_at, start, end)], nxt, start is not None or end is not None
+    out: list[JobInfo] = []
+    for _ in range(FILL_CALLS):
+        rows, cursor = admin.list_jobs(client, queue, state, limit - len(out), cursor, start, end)
+        out += rows
+        if cursor is None or len(out) >= limit:
+            break
+    return out, cursor, False
+
+
+def parse_local(text: str, tz: str) -> datetime:
+    """A ``datetime-local`` field value (``2026-05-01T09:30``) in zone ``tz`` -> aware datetime."""
+    try:
+        zone = ZoneInfo(tz or "UTC")
+    except (KeyError, ValueError):
+        raise ValueError(f"unknown time zone {tz!r}") from None
+    try:
+        naive = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"expected a date and time like 2026-05-01T09:30, got {text!r}") from None
+    return naive.replace(tzinfo=zone) if naive.tzinfo is None else naive
+
+
+def in_range(at: datetime | None, start: datetime | None, end: datetime | None) -> bool:
+    """Whether ``at`` lies in [start, end] (open ends where None)."""
+    if start is None and end is None:
+        return True
+    if at is None:
+        return False
+    return (start is None or at >= start) and (end is None or at <= end)

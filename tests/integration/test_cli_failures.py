@@ -1,0 +1,193 @@
+"""Known conditions end in one ``zsched: error:`` line, no traceback, and their documented exit code.
+
+The table :data:`CASES` provokes each condition of docs/operations.md ("Exit codes and errors") for
+the commands it applies to (an operator command, ``scheduler``, ``worker``, ``dev``), running the
+real command as a subprocess; all of them start at once, so the table costs about one start-up.
+``--debug`` adds the traceback.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from scheduler.protocol.connection import sync_redis
+from scheduler.shell.servers import etcd_request, free_port, wait_for
+from tests.servers import EtcdServer
+
+ZSCHED = [sys.executable, "-m", "scheduler"]
+USER, PASSWORD = "zsched17", "s3cret-pw"
+DEADLINE = 60.0
+
+
+@dataclass
+class Env:
+    redis_url: str      # a live redis-server
+    locked_port: int    # the live redis-server, with the ACL user USER
+    dead: int           # a loopback port nothing listens on
+    taken: int          # a loopback port something listens on
+
+    @property
+    def dead_redis(self) -> str:
+        return f"redis://127.0.0.1:{self.dead}/0"
+
+    @property
+    def wrong_password(self) -> str:
+        return f"redis://{USER}:wrong-{PASSWORD}@127.0.0.1:{self.locked_port}/0"
+
+    @property
+    def tls_file_missing(self) -> str:
+        return f"rediss://127.0.0.1:{self.locked_port}/0?ssl_ca_certs=/nonexistent/zsched-ca.pem"
+
+
+@dataclass(frozen=True)
+class Case:
+    """``argv(env)`` after ``zsched``, the exit code, a regex the error line must match."""
+
+    name: str
+    argv: Callable[[Env], list[str]]
+    code: int
+    says: str
+    env: tuple[tuple[str, str], ...] = ()
+
+
+WORKER = ["worker", "scheduler.shell.demo:worker"]
+BAD_URL = "http://127.0.0.1:6379"
+CASES = [
+    # operator commands
+    Case("stats, Redis unreachable", lambda e: ["stats", "--redis", e.dead_redis], 3,
+         r"cannot reach Redis at redis://127\.0\.0\.1:\d+/0: .*check --redis"),
+    Case("stats, wrong password", lambda e: ["stats", "--redis", e.wrong_password], 3,
+         r"Redis at redis://zsched17:\*\*\*@127\.0\.0\.1:\d+/0 refused the credentials.*fix user:password"),
+    Case("stats, TLS file missing", lambda e: ["stats", "--redis", e.tls_file_missing], 4,
+         r"cannot read a TLS file named in the Redis URL .*ssl_ca_certs"),
+    Case("stats, bad URL", lambda e: ["stats", "--redis", BAD_URL], 2, r"Redis URL .* is invalid: unknown scheme"),
+    Case("cron add --grace without --misfire skip",
+         lambda e: ["cron", "add", "nightly", "0 9 * * *", "--queue", "q", "--grace", "10", "--redis", e.redis_url],
+         2, r"--grace only applies with --misfire skip"),
+    # zsched scheduler
+    Case("scheduler, wrong password",
+         lambda e: ["scheduler", "--redis", e.wrong_password, "--etcd", f"127.0.0.1:{e.dead}"], 3,
+         r"refused the credentials"),
+    Case("scheduler, TLS file missing", lambda e: ["scheduler", "--redis", e.tls_file_missing], 4,
+         r"cannot read a TLS file"),
+    Case("scheduler, etcd CA file missing",
+         lambda e: ["scheduler", "--redis", e.redis_url, "--etcd", f"https://127.0.0.1:{e.dead}"], 4,
+         r"cannot read etcd ca_cert from /nonexistent", env=(("ZSCHED_ETCD_CA", "/nonexistent/etcd-ca.pem"),)),
+    Case("scheduler, bad URL", lambda e: ["scheduler", "--redis", BAD_URL], 2, r"is invalid"),
+    Case("scheduler, metrics port in use",
+         lambda e: ["scheduler", "--redis", e.dead_redis, "--metrics-port", str(e.taken)], 4,
+         r"metrics port \d+ on 127\.0\.0\.1 is already in use.*--metrics-port"),
+    # zsched worker
+    Case("worker, metrics port in use", lambda e: [*WORKER, "--redis", e.redis_url, "--metrics-port", str(e.taken)], 4,
+         r"metrics port \d+ on 127\.0\.0\.1 is already in use"),
+    Case("worker, wrong password", lambda e: [*WORKER, "--redis", e.wrong_password], 3, r"refused the credentials"),
+    Case("worker, TLS file missing", lambda e: [*WORKER, "--redis", e.tls_file_missing], 4, r"cannot read a TLS file"),
+    Case("worker, bad URL", lambda e: [*WORKER, "--redis", BAD_URL], 2, r"is invalid"),
+    Case("worker, module missing", lambda e: ["worker", "nosuchmodule_zsched:worker"], 2, r"cannot import module"),
+    # zsched dev with servers given
+    Case("dev, Redis unreachable",
+         lambda e: ["dev", "--redis", e.dead_redis, "--etcd", f"127.0.0.1:{e.dead}", "--no-demo", "--home", "dev-home"],
+         3, r"cannot reach Redis at redis://127\.0\.0\.1:\d+/0"),
+]
+
+
+@pytest.fixture
+def env(redis_url: str) -> Iterator[Env]:
+    r = sync_redis(redis_url)
+    r.acl_setuser(USER, enabled=True, passwords=[f"+{PASSWORD}"], keys=["*"], commands=["+@all"])
+    r.close()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        yield Env(redis_url, int(redis_url.rsplit(":", 1)[1].split("/")[0]), free_port(), listener.getsockname()[1])
+
+
+def _start(case: Case, env: Env, cwd: Path, *pre: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([*ZSCHED, *pre, *case.argv(env)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=cwd, env={**os.environ, **dict(case.env)})
+
+
+def test_known_conditions_print_one_error_line_and_their_exit_code(env: Env, tmp_path: Path) -> None:
+    running = [(case, _start(case, env, tmp_path)) for case in CASES]
+    problems = []
+    for case, proc in running:
+        try:
+            out, err = proc.communicate(timeout=DEADLINE)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            problems.append(f"{case.name}: did not end:\n{err[-2000:]}")
+            continue
+        lines = [line for line in err.splitlines() if line.startswith("zsched: error:")]
+        if proc.returncode != case.code:
+            problems.append(f"{case.name}: exit {proc.returncode}, expected {case.code}:\n{err[-2000:]}")
+        elif len(lines) != 1 or not re.search(case.says, lines[0]):
+            problems.append(f"{case.name}: expected one error line matching {case.says!r}:\n{err[-2000:]}")
+        elif "Traceback" in err:
+            problems.append(f"{case.name}: a traceback:\n{err[-3000:]}")
+        elif PASSWORD in err + out:
+            problems.append(f"{case.name}: the password is printed:\n{err[-2000:]}")
+    assert not problems, "\n\n".join(problems)
+
+
+def test_debug_adds_the_traceback_of_a_known_condition(env: Env, tmp_path: Path) -> None:
+    case = CASES[0]
+    proc = _start(case, env, tmp_path, "--debug")
+    _out, err = proc.communicate(timeout=DEADLINE)
+    assert proc.returncode == case.code and "Traceback" in err, err
+    assert err.strip().splitlines()[-1].startswith("zsched: error: cannot reach Redis"), err
+
+
+# ---------------------------------------------------------------- etcd with auth enabled
+
+
+ETCD_ROOT_PASSWORD = "etcd-r00t-pw"
+
+
+def _enable_etcd_auth(endpoint: str) -> None:
+    """What ``etcdctl user add root; etcdctl user grant-role root root; etcdctl auth enable`` do,
+    through etcd's HTTP gateway (etcdctl is not needed)."""
+    etcd_request(endpoint, "/v3/auth/user/add", {"name": "root", "password": ETCD_ROOT_PASSWORD})
+    etcd_request(endpoint, "/v3/auth/role/add", {"name": "root"})
+    etcd_request(endpoint, "/v3/auth/user/grant", {"user": "root", "role": "root"})
+    etcd_request(endpoint, "/v3/auth/enable", {})
+
+
+def test_scheduler_with_wrong_etcd_credentials_says_so_and_right_ones_work(redis_url: str, fresh_etcd: EtcdServer,
+                                                                           tmp_path: Path) -> None:
+    _enable_etcd_auth(fresh_etcd.endpoint)
+    wrong = f"http://root:not-{ETCD_ROOT_PASSWORD}@{fresh_etcd.endpoint}"
+    out = subprocess.run([*ZSCHED, "scheduler", "--redis", redis_url, "--etcd", wrong, "--namespace", "etcdauth"],
+                         capture_output=True, text=True, timeout=DEADLINE)
+    lines = [line for line in out.stderr.splitlines() if line.startswith("zsched: error:")]
+    assert out.returncode == 3, out.stderr
+    assert len(lines) == 1 and re.search(r"etcd rejected user 'root'.*check the credentials in --etcd", lines[0]), \
+        out.stderr
+    assert "Traceback" not in out.stderr and ETCD_ROOT_PASSWORD not in out.stdout + out.stderr, out.stderr
+    # the right password, through the environment (argv is visible to every user)
+    right = {**os.environ, "ZSCHED_ETCD_ENDPOINTS": f"http://root:{ETCD_ROOT_PASSWORD}@{fresh_etcd.endpoint}"}
+    log = tmp_path / "scheduler.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen([*ZSCHED, "scheduler", "--redis", redis_url, "--namespace", "etcdauth"],
+                                stdout=f, stderr=subprocess.STDOUT, env=right)
+    try:
+        wait_for(lambda: "partition 0: acquired" in log.read_text(), DEADLINE,
+                 lambda: f"the scheduler to take partitions:\n{log.read_text()[-2000:]}")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(DEADLINE) == 0, log.read_text()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert "released all partitions (lease revoked)" in text and "Traceback" not in text, text[-2000:]
+    assert ETCD_ROOT_PASSWORD not in text, "the etcd password is printed"
