@@ -73,8 +73,7 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.Argument
     p.add_argument("--concurrency", metavar="N", type=_positive_int, help="handlers running at once (default 16)")
     p.add_argument("--prefetch", metavar="N", type=_count,
                    help="jobs handed off ahead of their due time (zsched scheduler --handoff-lead) that may wait "
-                        "for it on top of --concurrency (default: as many as --concurrency; 0: they wait in "
-                        "handler slots)")
+                        "for it on top of --concurrency (default 32; 0: they wait in handler slots)")
     p.add_argument("--metrics-port", metavar="PORT", type=_port, help="serve Prometheus metrics on this port")
     p.add_argument("--metrics-host", metavar="ADDR", help="address for /metrics (default 127.0.0.1)")
     p.add_argument("--shutdown-grace", metavar="S", type=_seconds,

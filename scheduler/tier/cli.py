@@ -25,8 +25,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--lease-ttl", type=float, default=float(os.environ.get("ZSCHED_LEASE_TTL", "5")),
                    help="etcd lease TTL in seconds (default 5): failover takes about this long")
     p.add_argument("--batch", type=int, default=1000, help="jobs moved per tick call (default 1000)")
-    p.add_argument("--handoff-lead", type=float, default=5.0, metavar="MS",
-                   help="hand jobs to the workers this many ms before they are due (default 5); the "
+    p.add_argument("--handoff-lead", type=float, default=20.0, metavar="MS",
+                   help="hand jobs to the workers this many ms before they are due (default 20); the "
                         "worker starts each at its due time, never before, so the hops in between do "
                         "not make it late. 0: fire at the due time")
     p.add_argument("--redis-timeout", type=float, default=5.0, metavar="S",

@@ -70,7 +70,7 @@ class RunnerConfig:
     # handler starts" (this loop's wake-up, the tick, the ready notification, the worker's
     # claim) then happen ahead of time, and the worker starts the job on its own timer at its due
     # time, never before it (workers/runner.py). 0 fires at the due time, as before.
-    handoff_lead: float = 0.005
+    handoff_lead: float = 0.020
     # Redis retry backoff cap. Short: a partition must fire again within a second of Redis
     # answering (a Redis Cluster failover takes 2-3 s; with a 2 s cap the first retry after it
     # could come ~2.5 s late). Each step already retries for the transport's budget (0.5 s), so an

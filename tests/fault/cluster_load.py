@@ -36,7 +36,7 @@ PARTS = 12
 PROBE = "probe"        # a queue no worker serves: its fired jobs stay in ready, for ProbeWatcher
 RATE = 100.0           # calls per second of each of the two producers
 RUN_EPS = 0.002        # "not before run_at": run_at is rounded to the ms, clocks read in two processes
-HANDOFF_LEAD = 0.005   # zsched scheduler --handoff-lead default: a probe may reach ready this early
+HANDOFF_LEAD = 0.020   # zsched scheduler --handoff-lead default: a probe may reach ready this early
 DURABLE_TIMEOUT = 5.0  # covers the killed master's restart as a replica (WAIT 1 needs one)
 LEASE = 3.0            # producers' jobs: a lost ack costs a rerun inside the test (at-least-once)
 
