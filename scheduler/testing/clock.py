@@ -27,6 +27,21 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 __all__ = ["ClockedServer", "FakeClock", "fake_async_redis", "fake_redis", "to_epoch_ms"]
 
+# The fakeredis hooks this module builds on (a clock per server needs them: fakeredis reads the
+# host clock in module-level code). Checked up front, so an incompatible fakeredis fails with what
+# to install, not with an AttributeError in the middle of a test.
+_SOCKET_HOOKS = ("_run_command", "_get_server_runtime", "time")
+
+
+def _incompatible(missing: list[str]) -> ImportError:
+    version = getattr(fakeredis, "__version__", "?")
+    return ImportError(f"scheduler.testing needs fakeredis 2.41 or a later 2.x (found {version}, which lacks "
+                       f"{', '.join(missing)}): pip install 'fakeredis[lua]>=2.41,<3'")
+
+
+if not all(hasattr(c, "_connect") for c in (FakeRedisConnection, FakeAsyncRedisConnection)):
+    raise _incompatible(["FakeRedisConnection._connect"])
+
 
 def to_epoch_ms(when: datetime | float | int) -> int:
     """An aware datetime or epoch seconds as epoch milliseconds; ValueError for a naive datetime."""
@@ -159,6 +174,9 @@ def _clocked(sock: Any) -> Any:
     cls = type(sock)
     sub = _CLOCKED.get(cls)
     if sub is None:
+        missing = [f"{cls.__name__}.{name}" for name in _SOCKET_HOOKS if not hasattr(cls, name)]
+        if missing:
+            raise _incompatible(missing)
         sub = _CLOCKED[cls] = type(f"Clocked{cls.__name__}", (_ClockedSocketMixin, cls), {})
     sock.__class__ = sub
     return sock
