@@ -94,6 +94,7 @@ def test_actions_need_a_session_a_csrf_token_and_the_same_origin(client: Client,
     token = csrf(tc, f"/job/{jid}")
     assert tc.post(f"/action/job/{jid}/cancel", data={}).status_code == 403, "no CSRF token"
     assert tc.post(f"/action/job/{jid}/cancel", data={"csrf": "0" * 64}).status_code == 403
+    assert tc.post(f"/action/job/{jid}/cancel", data={"csrf": "é" * 64}).status_code == 403  # not a 500
     evil = tc.post(f"/action/job/{jid}/cancel", data={"csrf": token}, headers={"origin": "http://evil.example"})
     assert evil.status_code == 403, "cross-site POST"
     tc.cookies.clear()

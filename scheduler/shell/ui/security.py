@@ -62,7 +62,7 @@ class ConsoleAuth:
         if not cookie or "." not in cookie:
             return None
         name, mac = cookie.rsplit(".", 1)
-        if not hmac.compare_digest(mac, self._mac("session", name)):
+        if not hmac.compare_digest(mac.encode(), self._mac("session", name).encode()):  # bytes: any text compares
             return None
         try:
             return base64.urlsafe_b64decode(name.encode()).decode()
@@ -74,7 +74,7 @@ class ConsoleAuth:
         return self._mac("csrf", cookie)
 
     def csrf_ok(self, cookie: str | None, given: str) -> bool:
-        return bool(cookie) and hmac.compare_digest(given, self.csrf_for(cookie or ""))
+        return bool(cookie) and hmac.compare_digest(given.encode(), self.csrf_for(cookie or "").encode())
 
 
 def same_origin(origin: str | None, referer: str | None, host: str | None) -> bool:
