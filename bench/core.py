@@ -98,7 +98,7 @@ def tombstone(url: str, n: int = 100_000, key_bytes: int = 0, partitions: int = 
                 return done
             by_part: dict[int, list[Any]] = {}
             for j in jobs:
-                by_part.setdefault(int.from_bytes(j.raw_id[6:8], "big"), []).extend((j.raw_id, j.token))
+                by_part.setdefault(ops.partition(j.raw_id), []).extend((j.raw_id, j.token))
             calls = [core.call("ack", p, ttl_ms, *flat[s:s + 1000])
                      for p, flat in by_part.items() for s in range(0, len(flat), 1000)]
             done += sum(sum(reply) for reply in c.transport.call_many(calls))
