@@ -306,10 +306,11 @@ async def test_heartbeat_loop_waits_when_every_running_lease_is_lost() -> None:
 # -- runner ---------------------------------------------------------------------------------------
 
 
-def make_runner(reg: HandlerRegistry, queue: str = "q", concurrency: int = 4) -> tuple[HandlerRunner, Outbox, Slots]:
+def make_runner(reg: HandlerRegistry, queue: str = "q", concurrency: int = 4,
+                prefetch: int = 0) -> tuple[HandlerRunner, Outbox, Slots]:
     box, _ = outbox()
     running: set[Attempt] = set()
-    slots = Slots(concurrency)
+    slots = Slots(concurrency, prefetch)
     runner = HandlerRunner(
         loop=asyncio.get_running_loop(), specs=reg.for_queues([queue], {}), qstats={queue: WorkerStats()},
         running=running, slots=slots, outbox=box, heartbeats=Heartbeats(running, box), life=Lifecycle(),
@@ -547,13 +548,7 @@ async def test_held_jobs_wait_on_prefetch_slots_and_take_a_handler_slot_only_whe
             await release.wait()  # keeps the only handler slot busy
 
     reg.register("q", handler)
-    box, _ = outbox()
-    running: set[Attempt] = set()
-    slots = Slots(1, 2)
-    runner = HandlerRunner(
-        loop=asyncio.get_running_loop(), specs=reg.for_queues(["q"], {}), qstats={"q": WorkerStats()},
-        running=running, slots=slots, outbox=box, heartbeats=Heartbeats(running, box), life=Lifecycle(),
-        metrics=None, max_payload_bytes=codec.DEFAULT_MAX_PAYLOAD, threads=ThreadCount(), concurrency=1)
+    runner, box, slots = make_runner(reg, concurrency=1, prefetch=2)
     busy = dataclasses.replace(claimed(10, payload=0), due_ms=0)
     redis_now_us = 1_700_000_000_000_000
     clock = time.monotonic() - redis_now_us / 1_000_000
