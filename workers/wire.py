@@ -15,7 +15,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from scheduler.protocol.errors import LayoutChanged
+from scheduler.protocol.errors import LayoutChanged, failure_kind
 from scheduler.protocol.transport import AsyncScriptTransport, Call, RetryPolicy
 
 log = logging.getLogger("zsched.worker")
@@ -52,13 +52,17 @@ class Outage:
         self.failures = 0
         self.since = 0.0
         self.last_log = 0.0
+        self.kind = ""  # failure_kind() of the failure last logged
 
     def failed(self, exc: BaseException) -> float:
         """Count a failure; returns the seconds to wait before the next try."""
         now = time.monotonic()
-        if self.failures == 0:
-            self.since = now
+        kind = failure_kind(exc)
+        if self.failures == 0 or kind != self.kind:  # once per outage, and again when its kind changes
+            if self.failures == 0:
+                self.since = now
             self.last_log = now
+            self.kind = kind
             if LayoutChanged.from_reply(exc) is not None:  # zsched migrate-partitions: not an outage
                 log.error("%s: refused by the namespace's partition layout: %s", self.what, exc)
             else:

@@ -86,3 +86,14 @@ class LayoutChanged(ZschedError):
             return None
         detail = text[len(cls.PREFIX):].strip()
         return cls(detail, migrating=detail.startswith("migrating"))
+
+
+def failure_kind(exc: BaseException) -> str:
+    """What kind of failure ``exc`` is, for logs that speak once per kind: a layout refusal while a
+    migration runs, one after it ended (the process must restart), or the exception's type. A
+    process refused while ``zsched migrate-partitions`` runs must still say "restart it" once the
+    refusal changes to that."""
+    refusal = LayoutChanged.from_reply(exc)
+    if refusal is not None:
+        return "layout-migrating" if refusal.migrating else "layout-changed"
+    return type(exc).__name__

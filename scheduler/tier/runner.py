@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 from ..metrics import SchedulerMetrics
 from ..protocol.calls import Calls
 from ..protocol.cron import LOOKAHEAD, occurrences, with_jitter
+from ..protocol.errors import failure_kind
 from ..protocol.ids import encode_id
 from ..protocol.tick import (
     CRON_FIELDS,
@@ -125,6 +126,7 @@ class PartitionRunner:
         self._paused_logged = False
         self._backoff = INITIAL_BACKOFF            # next wait after a failed step
         self._down_since: float | None = None      # monotonic time of the first failure of an outage
+        self._down_kind = ""                          # failure_kind() of the failure last logged
 
     def start(self) -> None:
         """Start firing in a task of its own (:meth:`stop` ends it)."""
@@ -253,8 +255,11 @@ class PartitionRunner:
         self._m.redis_errors.labels(self._m.replica).inc()
         if isinstance(exc, REDIS_ERRORS):
             self._backoff *= random.uniform(0.8, 1.2)  # replicas and partitions must not retry in lockstep
-            if self._down_since is None:
-                self._down_since = time.monotonic()
+            kind = failure_kind(exc)
+            if self._down_since is None or kind != self._down_kind:  # once per outage, and per kind
+                if self._down_since is None:
+                    self._down_since = time.monotonic()
+                self._down_kind = kind
                 log.error("partition %d: Redis call failed (%s: %s); retrying with backoff up to %.1fs",
                           self.partition, type(exc).__name__, exc, self._cfg.backoff_max)
         else:  # a bug must not leave the partition dark without a word

@@ -587,3 +587,20 @@ async def test_a_held_job_handed_back_at_shutdown_returns_its_prefetch_slot() ->
     await asyncio.wait(cancelled, timeout=1)
     assert [r.state for r in box.releases[0]] == [RELEASED] and (slots.free, slots.hold) == (4, 0)
     runner.close()
+
+
+def test_an_outage_is_logged_once_and_again_when_a_migration_refusal_turns_into_restart_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from redis.exceptions import ResponseError
+
+    from workers.wire import Outage
+
+    migrating = ResponseError("ZSCHED_LAYOUT migrating: zsched migrate-partitions is moving this namespace")
+    changed = ResponseError("ZSCHED_LAYOUT changed: the namespace now has 8 partitions, this process uses 4 "
+                            "(zsched migrate-partitions ran); restart it so it reads the new count")
+    outage = Outage("claim")
+    with caplog.at_level("WARNING", logger="zsched.worker"):
+        for exc in (migrating, migrating, migrating, changed, changed):
+            outage.failed(exc)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and "migrating" in lines[0] and "restart it" in lines[1], lines
