@@ -21,8 +21,56 @@
 -- An idempotency key maps to at most one live job. Keys starting with "cron:" are refused (they
 -- belong to cron occurrences; the client refuses them too). The owner is woken (pub/sub) only when a job
 -- lands before the partition's current earliest timer.
+-- Paths: a fast path for one new job due later in a queue the partition knows (the common
+-- producer call; it runs before the library's definitions), else the general path.
 -- Publishes (publish(): SPUBLISH in sharded mode): the partition number on CHAN.."ready:"..queue
 -- when jobs landed in the ready list, on CHAN.."wake" when one landed before the earliest timer.
+-- Fast path: one new job (not a re-send), no idempotency key, due later, in a queue this
+-- partition already knows: the common producer call. It runs before the library (see
+-- "--@library" below), so Redis does not build the library's closures on this path (measured with
+-- callgrind: about a fifth of a one-job call's instructions), and passes numbers to Redis as the
+-- strings it already has (a Lua number argument is formatted with %.17g, another tenth).
+-- It ends in exactly the state and reply of the general path below; anything else (a refusal,
+-- a new queue name, a job already due, a time whose id must be noted in 'm') falls through to the
+-- general path before any write. tests/integration/test_schedule_fast_path.py compares the two.
+local RELATIVE_SLACK_MS = 250 -- see resolve_at's use below
+if ARGV[6] == '1' and ARGV[7] == '0' and ARGV[10] == '' then
+  local slash = string.find(ARGV[3], '/', 1, true)
+  local fenced = false
+  if slash then
+    local l = redis.call('HGET', KEYS[13], 'layout')
+    fenced = l and l ~= string.sub(ARGV[3], slash + 1)
+  end
+  local qidx = not fenced and redis.call('HGET', KEYS[10], 'n:' .. ARGV[4])
+  if qidx then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local arg = ARGV[9]
+    local at, at_s = nil, nil
+    if string.find(arg, '^%d+$') then
+      at, at_s = tonumber(arg), arg
+    else
+      local est, delta = string.match(arg, '^(%d+)r(%-?%d+)$')
+      if est and math.abs(now + tonumber(delta) - tonumber(est)) <= RELATIVE_SLACK_MS then at, at_s = tonumber(est), est end
+    end
+    if at and at > now then
+      local blob, chan = ARGV[8], ARGV[2]
+      local id, n = string.sub(blob, 1, 15), tonumber(qidx)
+      redis.call('HSET', KEYS[10], 'u:' .. qidx, string.format('%d', now))
+      local earlier = redis.call('ZCOUNT', KEYS[1], '-inf', at_s) -- timers due at or before this one
+      redis.call('ZADD', KEYS[1], at_s, id .. string.char(math.floor(n / 256), n % 256) .. string.sub(blob, 18))
+      redis.call('HINCRBY', KEYS[12], 'scheduled:' .. ARGV[4], '1')
+      redis.call('HINCRBY', KEYS[11], 's:' .. ARGV[4], '1')
+      if earlier == 0 then
+        redis.call(string.byte(chan, 1) == 123 and 'SPUBLISH' or 'PUBLISH', chan .. 'wake',
+          slash and string.sub(ARGV[3], 1, slash - 1) or ARGV[3])
+      end
+      return {now, 0, id}
+    end
+  end
+end
+--@library
+-- General path.
 do local refused = layout_fence(); if refused then return refused end end
 local queue, ttl, n, resend = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1'
 for i = 0, n - 1 do  -- before any write: Redis does not roll a script back on error
@@ -31,7 +79,6 @@ for i = 0, n - 1 do  -- before any write: Redis does not roll a script back on e
   end
 end
 local now = now_ms()
-local RELATIVE_SLACK_MS = 250
 local qidx = queue_index(queue)
 -- Always a write, also on a re-send that finds every job already there: WAIT (durable=) counts
 -- the replicas that have this connection's last write, so a call that wrote nothing would be

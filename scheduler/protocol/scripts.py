@@ -94,11 +94,30 @@ def strip_comments(text: str) -> str:
     return "\n".join(out) + "\n"
 
 
+LIBRARY_MARKER = "--@library"
+"""A line of a script's own: the library's definitions go there instead of at the top. What comes
+before it runs before Redis builds any helper closure (a fast path that returns early, as in
+lua/schedule.lua) and may use none of the library's names."""
+
+
 def assemble(lib: str, body: str) -> str:
     """The script as sent to Redis: only the library definitions the body needs (transitively), in
     library order, then the body. Redis runs the whole chunk on every call, so unused helpers would
-    cost every EVALSHA a few microseconds."""
+    cost every EVALSHA a few microseconds. A body with a :data:`LIBRARY_MARKER` line gets the
+    definitions at that line."""
     chunks = _lib_chunks(lib)
+    prelude = ""
+    lines = body.splitlines(keepends=True)
+    marks = [i for i, line in enumerate(lines) if line.strip() == LIBRARY_MARKER]
+    if len(marks) > 1:
+        raise ValueError(f"a script may have one {LIBRARY_MARKER} line, this one has {len(marks)}")
+    if marks:
+        prelude, body = "".join(lines[:marks[0]]), "".join(lines[marks[0] + 1:])
+        defined = set().union(*(names for names, _ in chunks))
+        early = sorted(_names_used(prelude) & defined)
+        if early:
+            raise ValueError(f"the lines before {LIBRARY_MARKER} use library names {early}: they run before the "
+                             "library is defined")
     needed = _names_used(body)
     keep: set[int] = set()
     changed = True
@@ -110,16 +129,28 @@ def assemble(lib: str, body: str) -> str:
                 needed |= _names_used(text)
                 changed = True
     parts = [text for i, (_, text) in enumerate(chunks) if i in keep]
-    return "\n".join(parts) + "\n" + body
+    return prelude + "\n".join(parts) + "\n" + body
+
+
+def library_source() -> str:
+    """The helper library's text: :data:`LIBRARY`'s files, in order, as one."""
+    pkg = resources.files("scheduler.lua")
+    return "".join(pkg.joinpath(name).read_text("utf-8").rstrip("\n") + "\n" for name in LIBRARY)
+
+
+def script_source(name: str) -> str:
+    """One script's own text (``lua/NAME.lua``), before :func:`assemble`."""
+    return resources.files("scheduler.lua").joinpath(f"{name}.lua").read_text("utf-8")
+
+
+def make_script(name: str, lib: str, body: str) -> Script:
+    """``body`` assembled with ``lib``, without comments, with its SHA1."""
+    src = strip_comments(assemble(lib, body))
+    return Script(name, src, hashlib.sha1(src.encode("utf-8")).hexdigest())
 
 
 @lru_cache(maxsize=1)
 def load_scripts() -> dict[str, Script]:
     """All scripts, read once from the package data (``scheduler.lua``)."""
-    pkg = resources.files("scheduler.lua")
-    lib = "".join(pkg.joinpath(name).read_text("utf-8").rstrip("\n") + "\n" for name in LIBRARY)
-    out: dict[str, Script] = {}
-    for name in SCRIPT_NAMES:
-        src = strip_comments(assemble(lib, pkg.joinpath(f"{name}.lua").read_text("utf-8")))
-        out[name] = Script(name, src, hashlib.sha1(src.encode("utf-8")).hexdigest())
-    return out
+    lib = library_source()
+    return {name: make_script(name, lib, script_source(name)) for name in SCRIPT_NAMES}

@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from scheduler import AsyncClient, Client
+from scheduler.protocol.options import JobOptions
 from scheduler.protocol.transport import RetryPolicy
 from scheduler.testing.transitions import Ops
 from tests.integration.test_worker_support import Recorder, TierStandIn, serving, wait_for
@@ -71,6 +72,34 @@ def test_sync_client_works_again_at_its_first_call_after_a_redis_restart(aof: bo
         assert connected_clients(srv) <= 3, "the client holds more connections than it ever used at once"
         if aof:  # AOF everysec kept the job acknowledged before the crash (written >1 s earlier)
             assert c.stats()["default"]["scheduled"] >= 101
+        c.close()
+
+
+def test_a_connection_the_server_closed_while_idle_costs_one_resend_and_creates_one_job() -> None:
+    """A one-job ``schedule`` is sent without first looking whether the server closed the held
+    connection (transport.call): the reply then fails to come and the call is sent again, with its
+    re-send flag, on a new connection. A call that may not be sent again still looks first."""
+    with RedisServer() as srv:
+        c = Client.from_url(srv.url, namespace="idle", partitions=2)
+        first = c.schedule(LATER, "before")
+        admin = redis.Redis.from_url(srv.url)
+        assert admin.client_kill_filter(_type="normal", skipme=True) >= 1
+        second = c.schedule(LATER, "after CLIENT KILL")
+        assert c.transport.resends == 1
+        assert c.get(first) is not None and c.get(second) is not None
+        assert c.stats()["default"]["scheduled"] == 2, "the re-sent call created its job once"
+
+        admin.client_kill_filter(_type="normal", skipme=True)
+        call = c.calls.prepare_one(LATER, "not re-sendable", None, JobOptions())
+        c.transport.call(*call, resend=False)  # looks first, reconnects, sends once
+        assert c.transport.resends == 1 and c.stats()["default"]["scheduled"] == 3
+
+        admin.close()
+        srv.kill()
+        srv.restart()
+        third = c.schedule(LATER, "after a restart")
+        assert c.transport.resends == 2
+        assert c.get(third) is not None and c.stats()["default"]["scheduled"] == 1  # no persistence
         c.close()
 
 

@@ -11,7 +11,7 @@ from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError
 
 from scheduler.protocol.batch import NO_TAIL, Batch, any_ran, merge_tails, not_run
 from scheduler.protocol.routing import slot_of
-from scheduler.protocol.scripts import assemble, load_scripts, strip_comments
+from scheduler.protocol.scripts import LIBRARY_MARKER, assemble, load_scripts, strip_comments
 
 
 class _Parser(BaseParser):
@@ -108,6 +108,20 @@ def test_a_script_carries_only_the_helpers_its_code_uses_not_those_named_in_comm
     assert "local function unused_helper" not in script and "BIG" not in script
     # every shipped script is assembled this way: schedule no longer carries queue retirement
     assert "local function retire_queues" not in load_scripts()["schedule"].source
+
+
+def test_a_library_marker_puts_the_helpers_after_a_fast_path_that_may_not_use_them() -> None:
+    lib = "local function helper() return 1 end\nlocal function unused() return 2 end"
+    script = assemble(lib, f"if ARGV[1] == 'x' then return 0 end\n{LIBRARY_MARKER}\nreturn helper()")
+    assert script.index("if ARGV[1] == 'x'") < script.index("local function helper") < script.index("return helper()")
+    assert "unused" not in script and LIBRARY_MARKER not in script
+    with pytest.raises(ValueError, match="use library names \\['helper'\\]"):
+        assemble(lib, f"return helper()\n{LIBRARY_MARKER}\nreturn 1")
+    with pytest.raises(ValueError, match="one --@library line"):
+        assemble(lib, f"{LIBRARY_MARKER}\n{LIBRARY_MARKER}\nreturn 1")
+    # schedule's one-job fast path runs before Redis builds any helper closure
+    src = load_scripts()["schedule"].source
+    assert src.index("if ARGV[6] == '1'") < src.index("local function") < src.index("layout_fence()\n")
 
 
 def test_scripts_reach_redis_without_their_comments_but_with_every_string_intact() -> None:
