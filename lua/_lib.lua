@@ -3,7 +3,8 @@
 -- definitions a script uses (transitively) to it, so each script is one self-contained EVALSHA.
 --
 -- Common calling convention of partition scripts:
---   KEYS[1..14] = the partition's keys, in scheduler/protocol/keys.py PARTITION_KEYS order:
+--   KEYS[1..14] = the partition's keys, in scheduler/protocol/keys.py PARTITION_KEYS order
+--     (schedule passes KEYS[1] alone; see K_T below):
 --     t (timers zset), m (moved hash), j (bodies hash: due(6) .. record), i (in-flight zset), l (lease tokens hash),
 --     d (dead zset), e (errors hash), k (idempotency keys hash), x (legacy tombstones zset, drained by tick),
 --     q (queue names hash), g (gauges hash), c (counters hash), meta (fence, epoch, fcur),
@@ -19,10 +20,15 @@
 --   ARGV[4..] script-specific, see each script's header.
 -- Times are Redis server milliseconds (TIME). Jitter is always computed by the caller: Redis's
 -- Lua random generator is deterministic.
-local K_T, K_M, K_J, K_I, K_L, K_D, K_E, K_K, K_X, K_Q, K_G, K_C, K_META, K_F =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10],
-  KEYS[11], KEYS[12], KEYS[13], KEYS[14]
 local PREFIX, CHAN = ARGV[1], ARGV[2]
+-- schedule declares only KEYS[1], the timer set (it routes the call in a cluster; the other keys
+-- share its hash tag, so its slot), and its partition keys are named here from the prefix: the 13
+-- other declared keys cost a one-job call an eighth of its Redis instructions (callgrind).
+local K_T, K_M, K_J, K_I, K_L, K_D, K_E, K_K, K_X, K_Q, K_G, K_C, K_META, K_F =
+  KEYS[1], KEYS[2] or PREFIX .. 'm', KEYS[3] or PREFIX .. 'j', KEYS[4] or PREFIX .. 'i',
+  KEYS[5] or PREFIX .. 'l', KEYS[6] or PREFIX .. 'd', KEYS[7] or PREFIX .. 'e', KEYS[8] or PREFIX .. 'k',
+  KEYS[9] or PREFIX .. 'x', KEYS[10] or PREFIX .. 'q', KEYS[11] or PREFIX .. 'g', KEYS[12] or PREFIX .. 'c',
+  KEYS[13] or PREFIX .. 'meta', KEYS[14] or PREFIX .. 'f'
 local PART, LAYOUT = string.match(ARGV[3], '^(%d+)/?(%d*)$')
 local ID_LEN = 15
 local CHUNK = 2000 -- arguments per variadic call, well under Lua's unpack limit
@@ -35,7 +41,7 @@ local CHUNK = 2000 -- arguments per variadic call, well under Lua's unpack limit
 -- 'layout' field, so the fence costs one HGET.
 local function layout_fence()
   if LAYOUT == '' then return nil end
-  local l = redis.call('HGET', KEYS[13], 'layout')
+  local l = redis.call('HGET', K_META, 'layout')
   if l and l ~= LAYOUT then
     if l == '-' then
       return redis.error_reply('ZSCHED_LAYOUT migrating: zsched migrate-partitions is moving this namespace to a ' ..

@@ -1,5 +1,6 @@
 -- schedule: create jobs (scheduled, or ready when already due).
--- KEYS: the 14 partition keys (see _lib.lua).
+-- KEYS: the partition's timer set (t) alone; the other partition keys are named from the prefix
+--       (see K_T in _lib.lua).
 -- ARGV: 1-3 common; 4 queue name; 5 tombstone ttl ms; 6 job count n; 7 re-send flag (1 when the
 --       client sends this call again after a lost reply, else 0);
 --       then n triples: blob (id(15) .. record with a 2-byte placeholder queue index), run_at,
@@ -38,10 +39,11 @@ if ARGV[6] == '1' and ARGV[7] == '0' and ARGV[10] == '' then
   local slash = string.find(ARGV[3], '/', 1, true)
   local fenced = false
   if slash then
-    local l = redis.call('HGET', KEYS[13], 'layout')
+    local l = redis.call('HGET', ARGV[1] .. 'meta', 'layout')
     fenced = l and l ~= string.sub(ARGV[3], slash + 1)
   end
-  local qidx = not fenced and redis.call('HGET', KEYS[10], 'n:' .. ARGV[4])
+  local k_q = ARGV[1] .. 'q'
+  local qidx = not fenced and redis.call('HGET', k_q, 'n:' .. ARGV[4])
   if qidx then
     local t = redis.call('TIME')
     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -56,11 +58,11 @@ if ARGV[6] == '1' and ARGV[7] == '0' and ARGV[10] == '' then
     if at and at > now then
       local blob, chan = ARGV[8], ARGV[2]
       local id, n = string.sub(blob, 1, 15), tonumber(qidx)
-      redis.call('HSET', KEYS[10], 'u:' .. qidx, string.format('%d', now))
+      redis.call('HSET', k_q, 'u:' .. qidx, string.format('%d', now))
       local earlier = redis.call('ZCOUNT', KEYS[1], '-inf', at_s) -- timers due at or before this one
       redis.call('ZADD', KEYS[1], at_s, id .. string.char(math.floor(n / 256), n % 256) .. string.sub(blob, 18))
-      redis.call('HINCRBY', KEYS[12], 'scheduled:' .. ARGV[4], '1')
-      redis.call('HINCRBY', KEYS[11], 's:' .. ARGV[4], '1')
+      redis.call('HINCRBY', ARGV[1] .. 'c', 'scheduled:' .. ARGV[4], '1')
+      redis.call('HINCRBY', ARGV[1] .. 'g', 's:' .. ARGV[4], '1')
       if earlier == 0 then
         redis.call(string.byte(chan, 1) == 123 and 'SPUBLISH' or 'PUBLISH', chan .. 'wake',
           slash and string.sub(ARGV[3], 1, slash - 1) or ARGV[3])

@@ -3,7 +3,8 @@ each with its documented default worker set-up, through the same workloads and p
 
 * W1 enqueue: 20 000 jobs due in 1 h one by one (huey ``task.schedule(eta=)``, Celery
   ``apply_async(eta=)``) and batched where the peer has a batch form (Celery ``group``; huey none);
-  rounds alternate zsched / huey / Celery on one server (order rotated), medians of 3;
+  rounds alternate zsched / huey / Celery on one server (order rotated), medians of 3; and one by
+  one again in interleaved slices of 500 calls (:func:`enqueue_slices`), the drift-proof ratio;
 * W2 memory: Redis ``used_memory`` delta per pending job at 20 000 (huey also at 1 M);
 * W3 drain: 20 000 jobs due at T0, no-op handler, 1 worker process; runs alternate huey / Celery;
 * W4 lateness: 2 000 jobs over 20 s and 20 000 over 20 s; handler start - run_at.
@@ -15,6 +16,7 @@ with ``with_zsched=True``, its W3/W4 (``bench.workloads``) alternating with the 
 """
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -68,6 +70,63 @@ def enqueue_interleaved(n: int, rounds: int) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def enqueue_slices(n: int, rounds: int, size: int = 500) -> dict[str, Any]:
+    """W1 one by one, drift-proof: the three sides keep one producer each on one redis-server and
+    take turns in slices of ``size`` calls (``n`` calls per side per round, the order rotated every
+    slice, FLUSHALL between rounds), so every slice of zsched's ran beside a slice of each peer's.
+    On a machine whose speed drifts by 2x within a minute (seen here), whole rounds one after the
+    other compare drift as much as code. Per side: jobs/s over all its slices; per peer: the median
+    of the per-slice ratios zsched / peer."""
+    import redis
+
+    from scheduler import Client
+
+    srv = c.redis(aof=False)
+    try:
+        admin = redis.Redis.from_url(srv.url)
+        zc = Client.from_url(srv.url, namespace="bench")
+        _h, htask, hr = huey_peer.make(srv.url)
+        capp, ctask, cr = celery_peer.make(srv.url)
+        at = time.time() + 3600
+        eta = c.utc(at)
+        calls: dict[str, Callable[[], Any]] = {
+            "zsched": lambda: zc.schedule(at, PAYLOAD),
+            "huey": lambda: htask.schedule((PAYLOAD,), eta=eta),
+            "celery": lambda: ctask.apply_async((PAYLOAD,), eta=eta)}
+        names = list(calls)
+        spent = {k: 0.0 for k in names}
+        ratios: dict[str, list[float]] = {p: [] for p in PEERS}
+        done = 0
+        for r in range(rounds):
+            admin.flushall()
+            for s in range(n // size):
+                rate: dict[str, float] = {}
+                k = (r * (n // size) + s) % 3
+                for name in names[k:] + names[:k]:
+                    one = calls[name]
+                    t = time.perf_counter()
+                    for _ in range(size):
+                        one()
+                    took = time.perf_counter() - t
+                    spent[name] += took
+                    rate[name] = size / took
+                for p in PEERS:
+                    ratios[p].append(rate["zsched"] / rate[p])
+                done += size
+        zc.close()
+        hr.close()
+        cr.close()
+        capp.close()
+        admin.close()
+    finally:
+        srv.stop()
+    return {"slice_calls": size, "calls_per_side": done,
+            "jobs_per_s": {k: round(done / v) for k, v in spent.items()},
+            "slice_ratio_median": {p: round(median_of(v), 3) for p, v in ratios.items()},
+            "slice_ratio_quartiles": {p: [round(q, 3) for q in statistics.quantiles(v, n=4)]
+                                      for p, v in ratios.items()}}
+
+
 def zsched_memory(n: int) -> dict[str, Any]:
     from bench.core import memory
 
@@ -97,7 +156,8 @@ def run(quick: bool, with_zsched: bool = False, lateness_rounds: int = 1) -> dic
     zs: dict[str, Any] = {"core": {"enqueue": {
         "schedule_one_jobs_per_s": round(median_of(one)), "runs_one": [round(x) for x in one],
         "schedule_many_jobs_per_s": round(median_of(many)), "runs_many": [round(x) for x in many],
-        "one_ratio_per_round": paired, "one_ratio_median": {p: median_of(v) for p, v in paired.items()}},
+        "one_ratio_per_round": paired, "one_ratio_median": {p: median_of(v) for p, v in paired.items()},
+        "one_by_one_slices": enqueue_slices(n, rounds)},
         "memory": [zsched_memory(20_000)]}}
     hu: dict[str, Any] = {"version": huey.__version__, "enqueue": huey_peer.enqueue_summary(w1["huey"])}
     ce: dict[str, Any] = {"version": celery.__version__, "kombu": kombu.__version__,

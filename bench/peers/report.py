@@ -95,6 +95,14 @@ def rows(peers: dict[str, Any], zsched: dict[str, Any] | None = None) -> list[Ro
     out.append(row("W1 enqueue", "one by one, jobs/s (huey schedule, Celery apply_async; median of 3)",
                    get(z, "enqueue", "schedule_one_jobs_per_s"), get(hu, "enqueue", "schedule_one_jobs_per_s"),
                    get(ce, "enqueue", "schedule_one_jobs_per_s"), True))
+    sl = get(z, "enqueue", "one_by_one_slices")
+    if sl:
+        zr, hr, cr = (get(sl, "jobs_per_s", k) for k in ("zsched", "huey", "celery"))
+        mh, mc = get(sl, "slice_ratio_median", "huey"), get(sl, "slice_ratio_median", "celery")
+        out.append((
+            "W1 enqueue", f"one by one in interleaved slices of {sl['slice_calls']} calls, jobs/s; ratio: median of "
+            f"the per-slice ratios ({fmt(sl['calls_per_side'])} calls per side)", fmt(zr), fmt(hr), fmt(cr), fmt(mh),
+            fmt(mc), ahead(1.0, {"huey": mh, "Celery": mc}, False)))
     out.append(row("W1 enqueue", "batched, jobs/s (zsched schedule_many; huey has none; Celery group)",
                    get(z, "enqueue", "schedule_many_jobs_per_s"), None, get(ce, "enqueue", "batched_jobs_per_s"),
                    True))

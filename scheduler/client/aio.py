@@ -10,7 +10,7 @@ from ..protocol import codec, config, control
 from ..protocol import durability as dur
 from ..protocol.calls import Calls, id_list
 from ..protocol.codes import Outcome, cancel_outcome, cron_removed, purge_outcome, requeue_outcomes, reschedule_outcome
-from ..protocol.connection import AsyncRedis, async_redis
+from ..protocol.connection import AsyncRedis, async_redis, is_cluster
 from ..protocol.cron import CronInfo
 from ..protocol.keys import Keyspace
 from ..protocol.models import JobInfo, JobState
@@ -68,7 +68,8 @@ class AsyncClient:
                                    tombstone_ttl=tombstone_ttl, retry=retry, durable=durable,
                                    durable_replicas=durable_replicas, durable_timeout=durable_timeout,
                                    socket_timeout=socket_timeout(redis_client),
-                                   sharded=resolve_sharded_pubsub(redis_client, sharded_pubsub))
+                                   sharded=resolve_sharded_pubsub(redis_client, sharded_pubsub),
+                                   cluster=is_cluster(redis_client))
         self.transport = AsyncScriptTransport(redis_client, self._opts.retry)
         self._calls: Calls | None = None
 

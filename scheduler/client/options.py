@@ -63,11 +63,13 @@ class ClientOptions:
 
     def __init__(self, *, namespace: str | None, partitions: int | None, max_payload_bytes: int,
                  tombstone_ttl: float, retry: RetryPolicy | None, durable: str | None, durable_replicas: int,
-                 durable_timeout: float, socket_timeout: float | None = None, sharded: bool = False) -> None:
+                 durable_timeout: float, socket_timeout: float | None = None, sharded: bool = False,
+                 cluster: bool = True) -> None:
         self.namespace = config.namespace(namespace)
         self.partitions = config.partitions(partitions)
         self.max_payload_bytes = payload_limit(max_payload_bytes)
         self.tombstone_ttl = tombstone_ttl
+        self.cluster = cluster  # the Redis is a cluster: every script declares every key it writes
         tomb_ms = tombstone_ms(tombstone_ttl)
         self.retry = retry or DEFAULT_RETRY
         self.durable_replicas = durable_replicas
@@ -92,7 +94,7 @@ class ClientOptions:
         ConfigError when the stored count differs from an explicit ``partitions``."""
         count = config.resolve_partitions(replies[1], self.partitions, self.namespace)
         return Calls(Keyspace(self.namespace, count, sharded=self.sharded), max_payload_bytes=self.max_payload_bytes,
-                     tombstone_ttl=self.tombstone_ttl)
+                     tombstone_ttl=self.tombstone_ttl, declare_all_keys=self.cluster)
 
     def _check(self, d: dur.Durability | None) -> dur.Durability | None:
         t = self.socket_timeout

@@ -11,7 +11,7 @@ from ..protocol import codec, config, control
 from ..protocol import durability as dur
 from ..protocol.calls import Calls, id_list
 from ..protocol.codes import Outcome, cancel_outcome, cron_removed, purge_outcome, requeue_outcomes, reschedule_outcome
-from ..protocol.connection import SyncRedis, sync_redis
+from ..protocol.connection import SyncRedis, is_cluster, sync_redis
 from ..protocol.cron import CronInfo
 from ..protocol.keys import Keyspace
 from ..protocol.models import JobInfo, JobState
@@ -70,7 +70,8 @@ class Client:
                                    tombstone_ttl=tombstone_ttl, retry=retry, durable=durable,
                                    durable_replicas=durable_replicas, durable_timeout=durable_timeout,
                                    socket_timeout=socket_timeout(redis_client),
-                                   sharded=resolve_sharded_pubsub(redis_client, sharded_pubsub))
+                                   sharded=resolve_sharded_pubsub(redis_client, sharded_pubsub),
+                                   cluster=is_cluster(redis_client))
         self.transport = ScriptTransport(redis_client, self._opts.retry)
         self._calls: Calls | None = None
         self._connecting = threading.Lock()

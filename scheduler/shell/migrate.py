@@ -147,7 +147,8 @@ class Migration:
         report = Report(ns, old, self.to, resumed=resumed)
         top = max(old, self.to)
         ks = Keyspace(ns, top, sharded=client.keyspace.sharded)
-        calls = Calls(ks, max_payload_bytes=client.calls.max_payload, tombstone_ttl=client.calls.tomb_ms / 1000)
+        calls = Calls(ks, max_payload_bytes=client.calls.max_payload, tombstone_ttl=client.calls.tomb_ms / 1000,
+                      declare_all_keys=client.calls.declare_all_keys)
         self._fence(ks, old)
         self.progress(f"namespace {ns}: {'resuming the ' if resumed else ''}move from {old} to {self.to} partitions; "
                       "the scheduler tier, workers' claims and producers are paused until it finishes")

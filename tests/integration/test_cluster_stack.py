@@ -57,6 +57,8 @@ async def test_durable_schedule_through_a_stale_slot_map_follows_moved_and_is_co
                            durable_timeout=2.0).connect()
     aio = AsyncClient.from_url(cluster.url, namespace="stale", partitions=parts, durable="replica", durable_timeout=2.0)
     try:
+        # on a cluster a schedule call declares every partition key (a migrating slot is judged by them)
+        assert sync.calls.declare_all_keys and (await aio.connect()).calls.declare_all_keys
         old = cluster.node_for_key(sync.keyspace.prefix(0))
         # both clients read the slot map now
         first = [sync.schedule(time.time() + LATER, "s", key=key_in(0, parts, "s0")),

@@ -70,7 +70,7 @@ class Pair:
             chan = ks.prefix(part) if sharded else ks.channel_prefix(part)
             before = self.zcounts()
             try:
-                out.append(self.r.evalsha(sha, 14, *ks.partition_keys(part), ks.prefix(part), chan, *args[2:]))
+                out.append(self.r.evalsha(sha, 1, *ks.partition_keys(part)[:1], ks.prefix(part), chan, *args[2:]))
             except redis.ResponseError as exc:
                 out.append(("error", str(exc)))
             if ns == "fa":

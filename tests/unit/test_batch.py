@@ -3,6 +3,7 @@ mean "not run", how redirects and NOSCRIPT keep a call pending, how replies of s
 nodes to the command sent after a batch (WAIT) become one."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -10,8 +11,11 @@ from redis._parsers.base import BaseParser
 from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError
 
 from scheduler.protocol.batch import NO_TAIL, Batch, any_ran, merge_tails, not_run
+from scheduler.protocol.calls import Calls
+from scheduler.protocol.keys import PARTITION_KEYS, Keyspace
+from scheduler.protocol.options import JobOptions
 from scheduler.protocol.routing import slot_of
-from scheduler.protocol.scripts import LIBRARY_MARKER, assemble, load_scripts, strip_comments
+from scheduler.protocol.scripts import LIBRARY_MARKER, assemble, library_source, load_scripts, strip_comments
 
 
 class _Parser(BaseParser):
@@ -122,6 +126,19 @@ def test_a_library_marker_puts_the_helpers_after_a_fast_path_that_may_not_use_th
     # schedule's one-job fast path runs before Redis builds any helper closure
     src = load_scripts()["schedule"].source
     assert src.index("if ARGV[6] == '1'") < src.index("local function") < src.index("layout_fence()\n")
+
+
+def test_the_keys_a_script_does_not_declare_are_named_as_the_keyspace_names_them() -> None:
+    lib = library_source()
+    named = dict(re.findall(r"KEYS\[(\d+)\] or PREFIX \.\. '(\w+)'", lib))
+    assert named == {str(i + 1): name for i, name in enumerate(PARTITION_KEYS) if i > 0}
+    ks = Keyspace("ns", 4)
+    for declare_all in (False, True):  # True on a Redis Cluster: a migrating slot is judged by declared keys
+        calls = Calls(ks, max_payload_bytes=1024, tombstone_ttl=60, declare_all_keys=declare_all)
+        call = calls.prepare_one(0, None, None, JobOptions())
+        keys = ks.partition_keys(int(call[2][2].split("/")[0]))
+        assert call[0] == "schedule" and list(call[1]) == (keys if declare_all else keys[:1])
+        assert list(calls.call("claim", 1, "q")[1]) == ks.partition_keys(1)
 
 
 def test_scripts_reach_redis_without_their_comments_but_with_every_string_intact() -> None:
