@@ -18,7 +18,7 @@ from starlette.testclient import TestClient
 from scheduler import Client, JobState
 from scheduler.protocol.replies import parse_stats
 from scheduler.shell.ui import ConsoleConfig, create_app
-from scheduler.shell.ui.security import SESSION_COOKIE
+from scheduler.shell.ui.security import SESSION_COOKIE, SESSION_SECONDS, ConsoleAuth
 
 TOKEN = "test-token-1234"
 NS = "uiroutes"
@@ -101,7 +101,13 @@ def test_actions_need_a_session_a_csrf_token_and_the_same_origin(client: Client,
     tc.cookies.set(SESSION_COOKIE, "YWxpY2U.forged")
     assert tc.post(f"/action/job/{jid}/cancel", data={"csrf": token}).status_code == 401, "forged session"
     tc.cookies.clear()
+    ended = ConsoleAuth(TOKEN, clock=lambda: time.time() - SESSION_SECONDS - 1).session_for("alice")
+    tc.cookies.set(SESSION_COOKIE, ended)
+    assert tc.post(f"/action/job/{jid}/cancel", data={"csrf": token}).status_code == 401, "a session that ended"
+    assert "Log in" in tc.get(f"/job/{jid}").text or "login" in tc.get(f"/job/{jid}").text
+    tc.cookies.clear()
     login(tc)
+    token = csrf(tc, f"/job/{jid}")  # a new session, a new CSRF token
     with caplog.at_level(logging.INFO, logger="zsched.ui.audit"):
         r = tc.post(f"/action/job/{jid}/cancel", data={"csrf": token}, follow_redirects=False)
     assert r.status_code == 303

@@ -188,7 +188,8 @@ class Console:
             return self.render(request, "login.html", status=403, next=nxt, error="wrong token")
         audit.info("login: %s from %s", who, _peer(request))
         resp = RedirectResponse(nxt, status_code=303, headers=SECURITY_HEADERS)
-        resp.set_cookie(SESSION_COOKIE, self.auth.session_for(who), httponly=True, samesite="strict", path="/")
+        resp.set_cookie(SESSION_COOKIE, self.auth.session_for(who), max_age=int(self.auth.session_seconds),
+                        httponly=True, samesite="strict", path="/")
         return resp
 
     async def logout(self, request: Request) -> Response:

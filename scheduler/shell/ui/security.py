@@ -12,11 +12,14 @@ import hashlib
 import hmac
 import logging
 import secrets
+import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 audit = logging.getLogger("zsched.ui.audit")
 
 SESSION_COOKIE = "zsched_ui_session"
+SESSION_SECONDS = 12 * 3600  # a session ends after this long: a cookie left in a browser stops acting
 NAME_MAX = 64
 
 # No inline script can run even if some text escaped its escaping; no framing (clickjacking).
@@ -37,12 +40,17 @@ def new_token() -> str:
 
 class ConsoleAuth:
     """Sessions and CSRF tokens derived from the operator token by HMAC: nothing to store, and a
-    new token (a restart with another one) invalidates every session."""
+    new token (a restart with another one) invalidates every session. A session names its end
+    (``session_seconds`` after the login, signed with the name), after which it acts no more and
+    the operator logs in again. ``clock``: epoch seconds (tests)."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, session_seconds: float = SESSION_SECONDS,
+                 clock: Callable[[], float] = time.time) -> None:
         if len(token) < 8:
             raise ValueError("the console token must be at least 8 characters (ZSCHED_UI_TOKEN)")
         self.token = token
+        self.session_seconds = session_seconds
+        self.clock = clock
         self._key = hashlib.sha256(b"zsched-ui:" + token.encode()).digest()
 
     def _mac(self, purpose: str, value: str) -> str:
@@ -53,16 +61,20 @@ class ConsoleAuth:
         return hmac.compare_digest(given.encode(), self.token.encode())
 
     def session_for(self, who: str) -> str:
-        """The session cookie value for operator ``who``."""
+        """The session cookie value for operator ``who``: name, end (epoch s) and their MAC."""
         name = base64.urlsafe_b64encode(who.encode()).decode()
-        return f"{name}.{self._mac('session', name)}"
+        signed = f"{name}.{int(self.clock() + self.session_seconds)}"
+        return f"{signed}.{self._mac('session', signed)}"
 
     def who(self, cookie: str | None) -> str | None:
-        """The operator a session cookie names, or None when it is missing or forged."""
-        if not cookie or "." not in cookie:
+        """The operator a session cookie names, or None when it is missing, forged or over."""
+        if not cookie or cookie.count(".") != 2:
             return None
-        name, mac = cookie.rsplit(".", 1)
-        if not hmac.compare_digest(mac.encode(), self._mac("session", name).encode()):  # bytes: any text compares
+        signed, mac = cookie.rsplit(".", 1)
+        if not hmac.compare_digest(mac.encode(), self._mac("session", signed).encode()):  # bytes: any text compares
+            return None
+        name, ends = signed.split(".")
+        if not ends.isdigit() or int(ends) <= self.clock():
             return None
         try:
             return base64.urlsafe_b64decode(name.encode()).decode()
