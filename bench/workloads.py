@@ -10,6 +10,7 @@ from typing import Any
 from bench.common import PAYLOAD, percentiles
 from bench.stack import Stack, bucket_summary
 from scheduler.protocol.ids import partition_for_key
+from scheduler.runtime import loop_factory
 from scheduler.testing.transitions import Ops
 
 
@@ -72,7 +73,8 @@ def w4_lateness(jobs: int, span: float = 20.0, workers: int = 1, replicas: int =
         after = st.firing_buckets()
         records = st.stop_workers()
         out = {"jobs": jobs, "rate_per_s": round(jobs / span), "worker_processes": workers, "replicas": replicas,
-               "handoff_lead_ms": lead_ms, "prefetch": prefetch}
+               "handoff_lead_ms": lead_ms, "prefetch": prefetch,
+               "event_loop": "asyncio" if loop_factory() is None else "uvloop"}  # the children's (same env)
         out.update(records_summary(records, ids))
         out["firing_lateness"] = bucket_summary(before, after)
         return out

@@ -23,10 +23,13 @@
 -- unknown queue). Held jobs are released oldest first, one token each; a queue that is no longer
 -- limited but still has held jobs (gauge 'h:QUEUE' > 0) is released without a token limit. Work is bounded by the
 -- batch limit plus the tokens granted; the caller loops while a full batch came back.
--- Tombstones: every tick sweeps 256 of the finished-job summaries 'f' (incremental HSCAN,
+-- Tombstones: a tick sweeps 256 of the finished-job summaries 'f' (incremental HSCAN,
 -- cursor in meta 'fcur') deleting expired ones, and drains expired entries of the legacy 'x'
 -- zset; when that found a dense run of expired tombstones, 'moved' is reported as the batch limit
 -- so the caller ticks again at once (a partition that stopped finishing jobs drains quickly).
+-- Every tick that fires nothing sweeps; one that fires jobs sweeps only if the partition's last
+-- sweep by a firing tick (meta 'tsw', ms) is 100 ms old or more: with the hand-off lead a busy
+-- partition ticks about once per job, and the writers (ack, cancel, schedule) sweep as they write.
 -- Publishes (publish(): SPUBLISH in sharded mode): the partition number on CHAN.."ready:"..QUEUE
 -- once per queue whose ready list received jobs.
 do local refused = layout_fence(); if refused then return refused end end
@@ -172,7 +175,16 @@ local dropped = (dead_ttl > 0 or max_dead > 0) and trim_dead(now, dead_ttl, max_
 out[#out + 1] = #dropped / 2
 for _, v in ipairs(dropped) do out[#out + 1] = v end
 retire_queues(now, queue_idle, 64)
-local trim_more = trim_tombstones(now, limit)
+local trim_more = false
+if moved == 0 then
+  trim_more = trim_tombstones(now, limit)
+else
+  local swept = tonumber(redis.call('HGET', K_META, 'tsw') or '0')
+  if now - swept >= 100 or now < swept then
+    redis.call('HSET', K_META, 'tsw', fmt(now))
+    trim_more = trim_tombstones(now, limit)
+  end
+end
 flush_bumps()
 out[1] = nd  -- timers consumed: a full batch means "call again"
 if trim_more and nd < limit then out[1] = limit end -- expired tombstones left: call again too

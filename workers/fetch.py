@@ -31,10 +31,12 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, NoReturn
 
 from scheduler.protocol.calls import Calls
+from scheduler.protocol.connection import is_cluster
 from scheduler.protocol.pubsub import ChannelsPending, Subscription, subscription
 from scheduler.protocol.replies import Claimed, claim_paused, parse_claim
 from scheduler.protocol.transport import Call, NodeFailed
 
+from .clock import RedisClock
 from .lifecycle import Lifecycle
 from .outbox import Meta, Outbox
 from .planner import ClaimPlanner, ready_message
@@ -153,6 +155,8 @@ class PubSubFetch(Fetch):
         self._orphan_rids: dict[str, float] = {}  # request id -> when it was first orphaned
         self._orphans_at = 0.0
         self._last_sweep = time.monotonic()  # the first sweep follows the pub/sub subscription
+        # Redis's clock on ours (workers/clock.py): one server, or a cluster's nodes (each claim alone)
+        self.clock = RedisClock(keep=not is_cluster(ctx.redis))
 
     def mark_all(self) -> None:
         """Full sweep: every (queue, partition) becomes a candidate."""
@@ -187,6 +191,7 @@ class PubSubFetch(Fetch):
                 if ctx.roundtrip is not None:
                     ctx.roundtrip("claim", time.monotonic() - t0)
             except REDIS_ERRORS as exc:
+                self.clock.forget()  # the next answer may come from another server (failover)
                 if await self._claims_lost(plan, meta, exc, outage):
                     return
                 continue
@@ -281,6 +286,7 @@ class PubSubFetch(Fetch):
             self._orphan_rids.pop(rid, None)
             self._last_rid[(q, p)] = rid
             if isinstance(reply, Exception):
+                self.clock.forget()
                 slots.put_back(h, n - h)
                 planner.failed(q, p)  # back with the next notification or sweep
                 if reply is not node_down:  # a node failure is logged once per outage by the loop
@@ -302,8 +308,8 @@ class PubSubFetch(Fetch):
                     planner.claimed(q, p, n, gen, n)
             else:
                 planner.claimed(q, p, n, gen, got)
-            if got:  # received - Redis's time: maps due times onto this host's monotonic clock
-                dispatch(q, p, jobs, t0, received - now_us / 1_000_000, held)
+            if got:  # monotonic - Redis's time (an upper bound): maps due times onto our clock
+                dispatch(q, p, jobs, t0, self.clock.offset(now_us / 1_000_000, t0, received), held)
         return node_down
 
     # -- notifications --------------------------------------------------------------------------

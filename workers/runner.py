@@ -26,8 +26,9 @@ from scheduler.protocol.errors import PayloadError
 from scheduler.protocol.ids import encode_id
 from scheduler.protocol.replies import Claimed, backoff_delay_ms
 
-from .alarm import Alarm
+from .alarm import make_alarm
 from .attempt import DONE, RELEASED, RUNNING, Attempt
+from .clock import MAX_RATE_DIFF
 from .errors import PermanentError, Retry
 from .heartbeat import Heartbeats
 from .job import Job
@@ -163,7 +164,7 @@ class HandlerRunner:
         self.metrics = metrics
         self.max_payload_bytes = max_payload_bytes
         self.threads = threads
-        self.alarm = Alarm(loop)
+        self.alarm = make_alarm(loop)
         self.pool: ThreadPoolExecutor | None = None
         if any(spec is not None and not spec.is_async for spec in specs.values()):
             self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="zsched-handler")
@@ -181,11 +182,11 @@ class HandlerRunner:
         a handler slot, or a prefetch slot where ``held[i]`` (then it takes a handler slot when it
         is due, waiting for one if none is free; see :class:`~workers.slots.Slots`).
 
-        ``clock``: this host's monotonic time minus Redis's time (seconds) for the node that ran
-        the claim, taken when its reply arrived, or None. A job handed off ahead of its due time
-        (the tier's hand-off lead) then starts when Redis's clock reaches its due time: Redis read
-        its clock somewhere between sending and this reply, so reading it as late as the reply
-        can only make the start later, never earlier (by at most the round trip)."""
+        ``clock``: an upper bound of this host's monotonic time minus Redis's time (seconds) for
+        the node that ran the claim (:class:`~workers.clock.RedisClock`), or None. A job handed
+        off ahead of its due time (the tier's hand-off lead) then starts when Redis's clock reaches
+        its due time, never earlier: the bound can only make the start later. The wait until
+        then is lengthened by the clocks' largest rate difference (``MAX_RATE_DIFF``)."""
         stats = self.qstats[q]
         stats.claimed += len(jobs)
         spec = self.specs[q]
@@ -209,7 +210,10 @@ class HandlerRunner:
             r.job = job
             self.running.add(r)
             start_at = c.due_ms / 1000.0 + clock if clock is not None else 0.0
-            if r.held or start_at > time.monotonic():
+            now = time.monotonic()
+            if start_at > now:
+                start_at += (start_at - now) * MAX_RATE_DIFF
+            if r.held or start_at > now:
                 r.task = create_task(self._start_when(r, start_at))
             else:
                 self._started(r)

@@ -31,7 +31,7 @@ from scheduler.protocol.calls import Calls
 from scheduler.protocol.connection import async_redis, permanent_failure
 from scheduler.protocol.ids import encode_id
 from scheduler.protocol.transport import AsyncScriptTransport
-from scheduler.runtime import entry_point_logging, settle_gc
+from scheduler.runtime import entry_point_logging, loop_name, run, settle_gc
 
 from .attempt import Attempt
 from .fetch import Fetch, FetchContext, PubSubFetch
@@ -299,7 +299,7 @@ class Worker:
         An entry point: unless the application configured logging, zsched's own lines (started,
         stopped, Redis unreachable) go to stderr (:func:`scheduler.runtime.entry_point_logging`)."""
         entry_point_logging()
-        asyncio.run(self.serve(handle_signals=True))
+        run(self.serve(handle_signals=True))
         if self._threads.busy:
             # A sync handler we released is still running in a thread: Python would wait for it at
             # exit. Its job is already back in ready, so leave now.
@@ -338,8 +338,8 @@ class Worker:
                 return
             crew = self._assemble(loop, queues, calls, redis, transport, life)
             settle_gc()
-            log.info("worker serving namespace %r, queues %s, %d partitions, concurrency %d",
-                     calls.ks.namespace, ",".join(queues), calls.ks.partitions, self.concurrency)
+            log.info("worker serving namespace %r, queues %s, %d partitions, concurrency %d, event loop %s",
+                     calls.ks.namespace, ",".join(queues), calls.ks.partitions, self.concurrency, loop_name(loop))
             await life.stop_requested.wait()
             await self._shutdown(crew, life)
         finally:

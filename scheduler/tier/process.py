@@ -27,7 +27,7 @@ from ..protocol.pubsub import ChannelsPending, Subscription, subscription
 from ..protocol.replies import parse_stats
 from ..protocol.tick import Retention
 from ..protocol.transport import AsyncScriptTransport, RetryPolicy
-from ..runtime import settle_gc
+from ..runtime import loop_name, run, settle_gc
 from .limits import retention_args
 from .ownership import Ownership, default_replica_id
 from .runner import REDIS_ERRORS, PartitionRunner, RunnerConfig
@@ -408,7 +408,8 @@ def run_forever(cfg: SchedulerConfig) -> int:
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig)
+        log.info("event loop: %s", loop_name(loop))
         await proc.run()
 
-    asyncio.run(main())
+    run(main())
     return 0

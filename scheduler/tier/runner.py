@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -279,6 +280,10 @@ class PartitionRunner:
     async def _sleep(self, seconds: float) -> None:
         if self._stopping:
             return
+        # whole milliseconds, rounded up: asyncio's epoll_wait does that anyway, and uvloop (libuv
+        # timers) rounds to the nearest millisecond, so a 0.4 ms sleep would not sleep at all and a
+        # wake-up could come before the hand-off window opens (one tick for nothing)
+        seconds = math.ceil(seconds * 1000) / 1000
         try:
             await asyncio.wait_for(self.wake.wait(), timeout=seconds)
         except TimeoutError:
