@@ -32,7 +32,8 @@ WARM_UP = 200
 
 
 def general_only() -> str:
-    """schedule.lua without its fast path's block (the ``if`` that ends at ``--@library``)."""
+    """schedule.lua without its fast path's block (the ``if`` that ends at ``--@library``); also the
+    general path of tests/integration/test_schedule_fast_path.py."""
     lines = script_source("schedule").splitlines(keepends=True)
     start = next(i for i, line in enumerate(lines) if line.startswith("if ARGV[6] == '1'"))
     mark = next(i for i, line in enumerate(lines) if line.strip() == LIBRARY_MARKER)

@@ -19,21 +19,13 @@ from typing import Any
 import pytest
 import redis
 
+from bench.script_cost import general_only
 from scheduler import Client
 from scheduler.protocol.keys import Keyspace
 from scheduler.protocol.options import JobOptions
-from scheduler.protocol.scripts import LIBRARY_MARKER, library_source, load_scripts, make_script, script_source
+from scheduler.protocol.scripts import load_scripts
 
 PARTITIONS = 4
-
-
-def general_only() -> str:
-    """schedule.lua without its fast path: the ``if`` block that ends at ``--@library``."""
-    lines = script_source("schedule").splitlines(keepends=True)
-    start = next(i for i, line in enumerate(lines) if line.startswith("if ARGV[6] == '1'"))
-    mark = next(i for i, line in enumerate(lines) if line.strip() == LIBRARY_MARKER)
-    assert lines[mark - 1].strip() == "end"
-    return make_script("schedule", library_source(), "".join(lines[:start] + lines[mark + 1:])).source
 
 
 class Pair:
