@@ -243,9 +243,10 @@ class PubSubFetch(Fetch):
         slots = self.ctx.slots
         # Due jobs only into handler slots; the prefetch allowance only takes jobs handed off ahead
         # of their time (lua/claim.lua), so it rides along with claims that have a handler slot.
-        for q, p, n, gen in self.planner.plan(slots.free + slots.hold):
+        steps = self.planner.plan(slots.free + slots.hold)
+        for (q, p, n, gen), h in zip(steps, slots.reserve_many([s[2] for s in steps])):
             self._rid_n += 1
-            plan.append(Claim(q, p, n, gen, f"{self._rid_prefix}{self._rid_n:x}", slots.reserve(n)))
+            plan.append(Claim(q, p, n, gen, f"{self._rid_prefix}{self._rid_n:x}", h))
         return plan
 
     def _claim_calls(self, plan: list[Claim]) -> list[Call]:

@@ -454,3 +454,36 @@ def test_claim_takes_due_jobs_only_up_to_its_due_limit_and_leaves_the_rest_in_or
         assert claim(10, 5) == []
     finally:
         c.close()
+
+
+def test_a_firing_tick_sweeps_expired_tombstones_at_most_once_a_second_and_an_idle_tick_every_time(
+        redis_url: str, r: redis.Redis) -> None:
+    # The writers sweep as they write; a busy partition's ticks (about one per job with the hand-off
+    # lead) add one sweep per second, an idle partition's every tick drains.
+    c = Client.from_url(redis_url, namespace="sw", partitions=1, tombstone_ttl=0.001).connect()
+    ops = Ops(c)
+
+    def expired_tombstones(n: int) -> None:
+        for i in range(n):
+            c.cancel(c.schedule(time.time() + 3600, i))
+        time.sleep(0.01)  # their 1 ms ttl has passed
+
+    def firing_tick() -> None:
+        c.schedule(time.time() - 1, "due", misfire="run_late")  # already due: lands in ready
+        c.schedule(time.time() + 0.02, "soon")
+        time.sleep(0.03)
+        assert ops.run("tick", 0, 0, 100, 1)[0] == 1  # fired one job
+
+    expired_tombstones(5)
+    firing_tick()
+    assert r.hlen("{sw:0}:f") == 0, "the first firing tick sweeps"
+    expired_tombstones(5)
+    time.sleep(0.3)
+    firing_tick()
+    assert r.hlen("{sw:0}:f") == 5, "a second firing tick within the second leaves them"
+    assert ops.run("tick", 0, 0, 100, 1)[0] == 0 and r.hlen("{sw:0}:f") == 0, "an idle tick sweeps"
+    expired_tombstones(5)
+    r.hset("{sw:0}:meta", "tsw", str(int(time.time() * 1000) - 1001))  # a second after the last firing sweep
+    firing_tick()
+    assert r.hlen("{sw:0}:f") == 0
+    c.close()

@@ -285,3 +285,42 @@ async def test_a_stop_ends_a_replica_that_keeps_failing_to_register(redis_url: s
     proc.stop()
     await asyncio.wait_for(task, 5)  # before the fix it retried until etcd granted a lease: forever here
     assert not proc.runners
+
+
+async def test_queue_names_retire_on_at_most_one_tick_per_second_of_a_busy_partition(
+        redis_url: str, etcd_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # With the hand-off lead a busy partition ticks about once per job; the retirement pass (an
+    # HSCAN of the queue names) rides along on one tick per RETIRE_EVERY only, and still retires.
+    from scheduler.tier import runner as runner_mod
+
+    passes: list[float] = []
+    ticks: list[float] = []
+    real_tick_call = runner_mod.tick_call
+
+    def recording(calls, partition, epoch, batch, tokens, retention, lead_ms=0):  # type: ignore[no-untyped-def]
+        ticks.append(time.monotonic())
+        if retention.queue_idle_ms:
+            passes.append(time.monotonic())
+        return real_tick_call(calls, partition, epoch, batch, tokens, retention, lead_ms)
+
+    monkeypatch.setattr(runner_mod, "tick_call", recording)
+    client = Client.from_url(redis_url, namespace=NS, partitions=1).connect()
+    client.set_queue_retirement(0.2)
+    gone = client.schedule(time.time() + 3600, "x", queue="old")
+    client.cancel(gone)  # "old" is now empty: idle from here on
+    r = redis.Redis.from_url(redis_url)
+    proc, task = await start_replica(redis_url, etcd_endpoint, "solo")
+    try:
+        await settled(etcd_endpoint, [proc], 1)
+        t0 = time.time()
+        client.schedule_many([(t0 + 0.1 + i * 0.004, i) for i in range(600)], queue="busy")
+        deadline = time.monotonic() + 10
+        while r.hget("{tier:0}:q", "n:old") is not None or time.time() < t0 + 2.7:
+            assert time.monotonic() < deadline, "the idle queue name was not retired"
+            await asyncio.sleep(0.05)
+    finally:
+        await stop_replica(proc, task)
+    assert len(ticks) > 100, f"only {len(ticks)} ticks: the partition was not busy"
+    assert len(passes) >= 2
+    gaps = [b - a for a, b in zip(passes, passes[1:])]
+    assert min(gaps) >= runner_mod.RETIRE_EVERY * 0.99, gaps

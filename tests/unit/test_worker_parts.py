@@ -519,6 +519,28 @@ def test_claimed_jobs_ahead_of_their_time_go_on_prefetch_slots_latest_first() ->
     assert held_slots([due], now, handler=1, hold=0) == [False]
 
 
+def test_a_round_trips_claims_share_the_handler_slots_so_none_is_left_unable_to_take_a_due_job() -> None:
+    # Before: the first claim of a round trip took every free handler slot, so the next claims
+    # could take only jobs handed off ahead of time and came back empty on a due one (0.9 empty
+    # claims per job at 1 000 jobs/s).
+    slots = Slots(16, 32)
+    hs = slots.reserve_many([15, 15, 18])
+    assert hs == [6, 5, 5] and (slots.free, slots.hold) == (0, 0)
+    slots = Slots(2, 32)
+    assert slots.reserve_many([10, 10, 10]) == [1, 1, 0]  # fewer handler slots than claims
+    assert (slots.free, slots.hold) == (0, 4)
+    slots = Slots(16, 32)
+    assert slots.reserve_many([1, 20]) == [1, 15]  # a claim gets no more than it asks for
+    assert (slots.free, slots.hold) == (0, 27)
+    slots = Slots(4, 0)
+    assert slots.reserve_many([]) == [] and (slots.free, slots.hold) == (4, 0)
+    for free, hold, ns in [(3, 5, [2, 2, 4]), (16, 32, [16, 16, 16]), (0, 8, [4, 4]), (5, 0, [1, 1, 3])]:
+        slots = Slots(free, hold)
+        hs = slots.reserve_many(ns)
+        assert sum(hs) == min(free, sum(ns)) and all(0 <= h <= n for h, n in zip(hs, ns))
+        assert slots.free >= 0 and slots.hold >= 0 and slots.free + slots.hold == free + hold - sum(ns)
+
+
 async def test_slots_hand_a_returning_handler_slot_to_the_held_job_waiting_first() -> None:
     slots = Slots(1, 2)
     assert slots.reserve(3) == 1 and (slots.free, slots.hold) == (0, 0)
