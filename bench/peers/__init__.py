@@ -76,7 +76,14 @@ def enqueue_slices(n: int, rounds: int, size: int = 500) -> dict[str, Any]:
     slice, FLUSHALL between rounds), so every slice of zsched's ran beside a slice of each peer's.
     On a machine whose speed drifts by 2x within a minute (seen here), whole rounds one after the
     other compare drift as much as code. Per side: jobs/s over all its slices; per peer: the median
-    of the per-slice ratios zsched / peer."""
+    of the per-slice ratios zsched / peer.
+
+    Where a call's time goes, per side (``per_call_us``): the wall time, the producer's CPU
+    (process time) and Redis's CPU (``INFO cpu``, its network system calls included). A fourth
+    side takes the same turns: redis-py ``PING`` (``ping_floor``), the round trip every side pays
+    on top of its own CPU (wake-ups on both ends, loopback TCP). With W that floor's wall time less
+    its CPU, a call takes about W + producer CPU + Redis CPU, so the ratio to huey cannot exceed
+    (W + huey's CPU) / (W + zsched's CPU): the floor says how much of a slow hour is W."""
     import redis
 
     from scheduler import Client
@@ -84,6 +91,7 @@ def enqueue_slices(n: int, rounds: int, size: int = 500) -> dict[str, Any]:
     srv = c.redis(aof=False)
     try:
         admin = redis.Redis.from_url(srv.url)
+        pinger = redis.Redis.from_url(srv.url)
         zc = Client.from_url(srv.url, namespace="bench")
         _h, htask, hr = huey_peer.make(srv.url)
         capp, ctask, cr = celery_peer.make(srv.url)
@@ -92,22 +100,33 @@ def enqueue_slices(n: int, rounds: int, size: int = 500) -> dict[str, Any]:
         calls: dict[str, Callable[[], Any]] = {
             "zsched": lambda: zc.schedule(at, PAYLOAD),
             "huey": lambda: htask.schedule((PAYLOAD,), eta=eta),
-            "celery": lambda: ctask.apply_async((PAYLOAD,), eta=eta)}
+            "celery": lambda: ctask.apply_async((PAYLOAD,), eta=eta),
+            "ping_floor": pinger.ping}
         names = list(calls)
         spent = {k: 0.0 for k in names}
+        cpu = {k: 0.0 for k in names}
+        server = {k: 0.0 for k in names}
         ratios: dict[str, list[float]] = {p: [] for p in PEERS}
         done = 0
+
+        def redis_cpu() -> float:
+            info = admin.info("cpu")
+            return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
         for r in range(rounds):
             admin.flushall()
             for s in range(n // size):
                 rate: dict[str, float] = {}
-                k = (r * (n // size) + s) % 3
+                k = (r * (n // size) + s) % len(names)
                 for name in names[k:] + names[:k]:
                     one = calls[name]
+                    r0, p0 = redis_cpu(), time.process_time()
                     t = time.perf_counter()
                     for _ in range(size):
                         one()
                     took = time.perf_counter() - t
+                    cpu[name] += time.process_time() - p0
+                    server[name] += redis_cpu() - r0
                     spent[name] += took
                     rate[name] = size / took
                 for p in PEERS:
@@ -117,14 +136,18 @@ def enqueue_slices(n: int, rounds: int, size: int = 500) -> dict[str, Any]:
         hr.close()
         cr.close()
         capp.close()
+        pinger.close()
         admin.close()
     finally:
         srv.stop()
+    sides = [k for k in names if k != "ping_floor"]
     return {"slice_calls": size, "calls_per_side": done,
-            "jobs_per_s": {k: round(done / v) for k, v in spent.items()},
+            "jobs_per_s": {k: round(done / spent[k]) for k in sides},
             "slice_ratio_median": {p: round(median_of(v), 3) for p, v in ratios.items()},
             "slice_ratio_quartiles": {p: [round(q, 3) for q in statistics.quantiles(v, n=4)]
-                                      for p, v in ratios.items()}}
+                                      for p, v in ratios.items()},
+            "per_call_us": {k: {"wall": round(spent[k] / done * 1e6, 1), "producer_cpu": round(cpu[k] / done * 1e6, 1),
+                                "redis_cpu": round(server[k] / done * 1e6, 1)} for k in names}}
 
 
 def zsched_memory(n: int) -> dict[str, Any]:

@@ -103,6 +103,15 @@ def rows(peers: dict[str, Any], zsched: dict[str, Any] | None = None) -> list[Ro
             "W1 enqueue", f"one by one in interleaved slices of {sl['slice_calls']} calls, jobs/s; ratio: median of "
             f"the per-slice ratios ({fmt(sl['calls_per_side'])} calls per side)", fmt(zr), fmt(hr), fmt(cr), fmt(mh),
             fmt(mc), ahead(1.0, {"huey": mh, "Celery": mc}, False)))
+        pc = get(sl, "per_call_us")
+        if pc:
+            def cost(side: str) -> str:
+                d = pc.get(side)
+                return f"{fmt(d['wall'])} ({fmt(d['producer_cpu'])} + {fmt(d['redis_cpu'])})" if d else "n/a"
+            measure = "the same slices, µs per call: wall (producer CPU + Redis CPU)"
+            if pc.get("ping_floor"):
+                measure += f"; a redis-py PING taking the same turns: {cost('ping_floor')}"
+            out.append(("W1 enqueue", measure, cost("zsched"), cost("huey"), cost("celery"), "", "", ""))
     out.append(row("W1 enqueue", "batched, jobs/s (zsched schedule_many; huey has none; Celery group)",
                    get(z, "enqueue", "schedule_many_jobs_per_s"), None, get(ce, "enqueue", "batched_jobs_per_s"),
                    True))
