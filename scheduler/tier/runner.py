@@ -315,7 +315,7 @@ class PartitionRunner:
         retention = self._retention()
         if retention.queue_idle_ms:
             if now_local < self._next_retire:
-                retention = retention._replace(queue_idle_ms=0)  # 0: no retirement pass this tick
+                retention = Retention(retention.dead_ttl_ms, retention.max_dead, 0)  # 0: no retirement pass this tick
             else:
                 self._next_retire = now_local + RETIRE_EVERY
         calls = [tick_call(self._core, self.partition, self.epoch, cfg.batch, TokenLedger.tick_tokens(limits, grants),
