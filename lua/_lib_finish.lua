@@ -52,7 +52,7 @@ local function sweep_tombstones(now, count)
   local start, cur, visited, deleted = stored, stored, 0, 0
   local byte = string.byte
   for _ = 1, 2 do -- from the stored cursor; once more from the start if the hash ended first
-    local r = redis.call('HSCAN', K_F, cur, 'COUNT', count - visited)
+    local r = redis.call('HSCAN', K_F, cur, 'COUNT', fmt(count - visited))
     local kv, del = r[2], {}
     for i = 2, #kv, 2 do
       local a, b, c, d, e, f = byte(kv[i], 8, 13) -- expires ms, inlined: this loop is the sweep's cost

@@ -54,7 +54,7 @@ end
 -- filling it; misfire is decided there, never here, so waiting out a pause misfires nothing).
 local paused = redis.call('HGET', PREFIX .. 'paused', queue)
 if paused then return {now_us, tonumber(paused)} end
-local ids = redis.call('RPOP', PREFIX .. 'r:' .. queue, n)
+local ids = redis.call('RPOP', PREFIX .. 'r:' .. queue, fmt(n))
 if not ids then return {now_us} end
 local recs = redis.call('HMGET', K_J, unpack(ids))
 local max_due = tonumber(ARGV[9] or '')
@@ -96,7 +96,7 @@ for i, id in ipairs(ids) do
     local _, lease = rec_opts(rec)
     local token, deadline = base + i, now + lease
     jargs[#jargs + 1] = id; jargs[#jargs + 1] = jval(rec, due)
-    zargs[#zargs + 1] = deadline; zargs[#zargs + 1] = id
+    zargs[#zargs + 1] = fmt(deadline); zargs[#zargs + 1] = id
     largs[#largs + 1] = id; largs[#largs + 1] = fmt(token)
     if receipt then kept[#kept + 1] = id .. string.format('%016d', token) end
     out[#out + 1] = id; out[#out + 1] = rec; out[#out + 1] = token; out[#out + 1] = deadline

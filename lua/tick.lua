@@ -111,7 +111,7 @@ for _, q in ipairs(lim_order) do
 end
 
 -- 2. due timers
-local due = redis.call('ZRANGE', K_T, '-inf', fmt(horizon), 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+local due = redis.call('ZRANGE', K_T, '-inf', fmt(horizon), 'BYSCORE', 'LIMIT', '0', fmt(limit), 'WITHSCORES')
 local nd = #due / 2
 if nd > 0 then
   local has_moved = redis.call('HLEN', K_M) > 0
@@ -154,7 +154,7 @@ if nd > 0 then
       end
     end
   end
-  redis.call('ZREMRANGEBYRANK', K_T, 0, nd - 1)
+  redis.call('ZREMRANGEBYRANK', K_T, '0', fmt(nd - 1))
   if #jargs > 0 then multi('HSET', K_J, jargs) end
   moved = moved + nd
 end
