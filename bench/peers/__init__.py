@@ -83,10 +83,13 @@ def enqueue_slices(n: int, rounds: int, size: int = 500) -> dict[str, Any]:
     side takes the same turns: redis-py ``PING`` (``ping_floor``), the round trip every side pays
     on top of its own CPU (wake-ups on both ends, loopback TCP). With W that floor's wall time less
     its CPU, a call takes about W + producer CPU + Redis CPU, so the ratio to huey cannot exceed
-    (W + huey's CPU) / (W + zsched's CPU): the floor says how much of a slow hour is W."""
+    (W + huey's CPU) / (W + zsched's CPU): the floor says how much of a slow hour is W. A fifth
+    side sends an empty Lua script (``return 1``) with a one-job ``schedule``'s keys and arguments
+    through redis-py (``empty_script``): its Redis CPU is what any call costs Redis when every job
+    transition is one script, before the script does anything."""
     import redis
 
-    from scheduler import Client
+    from scheduler import Client, JobOptions
 
     srv = c.redis(aof=False)
     try:
@@ -97,11 +100,14 @@ def enqueue_slices(n: int, rounds: int, size: int = 500) -> dict[str, Any]:
         capp, ctask, cr = celery_peer.make(srv.url)
         at = time.time() + 3600
         eta = c.utc(at)
+        empty = pinger.register_script("return 1")
+        _, ekeys, eargs = zc.calls.prepare_one(at, PAYLOAD, None, JobOptions())
         calls: dict[str, Callable[[], Any]] = {
             "zsched": lambda: zc.schedule(at, PAYLOAD),
             "huey": lambda: htask.schedule((PAYLOAD,), eta=eta),
             "celery": lambda: ctask.apply_async((PAYLOAD,), eta=eta),
-            "ping_floor": pinger.ping}
+            "ping_floor": pinger.ping,
+            "empty_script": lambda: empty(keys=ekeys, args=eargs)}
         names = list(calls)
         spent = {k: 0.0 for k in names}
         cpu = {k: 0.0 for k in names}
@@ -140,7 +146,7 @@ def enqueue_slices(n: int, rounds: int, size: int = 500) -> dict[str, Any]:
         admin.close()
     finally:
         srv.stop()
-    sides = [k for k in names if k != "ping_floor"]
+    sides = [k for k in names if k not in ("ping_floor", "empty_script")]
     return {"slice_calls": size, "calls_per_side": done,
             "jobs_per_s": {k: round(done / spent[k]) for k in sides},
             "slice_ratio_median": {p: round(median_of(v), 3) for p, v in ratios.items()},

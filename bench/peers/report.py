@@ -111,6 +111,8 @@ def rows(peers: dict[str, Any], zsched: dict[str, Any] | None = None) -> list[Ro
             measure = "the same slices, µs per call: wall (producer CPU + Redis CPU)"
             if pc.get("ping_floor"):
                 measure += f"; a redis-py PING taking the same turns: {cost('ping_floor')}"
+            if pc.get("empty_script"):
+                measure += f"; an empty script with zsched's arguments: {cost('empty_script')}"
             out.append(("W1 enqueue", measure, cost("zsched"), cost("huey"), cost("celery"), "", "", ""))
     out.append(row("W1 enqueue", "batched, jobs/s (zsched schedule_many; huey has none; Celery group)",
                    get(z, "enqueue", "schedule_many_jobs_per_s"), None, get(ce, "enqueue", "batched_jobs_per_s"),
