@@ -30,7 +30,8 @@ Per partition ``{ns:p}:`` +
   ``crons``    cron names; ``cron:NAME`` one cron's definition and upcoming occurrences (lua/_lib_cron.lua)
 Namespace-wide: ``{ns}:cfg`` (partition count, ``rate:QUEUE`` limits, ``dead:max``, ``dead:ttl_ms``,
 ``queue:idle_ms``, ``paused:QUEUE`` -> ms: the queue pause every partition's ``paused`` copies),
-``{ns}:rl:QUEUE`` token buckets.
+``{ns}:rl:QUEUE`` token buckets, ``{ns}:ui:session:ID`` one web-console login session each (JSON: who,
+when it ends, from where; expires when the session ends; ID is an HMAC of the cookie's id).
 
 Pub/sub, two layouts (the scripts publish on ``CHAN .. name`` with CHAN = :meth:`Keyspace.channel_prefix`):
   plain (one Redis): ``ns:wake`` (scheduler), ``ns:ready:QUEUE`` (workers), ``ns:config`` (config
@@ -129,6 +130,13 @@ class Keyspace:
     def bucket(self, queue: str) -> str:
         """Namespace-wide token bucket of a rate-limited queue (not a partition key)."""
         return "{%s}:rl:%s" % (self.namespace, queue)
+
+    def ui_session_key(self, session: str) -> str:
+        """One ``zsched ui`` login session; one key per session, so every command on it names one
+        key (Redis Cluster). ``session``: the console's name for it, lowercase hex."""
+        if not session or not all(ch in "0123456789abcdef" for ch in session):
+            raise ValueError(f"a console session name is lowercase hex, got {session[:80]!r}")
+        return "{%s}:ui:session:%s" % (self.namespace, session)
 
     def ready_channel(self, queue: str, partition: int | None = None) -> str:
         """The channel scripts publish on when jobs of ``queue`` land in ``partition``'s ready list

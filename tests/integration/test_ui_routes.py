@@ -18,7 +18,7 @@ from starlette.testclient import TestClient
 from scheduler import Client, JobState
 from scheduler.protocol.replies import parse_stats
 from scheduler.shell.ui import ConsoleConfig, create_app
-from scheduler.shell.ui.security import SESSION_COOKIE, SESSION_SECONDS, ConsoleAuth
+from scheduler.shell.ui.security import SESSION_COOKIE, SESSION_SECONDS, ConsoleAuth, RedisSessions
 
 TOKEN = "test-token-1234"
 NS = "uiroutes"
@@ -64,7 +64,7 @@ def test_every_page_renders_and_the_redis_password_never_shows(client: Client) -
         assert "s3cret-pass" not in r.text, f"{path} shows the Redis password"
     assert jid in tc.get("/jobs?queue=q&state=scheduled").text
     assert tc.get("/job/" + "0" * 30).status_code == 404
-    assert tc.get("/job/not-an-id").status_code == 404
+    assert tc.get("/job/not-an-id").status_code == 400, "a malformed id is bad input, not an unknown job"
     r = tc.get("/jobs", params={"find": "order-7"}, follow_redirects=False)
     assert r.status_code == 303 and r.headers["location"] == f"/job/{jid}"
     assert tc.get("/jobs", params={"find": jid}, follow_redirects=False).headers["location"] == f"/job/{jid}"
@@ -101,7 +101,8 @@ def test_actions_need_a_session_a_csrf_token_and_the_same_origin(client: Client,
     tc.cookies.set(SESSION_COOKIE, "YWxpY2U.forged")
     assert tc.post(f"/action/job/{jid}/cancel", data={"csrf": token}).status_code == 401, "forged session"
     tc.cookies.clear()
-    ended = ConsoleAuth(TOKEN, clock=lambda: time.time() - SESSION_SECONDS - 1).session_for("alice")
+    store = RedisSessions(client.redis, client.keyspace)
+    ended, _ = ConsoleAuth(TOKEN, store, clock=lambda: time.time() - SESSION_SECONDS - 1).login("alice", "test")
     tc.cookies.set(SESSION_COOKIE, ended)
     assert tc.post(f"/action/job/{jid}/cancel", data={"csrf": token}).status_code == 401, "a session that ended"
     assert "Log in" in tc.get(f"/job/{jid}").text or "login" in tc.get(f"/job/{jid}").text
@@ -190,7 +191,8 @@ def test_read_only_shows_no_action_and_refuses_every_post(client: Client) -> Non
     jid = client.schedule(HOUR, None, queue="q")
     client.add_cron("c1", "* * * * *", None, queue="q")
     tc = app(client, read_only=True)
-    login(tc)
+    r = tc.post("/login", data={"name": "alice", "token": TOKEN, "next": "/"}, follow_redirects=False)
+    assert r.status_code == 403 and SESSION_COOKIE not in r.cookies, "read-only: nothing to log in for"
     for path in ("/", f"/job/{jid}", "/dead", "/crons"):
         text = tc.get(path).text
         assert 'name="csrf"' not in text and "/action/" not in text, path

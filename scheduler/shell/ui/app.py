@@ -1,13 +1,13 @@
 """The console's routes: pages (GET, no token needed) and actions (POST: session, CSRF token,
-same origin, not ``--read-only``), each action logged with who and when."""
+same origin, not ``--read-only``), each action logged with who and when. In front of all of them
+the :class:`~.gate.Gate` (Host allow-list, proxy headers); every query parameter is checked by
+:mod:`.params` (a 400 page saying what is accepted)."""
 from __future__ import annotations
 
-import itertools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -15,6 +15,7 @@ from urllib.parse import quote, urlencode
 import jinja2
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -24,19 +25,36 @@ from ...client import Client
 from ...protocol.calls import LIST_STATES
 from ...protocol.models import JobState
 from .. import admin
-from . import views
-from .security import SECURITY_HEADERS, SESSION_COOKIE, ConsoleAuth, audit, clean_name, same_origin
-from .tasks import ALL_QUEUES, Busy, RequeueTasks
+from . import params, views
+from .actions import ACTIONS, PAGE, Confirm, StartRequeue, dead_rows, return_to
+from .gate import Gate
+from .hosts import HostPolicy, IPNetwork
+from .params import BadRequest
+from .payload import payload_text
+from .security import (
+    SECURITY_HEADERS,
+    ConsoleAuth,
+    RedisSessions,
+    Session,
+    audit,
+    clean_name,
+    same_origin,
+    session_cookie,
+)
+from .tasks import Busy, RequeueTasks
+from .throttle import LoginThrottle, retry_after_header
 
 log = logging.getLogger("zsched.ui")
-PAGE = 50
-SYNC_REQUEUE = 500  # a requeue without a rate of at most this many jobs (one batch) runs in the request
+SCOPE_KEY = "zsched.session"  # where a request's session is kept once read
 
 
 @dataclass
 class ConsoleConfig:
     """What ``zsched ui`` serves: the client (its URL is shown with the password masked), the
-    operator token, ``read_only`` (no action anywhere), etcd endpoints for partition owners."""
+    operator token, ``read_only`` (no action anywhere, no login), etcd endpoints for partition
+    owners, ``allowed_hosts`` (names besides localhost and IP literals that the Host header may
+    carry: ``--allowed-host``) and ``trusted_proxies`` (peers whose X-Forwarded-Proto and
+    X-Forwarded-For count: ``--trust-proxy``)."""
 
     client: Client
     token: str
@@ -44,6 +62,8 @@ class ConsoleConfig:
     read_only: bool = False
     etcd: str | None = None
     refresh_seconds: float = 3.0
+    allowed_hosts: tuple[str, ...] = ()
+    trusted_proxies: tuple[IPNetwork, ...] = ()
 
 
 def _templates() -> jinja2.Environment:
@@ -54,7 +74,7 @@ def _templates() -> jinja2.Environment:
     env.filters["ago"] = lambda s: admin.human_delta(-s) if s else "-"
     env.filters["rate"] = lambda v: "-" if v is None else f"{v:.1f}"
     env.filters["errtext"] = admin.error_text
-    env.filters["payload"] = views.payload_text
+    env.filters["payload"] = payload_text
     return env
 
 
@@ -75,7 +95,25 @@ def create_app(cfg: ConsoleConfig) -> Starlette:
         yield
         await run_in_threadpool(c.tasks.stop_all)  # running requeues stop between batches
 
-    return Starlette(routes=routes, lifespan=lifespan)
+    gate = Middleware(Gate, hosts=HostPolicy(cfg.allowed_hosts), trusted_proxies=cfg.trusted_proxies)
+    return Starlette(routes=routes, lifespan=lifespan, middleware=[gate],
+                     exception_handlers={BadRequest: c.bad_request})
+
+
+def _peer(request: Request) -> str:
+    return f"{request.client.host}:{request.client.port}" if request.client else "?"
+
+
+def _client_address(request: Request) -> str:
+    return request.client.host if request.client else "?"
+
+
+def _secure(request: Request) -> bool:
+    return request.url.scheme == "https"
+
+
+def _refused(text: str, status: int = 403) -> Response:
+    return Response(text, status_code=status, headers=SECURITY_HEADERS)
 
 
 class Console:
@@ -84,290 +122,205 @@ class Console:
     def __init__(self, cfg: ConsoleConfig) -> None:
         self.cfg = cfg
         self.env = _templates()
-        self.auth = ConsoleAuth(cfg.token)
-        self.rates = views.Rates()
         self.client = cfg.client
+        self.auth = ConsoleAuth(cfg.token, RedisSessions(cfg.client.redis, cfg.client.keyspace))
+        self.throttle = LoginThrottle()
+        self.rates = views.Rates()
         self.tasks = RequeueTasks(cfg.client)
 
-    def render(self, request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
-        cookie = request.cookies.get(SESSION_COOKIE)
-        who = self.auth.who(cookie)
-        ctx.update(request=request, who=who, read_only=self.cfg.read_only, can_act=bool(who) and not self.cfg.read_only,
-                   csrf=self.auth.csrf_for(cookie) if who and cookie else "", msg=request.query_params.get("msg", ""),
-                   namespace=self.client.keyspace.namespace, redis=admin.safe_url(self.cfg.redis_url),
+    async def session(self, request: Request) -> Session | None:
+        """The request's session (read once per request); None when read-only: nothing to act on."""
+        if SCOPE_KEY not in request.scope:
+            cookie = request.cookies.get(session_cookie(_secure(request)))
+            found = None if self.cfg.read_only or not cookie else await run_in_threadpool(self.auth.session, cookie)
+            request.scope[SCOPE_KEY] = found
+        found_session: Session | None = request.scope[SCOPE_KEY]
+        return found_session
+
+    async def render(self, request: Request, name: str, status: int = 200, headers: dict[str, str] | None = None,
+                     **ctx: Any) -> HTMLResponse:
+        s = await self.session(request)
+        msg = request.query_params.get("msg", "")
+        if msg and not self.auth.signed(msg, request.query_params.get("sig", "")):
+            msg = ""  # not a message of this console's: a link made elsewhere
+        ctx.update(request=request, who=s.who if s else None, read_only=self.cfg.read_only,
+                   can_act=s is not None and not self.cfg.read_only, csrf=self.auth.csrf_for(s) if s else "",
+                   msg=msg, namespace=self.client.keyspace.namespace, redis=admin.safe_url(self.cfg.redis_url),
                    refresh_ms=int(self.cfg.refresh_seconds * 1000))
         html = self.env.get_template(name).render(**ctx)
-        return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
+        return HTMLResponse(html, status_code=status, headers={**SECURITY_HEADERS, **(headers or {})})
+
+    async def error(self, request: Request, status: int, title: str, text: str) -> HTMLResponse:
+        return await self.render(request, "error.html", status=status, title=title, error=text)
+
+    async def bad_request(self, request: Request, exc: Exception) -> Response:
+        """A query or path parameter the console does not take: 400, saying what it accepts."""
+        return await self.error(request, 400, "Bad request", str(exc))
 
     def back(self, path: str, msg: str) -> RedirectResponse:
         sep = "&" if "?" in path else "?"
-        return RedirectResponse(f"{path}{sep}msg={quote(msg)}", status_code=303, headers=SECURITY_HEADERS)
+        return RedirectResponse(f"{path}{sep}msg={quote(msg)}&sig={self.auth.sign(msg)}", status_code=303,
+                                headers=SECURITY_HEADERS)
+
+    def from_here(self, request: Request) -> bool:
+        """Whether a POST comes from this console's pages (Origin / Referer; see security.same_origin)."""
+        return same_origin(request.headers.get("origin"), request.headers.get("referer"), request.url.scheme,
+                           request.headers.get("host"))
 
     # -- pages ---------------------------------------------------------------------------------
     async def overview(self, request: Request) -> Response:
         ov = await run_in_threadpool(views.overview, self.client, self.rates, self.cfg.etcd)
         name = "overview_body.html" if request.url.path == "/fragment/overview" else "overview.html"
-        return self.render(request, name, ov=ov)
+        return await self.render(request, name, ov=ov)
 
     async def jobs(self, request: Request) -> Response:
-        q = request.query_params
-        find = q.get("find", "").strip()
-        if find:
-            info = await run_in_threadpool(views.find_job, self.client, find)
+        args = dict(request.query_params)
+        q = params.jobs_query(request.query_params, self.client.keyspace.partitions)
+        if q.find:
+            info = await run_in_threadpool(views.find_job, self.client, q.find)
             if info is None:
-                return self.render(request, "jobs.html", status=404, rows=[], cursor=None, args=dict(q),
-                                   states=LIST_STATES, error=f"no job with id or idempotency key {find!r}",
-                                   per_page=False)
+                return await self.render(request, "jobs.html", status=404, rows=[], cursor=None, args=args,
+                                         states=LIST_STATES, error=f"no job with id or idempotency key {q.find!r}",
+                                         per_page=False)
             return RedirectResponse(f"/job/{info.id}", status_code=303)
-        queue, state = q.get("queue", ""), q.get("state", "ready")
         rows: list[Any] = []
-        cursor = None
-        error = ""
-        per_page = False
-        if queue:
+        cursor, per_page = None, False
+        if q.queue:
             try:
-                tz = q.get("tz", "UTC")
-                start = views.parse_local(q["from"], tz) if q.get("from") else None
-                end = views.parse_local(q["to"], tz) if q.get("to") else None
                 rows, cursor, per_page = await run_in_threadpool(
-                    views.jobs_page, self.client, admin.parse_queue(queue), state, PAGE, q.get("cursor") or None,
-                    start, end)
-            except (ValueError, admin.AdminError) as exc:
-                error = str(exc)
-        nxt = urlencode({**{k: v for k, v in q.items() if k not in ("cursor", "msg")}, "cursor": cursor}) \
-            if cursor else None
-        return self.render(request, "jobs.html", rows=rows, cursor=nxt, args=dict(q), states=LIST_STATES, error=error,
-                           per_page=per_page)
+                    views.jobs_page, self.client, q.queue, q.state, PAGE, q.cursor, q.start, q.end)
+            except admin.BadInput as exc:
+                raise BadRequest(str(exc)) from None
+        nxt = urlencode({**{k: v for k, v in request.query_params.items() if k not in ("cursor", "msg", "sig")},
+                         "cursor": cursor}) if cursor else None
+        return await self.render(request, "jobs.html", rows=rows, cursor=nxt, args=args, states=LIST_STATES,
+                                 error="", per_page=per_page)
 
     async def job(self, request: Request) -> Response:
-        jid = request.path_params["job_id"]
+        jid = params.job_id(request.path_params["job_id"])
         try:
             info = await run_in_threadpool(admin.get_job, self.client, jid)
-        except (ValueError, admin.AdminError) as exc:
-            return self.render(request, "error.html", status=404, error=str(exc))
-        return self.render(request, "job.html", job=info, fields=_fields(info), S=JobState)
+        except admin.NotFound as exc:
+            return await self.error(request, 404, "Not found", str(exc))
+        return await self.render(request, "job.html", job=info, fields=_fields(info), S=JobState)
 
     async def dead(self, request: Request) -> Response:
-        q = request.query_params
-        try:
-            flt, start, end = _dead_filter(q)
-            limit = min(500, int(q.get("limit", "100")))
-            rows = await run_in_threadpool(_dead_rows, self.client, flt, start, end, limit)
-            error = ""
-        except (ValueError, admin.AdminError) as exc:
-            rows, error = [], str(exc)
-        return self.render(request, "dead.html", rows=rows, args=dict(q), error=error, confirm=None,
-                           tasks=self.tasks.recent())
+        q = params.dead_query(request.query_params)
+        rows = await run_in_threadpool(dead_rows, self.client, q)
+        return await self.render(request, "dead.html", rows=rows, args=dict(request.query_params), error="",
+                                 confirm=None, tasks=self.tasks.recent())
 
     async def task(self, request: Request) -> Response:
-        task = self.tasks.get(request.path_params["task_id"])
+        task = self.tasks.get(params.task_id(request.path_params["task_id"]))
         if task is None:
-            return self.render(request, "error.html", status=404, error="no such requeue task (the console "
-                               "remembers the running ones and the last finished ones since it started)")
+            return await self.error(request, 404, "Not found", "no such requeue task (the console remembers the "
+                                    "running ones and the last finished ones since it started)")
         name = "task_body.html" if request.url.path.startswith("/fragment/") else "task.html"
-        return self.render(request, name, task=task)
+        return await self.render(request, name, task=task)
 
     async def crons(self, request: Request) -> Response:
         items = await run_in_threadpool(self.client.crons)
-        return self.render(request, "crons.html", crons=items)
+        return await self.render(request, "crons.html", crons=items)
 
+    # -- sessions ------------------------------------------------------------------------------
     async def login(self, request: Request) -> Response:
         if request.method == "GET":
-            return self.render(request, "login.html", next=request.query_params.get("next", "/"), error="")
-        if not same_origin(request.headers.get("origin"), request.headers.get("referer"), request.headers.get("host")):
-            return Response("cross-site request refused", status_code=403, headers=SECURITY_HEADERS)
+            nxt = params.local_path(request.query_params.get("next") or "/")
+            if nxt is None:
+                raise BadRequest("next must be a path on this console, like /dead")
+            return await self.render(request, "login.html", next=nxt, error="")
+        if self.cfg.read_only:
+            return _refused("the console runs with --read-only: there is nothing to log in for")
+        if not self.from_here(request):
+            return _refused("cross-site request refused")
+        address = _client_address(request)
+        wait = self.throttle.retry_after(address)
+        if wait > 0:
+            if self.throttle.first_refusal(address):
+                audit.warning("login refused: too many wrong tokens from %s; its logins are refused for %s s more",
+                              address, retry_after_header(wait))
+            after = retry_after_header(wait)
+            return await self.render(request, "login.html", status=429, headers={"Retry-After": after}, next="/",
+                                     error=f"too many wrong tokens from your address: try again in {after} s")
         form = await request.form()
-        nxt = str(form.get("next") or "/")
-        nxt = nxt if nxt.startswith("/") and not nxt.startswith("//") else "/"
+        nxt = params.local_path(str(form.get("next") or "/"))
+        if nxt is None:
+            raise BadRequest("next must be a path on this console, like /dead")
         try:
             who = clean_name(str(form.get("name") or ""))
         except ValueError as exc:
-            return self.render(request, "login.html", status=400, next=nxt, error=str(exc))
+            return await self.render(request, "login.html", status=400, next=nxt, error=str(exc))
         if not self.auth.token_ok(str(form.get("token") or "")):
-            audit.warning("login refused: wrong token (name %r, from %s)", who, _peer(request))
-            return self.render(request, "login.html", status=403, next=nxt, error="wrong token")
+            failures, lock = self.throttle.failed(address)
+            audit.warning("login refused: wrong token (name %r, from %s, %d in a row%s)", who, _peer(request),
+                          failures, f"; its logins are refused for {lock:g} s" if lock else "")
+            return await self.render(request, "login.html", status=403, next=nxt, error="wrong token")
+        self.throttle.succeeded(address)
+        old = await self.session(request)
+        if old is not None:  # a login replaces the browser's session: the old one is revoked
+            await run_in_threadpool(self.auth.logout, old)
+        cookie, _session = await run_in_threadpool(self.auth.login, who, address)
         audit.info("login: %s from %s", who, _peer(request))
         resp = RedirectResponse(nxt, status_code=303, headers=SECURITY_HEADERS)
-        resp.set_cookie(SESSION_COOKIE, self.auth.session_for(who), max_age=int(self.auth.session_seconds),
-                        httponly=True, samesite="strict", path="/")
+        resp.set_cookie(session_cookie(_secure(request)), cookie, max_age=int(self.auth.session_seconds),
+                        httponly=True, samesite="strict", path="/", secure=_secure(request))
         return resp
 
     async def logout(self, request: Request) -> Response:
+        if not self.from_here(request):
+            return _refused("cross-site request refused")
+        s = await self.session(request)
+        if s is not None:
+            form = await request.form()
+            if not self.auth.csrf_ok(s, str(form.get("csrf") or "")):
+                audit.warning("%s: logout refused, bad CSRF token (from %s)", s.who, _peer(request))
+                return _refused("bad or missing CSRF token: reload the page and try again")
+            await run_in_threadpool(self.auth.logout, s)
+            audit.info("logout: %s from %s", s.who, _peer(request))
         resp = RedirectResponse("/", status_code=303, headers=SECURITY_HEADERS)
-        resp.delete_cookie(SESSION_COOKIE, path="/")
+        resp.delete_cookie(session_cookie(_secure(request)), path="/", secure=_secure(request), httponly=True,
+                           samesite="strict")
         return resp
 
     # -- actions -------------------------------------------------------------------------------
     async def act(self, request: Request) -> Response:
         if self.cfg.read_only:
-            return Response("the console runs with --read-only: no actions", status_code=403,
-                            headers=SECURITY_HEADERS)
-        cookie = request.cookies.get(SESSION_COOKIE)
-        who = self.auth.who(cookie)
-        if who is None:
-            return Response("log in with the console token first (/login)", status_code=401, headers=SECURITY_HEADERS)
-        if not same_origin(request.headers.get("origin"), request.headers.get("referer"), request.headers.get("host")):
-            return Response("cross-site request refused", status_code=403, headers=SECURITY_HEADERS)
+            return _refused("the console runs with --read-only: no actions")
+        s = await self.session(request)
+        if s is None:
+            return _refused("log in with the console token first (/login)", 401)
+        if not self.from_here(request):
+            return _refused("cross-site request refused")
         form = await request.form()
-        if not self.auth.csrf_ok(cookie, str(form.get("csrf") or "")):
-            audit.warning("%s: action refused, bad CSRF token (%s %s)", who, request.method, request.url.path)
-            return Response("bad or missing CSRF token: reload the page and try again", status_code=403,
-                            headers=SECURITY_HEADERS)
+        if not self.auth.csrf_ok(s, str(form.get("csrf") or "")):
+            audit.warning("%s: action refused, bad CSRF token (%s %s)", s.who, request.method, request.url.path)
+            return _refused("bad or missing CSRF token: reload the page and try again")
         kind, target, op = (request.path_params[k] for k in ("kind", "target", "op"))
         handler = ACTIONS.get((kind, op))
         if handler is None:
-            return Response("unknown action", status_code=404, headers=SECURITY_HEADERS)
+            return _refused("unknown action", 404)
         fields = {k: str(v) for k, v in form.multi_items() if k != "csrf"}
         ids = [str(v) for v in form.getlist("id")]
         try:
             result = await run_in_threadpool(handler, self.client, target, fields, ids)
         except (ValueError, admin.AdminError) as exc:
-            audit.info("%s from %s: %s %s %s refused: %s", who, _peer(request), kind, op, target, exc)
-            return self.back(_return_to(fields, kind, target), f"refused: {exc}")
+            audit.info("%s from %s: %s %s %s refused: %s", s.who, _peer(request), kind, op, target, exc)
+            return self.back(return_to(fields, kind, target), f"refused: {exc}")
         if isinstance(result, Confirm):
-            return self.render(request, "dead.html", rows=result.rows, args=fields, error="", confirm=result,
-                               tasks=self.tasks.recent())
+            return await self.render(request, "dead.html", rows=result.rows, args=fields, error="", confirm=result,
+                                     tasks=self.tasks.recent())
         if isinstance(result, StartRequeue):
             try:
-                task = self.tasks.start(who, result.scope, result.jobs, result.rate)
+                task = self.tasks.start(s.who, result.scope, result.jobs, result.rate)
             except Busy as exc:
-                audit.info("%s from %s: dead requeue refused: %s", who, _peer(request), exc)
+                audit.info("%s from %s: dead requeue refused: %s", s.who, _peer(request), exc)
                 return self.back("/dead", f"refused: {exc}")
             return RedirectResponse(f"/task/{task.id}", status_code=303, headers=SECURITY_HEADERS)
-        audit.info("%s from %s: %s %s %s: %s", who, _peer(request), kind, op, target, result)
-        return self.back(_return_to(fields, kind, target), result)
-
-
-def _peer(request: Request) -> str:
-    return f"{request.client.host}:{request.client.port}" if request.client else "?"
-
-
-def _return_to(fields: dict[str, str], kind: str, target: str) -> str:
-    back = fields.get("back", "")
-    if back.startswith("/") and not back.startswith("//"):
-        return back
-    return {"job": f"/job/{target}", "cron": "/crons", "dead": "/dead"}.get(kind, "/")
+        audit.info("%s from %s: %s %s %s: %s", s.who, _peer(request), kind, op, target, result)
+        return self.back(return_to(fields, kind, target), result)
 
 
 def _fields(info: Any) -> list[tuple[str, Any]]:
     names = ("id", "state", "queue", "key", "run_at", "attempts", "max_attempts", "created", "lease_deadline",
              "fence", "died_at", "finished_at", "expires_at")
     return [(n, getattr(info, n)) for n in names]
-
-
-# -- dead letters ------------------------------------------------------------------------------
-@dataclass
-class Confirm:
-    """A dead-letter action's dry run: how many jobs it would touch, shown before confirming."""
-
-    op: str
-    count: int
-    rows: list[Any]
-    fields: dict[str, str]
-    ids: list[str]
-
-
-@dataclass
-class StartRequeue:
-    """A confirmed requeue to run in the background (with a rate, or more than one batch)."""
-
-    scope: str
-    jobs: list[Any]
-    rate: float | None
-
-
-def _dead_filter(q: Any) -> tuple[admin.DeadFilter, datetime | None, datetime | None]:
-    tz = q.get("tz", "UTC") or "UTC"
-    start = views.parse_local(q["since"], tz) if q.get("since") else None
-    end = views.parse_local(q["until"], tz) if q.get("until") else None
-    queue = admin.parse_queue(q["queue"]) if q.get("queue") else None
-    return admin.DeadFilter(queue=queue, error_contains=q.get("error") or None, ignore_case=True), start, end
-
-
-def _dead_matching(client: Client, fields: dict[str, str], ids: list[str]) -> list[Any]:
-    if ids:
-        infos = client.get_many(ids)
-        return [i for i in infos.values() if i is not None and i.state is JobState.DEAD]
-    flt, start, end = _dead_filter(fields)
-    return [i for i in admin.iter_dead(client, flt) if views.in_range(i.died_at, start, end)]
-
-
-def _dead_rows(client: Client, flt: admin.DeadFilter, start: datetime | None, end: datetime | None,
-               limit: int) -> list[Any]:
-    return list(itertools.islice((i for i in admin.iter_dead(client, flt) if views.in_range(i.died_at, start, end)),
-                                 limit))
-
-
-def _dead_op(op: str) -> Callable[[Client, str, dict[str, str], list[str]], Any]:
-    def run(client: Client, _target: str, fields: dict[str, str], ids: list[str]) -> Any:
-        jobs = _dead_matching(client, fields, ids)
-        if fields.get("confirm") != "1":
-            return Confirm(op, len(jobs), jobs[:PAGE], fields, [j.id for j in jobs] if ids else [])
-        if op == "purge":
-            for j in jobs:
-                admin.purge_one(client, j.id)
-            return f"purged {len(jobs)} dead jobs"
-        rate = float(fields["rate"]) if fields.get("rate") else None
-        if rate is not None and not 0 < rate <= 100_000:
-            raise ValueError(f"rate must be > 0 and <= 100000 jobs/s, got {rate:g}")
-        if rate is not None or len(jobs) > SYNC_REQUEUE:
-            queues = {j.queue for j in jobs}
-            scope = fields.get("queue") or (queues.pop() if len(queues) == 1 else ALL_QUEUES)
-            return StartRequeue(scope, jobs, rate)
-        done = sum(1 for o in admin.requeue_stream(client, jobs, rate=None) if o.status == "requeued")
-        return f"requeued {done} of {len(jobs)} dead jobs"
-    return run
-
-
-# -- the other actions: (client, target, form fields, selected ids) -> message -----------------
-def _reschedule(client: Client, jid: str, fields: dict[str, str], _ids: list[str]) -> str:
-    at = views.parse_local(fields.get("at", ""), fields.get("tz", "UTC"))
-    info = admin.reschedule_job(client, jid, int(at.timestamp() * 1000))
-    return f"job {jid} rescheduled to {admin.iso(info.run_at)}"
-
-
-def _run_now(client: Client, jid: str, _f: dict[str, str], _ids: list[str]) -> str:
-    admin.reschedule_job(client, jid, int(datetime.now(UTC).timestamp() * 1000))
-    return f"job {jid} runs now"
-
-
-def _cancel(client: Client, jid: str, _f: dict[str, str], _ids: list[str]) -> str:
-    admin.cancel_job(client, jid)
-    return f"job {jid} cancelled"
-
-
-def _requeue(client: Client, jid: str, _f: dict[str, str], _ids: list[str]) -> str:
-    admin.get_dead_job(client, jid)
-    done, _info = admin.requeue_one(client, jid)
-    return f"job {jid} requeued" if done else f"job {jid} was not dead any more"
-
-
-def _purge(client: Client, jid: str, _f: dict[str, str], _ids: list[str]) -> str:
-    admin.purge_one(client, jid)
-    return f"job {jid} purged"
-
-
-def _queue(pause: bool) -> Callable[[Client, str, dict[str, str], list[str]], str]:
-    def run(client: Client, queue: str, _f: dict[str, str], _ids: list[str]) -> str:
-        name = admin.parse_queue(queue)
-        changed = client.pause(name) if pause else client.resume(name)
-        verb = "paused" if pause else "resumed"
-        return f"queue {name} {verb}" if changed else f"queue {name} was already {verb if pause else 'running'}"
-    return run
-
-
-def _cron(pause: bool) -> Callable[[Client, str, dict[str, str], list[str]], str]:
-    def run(client: Client, name: str, _f: dict[str, str], _ids: list[str]) -> str:
-        changed = client.pause_cron(name) if pause else client.resume_cron(name)
-        verb = "paused" if pause else "resumed"
-        return f"cron {name} {verb}" if changed else f"cron {name} was already {verb if pause else 'active'}"
-    return run
-
-
-ACTIONS: dict[tuple[str, str], Callable[[Client, str, dict[str, str], list[str]], Any]] = {
-    ("job", "cancel"): _cancel, ("job", "reschedule"): _reschedule, ("job", "run-now"): _run_now,
-    ("job", "requeue"): _requeue, ("job", "purge"): _purge,
-    ("queue", "pause"): _queue(True), ("queue", "resume"): _queue(False),
-    ("cron", "pause"): _cron(True), ("cron", "resume"): _cron(False),
-    ("dead", "requeue"): _dead_op("requeue"), ("dead", "purge"): _dead_op("purge"),
-}

@@ -1,13 +1,10 @@
 """What the console's pages show, read through the client and the admin helpers the CLI uses."""
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
-from zoneinfo import ZoneInfo
 
 from ...client import Client
 from ...protocol.models import JobInfo
@@ -15,24 +12,6 @@ from ...protocol.replies import StatsReply, parse_stats
 from .. import admin
 
 STATES = ("scheduled", "held", "ready", "running", "dead")
-
-
-def jsonable(value: Any) -> Any:
-    """A decoded payload made JSON-friendly: bytes as hex text, other keys as text."""
-    if isinstance(value, bytes | bytearray):
-        return "hex:" + bytes(value).hex()
-    if isinstance(value, dict):
-        return {k if isinstance(k, str) else str(jsonable(k)): jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return value
-
-
-def payload_text(payload: Any) -> str:
-    """The payload pretty-printed as JSON (msgpack shown as JSON, bytes as hex)."""
-    return json.dumps(jsonable(payload), indent=2, ensure_ascii=False, default=repr)
 
 
 @dataclass
@@ -174,19 +153,6 @@ def jobs_page(client: Client, queue: str, state: str, limit: int, cursor: str | 
         if cursor is None or len(out) >= limit:
             break
     return out, cursor, False
-
-
-def parse_local(text: str, tz: str) -> datetime:
-    """A ``datetime-local`` field value (``2026-05-01T09:30``) in zone ``tz`` -> aware datetime."""
-    try:
-        zone = ZoneInfo(tz or "UTC")
-    except (KeyError, ValueError):
-        raise ValueError(f"unknown time zone {tz!r}") from None
-    try:
-        naive = datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError(f"expected a date and time like 2026-05-01T09:30, got {text!r}") from None
-    return naive.replace(tzinfo=zone) if naive.tzinfo is None else naive
 
 
 def in_range(at: datetime | None, start: datetime | None, end: datetime | None) -> bool:
