@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import functools
 import ipaddress
 import os
 import signal
@@ -22,10 +23,10 @@ import socket
 import ssl
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 from . import admin
-from .cli_common import SubParsers, number, patch_errors
+from .cli_common import SubParsers, number
 from .cli_errors import EXIT_BAD_INPUT, EXIT_LOCAL
 from .ui.hosts import LOOPBACK_PROXIES, IPNetwork, parse_host, parse_networks
 
@@ -62,13 +63,13 @@ def bind_host(text: str) -> str:
     try:
         name, port = parse_host(bare)
     except ValueError as exc:
-        raise ValueError(f"--host {exc} (give an IP address of this machine, e.g. 127.0.0.1, or its name)") from None
+        raise ValueError(f"{exc} (give an IP address of this machine, e.g. 127.0.0.1, or its name)") from None
     if port is not None:
-        raise ValueError(f"--host {text!r} carries a port: give the port with --port")
+        raise ValueError(f"{text!r} carries a port: give the port with --port")
     try:
         socket.getaddrinfo(name, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
-        raise ValueError(f"--host {text!r} does not resolve ({exc.strerror}): give an IP address of this machine, "
+        raise ValueError(f"{text!r} does not resolve ({exc.strerror}): give an IP address of this machine, "
                          "e.g. 127.0.0.1, or a name that resolves to one") from None
     return name
 
@@ -78,15 +79,20 @@ def allowed_host(text: str) -> str:
     try:
         name, port = parse_host(text)
     except ValueError as exc:
-        raise ValueError(f"--allowed-host {exc}; list each name (no wildcards), e.g. "
+        raise ValueError(f"{exc}; list each name (no wildcards), e.g. "
                          "--allowed-host console.example.com") from None
     shown = f"[{name}]" if ":" in name else name
     return shown if port is None else f"{shown}:{port}"
 
 
+def _one_line(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    # no usage block (ui has many options: it would be several lines): the error and where to look
+    parser.exit(EXIT_BAD_INPUT, f"zsched: error: {message} (see: {parser.prog} --help)\n")
+
+
 def add_parsers(sub: SubParsers) -> None:
-    """Register ``ui`` (called by scheduler/shell/cli.py)."""
-    p = patch_errors(sub.add_parser(
+    """Register ``ui`` (called by scheduler/shell/cli.py). Its argument errors are one line."""
+    p = (sub.add_parser(
         "ui", help="web console: find, read and act on jobs; pause queues and crons",
         description="Serve the web console: overview (counts, rates, partition owners), jobs by queue and state, "
                     "one job with its payload and last error, dead letters (filter, requeue, purge), crons; "
@@ -122,6 +128,7 @@ def add_parsers(sub: SubParsers) -> None:
                    help="etcd endpoints for partition owners (env ZSCHED_ETCD_ENDPOINTS; without: owners unknown)")
     p.add_argument("--refresh", type=number("seconds", 0.5, 300), default=3.0, metavar="S",
                    help="overview refresh period in the browser (default 3)")
+    p.error = functools.partial(_one_line, p)  # type: ignore[method-assign]
     p.set_defaults(func=run)
 
 

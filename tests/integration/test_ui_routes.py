@@ -17,10 +17,9 @@ from starlette.testclient import TestClient
 
 from scheduler import Client, JobState
 from scheduler.protocol.replies import parse_stats
-from scheduler.shell.ui import ConsoleConfig, create_app
 from scheduler.shell.ui.security import SESSION_COOKIE, SESSION_SECONDS, ConsoleAuth, RedisSessions
+from tests.uikit import TOKEN, console, csrf, login
 
-TOKEN = "test-token-1234"
 NS = "uiroutes"
 HOUR = timedelta(hours=1)
 
@@ -28,29 +27,12 @@ HOUR = timedelta(hours=1)
 @pytest.fixture
 def client(redis_url: str) -> Iterator[Client]:
     c = Client.from_url(redis_url, namespace=NS, partitions=4).connect()
-    for p in range(4):  # a clean namespace per test
-        for key in c.redis.scan_iter(match="{%s:%d}:*" % (NS, p)):
-            c.redis.delete(key)
-    c.redis.delete(c.keyspace.config_key)
-    c = Client.from_url(redis_url, namespace=NS, partitions=4).connect()
     yield c
     c.close()
 
 
-def app(client: Client, read_only: bool = False, url: str = "redis://:s3cret-pass@127.0.0.1:1/0") -> TestClient:
-    return TestClient(create_app(ConsoleConfig(client, TOKEN, redis_url=url, read_only=read_only)),
-                      base_url="http://127.0.0.1:8089")
-
-
-def login(tc: TestClient, name: str = "alice") -> None:
-    r = tc.post("/login", data={"name": name, "token": TOKEN, "next": "/"}, follow_redirects=False)
-    assert r.status_code == 303 and SESSION_COOKIE in r.cookies
-
-
-def csrf(tc: TestClient, path: str) -> str:
-    m = re.search(r'name="csrf" value="([0-9a-f]+)"', tc.get(path).text)
-    assert m, f"no CSRF token on {path}"
-    return m.group(1)
+def app(client: Client, read_only: bool = False) -> TestClient:
+    return console(client, read_only=read_only)
 
 
 def test_every_page_renders_and_the_redis_password_never_shows(client: Client) -> None:

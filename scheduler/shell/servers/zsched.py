@@ -140,10 +140,11 @@ def scheduler_proc(
 
 
 def ui_proc(redis_url: str, namespace: str, *, port: int, token: str, etcd: str | None = None,
-            read_only: bool = False, log: Path | None = None, new_session: bool = False) -> ZschedProc:
+            read_only: bool = False, log: Path | None = None, new_session: bool = False,
+            extra: Sequence[str] = ()) -> ZschedProc:
     """A ``zsched ui`` console (not started) on 127.0.0.1:``port``; the Redis URL and the token go
-    through the environment (``ps`` shows argv to every user)."""
-    args = ["ui", "--namespace", namespace, "--port", str(port), "--refresh", "1"]
+    through the environment (``ps`` shows argv to every user). ``extra``: more ``zsched ui`` options."""
+    args = ["ui", "--namespace", namespace, "--port", str(port), "--refresh", "1", *extra]
     if etcd:
         args += ["--etcd", etcd]
     if read_only:
