@@ -3,6 +3,7 @@ logging in, and reading a page's CSRF token."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from starlette.testclient import TestClient
@@ -13,6 +14,15 @@ from scheduler.shell.ui.security import SESSION_COOKIE
 
 TOKEN = "test-token-1234"
 BASE = "http://127.0.0.1:8089"
+
+
+def namespace_client(url: str, namespace: str, partitions: int = 2) -> Iterator[Client]:
+    """A connected client of ``namespace``, closed afterwards (a fixture's body: ``yield from``)."""
+    c = Client.from_url(url, namespace=namespace, partitions=partitions).connect()
+    try:
+        yield c
+    finally:
+        c.close()
 
 
 def console(client: Client, *, read_only: bool = False, url: str = "redis://:s3cret-pass@127.0.0.1:1/0",

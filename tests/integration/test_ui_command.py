@@ -23,7 +23,7 @@ from scheduler import Client
 from scheduler.shell.servers import ZschedProc, free_port, ui_proc
 from tests.integration.test_tls import make_certs
 from tests.procs import wait_until
-from tests.uikit import TOKEN
+from tests.uikit import TOKEN, namespace_client
 
 NS = "uicommand"
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
@@ -31,9 +31,7 @@ FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 
 @pytest.fixture
 def client(redis_url: str) -> Iterator[Client]:
-    c = Client.from_url(redis_url, namespace=NS, partitions=2).connect()
-    yield c
-    c.close()
+    yield from namespace_client(redis_url, NS)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from starlette.testclient import TestClient
 from scheduler import Client, JobState
 from scheduler.protocol.replies import parse_stats
 from scheduler.shell.ui.security import SESSION_COOKIE, SESSION_SECONDS, ConsoleAuth, RedisSessions
-from tests.uikit import TOKEN, console, csrf, login
+from tests.uikit import TOKEN, console, csrf, login, namespace_client
 
 NS = "uiroutes"
 HOUR = timedelta(hours=1)
@@ -26,9 +26,7 @@ HOUR = timedelta(hours=1)
 
 @pytest.fixture
 def client(redis_url: str) -> Iterator[Client]:
-    c = Client.from_url(redis_url, namespace=NS, partitions=4).connect()
-    yield c
-    c.close()
+    yield from namespace_client(redis_url, NS, partitions=4)
 
 
 def app(client: Client, read_only: bool = False) -> TestClient:
