@@ -56,15 +56,16 @@ def test_a_logout_ends_the_session_on_every_console_of_the_namespace(client: Cli
 
 
 def test_a_logout_from_another_site_or_without_its_csrf_token_is_refused(client: Client) -> None:
+    jid = client.schedule(timedelta(hours=1), None, queue="q")
     tc = console(client)
     cookie = login(tc)
-    token = csrf(tc, "/")
+    token = csrf(tc, f"/job/{jid}")  # one token per session, on every form (the logout button's too)
     other = console(client)
     login(other, "bob")
     for form, headers in (({"csrf": token}, {"origin": "http://evil.example"}),
                           ({"csrf": token}, {"referer": "http://evil.example/page"}),
                           ({"csrf": token}, {"origin": "null"}),
-                          ({}, {}), ({"csrf": "0" * 64}, {}), ({"csrf": csrf(other, "/")}, {})):
+                          ({}, {}), ({"csrf": "0" * 64}, {}), ({"csrf": csrf(other, f"/job/{jid}")}, {})):
         r = tc.post("/logout", data=form, headers=headers, follow_redirects=False)
         assert r.status_code == 403 and "set-cookie" not in r.headers, (form, headers)
         assert signed_in(tc, cookie), (form, headers)
