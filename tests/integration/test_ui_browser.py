@@ -149,6 +149,18 @@ def test_the_console_in_a_real_browser(stack: dict[str, Any], browser: Browser) 
     page.goto(url + "/")
     shot(page, "overview.png")
 
+    # log out: the session ends in Redis too, so the old cookie, put back, signs nobody in
+    old = [c for c in ctx.cookies() if c["name"] == "zsched_ui_session"]
+    assert len(old) == 1 and page.locator('form[action^="/action/"]').count() > 0
+    page.click("#logout")
+    page.wait_for_url(url + "/")
+    assert page.locator("#login-link").count() == 1 and page.locator('form[action^="/action/"]').count() == 0
+    assert not [c for c in ctx.cookies() if c["name"] == "zsched_ui_session"], "the browser dropped the cookie"
+    ctx.add_cookies(old)
+    page.reload()
+    assert page.locator("#login-link").count() == 1, "the old cookie, replayed, signs nobody in"
+    assert page.locator('form[action^="/action/"]').count() == 0
+
     # read-only: no action anywhere, even when logged in
     ro = ctx.new_page()
     ro.goto(stack["ro"] + f"/job/{evil}")
