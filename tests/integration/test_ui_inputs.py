@@ -112,3 +112,14 @@ def test_odd_payloads_render_as_json_text(client: Client) -> None:
                   '"nan": NaN', '"ext": "ext(7, hex:6162)"', '"text": "<b>é</b>"'):
         assert shown in text, shown
     assert "<b>é</b>" not in r.text, "escaped in the HTML"
+
+
+def test_a_request_body_over_the_bound_is_refused_unread(client: Client) -> None:
+    tc = console(client)
+    big = {"name": "eve", "token": "x" * (1 << 20)}
+    r = tc.post("/login", data=big)
+    assert r.status_code == 413 and "at most 1048576 bytes" in r.text, "Content-Length over the bound"
+    chunks = (b"token=" + b"x" * 65536 for _ in range(20))  # no Content-Length: refused once past the bound
+    r = tc.post("/login", content=chunks, headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 413
+    assert tc.post("/login", data={"name": "eve", "token": "wrong-token"}).status_code == 403, "a form in bounds"

@@ -23,6 +23,10 @@ the last ``X-Forwarded-Proto`` (http or https) is the request's scheme (Secure c
 POSTs must come from) and the last address of ``X-Forwarded-For`` (the one the proxy appended;
 those before it are what the client claimed) is the client, for the login throttle and the audit
 log.
+
+A request body (a form) is at most MAX_BODY bytes: a larger Content-Length is a 413 before the
+app runs, and a body without one stops being read past the bound (413), so nobody who can reach
+the port fills the console's memory with one POST /login.
 """
 from __future__ import annotations
 
@@ -30,11 +34,14 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from starlette.exceptions import HTTPException
 from starlette.responses import PlainTextResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .hosts import HostPolicy, IPNetwork
 from .security import DEFAULT_PORTS, SECURITY_HEADERS
+
+MAX_BODY = 1 << 20  # bytes of a request body: the largest form (500 dead letters selected) is ~20 KB
 
 
 def _last(values: Iterable[str]) -> str:
@@ -88,6 +95,9 @@ class Gate:
         scheme = {"ws": "http", "wss": "https"}.get(scheme, scheme)
         server = scope.get("server")
         refused = self.hosts.refusal(hosts, scheme, int(server[1]) if server and server[1] else None)
+        if refused is None and scope["type"] == "http":
+            refused = _too_large(scope["headers"])
+            receive = _bounded(receive)
         if refused is None:
             await self.app(scope, receive, send)
         elif scope["type"] == "websocket":
@@ -95,3 +105,26 @@ class Gate:
         else:
             status, why = refused
             await PlainTextResponse(why + "\n", status_code=status, headers=SECURITY_HEADERS)(scope, receive, send)
+
+
+def _too_large(headers: list[tuple[bytes, bytes]]) -> tuple[int, str] | None:
+    lengths = [v for k, v in headers if k == b"content-length"]
+    if lengths and (not lengths[-1].isdigit() or int(lengths[-1]) > MAX_BODY):
+        return 413, f"a request body is at most {MAX_BODY} bytes"
+    return None
+
+
+def _bounded(receive: Receive) -> Receive:
+    """``receive`` that stops a body (sent without a Content-Length, or longer than it said) past MAX_BODY."""
+    seen = 0
+
+    async def bounded() -> Message:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > MAX_BODY:
+                raise HTTPException(413, f"a request body is at most {MAX_BODY} bytes")
+        return message
+
+    return bounded
