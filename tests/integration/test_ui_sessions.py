@@ -5,10 +5,13 @@ Retry-After, audited); over https the cookie is Secure; proxy headers count only
 proxy."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
+import httpx2 as httpx
 import pytest
 from starlette.testclient import TestClient
 
@@ -100,6 +103,26 @@ def test_wrong_tokens_are_throttled_per_client_address_with_retry_after_and_audi
     assert sum("wrong token (name 'eve', from 127.0.0.2:40000" in m for m in lines) == 6
     assert "6 in a row; its logins are refused for 1 s" in lines[5]
     assert sum("too many wrong tokens from 127.0.0.2" in m for m in lines) == 1, "one audit line per lock"
+
+
+def test_concurrent_wrong_tokens_cannot_outrun_the_throttle(client: Client) -> None:
+    app = console(client).app
+    wrong = {"name": "eve", "token": "guess-1234"}
+
+    async def from_the_network(scope: Any, receive: Any, send: Any) -> None:
+        async def arriving() -> Any:  # a body arrives later than its headers, as over a socket
+            await asyncio.sleep(0.01)
+            return await receive()
+        await app(scope, arriving, send)
+
+    async def burst() -> list[int]:
+        transport = httpx.ASGITransport(app=from_the_network, client=("127.0.0.4", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url=BASE) as ac:
+            replies = await asyncio.gather(*(ac.post("/login", data=wrong) for _ in range(30)))
+        return [r.status_code for r in replies]
+
+    codes = asyncio.run(burst())
+    assert codes.count(403) == 6 and codes.count(429) == 24, "five free guesses and the one that locks, no more"
 
 
 def test_over_https_the_session_cookie_is_secure_and_host_only(client: Client) -> None:

@@ -17,7 +17,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -113,7 +113,7 @@ def _secure(request: Request) -> bool:
 
 
 def _refused(text: str, status: int = 403) -> Response:
-    return Response(text, status_code=status, headers=SECURITY_HEADERS)
+    return PlainTextResponse(text, status_code=status, headers=SECURITY_HEADERS)
 
 
 class Console:
@@ -233,16 +233,18 @@ class Console:
             return _refused("the console runs with --read-only: there is nothing to log in for")
         if not self.from_here(request):
             return _refused("cross-site request refused")
+        form = await request.form()
+        # No await from here to throttle.failed(): concurrent guesses cannot all pass the check
+        # before the first of them is counted.
         address = _client_address(request)
         wait = self.throttle.retry_after(address)
         if wait > 0:
+            after = retry_after_header(wait)
             if self.throttle.first_refusal(address):
                 audit.warning("login refused: too many wrong tokens from %s; its logins are refused for %s s more",
-                              address, retry_after_header(wait))
-            after = retry_after_header(wait)
+                              address, after)
             return await self.render(request, "login.html", status=429, headers={"Retry-After": after}, next="/",
                                      error=f"too many wrong tokens from your address: try again in {after} s")
-        form = await request.form()
         nxt = params.local_path(str(form.get("next") or "/"))
         if nxt is None:
             raise BadRequest("next must be a path on this console, like /dead")
