@@ -105,7 +105,7 @@ def add_parsers(sub: SubParsers) -> None:
                "4 the port is in use or needs privileges, a TLS file cannot be read, or the ui packages are missing"))
     p.add_argument("--redis", metavar="URL", help="Redis URL (env ZSCHED_REDIS_URL, default redis://127.0.0.1:6379/0)")
     p.add_argument("--namespace", metavar="NS", help="namespace (env ZSCHED_NAMESPACE, default zsched)")
-    p.add_argument("--host", default="127.0.0.1", type=_argtype("address", bind_host),
+    p.add_argument("--host", default="127.0.0.1", type=_argtype("address", bind_host), metavar="ADDRESS",
                    help="address to bind (default 127.0.0.1; anything else exposes the console to the network: use "
                         "TLS then); a name binds every address it resolves to; :: is IPv6 only")
     p.add_argument("--port", type=number("a port", 0, 65535, integer=True), default=DEFAULT_PORT,
@@ -113,14 +113,14 @@ def add_parsers(sub: SubParsers) -> None:
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME[:PORT]",
                    type=_argtype("host name", allowed_host),
                    help="also answer to requests for this host name (repeatable), e.g. the name a reverse proxy "
-                        "serves the console under; without :PORT any port. localhost and IP addresses are always "
-                        "answered")
+                        "serves the console under; without :PORT any port. localhost and IP addresses on the "
+                        "console's port are always answered")
     p.add_argument("--trust-proxy", nargs="?", const=LOOPBACK_PROXIES, default=(), metavar="ADDRS",
                    type=_argtype("addresses", parse_networks),
                    help="honour X-Forwarded-Proto (https: Secure cookie, https origins) and X-Forwarded-For (the "
                         "client, for the login throttle and the audit log) from a reverse proxy at these addresses "
-                        "or networks, comma-separated (default when given alone: 127.0.0.1,::1); without it these "
-                        "headers are ignored")
+                        "or networks, comma-separated (when given alone: loopback, 127.0.0.0/8 and ::1); without "
+                        "it these headers are ignored")
     p.add_argument("--tls-cert", metavar="FILE", help="serve https with this PEM certificate (chain); with --tls-key")
     p.add_argument("--tls-key", metavar="FILE", help="the certificate's PEM private key (not encrypted)")
     p.add_argument("--read-only", action="store_true", help="show no action anywhere (pages only; no login)")

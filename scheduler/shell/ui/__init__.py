@@ -2,8 +2,12 @@
 build, one vendored script in ``static/``). Pages: overview, jobs, job, dead letters, crons; actions
 through the same client API and admin helpers as the CLI (no second path to Redis).
 
-:func:`create_app` builds the ASGI app; :mod:`.security` holds the token, session and CSRF checks;
-:mod:`.views` turns client reads into what the templates show.
+:func:`create_app` builds the ASGI app (:mod:`.app`, the routes; :mod:`.actions`, what each action
+does). In front of every route :mod:`.gate` checks the Host header against the names the console
+answers to (:mod:`.hosts`) and applies a trusted proxy's headers; :mod:`.security` holds the token,
+the server-side sessions, CSRF and Origin checks, :mod:`.throttle` the failed-login throttle;
+:mod:`.params` checks every query parameter; :mod:`.views` turns client reads into what the
+templates show and :mod:`.payload` prints a payload of any depth.
 """
 from __future__ import annotations
 
