@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 import sys
 import time
@@ -192,7 +191,7 @@ def runner(handler: Handler, *, create: bool,
 
 def print_json(doc: Any, out: TextIO | None = None) -> None:
     """Print ``doc`` as one line of JSON (UTF-8 as it is) on ``out`` (default stdout)."""
-    print(json.dumps(doc, ensure_ascii=False), file=out or sys.stdout)
+    print(admin.to_json(doc), file=out or sys.stdout)  # not json.dumps: payloads nest past its recursion limit
 
 
 def when_text(ms: int | None, now_ms: float | None = None) -> str:

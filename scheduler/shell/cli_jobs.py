@@ -7,7 +7,6 @@ by ``zsched dead show``.
 from __future__ import annotations
 
 import argparse
-import json
 from datetime import timedelta
 from typing import Any
 
@@ -182,11 +181,11 @@ def job_lines(info: JobInfo, *, full_error: bool = False) -> str:
     rows = _summary_rows(info) + _lifecycle_rows(info) + _error_rows(info, full_error)
     has_body = info.state.value not in ("done", "cancelled", "misfired")  # tombstones keep no payload
     if has_body and not full_error:
-        rows.append(("payload", json.dumps(admin.jsonable(info.payload), ensure_ascii=False)))
+        rows.append(("payload", admin.to_json(admin.jsonable(info.payload))))
     width = max(len(k) for k, _ in rows)
     text = "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
     if has_body and full_error:
-        text += "\n\npayload:\n" + json.dumps(admin.jsonable(info.payload), ensure_ascii=False, indent=2)
+        text += "\n\npayload:\n" + admin.to_json(admin.jsonable(info.payload), indent=2)
     if full_error and info.last_error is not None and info.last_error.traceback:
         text += "\n\ntraceback:\n" + info.last_error.traceback.rstrip("\n")
     return text

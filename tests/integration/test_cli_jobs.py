@@ -552,3 +552,17 @@ def test_cron_add_list_remove_through_the_cli(redis_url: str, capsys) -> None:
     assert cli_main(["cron", "remove", "digest", *base]) == 1
     assert cli_main(["cron", "list", *base]) == 0
     assert "no crons" in capsys.readouterr().out
+
+
+def test_job_and_dead_show_print_a_payload_nested_as_deep_as_the_client_accepts(cli: Cli, client: Client,
+                                                                                 ops: Ops) -> None:
+    deep: Any = "the bottom"
+    for i in range(1024):  # msgpack decodes at most 1 024 levels; json.dumps gives up near 1 000
+        deep = [deep] if i % 2 else {f"k{i}": deep}
+    live = client.schedule(timedelta(hours=1), deep, queue="deep")
+    (dead,) = kill(client, ops, "deep-dead", payload=deep)
+    for args in (("job", "show", live), ("job", "show", live, "--json"), ("dead", "show", dead),
+                 ("dead", "show", dead, "--json")):
+        rc, out, err = cli(*args)
+        assert (rc, err) == (0, ""), args
+        assert out.count("[") >= 512 and out.count("{") >= 512 and '[{"k0": "the bottom"}]' in out, args

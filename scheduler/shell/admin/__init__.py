@@ -59,6 +59,7 @@ from .output import (
     jsonable,
     stats_doc,
     table,
+    to_json,
 )
 from .stats import PartitionStats, StatsReport, collect_stats, read_owner_leases, read_owner_records, read_owners
 
@@ -70,4 +71,5 @@ __all__ = [
     "list_dead", "list_jobs", "open_client", "parse_duration", "parse_job_id", "parse_payload", "parse_queue",
     "parse_schedule_when", "parse_when", "purge_older", "purge_one", "read_owner_leases", "read_owner_records",
     "read_owners", "redis_now_ms", "requeue_one", "requeue_stream", "reschedule_job", "safe_url", "stats_doc", "table",
+    "to_json",
 ]

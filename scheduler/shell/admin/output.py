@@ -54,23 +54,99 @@ def human_delta(seconds: float) -> str:
     return f"in {text}" if seconds > 0 else f"{text} ago"
 
 
-def jsonable(value: Any) -> Any:
-    """Make a payload JSON-safe: bytes become ``{"$base64": ...}``, datetimes ISO strings, map keys
-    strings, tuples lists."""
-    if isinstance(value, dict):
-        return {(k if isinstance(k, str) else json.dumps(jsonable(k)) if not isinstance(k, (int, float, bool))
-                 or k is None else str(k)): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, (bytes, bytearray, memoryview)):
+def _json_key(key: Any) -> str:
+    """A map key as JSON wants it: a string (ints, floats and bools by ``str``, other keys as the
+    JSON text of their :func:`jsonable` form)."""
+    if isinstance(key, str):
+        return key
+    if isinstance(key, int | float | bool):
+        return str(key)
+    return to_json(jsonable(key))
+
+
+def _json_scalar(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray | memoryview):
         return {"$base64": base64.b64encode(bytes(value)).decode()}
     if isinstance(value, datetime):
         return iso(value)
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
-    if value is None or isinstance(value, (str, int, float, bool)):
+    if value is None or isinstance(value, str | int | float | bool):
         return value
     return str(value)
+
+
+def jsonable(value: Any) -> Any:
+    """Make a payload JSON-safe: bytes become ``{"$base64": ...}``, datetimes ISO strings, map keys
+    strings, tuples lists. Iterative: a payload may nest as deep as msgpack decodes (1 024 levels),
+    past Python's recursion limit."""
+    root: list[Any] = [None]
+    todo: list[tuple[Any, Any, Any]] = [(value, root, 0)]  # (value, container, slot to fill)
+    while todo:
+        item, parent, slot = todo.pop()
+        if isinstance(item, dict):
+            out: dict[str, Any] = {}
+            for k, v in item.items():
+                key = _json_key(k)
+                out[key] = None  # the slot keeps the map's order; filled below
+                todo.append((v, out, key))
+            parent[slot] = out
+        elif isinstance(item, list | tuple):
+            seq: list[Any] = [None] * len(item)
+            todo.extend((v, seq, i) for i, v in enumerate(item))
+            parent[slot] = seq
+        else:
+            parent[slot] = _json_scalar(item)
+    return root[0]
+
+
+PRETTY_DEPTH = 16  # to_json(indent=...) writes containers nested deeper than this on one line
+
+
+def to_json(doc: Any, indent: int | None = None) -> str:
+    """``json.dumps(doc, ensure_ascii=False, indent=indent)`` for a :func:`jsonable` document, without
+    recursion (``json`` gives up past Python's recursion limit, about 1 000 levels). With ``indent``,
+    containers deeper than :data:`PRETTY_DEPTH` are written compactly (indenting 1 000 levels would
+    be megabytes of spaces)."""
+    out: list[str] = []
+    # frames: [iterator over the container's items, closing bracket, depth of its items, items written, is a map]
+    stack: list[list[Any]] = []
+
+    def value(v: Any, depth: int) -> None:
+        if isinstance(v, dict | list) and not v:
+            out.append("{}" if isinstance(v, dict) else "[]")
+        elif isinstance(v, dict):
+            out.append("{")
+            stack.append([iter(v.items()), "}", depth + 1, 0, True])
+        elif isinstance(v, list):
+            out.append("[")
+            stack.append([iter(v), "]", depth + 1, 0, False])
+        else:
+            out.append(json.dumps(v, ensure_ascii=False))
+
+    value(doc, 0)
+    while stack:
+        frame = stack[-1]
+        items, close, depth, written, is_map = frame
+        pretty = indent is not None and depth <= PRETTY_DEPTH
+        item: Any = next(items, _END)
+        if item is _END:
+            stack.pop()
+            out.append(("\n" + " " * (indent * (depth - 1)) if pretty and indent is not None else "") + close)
+            continue
+        if written:
+            out.append("," if pretty else ", ")
+        frame[3] = written + 1
+        if pretty and indent is not None:
+            out.append("\n" + " " * (indent * depth))
+        if is_map:
+            out.append(json.dumps(item[0], ensure_ascii=False) + ": ")
+            item = item[1]
+        value(item, depth)
+    return "".join(out)
+
+
+_END = object()
 
 
 def error_doc(err: JobError | None) -> dict[str, Any] | None:
