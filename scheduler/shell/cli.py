@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from workers import cli as worker_cli
 
+from ..protocol.masking import mask_secrets
 from ..runtime import entry_point_logging
 from ..tier import cli as tier_cli
 from . import cli_cron, cli_dead, cli_epochs, cli_jobs, cli_migrate, cli_queue, cli_stats, cli_ui, dev
@@ -55,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if known is None:
             raise
         if args.debug:
-            traceback.print_exc()
+            sys.stderr.write(mask_secrets(traceback.format_exc()))
         print(f"zsched: error: {known[0]}", file=sys.stderr)
         return known[1]
     finally:

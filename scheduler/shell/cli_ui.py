@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from .ui import ConsoleConfig, create_app
     from .ui.security import new_token
 
+    etcd = config.optional_etcd_endpoints(args.etcd)  # a malformed list is bad input, before connecting
     try:
         client = admin.open_client(args.redis, args.namespace)
     except admin.AdminError as exc:
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     token = os.environ.get("ZSCHED_UI_TOKEN") or new_token()
     url = config.redis_url(args.redis)
     cfg = ConsoleConfig(client, token, redis_url=url, read_only=args.read_only,
-                        etcd=args.etcd or os.environ.get("ZSCHED_ETCD_ENDPOINTS") or None,
+                        etcd=etcd,
                         refresh_seconds=args.refresh)
     app = create_app(cfg)
     if not _loopback(args.host):

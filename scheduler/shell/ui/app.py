@@ -22,6 +22,7 @@ from starlette.staticfiles import StaticFiles
 
 from ...client import Client
 from ...protocol.calls import LIST_STATES
+from ...protocol.masking import mask_secrets
 from ...protocol.models import JobState
 from .. import admin
 from . import views
@@ -94,7 +95,7 @@ class Console:
         who = self.auth.who(cookie)
         ctx.update(request=request, who=who, read_only=self.cfg.read_only, can_act=bool(who) and not self.cfg.read_only,
                    csrf=self.auth.csrf_for(cookie) if who and cookie else "", msg=request.query_params.get("msg", ""),
-                   namespace=self.client.keyspace.namespace, redis=admin.safe_url(self.cfg.redis_url),
+                   namespace=self.client.keyspace.namespace, redis=mask_secrets(self.cfg.redis_url),
                    refresh_ms=int(self.cfg.refresh_seconds * 1000))
         html = self.env.get_template(name).render(**ctx)
         return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
