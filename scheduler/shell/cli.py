@@ -51,10 +51,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         # A known condition (server unreachable, bad URL or credentials, port in use, ...): one
         # line and its exit code (scheduler/shell/cli_errors.py); anything else is a bug and keeps
-        # its traceback.
+        # its traceback, masked as every output is, and exits 1 as an uncaught exception does.
         known = explain(exc, args)
         if known is None:
-            raise
+            sys.stderr.write(mask_secrets(traceback.format_exc()))
+            return 1
         if args.debug:
             sys.stderr.write(mask_secrets(traceback.format_exc()))
         print(f"zsched: error: {known[0]}", file=sys.stderr)

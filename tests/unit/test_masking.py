@@ -84,3 +84,59 @@ def test_no_part_of_a_password_shows_whatever_it_contains(ch: str) -> None:
         for text in (form, f"cannot reach Redis at {form}: refused", f"etcd endpoint {form!r} is invalid"):
             shown = mask_secrets(text)
             assert not any(part in shown for part in ("Qk", "x9", "Zz")), f"{text!r} -> {shown!r}"
+
+
+# --------------------------------------------------------------- the outputs that mask everything
+
+
+def test_zsched_log_lines_are_masked_tracebacks_included(capsys: pytest.CaptureFixture[str]) -> None:
+    """The formatter of zsched's processes masks whatever a message (ours or a library's) quotes."""
+    import logging
+
+    from scheduler.runtime import MaskingFormatter
+
+    logger = logging.getLogger("zsched.test-masking")
+    handler = logging.StreamHandler()
+    handler.setFormatter(MaskingFormatter("%(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        try:
+            raise ConnectionError("cannot use http://root:Pw-etcd-9q2x@127.0.0.1:2379")
+        except ConnectionError:
+            logger.exception("lost %s", "redis://app:Pw-redis-7f3k@127.0.0.1:6379/0?password=Pw-redis-7f3k")
+    finally:
+        logger.removeHandler(handler)
+    err = capsys.readouterr().err
+    assert "redis://app:***@127.0.0.1:6379/0?password=***" in err and "http://root:***@127.0.0.1:2379" in err
+    assert "Traceback" in err and "9q2x" not in err and "7f3k" not in err, err
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_zsched_tracebacks_are_masked(debug: bool, capsys: pytest.CaptureFixture[str],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug's traceback (exit 1, as an uncaught exception) and a known condition's under --debug
+    show no password, whatever the exception quotes."""
+    import argparse
+
+    from scheduler.shell import cli
+
+    error = RuntimeError if not debug else ValueError  # ValueError: a known condition (bad input)
+
+    def broken(args: argparse.Namespace) -> int:
+        raise error("boom at redis://app:Pw-redis-7f3k@127.0.0.1:6379/0")
+
+    parser = cli.build_parser()
+    real_parse = parser.parse_args
+
+    def parse(argv: list[str]) -> argparse.Namespace:
+        ns = real_parse(argv)
+        ns.func = broken
+        return ns
+
+    monkeypatch.setattr(parser, "parse_args", parse)
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    rc = cli.main([*(["--debug"] if debug else []), "queue", "list"])
+    err = capsys.readouterr().err
+    assert rc == (2 if debug else 1), err
+    assert "Traceback" in err and "redis://app:***@127.0.0.1:6379/0" in err and "7f3k" not in err, err
