@@ -364,7 +364,8 @@ def _children(pid: int) -> list[int]:
 def test_dev_keeps_redis_and_etcd_passwords_out_of_its_output_logs_and_child_command_lines(
         targets: Targets, tmp_path: Path) -> None:
     """``zsched dev`` with a Redis and an etcd that need passwords: the children (schedulers, the
-    console) get them through their environment, never their argv; banner, view and logs mask them."""
+    console) get them through their environment, never their argv; banner, view and logs mask them.
+    The console's token is printed once, for the operator, and nowhere else."""
     home = tmp_path / "zs"
     log = tmp_path / "dev.log"
     with open(log, "wb") as out:
@@ -376,6 +377,8 @@ def test_dev_keeps_redis_and_etcd_passwords_out_of_its_output_logs_and_child_com
                  or proc.poll() is not None, DEADLINE,
                  lambda: f"the dev view to show an owner:\n{log.read_text()[-2000:]}")
         assert proc.poll() is None, log.read_text()[-3000:]
+        token = re.search(r"actions need the token (\S+)\)", log.read_text())
+        assert token is not None, log.read_text()[-3000:]
         children = _children(proc.pid)
         assert len(children) >= 2, "no scheduler or console child found"
         for pid in children:
@@ -384,7 +387,8 @@ def test_dev_keeps_redis_and_etcd_passwords_out_of_its_output_logs_and_child_com
                     cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue  # it ended meanwhile
-            assert not leaks(cmdline), f"pid {pid}'s command line shows {leaks(cmdline)}: {cmdline}"
+            shown = leaks(cmdline) + ([token.group(1)] if token.group(1) in cmdline else [])
+            assert not shown, f"pid {pid}'s command line shows {shown}: {cmdline}"
         proc.send_signal(signal.SIGINT)
         assert proc.wait(DEADLINE) == 0, log.read_text()[-3000:]
     finally:
@@ -395,5 +399,7 @@ def test_dev_keeps_redis_and_etcd_passwords_out_of_its_output_logs_and_child_com
     assert f"ZSCHED_ETCD_ENDPOINTS=http://root:***@127.0.0.1:{targets.etcd_port}" in text, text[-3000:]
     assert f"- etcd http://root:***@127.0.0.1:{targets.etcd_port}" in text, text[-3000:]
     assert not leaks(text), f"zsched dev shows {leaks(text)}:\n{text[-3000:]}"
+    assert text.count(token.group(1)) == 1, "the console's token is printed more than once"
     for child_log in (home / "logs").glob("*.log"):
-        assert not leaks(child_log.read_text()), f"{child_log} shows {leaks(child_log.read_text())}"
+        child_text = child_log.read_text()
+        assert not leaks(child_text) and token.group(1) not in child_text, f"{child_log} shows a secret"
