@@ -9,6 +9,8 @@ import os
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from .protocol.masking import mask_secrets
+
 T = TypeVar("T")
 
 
@@ -52,6 +54,21 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 """How zsched's processes log: ``2026-12-01 09:00:00,123 INFO zsched.worker: worker serving ...``."""
 
 
+class MaskingFormatter(logging.Formatter):
+    """Formats like :class:`logging.Formatter`, then masks secrets
+    (:func:`~scheduler.protocol.masking.mask_secrets`) in the whole line, traceback included: the
+    last line of defence for a message, ours or a library's, that quotes a URL with a password."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return mask_secrets(super().format(record))
+
+
+def _handler() -> logging.Handler:
+    handler = logging.StreamHandler()
+    handler.setFormatter(MaskingFormatter(LOG_FORMAT))
+    return handler
+
+
 def entry_point_logging(level: str | None = None, *, whole_process: bool = False) -> None:
     """Set up logging for a program's entry point; never called on import (a library must not
     configure the application's logging).
@@ -60,17 +77,15 @@ def entry_point_logging(level: str | None = None, *, whole_process: bool = False
     handler, so the handlers' own loggers print too. ``Worker.run()`` (the entry point of
     ``python -m myapp.tasks``) does not: only zsched's loggers (``zsched.*``) print, to stderr, and
     only when the application has configured no logging itself (the root logger has no handler),
-    so a worker always says that it started and stopped. ``level``: default ``ZSCHED_LOG_LEVEL``,
-    else INFO."""
+    so a worker always says that it started and stopped. Either way lines are masked
+    (:class:`MaskingFormatter`). ``level``: default ``ZSCHED_LOG_LEVEL``, else INFO."""
     level = (level or os.environ.get("ZSCHED_LOG_LEVEL") or "INFO").upper()
     if whole_process:
-        logging.basicConfig(level=level, format=LOG_FORMAT)
+        logging.basicConfig(level=level, handlers=[_handler()])
         return
     ours = logging.getLogger("zsched")
     if logging.getLogger().handlers or ours.handlers:
         return
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    ours.addHandler(handler)
+    ours.addHandler(_handler())
     if ours.level == logging.NOTSET:
         ours.setLevel(level)

@@ -16,6 +16,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from scheduler.protocol.errors import LayoutChanged, failure_kind
+from scheduler.protocol.masking import mask_secrets
 from scheduler.protocol.transport import AsyncScriptTransport, Call, RetryPolicy
 
 log = logging.getLogger("zsched.worker")
@@ -66,11 +67,12 @@ class Outage:
             if LayoutChanged.from_reply(exc) is not None:  # zsched migrate-partitions: not an outage
                 log.error("%s: refused by the namespace's partition layout: %s", self.what, exc)
             else:
-                log.warning("%s: Redis unavailable (%s: %s); retrying with backoff", self.what, type(exc).__name__, exc)
+                log.warning("%s: Redis unavailable (%s: %s); retrying with backoff", self.what, type(exc).__name__,
+                            mask_secrets(str(exc)))
         elif now - self.last_log > 30:
             self.last_log = now
             log.warning("%s: Redis still unavailable after %.0f s (%s: %s)", self.what, now - self.since,
-                        type(exc).__name__, exc)
+                        type(exc).__name__, mask_secrets(str(exc)))
         self.failures += 1
         return float(min(BACKOFF_CAP, BACKOFF_BASE * 2 ** min(self.failures - 1, 20)) * random.uniform(0.5, 1.0))
 

@@ -5,8 +5,8 @@ swapped; see ``docs/etcd.md``. :mod:`.api` is the interface and its errors,
 :mod:`.etcd` the etcd v3 implementation.
 """
 
+from ..protocol.etcd_endpoints import parse_endpoints
 from .api import KV, CoordinationError, Coordinator, CoordinatorUnavailable, LeaseLost, WatchCompacted, WatchEvent
-from .endpoints import parse_endpoints
 from .etcd import EtcdCoordinator
 
 __all__ = [

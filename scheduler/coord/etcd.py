@@ -43,8 +43,9 @@ from typing import Any
 
 from etcd3aio import Etcd3Client, EtcdTransientError, prefix_range_end
 
+from ..protocol.etcd_endpoints import Endpoint, parse_endpoints
 from .api import KV, LeaseLost, WatchEvent
-from .endpoints import Endpoint, load_pem, parse_endpoints, system_ca_bundle
+from .endpoints import load_pem, system_ca_bundle
 from .session import EtcdSession, key_bytes
 from .watch import watch_prefix
 

@@ -24,8 +24,10 @@ from etcd3aio import (
     EtcdUnauthenticatedError,
 )
 
+from ..protocol.etcd_endpoints import Endpoint
+from ..protocol.masking import mask_secrets
 from .api import CoordinationError, CoordinatorUnavailable, LeaseLost
-from .endpoints import ENV_HINT, Endpoint, resolve
+from .endpoints import ENV_HINT, resolve
 
 # one logger for the whole etcd backend, whichever of its modules logs
 log = logging.getLogger("scheduler.coord.etcd")
@@ -66,14 +68,15 @@ _SERVICE_METADATA_ATTR = "_metadata"
 
 
 def describe(exc: BaseException | None) -> str:
-    """A short, log-friendly account of an error from etcd3aio or gRPC."""
+    """A short, log-friendly account of an error from etcd3aio or gRPC, masked (it goes into our
+    messages and logs, and a library's message may quote an address with credentials)."""
     if exc is None:
         return "none"
     if isinstance(exc, grpc.aio.AioRpcError):
-        return f"{exc.code().name}: {exc.details()}"
+        return mask_secrets(f"{exc.code().name}: {exc.details()}")
     if isinstance(exc, TimeoutError):
         return "no answer before the deadline"
-    text = str(exc) or type(exc).__name__
+    text = mask_secrets(str(exc) or type(exc).__name__)
     return text if len(text) <= 300 else text[:300] + "..."
 
 

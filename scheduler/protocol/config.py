@@ -5,6 +5,7 @@ import os
 
 from .connection import check_url
 from .errors import ConfigError
+from .etcd_endpoints import check_etcd_endpoints
 from .keys import validate_name, validate_partitions
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -44,7 +45,19 @@ def partitions(value: int | None = None) -> int | None:
 
 
 def etcd_endpoints(value: str | None = None) -> str:
-    return value or os.environ.get("ZSCHED_ETCD_ENDPOINTS") or DEFAULT_ETCD_ENDPOINTS
+    """The etcd endpoint list of the scheduler tier (argument, else ZSCHED_ETCD_ENDPOINTS, else the
+    local default), checked (see scheduler.protocol.etcd_endpoints): a malformed one raises
+    ConfigError before anything connects. An empty argument is refused, not taken as "unset"."""
+    return optional_etcd_endpoints(value) or DEFAULT_ETCD_ENDPOINTS
+
+
+def optional_etcd_endpoints(value: str | None = None) -> str | None:
+    """The etcd endpoint list (argument, else ZSCHED_ETCD_ENDPOINTS), checked; None when neither is
+    given (the operator commands then show partition owners as not configured)."""
+    if value is not None:
+        return check_etcd_endpoints(value)
+    env = os.environ.get("ZSCHED_ETCD_ENDPOINTS")
+    return check_etcd_endpoints(env) if env else None
 
 
 def resolve_partitions(stored: bytes | str | None, wanted: int | None, ns: str) -> int:

@@ -37,6 +37,7 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from .errors import ConfigError
+from .masking import mask_secrets
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
@@ -86,11 +87,14 @@ class SentinelTarget:
 
 
 def _bad(url: str, why: str) -> ConfigError:
-    return ConfigError(f"Redis URL {mask_url(url)!r} is invalid: {why}; {_HINT} (set --redis or ZSCHED_REDIS_URL)")
+    return ConfigError(f"Redis URL {mask_secrets(url)!r} is invalid: {why}; {_HINT} (set --redis or ZSCHED_REDIS_URL)")
 
 
 def check_url(url: str) -> str:
     """Validate a Redis URL (any supported scheme); returns it unchanged."""
+    if any(c.isspace() for c in url):  # not shown: masking cannot tell where such a password ends
+        raise ConfigError(f"the Redis URL contains whitespace (percent-encode a space in a password as %20); "
+                          f"{_HINT} (set --redis or ZSCHED_REDIS_URL)")
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme in SENTINEL_SCHEMES:
         parse_sentinel_url(url)
@@ -98,6 +102,14 @@ def check_url(url: str) -> str:
         parse_cluster_url(url)
     elif scheme not in PLAIN_SCHEMES:
         raise _bad(url, f"unknown scheme {scheme + '://' if scheme else '(none)'}")
+    else:
+        try:
+            urlsplit(url).port  # noqa: B018 - parsing it is the check
+        except ValueError:
+            # checked here, not left to redis-py: its message quotes what it took for the port,
+            # which is part of the password when the password has an unencoded / ? or #
+            raise _bad(url, "the address is not [user:password@]host:port (percent-encode @ : / ? # in "
+                            "a user name or password)") from None
     return url
 
 
@@ -187,28 +199,6 @@ def _cluster_kwargs(url: str, kw: dict[str, Any]) -> tuple[ClusterTarget, dict[s
     if t.ssl:
         ckw["ssl"] = True
     return t, ckw
-
-
-def mask_url(url: str) -> str:
-    """The URL with every credential replaced by ``***`` (user info and password-like query
-    options), for logs, errors and banners."""
-    if "://" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    query = ""
-    if "?" in rest:
-        rest, query = rest.split("?", 1)
-    if "@" in rest:
-        creds, host = rest.rsplit("@", 1)
-        user = creds.split(":", 1)[0] if ":" in creds else ""
-        rest = f"{user}:***@{host}" if user else f"***@{host}"
-    if query:
-        parts = []
-        for item in query.split("&"):
-            k, sep, _ = item.partition("=")
-            parts.append(f"{k}=***" if sep and "password" in k.lower() else item)
-        query = "?" + "&".join(parts)
-    return f"{scheme}://{rest}{query}"
 
 
 def _coerce(options: dict[str, str]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from workers import cli as worker_cli
 
+from ..protocol.masking import mask_secrets
 from ..runtime import entry_point_logging
 from ..tier import cli as tier_cli
 from . import cli_cron, cli_dead, cli_epochs, cli_jobs, cli_migrate, cli_queue, cli_stats, cli_ui, dev
@@ -50,12 +51,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         # A known condition (server unreachable, bad URL or credentials, port in use, ...): one
         # line and its exit code (scheduler/shell/cli_errors.py); anything else is a bug and keeps
-        # its traceback.
+        # its traceback, masked as every output is, and exits 1 as an uncaught exception does.
         known = explain(exc, args)
         if known is None:
-            raise
+            sys.stderr.write(mask_secrets(traceback.format_exc()))
+            return 1
         if args.debug:
-            traceback.print_exc()
+            sys.stderr.write(mask_secrets(traceback.format_exc()))
         print(f"zsched: error: {known[0]}", file=sys.stderr)
         return known[1]
     finally:

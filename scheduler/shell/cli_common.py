@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import Any, NoReturn, TextIO, TypeAlias
 
 from ..client import Client
+from ..protocol import config
 from . import admin
 from .admin import BadInput
 from .cli_errors import EXIT_BAD_INPUT as EXIT_BAD_INPUT  # the exit codes, for the command modules
@@ -120,6 +121,13 @@ def described(kw: dict[str, Any]) -> dict[str, Any]:
     if not kw.get("description") and text:
         kw = {**kw, "description": text[0].upper() + text[1:] + ("" if text.endswith(".") else ".")}
     return kw
+
+
+def check_etcd(args: argparse.Namespace) -> None:
+    """A precheck (see :func:`runner`) for commands with ``--etcd``: resolve it (else
+    ZSCHED_ETCD_ENDPOINTS, else None) into ``args.etcd``, refusing a malformed list as bad input
+    before anything connects."""
+    args.etcd = config.optional_etcd_endpoints(args.etcd)
 
 
 def check_grace(args: argparse.Namespace) -> None:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
 from ..client import Client
 from ..protocol.keys import MAX_PARTITIONS
-from . import epochs
+from ..protocol.masking import mask_secrets
+from . import admin, epochs
 from .admin import AdminError, BadInput, table
-from .cli_common import EXIT_OK, Commands, SubParsers, number, print_json, warn
+from .cli_common import EXIT_OK, Commands, SubParsers, check_etcd, number, print_json, warn
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def add_parsers(sub: SubParsers) -> None:
                     "or replaced, every epoch it hands out is older, every tick is refused and nothing fires "
                     "(the replicas log 'EPOCH CONFLICT'). 'reset' repairs that.")
 
-    p = cmds.leaf(acts, "show", _show,
+    p = cmds.leaf(acts, "show", _show, precheck=check_etcd,
                   help="each partition's stored epoch; with --etcd, its owner and conflicts",
                   description="List the highest epoch Redis has seen per partition. With --etcd "
                               "(or ZSCHED_ETCD_ENDPOINTS), also each partition's owner and the "
@@ -81,7 +81,7 @@ def _check_reset_args(args: argparse.Namespace) -> None:
 def _show(client: Client, args: argparse.Namespace) -> int:
     ns = client.keyspace.namespace
     stored = epochs.read_epochs(client)
-    endpoints = args.etcd or os.environ.get("ZSCHED_ETCD_ENDPOINTS") or None
+    endpoints = args.etcd  # resolved and checked by check_etcd
     owners: dict[int, epochs.Owner] | None = None
     source, error = "not configured", None
     if endpoints:
@@ -93,8 +93,8 @@ def _show(client: Client, args: argparse.Namespace) -> int:
             # failure of this read-only lookup degrades to "owners unknown"; its type and message are
             # in the warning, its traceback with --log-level DEBUG.
             log.debug("reading partition owners from etcd failed", exc_info=True)
-            source, error = "unavailable", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            warn(f"etcd at {endpoints} did not answer ({error}); owners and conflicts shown as unknown")
+            source, error = "unavailable", admin.etcd_failure(exc)
+            warn(f"etcd at {mask_secrets(endpoints)} did not answer ({error}); owners and conflicts shown as unknown")
     rows = epochs.describe(stored, owners)
     conflicts = [r.partition for r in rows if r.conflict]
     if args.json:

@@ -20,8 +20,9 @@ import redis
 from ..coord import CoordinationError, CoordinatorUnavailable
 from ..metrics import PortInUse
 from ..protocol import config
-from ..protocol.connection import mask_url, permanent_failure
+from ..protocol.connection import permanent_failure
 from ..protocol.errors import LayoutChanged
+from ..protocol.masking import mask_secrets
 from .admin import AdminError
 
 EXIT_OK = 0
@@ -77,7 +78,7 @@ def interrupt_on_sigterm() -> Callable[[], None]:
 def _redis_url(args: argparse.Namespace) -> str:
     """The Redis URL the command used, credentials masked ("Redis" when it cannot be told)."""
     try:
-        return mask_url(config.redis_url(getattr(args, "redis", None)))
+        return mask_secrets(config.redis_url(getattr(args, "redis", None)))
     except ValueError:
         return "Redis"
 
@@ -100,7 +101,13 @@ def _redis_error(exc: redis.RedisError, args: argparse.Namespace) -> tuple[str, 
 
 def explain(exc: BaseException, args: argparse.Namespace) -> tuple[str, int] | None:
     """The one-line message (without the ``zsched: error:`` prefix) and exit code of a known
-    condition; None for anything else (a bug: it keeps its traceback)."""
+    condition; None for anything else (a bug: it keeps its traceback). The message is masked
+    (:func:`~scheduler.protocol.masking.mask_secrets`): a library's message may quote a URL."""
+    known = _known(exc, args)
+    return None if known is None else (mask_secrets(known[0]), known[1])
+
+
+def _known(exc: BaseException, args: argparse.Namespace) -> tuple[str, int] | None:
     if isinstance(exc, AdminError):
         return str(exc), exc.exit_code
     if isinstance(exc, LayoutChanged):  # zsched migrate-partitions is running on this namespace

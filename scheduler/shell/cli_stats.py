@@ -6,17 +6,18 @@ codes and error format of :mod:`scheduler.shell.cli_common`.
 from __future__ import annotations
 
 import argparse
-import os
 
 from ..client import Client
+from ..protocol.masking import mask_secrets
 from . import admin
-from .cli_common import EXIT_OK, Commands, SubParsers, number, print_json, warn, when_text
+from .cli_common import EXIT_OK, Commands, SubParsers, check_etcd, number, print_json, warn, when_text
 
 
 def add_parsers(sub: SubParsers) -> None:
     """Register ``stats`` (called by scheduler/shell/cli.py)."""
     cmds = Commands(sub)
-    p = cmds.leaf(sub, "stats", _stats, help="counts per queue and state; per partition owner, earliest due, counts",
+    p = cmds.leaf(sub, "stats", _stats, precheck=check_etcd,
+                  help="counts per queue and state; per partition owner, earliest due, counts",
                   description="Counts per queue and state, and per partition: owner replica (from etcd), epoch, "
                               "earliest due timer and counts.")
     p.add_argument("--etcd", metavar="ENDPOINTS",
@@ -27,10 +28,10 @@ def add_parsers(sub: SubParsers) -> None:
 
 
 def _stats(client: Client, args: argparse.Namespace) -> int:
-    endpoints = args.etcd or os.environ.get("ZSCHED_ETCD_ENDPOINTS") or None
-    rep = admin.collect_stats(client, etcd_endpoints=endpoints, etcd_timeout=args.etcd_timeout)
+    rep = admin.collect_stats(client, etcd_endpoints=args.etcd, etcd_timeout=args.etcd_timeout)
     if rep.owners_source == "unavailable":
-        warn(f"etcd at {endpoints} did not answer ({rep.owners_error}); partition owners shown as unknown")
+        warn(f"etcd at {mask_secrets(args.etcd)} did not answer ({rep.owners_error}); partition owners shown as "
+             "unknown")
     if args.json:
         print_json(admin.stats_doc(rep))
         return EXIT_OK

@@ -25,6 +25,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
+from ..protocol import config
 from . import admin
 from .cli_common import SubParsers, number
 from .cli_errors import EXIT_BAD_INPUT, EXIT_LOCAL
@@ -222,21 +223,21 @@ def run(args: argparse.Namespace) -> int:
         problem = tls_problem(args.tls_cert, args.tls_key)
         if problem:
             return _fail(problem, EXIT_LOCAL)
+    etcd = config.optional_etcd_endpoints(args.etcd)  # a malformed list is bad input, before binding or connecting
     try:
         socks = listen(args.host, args.port)
     except OSError as exc:
         return _fail(*listen_error(exc, args.host, args.port))
     try:
-        return _serve(args, socks)
+        return _serve(args, socks, etcd)
     finally:
         for sock in socks:
             sock.close()
 
 
-def _serve(args: argparse.Namespace, socks: list[socket.socket]) -> int:
+def _serve(args: argparse.Namespace, socks: list[socket.socket], etcd: str | None) -> int:
     import uvicorn
 
-    from ..protocol import config
     from .ui import ConsoleConfig, create_app
     from .ui.security import new_token
 
@@ -247,8 +248,8 @@ def _serve(args: argparse.Namespace, socks: list[socket.socket]) -> int:
     token = os.environ.get("ZSCHED_UI_TOKEN") or new_token()
     trusted: tuple[IPNetwork, ...] = tuple(args.trust_proxy)
     cfg = ConsoleConfig(client, token, redis_url=config.redis_url(args.redis), read_only=args.read_only,
-                        etcd=args.etcd or os.environ.get("ZSCHED_ETCD_ENDPOINTS") or None,
-                        refresh_seconds=args.refresh, allowed_hosts=tuple(args.allowed_host), trusted_proxies=trusted)
+                        etcd=etcd, refresh_seconds=args.refresh, allowed_hosts=tuple(args.allowed_host),
+                        trusted_proxies=trusted)
     app = create_app(cfg)
     if not _loopback(args.host):
         clear = "" if args.tls_cert else "; without --tls-cert/--tls-key the token and session cross it in clear"

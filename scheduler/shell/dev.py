@@ -23,7 +23,8 @@ from ..client import Client
 from ..coord import EtcdCoordinator
 from ..metrics import bucket_quantile, scrape_histogram
 from ..protocol import config
-from ..protocol.connection import mask_url
+from ..protocol.etcd_endpoints import check_etcd_endpoints
+from ..protocol.masking import mask_secrets
 from .admin import AdminError
 from .cli_common import SubParsers
 from .cli_errors import EXIT_LOCAL
@@ -81,6 +82,8 @@ class Stack:
         self.schedulers: dict[str, ZschedProc] = {}
         self.workers: dict[str, ZschedProc] = {}
         self.ns = config.namespace(args.namespace)
+        if args.etcd is not None:  # a malformed --etcd is bad input, refused before anything starts
+            check_etcd_endpoints(args.etcd)
         self.metrics_ports: dict[str, int] = {}
         self.consoles: dict[str, ZschedProc] = {}  # zsched ui
         self.ui_token = os.environ.get("ZSCHED_UI_TOKEN") or new_token()
@@ -95,14 +98,14 @@ class Stack:
         except ServerError as exc:
             raise SetUpError(f"zsched dev: {exc} (logs in {self.home / 'logs'})") from None
         a = self.args
-        # the URL (it may carry a password) reaches children through their environment, not argv
+        # the URL and the endpoints (they may carry passwords) reach children through their
+        # environment, not argv: ps shows every process's argv to every user
         common = ["--namespace", self.ns]
-        env = {"ZSCHED_REDIS_URL": self.redis_url}
+        env = {"ZSCHED_REDIS_URL": self.redis_url, "ZSCHED_ETCD_ENDPOINTS": self.etcd}
         Client.from_url(self.redis_url, namespace=self.ns).connect().close()  # fixes the partition count once
         for i in range(a.replicas):
             name = f"scheduler-{i + 1}"
-            self.schedulers[name] = self._zsched(name, ["scheduler", *common, "--etcd", self.etcd,
-                                                        "--replica-id", name], 19100 + i, env)
+            self.schedulers[name] = self._zsched(name, ["scheduler", *common, "--replica-id", name], 19100 + i, env)
         apps = list(a.worker) or ([] if a.no_demo else ["scheduler.shell.demo:worker"])
         n = 0
         for app in apps:
@@ -274,8 +277,8 @@ class View:
 
     def render(self, s: Sample) -> str:
         """The full view, redrawn on a terminal every interval."""
-        lines = [f"zsched dev - namespace {self.stack.ns} - redis {mask_url(self.stack.redis_url)} "
-                 f"- etcd {self.stack.etcd}",
+        lines = [f"zsched dev - namespace {self.stack.ns} - redis {mask_secrets(self.stack.redis_url)} "
+                 f"- etcd {mask_secrets(self.stack.etcd)}",
                  s.clock + "   (Ctrl-C stops everything)", ""]
         if s.rates is not None:
             lines.append("per second:  scheduled {scheduled:8.0f}   fired {fired:8.0f}   "
@@ -345,7 +348,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not stack.start(stopping):
             return 0
-        print(f"stack up: export ZSCHED_REDIS_URL={mask_url(stack.redis_url)} ZSCHED_ETCD_ENDPOINTS={stack.etcd} "
+        print(f"stack up: export ZSCHED_REDIS_URL={mask_secrets(stack.redis_url)} "
+              f"ZSCHED_ETCD_ENDPOINTS={mask_secrets(stack.etcd)} "
               f"ZSCHED_NAMESPACE={stack.ns}", flush=True)
         print("metrics: " + " ".join(f"{name}=127.0.0.1:{port}" for name, port in stack.metrics_ports.items()),
               flush=True)

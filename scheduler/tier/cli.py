@@ -16,7 +16,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                                    "through etcd leases and fire due jobs onto ready lists.")
     p.add_argument("--redis", help="Redis URL (env ZSCHED_REDIS_URL, default redis://127.0.0.1:6379/0)")
     p.add_argument("--etcd", help="etcd endpoints, comma-separated (env ZSCHED_ETCD_ENDPOINTS, default "
-                                  "127.0.0.1:2379); http://user:password@host:port for etcd auth, https:// for TLS "
+                                  "127.0.0.1:2379); http://user:password@host:port for etcd auth (a password is "
+                                  "better in the variable: ps shows the command line), https:// for TLS "
                                   "(CA and client certificate from the files in ZSCHED_ETCD_CA, ZSCHED_ETCD_CERT, "
                                   "ZSCHED_ETCD_KEY)")
     p.add_argument("--namespace", help="namespace (env ZSCHED_NAMESPACE, default zsched)")

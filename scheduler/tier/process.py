@@ -22,7 +22,8 @@ from ..client import AsyncClient, parse_dead_retention, parse_queue_idle, parse_
 from ..coord import Coordinator, CoordinatorUnavailable, EtcdCoordinator
 from ..metrics import PartitionStatsCollector, SchedulerMetrics, serve
 from ..protocol import config
-from ..protocol.connection import async_redis, mask_url, permanent_failure
+from ..protocol.connection import async_redis, permanent_failure
+from ..protocol.masking import mask_secrets
 from ..protocol.pubsub import ChannelsPending, Subscription, subscription
 from ..protocol.replies import parse_stats
 from ..protocol.tick import Retention
@@ -126,7 +127,7 @@ class SchedulerProcess:
         """Everything before firing; False when a stop came first."""
         if self.cfg.metrics_port is not None:  # first: a port in use is refused before anything connects
             serve(self.metrics.registry, self.cfg.metrics_port, self.cfg.metrics_host)
-        if not await self._retry("Redis", mask_url(self.cfg.redis_url), self.client.connect):
+        if not await self._retry("Redis", self.cfg.redis_url, self.client.connect):
             return False
         core = self.client.calls
         if not await self._retry("etcd", self.cfg.etcd_endpoints, self.coord.connect):
@@ -156,8 +157,9 @@ class SchedulerProcess:
 
     async def _retry(self, what: str, where: str, connect: Callable[[], Awaitable[object]]) -> bool:
         """``connect()`` until it succeeds (True) or a stop is asked for (False, at once, even in
-        the middle of an attempt). An outage is logged and retried with backoff; what retrying
-        cannot fix (bad credentials, a TLS file that cannot be read) is raised."""
+        the middle of an attempt). An outage is logged (``where``, the URL or endpoint list, and
+        the error masked) and retried with backoff; what retrying cannot fix (bad credentials, a
+        TLS file that cannot be read) is raised."""
         delay = 0.1
         while True:
             try:
@@ -169,7 +171,8 @@ class SchedulerProcess:
                     raise
                 # etcd's error names the endpoints and the fix already
                 hint = " (is it running? check --redis / ZSCHED_REDIS_URL)" if what == "Redis" else ""
-                log.error("cannot reach %s at %s: %s; retrying in %.1fs%s", what, where, exc, delay, hint)
+                log.error("cannot reach %s at %s: %s; retrying in %.1fs%s", what, mask_secrets(where),
+                          mask_secrets(str(exc)), delay, hint)
             try:
                 await asyncio.wait_for(self._stop.wait(), delay)
                 return False
@@ -284,7 +287,7 @@ class SchedulerProcess:
                 "--partition %d --namespace %s --redis %s (or --all for every partition; see 'Epoch conflict "
                 "runbook' in docs/operations.md)",
                 p, epoch, self.replica_id, current, self.cfg.runner.conflict_retry_max, p, self.cfg.namespace,
-                mask_url(self.cfg.redis_url))
+                mask_secrets(self.cfg.redis_url))
         else:
             log.debug("partition %d: epoch %d still refused (Redis has seen %d)", p, epoch, current)
         return True

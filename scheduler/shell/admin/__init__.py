@@ -45,7 +45,6 @@ from .jobs import (
     redis_now_ms,
     requeue_one,
     reschedule_job,
-    safe_url,
 )
 from .output import (
     dead_row_doc,
@@ -61,15 +60,23 @@ from .output import (
     table,
     to_json,
 )
-from .stats import PartitionStats, StatsReport, collect_stats, read_owner_leases, read_owner_records, read_owners
+from .stats import (
+    PartitionStats,
+    StatsReport,
+    collect_stats,
+    etcd_failure,
+    read_owner_leases,
+    read_owner_records,
+    read_owners,
+)
 
 __all__ = [
     "DEFAULT_MASS_RATE", "WHEN_FORMS", "AdminError", "BadInput", "DeadFilter", "NotFound", "Pacer",
     "PartitionStats", "RequeueOutcome", "StatsReport", "WrongState", "batch_size", "cancel_job", "collect_stats",
-    "count_dead_older", "dead_row_doc", "dead_selection", "error_doc", "error_text", "first_line", "get_dead_job",
-    "get_job", "human_delta", "iso", "iter_dead", "iter_dead_ids", "job_doc", "job_row_doc", "jsonable",
+    "count_dead_older", "dead_row_doc", "dead_selection", "error_doc", "error_text", "etcd_failure", "first_line",
+    "get_dead_job", "get_job", "human_delta", "iso", "iter_dead", "iter_dead_ids", "job_doc", "job_row_doc", "jsonable",
     "list_dead", "list_jobs", "open_client", "parse_duration", "parse_job_id", "parse_payload", "parse_queue",
     "parse_schedule_when", "parse_when", "purge_older", "purge_one", "read_owner_leases", "read_owner_records",
-    "read_owners", "redis_now_ms", "requeue_one", "requeue_stream", "reschedule_job", "safe_url", "stats_doc", "table",
+    "read_owners", "redis_now_ms", "requeue_one", "requeue_stream", "reschedule_job", "stats_doc", "table",
     "to_json",
 ]

@@ -9,15 +9,11 @@ from typing import Any
 from ...client import Client
 from ...protocol import config
 from ...protocol.codes import Outcome
-from ...protocol.connection import mask_url, sync_redis
+from ...protocol.connection import sync_redis
 from ...protocol.keys import Keyspace
+from ...protocol.masking import mask_secrets
 from ...protocol.models import JobInfo, JobState
 from .errors import AdminError, BadInput, NotFound, WrongState
-
-
-def safe_url(url: str) -> str:
-    """A Redis URL with its credentials masked, for messages."""
-    return mask_url(url)
 
 
 def open_client(url: str | None, namespace: str | None, *, create: bool = False) -> Client:
@@ -32,7 +28,7 @@ def open_client(url: str | None, namespace: str | None, *, create: bool = False)
     r = sync_redis(u, socket_connect_timeout=5, socket_timeout=60)
     try:
         if not create and not r.exists(Keyspace(ns, 1).config_key):
-            raise NotFound(f"namespace {ns!r} does not exist at {safe_url(u)} (nothing was ever scheduled in it); "
+            raise NotFound(f"namespace {ns!r} does not exist at {mask_secrets(u)} (nothing was ever scheduled in it); "
                            "check --namespace / ZSCHED_NAMESPACE and --redis / ZSCHED_REDIS_URL")
         return Client(r, namespace=ns).connect()
     except BaseException:

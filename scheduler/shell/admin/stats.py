@@ -6,6 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from ...client import Client
+from ...protocol.masking import mask_secrets
 from ...protocol.replies import merge_stats, parse_stats
 from .jobs import redis_now_ms
 
@@ -74,6 +75,12 @@ def read_owner_leases(endpoints: str, namespace: str, *, timeout: float = 1.5) -
     return asyncio.run(bounded())
 
 
+def etcd_failure(exc: BaseException) -> str:
+    """Why reading the owners from etcd failed, for a warning or ``owners_error``: the error's type
+    and message, masked (it is shown, and a message may quote the endpoints)."""
+    return mask_secrets(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+
+
 def read_owners(endpoints: str, namespace: str, *, timeout: float = 1.5) -> dict[int, str]:
     """Partition -> replica id from etcd; see :func:`read_owner_records`."""
     return {p: rec[0] for p, rec in read_owner_records(endpoints, namespace, timeout=timeout).items()}
@@ -92,7 +99,7 @@ def collect_stats(client: Client, *, etcd_endpoints: str | None = None, etcd_tim
             owners = read_owners(etcd_endpoints, client.keyspace.namespace, timeout=etcd_timeout)
             source = "etcd"
         except Exception as exc:  # noqa: BLE001 - any etcd failure degrades to "unknown"
-            source, err = "unavailable", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            source, err = "unavailable", etcd_failure(exc)
     out: list[PartitionStats] = []
     for p, stats in enumerate(replies):
         per_queue = stats.queues().values()

@@ -129,25 +129,24 @@ def scheduler_proc(
     env: dict[str, str] | None = None,
     extra: Sequence[str] = (),
 ) -> ZschedProc:
-    """A ``zsched scheduler`` replica (not started) with a metrics port."""
+    """A ``zsched scheduler`` replica (not started) with a metrics port; the Redis URL and the etcd
+    endpoints go through the environment (they may carry passwords), over any in ``env``."""
     return ZschedProc(
-        [
-            "scheduler", "--redis", redis_url, "--etcd", etcd, "--namespace", namespace,
-            "--replica-id", replica, "--lease-ttl", str(ttl), *extra,
-        ],  # fmt: skip
-        env=env,
+        ["scheduler", "--namespace", namespace, "--replica-id", replica, "--lease-ttl", str(ttl), *extra],
+        env={**(env or {}), "ZSCHED_REDIS_URL": redis_url, "ZSCHED_ETCD_ENDPOINTS": etcd},
     )
 
 
 def ui_proc(redis_url: str, namespace: str, *, port: int, token: str, etcd: str | None = None,
             read_only: bool = False, log: Path | None = None, new_session: bool = False,
             extra: Sequence[str] = ()) -> ZschedProc:
-    """A ``zsched ui`` console (not started) on 127.0.0.1:``port``; the Redis URL and the token go
-    through the environment (``ps`` shows argv to every user). ``extra``: more ``zsched ui`` options."""
+    """A ``zsched ui`` console (not started) on 127.0.0.1:``port``; the Redis URL, the etcd endpoints
+    and the token go through the environment (``ps`` shows argv to every user). ``extra``: more
+    ``zsched ui`` options."""
     args = ["ui", "--namespace", namespace, "--port", str(port), "--refresh", "1", *extra]
-    if etcd:
-        args += ["--etcd", etcd]
     if read_only:
         args.append("--read-only")
-    return ZschedProc(args, env={"ZSCHED_REDIS_URL": redis_url, "ZSCHED_UI_TOKEN": token}, metrics=False, log=log,
-                      new_session=new_session)
+    env = {"ZSCHED_REDIS_URL": redis_url, "ZSCHED_UI_TOKEN": token}
+    if etcd:
+        env["ZSCHED_ETCD_ENDPOINTS"] = etcd
+    return ZschedProc(args, env=env, metrics=False, log=log, new_session=new_session)

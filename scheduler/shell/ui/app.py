@@ -23,6 +23,7 @@ from starlette.staticfiles import StaticFiles
 
 from ...client import Client
 from ...protocol.calls import LIST_STATES
+from ...protocol.masking import mask_secrets
 from ...protocol.models import JobState
 from .. import admin
 from . import params, views
@@ -145,7 +146,7 @@ class Console:
             msg = ""  # not a message of this console's: a link made elsewhere
         ctx.update(request=request, who=s.who if s else None, read_only=self.cfg.read_only,
                    can_act=s is not None and not self.cfg.read_only, csrf=self.auth.csrf_for(s) if s else "",
-                   msg=msg, namespace=self.client.keyspace.namespace, redis=admin.safe_url(self.cfg.redis_url),
+                   msg=msg, namespace=self.client.keyspace.namespace, redis=mask_secrets(self.cfg.redis_url),
                    refresh_ms=int(self.cfg.refresh_seconds * 1000))
         html = self.env.get_template(name).render(**ctx)
         return HTMLResponse(html, status_code=status, headers={**SECURITY_HEADERS, **(headers or {})})

@@ -101,7 +101,7 @@ def overview(client: Client, rates: Rates, etcd: str | None, etcd_timeout: float
             owners = admin.read_owner_leases(etcd, client.keyspace.namespace, timeout=etcd_timeout)
             source = "etcd"
         except Exception as exc:  # noqa: BLE001 - any etcd failure shows owners as unknown
-            source, err = "unavailable", f"{type(exc).__name__}: {exc}"
+            source, err = "unavailable", admin.etcd_failure(exc)
     parts = []
     for p, st in enumerate(stats):
         owner = owners.get(p)
