@@ -160,7 +160,9 @@ class Output:
             try:
                 if self._file is None:
                     self.fallback.parent.mkdir(parents=True, exist_ok=True)
-                    self._file = open(self.fallback, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
+                    # 0600: the lines may carry the console's token
+                    fd = os.open(self.fallback, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                    self._file = open(fd, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
                 self._file.write(text)
                 self._file.flush()
             except OSError:

@@ -109,8 +109,14 @@ class Dev:
         wanted = {f"scheduler-{i}.log": rf"scheduler replica scheduler-{i} up" for i in range(1, replicas + 1)}
         wanted |= {f"worker-{i}.log": r"worker serving namespace" for i in range(1, workers + 1)}
         wanted["ui.log"] = r"zsched ui: http://"
-        self.until(lambda: "stack up" in self.text and all(re.search(p, self.log(n)) for n, p in wanted.items()),
-                   UP_BOUND, "every child to serve")
+
+        def serving() -> bool:
+            # a child that exited at start-up (the view says so) will never serve: say why at once
+            exited = re.search(r"exited: ([\w-]+(?:, [\w-]+)*)", self.text)
+            assert not exited, "\n".join(f"{n}: {self.log(n + '.log')[-1500:]}" for n in exited.group(1).split(", "))
+            return "stack up" in self.text and all(re.search(p, self.log(n)) for n, p in wanted.items())
+
+        self.until(serving, UP_BOUND, "every child to serve")
         self.children = children_of(self.proc.pid)
         assert len(self.children) == 2 + replicas + workers + 1, (self.children, self.text[-2000:])
 

@@ -43,6 +43,7 @@ def test_a_closed_stdout_never_raises_and_its_lines_go_to_the_fallback_file(
     assert "stdout lost (BrokenPipeError" in text
     assert "stopping: workers ...\n" in text and text.endswith("stopped, no process left behind\n"), text
     assert "a whole view" not in text
+    assert fallback.stat().st_mode & 0o777 == 0o600, "the lines may carry the console's token"
     assert os.readlink(f"/proc/self/fd/{closed_pipe.fileno()}") == os.devnull
     closed_pipe.write("the interpreter's last flush\n")
     closed_pipe.flush()  # goes to /dev/null: no error at exit
