@@ -26,6 +26,7 @@ from types import FrameType, TracebackType
 from typing import TextIO
 
 UNFLUSHED_KEPT = 200  # writes since the last flush that a failing flush hands to the fallback file
+PPID_FIELD, SESSION_FIELD = 1, 3  # in /proc/PID/stat, counted after the command name
 
 
 class Stopping:
@@ -90,8 +91,8 @@ class Output:
     to them) from :meth:`install` (or entering a ``with`` block) to :meth:`restore`. When a write
     or flush fails (``EPIPE``, ``EIO``...), the stream is marked lost: its descriptor is pointed at
     /dev/null (so nothing, not even the interpreter's last flush at exit, fails on it again),
-    ``on_stdout_lost`` is called when it is stdout, and what is written from then on (and what was
-    being written) goes to ``fallback``."""
+    ``on_stdout_lost("output closed")`` is called when it is stdout, and what is written from then
+    on (and what was being written) goes to ``fallback``."""
 
     def __init__(self, fallback: Path, on_stdout_lost: Callable[[str], None]) -> None:
         self.fallback = fallback
@@ -140,7 +141,8 @@ class Output:
 
     def lose(self, stream: _Stream, exc: BaseException) -> None:
         """``stream`` failed with ``exc``: from now on its text goes to ``fallback``."""
-        why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        detail = getattr(exc, "strerror", None) or str(exc)
+        why = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
         self.lost[stream.name] = why
         try:
             fd = stream.raw.fileno()
@@ -152,7 +154,7 @@ class Output:
         self.keep(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} zsched dev (pid {os.getpid()}): {stream.name} "
                   f"lost ({why}); what it would have shown follows\n")
         if stream.name == "stdout":
-            self.on_stdout_lost(f"its output was closed ({why})")
+            self.on_stdout_lost("output closed")
 
     def keep(self, text: str) -> None:
         """Append ``text`` to ``fallback`` (best effort: a full disk must not stop the clean-up)."""
@@ -249,9 +251,6 @@ def survivors(home: Path) -> list[tuple[int, str]]:
             found.append((int(entry), str(target.relative_to(home))))
             break
     return found
-
-
-PPID_FIELD, SESSION_FIELD = 1, 3  # in /proc/PID/stat, counted after the command name
 
 
 def _stat(pid: int, field: int) -> int | None:

@@ -179,7 +179,7 @@ def test_dev_stops_everything_when_its_output_pipe_closes(tmp_path: Path, runs: 
     _assert_all_gone(dev, STOP_BOUND)
     tail = dev.log("dev.log")
     assert re.search(r"stdout lost \(BrokenPipeError", tail), tail
-    assert f"stopping ({sig.name if sig else 'its output was closed'}" in tail, tail
+    assert f"stopping ({sig.name if sig else 'output closed'})" in tail, tail
     assert "stopped, no process left behind" in tail, tail
     _no_traceback(dev)
 
