@@ -88,11 +88,11 @@ class Dev:
             self.text += data.decode(errors="replace")
             wait = 0.0
 
-    def until(self, pred: Callable[[], object], bound: float, what: str) -> None:
+    def until(self, pred: Callable[[], object], bound: float, what: str, exit_ok: bool = False) -> None:
         deadline = time.monotonic() + bound
         while not pred():
             assert time.monotonic() < deadline, f"timed out after {bound:g}s waiting for {what}:\n{self.text[-3000:]}"
-            assert self.proc.poll() is None, f"zsched dev exited {self.proc.returncode}:\n{self.text[-3000:]}"
+            assert exit_ok or self.proc.poll() is None, f"exited {self.proc.returncode}:\n{self.text[-3000:]}"
             self.pump(0.05)
 
     def log(self, name: str) -> str:
@@ -131,7 +131,9 @@ class Dev:
 
     def finish(self, bound: float = STOP_BOUND) -> int:
         """Wait for zsched dev to exit (reading its output meanwhile); its exit code."""
-        self.until(lambda: self.proc.poll() is not None, bound, "zsched dev to exit") if self.open else None
+        if self.open:
+            self.until(lambda: self.proc.poll() is not None, bound, "zsched dev to exit", exit_ok=True)
+            self.pump()  # its last lines
         return self.proc.wait(bound)
 
     def kill_leftovers(self) -> None:
