@@ -10,8 +10,8 @@ unprivileged system user (``postgres`` if the Debian package created it, else ``
 through ``subprocess.Popen(user=, group=, extra_groups=[])``, which changes uid in the child
 before exec, so the pid we hold is the postmaster's own. The temp dir is chowned to that user.
 
-Standard library only (plus the port and temp-dir helpers of ``scheduler.shell.servers``), so a
-missing driver never hides a missing server.
+Standard library only (plus the port, temp-dir and parent-death helpers of
+``scheduler.shell.servers``), so a missing driver never hides a missing server.
 """
 from __future__ import annotations
 
@@ -26,12 +26,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from scheduler.shell.servers import HOST, OWNER_FILE, free_port, pid_alive, sweep_stale_dirs
+from scheduler.shell.servers import HOST, OWNER_FILE, die_with_parent, free_port, pid_alive, sweep_stale_dirs
 
 INSTALL_HINT = (
     "PostgreSQL server binaries (initdb, postgres) not found. Install them with "
@@ -208,10 +207,8 @@ class PostgresServer:
                 "-k", str(self.sock_dir), "-c", f"listen_addresses={HOST}"]
         for k, v in self.settings.items():
             argv += ["-c", f"{k}={v}"]
-        setpriv = shutil.which("setpriv")
-        if setpriv and threading.current_thread() is threading.main_thread():
-            # Runs after the uid change (a uid change would clear it), then execs: same pid.
-            argv = [setpriv, "--pdeathsig", "KILL", "--", *argv]
+        # set by setpriv after the uid change (a uid change would clear it); then execs: same pid
+        argv = die_with_parent(argv)
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                           **self._popen_kw())

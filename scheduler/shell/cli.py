@@ -14,6 +14,7 @@ from ..runtime import entry_point_logging
 from ..tier import cli as tier_cli
 from . import cli_cron, cli_dead, cli_epochs, cli_jobs, cli_migrate, cli_queue, cli_stats, cli_ui, dev
 from .cli_errors import explain, interrupt_on_sigterm, interrupted_line
+from .servers import watch_lifeline
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     restore_sigterm = interrupt_on_sigterm()  # one-shot commands: SIGTERM stops them as Ctrl-C does
     try:
         entry_point_logging(args.log_level, whole_process=True)
+        watch_lifeline()  # started by zsched dev: stop once it is gone, even if it was SIGKILLed
         return int(args.func(args) or 0)
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM in a one-shot command: 130 or 143
         line, code = interrupted_line(exc)

@@ -2,7 +2,9 @@
 
 A real redis-server and etcd as child processes (data under ``./.zsched/``), 3 scheduler replicas,
 2 workers running the demo handlers (``scheduler.shell.demo``), a demo producer, and a terminal view
-refreshed every second. Ctrl-C stops everything, children first, and leaves no process behind.
+refreshed every second. Ctrl-C stops everything, children first, and leaves no process behind;
+so do SIGTERM, a closed terminal or output pipe, and (through the children's lifeline and the
+servers' parent-death signal) a SIGKILL of ``zsched dev`` itself (:mod:`.dev_guard`).
 """
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 from ..client import Client
 from ..coord import EtcdCoordinator
@@ -29,11 +31,27 @@ from .admin import AdminError
 from .cli_common import SubParsers
 from .cli_errors import EXIT_LOCAL
 from .cli_ui import missing_ui_packages
-from .servers import ChildProcess, EtcdServer, RedisServer, ServerError, ServerProcess, ZschedProc, pick_port, ui_proc
+from .dev_guard import Output, Stopping, survivors
+from .servers import (
+    ChildProcess,
+    EtcdServer,
+    Lifeline,
+    RedisServer,
+    ServerError,
+    ServerProcess,
+    StopFlag,
+    ZschedProc,
+    pick_port,
+    ui_proc,
+)
 from .ui.security import new_token
 
 NS_DEFAULT = "zsched"
 STOP_TIMEOUT_S = 35.0  # per child: longer than a worker's default shutdown grace (30 s) for its running jobs
+# what redis-server and etcd get when zsched dev dies (even by SIGKILL): both stop cleanly on it
+# (Redis flushes its AOF), and there is no one left to send a SIGKILL later
+SERVER_DEATH_SIGNAL = signal.SIGTERM
+EXIT_POLL_S = 0.05  # how often the clean-up looks whether the children it signalled have exited
 
 
 def add_parser(sub: SubParsers) -> None:
@@ -88,10 +106,19 @@ class Stack:
         self.consoles: dict[str, ZschedProc] = {}  # zsched ui
         self.ui_token = os.environ.get("ZSCHED_UI_TOKEN") or new_token()
         self.ui_url = ""
+        # children stop by themselves once zsched dev is gone, even if it was SIGKILLed
+        self.lifeline = Lifeline(grace=STOP_TIMEOUT_S)
 
-    def start(self, stopping: threading.Event) -> bool:
+    def start(self, stopping: StopFlag) -> bool:
         """Start everything; False as soon as ``stopping`` is set (a signal) while the servers come
-        up: what was started is in ``servers``, for :meth:`stop`."""
+        up: what was started is in ``servers``, for :meth:`stop`. Refuses (:class:`SetUpError`) while
+        processes of an earlier run still write into ``--home``: they would join this one."""
+        left = survivors(self.home)
+        if left:
+            pids = " ".join(str(pid) for pid, _ in left)
+            raise SetUpError(f"zsched dev: {len(left)} process(es) of an earlier run still write to {self.home} ("
+                             + ", ".join(f"pid {pid}: {path}" for pid, path in left)
+                             + f") and would join this run; stop them (kill {pids}) or use another --home")
         try:
             if not self._start_servers(stopping):
                 return False
@@ -117,11 +144,12 @@ class Stack:
             return True
         ui_port = pick_port(8089)
         self.consoles["ui"] = ui_proc(self.redis_url, self.ns, port=ui_port, token=self.ui_token, etcd=self.etcd,
-                                      log=self.home / "logs" / "ui.log", new_session=True).start()
+                                      log=self.home / "logs" / "ui.log", new_session=True,
+                                      lifeline=self.lifeline).start()
         self.ui_url = f"http://127.0.0.1:{ui_port}/"
         return True
 
-    def _start_servers(self, stopping: threading.Event) -> bool:
+    def _start_servers(self, stopping: StopFlag) -> bool:
         logs = self.home / "logs"
         if self.args.redis:
             self.redis_url = config.redis_url(self.args.redis)
@@ -143,10 +171,11 @@ class Stack:
             self.etcd = etcd.endpoint
         return True
 
-    def _start_server(self, name: str, server: RedisServer | EtcdServer, stopping: threading.Event) -> bool:
+    def _start_server(self, name: str, server: RedisServer | EtcdServer, stopping: StopFlag) -> bool:
         """Spawn ``server`` and wait until it answers, or until ``stopping`` (False). It is in
         ``servers`` from its spawn on, so :meth:`stop` stops it by its pid whenever the wait ends."""
         print(f"starting {name} on 127.0.0.1:{server.port} (log {server.log})", flush=True)
+        server.death_signal = SERVER_DEATH_SIGNAL
         server.spawn()
         self.servers[name] = server
         return server.wait_ready(stop=stopping)
@@ -156,22 +185,38 @@ class Stack:
         self.metrics_ports[name] = port
         # own session: Ctrl-C in the terminal reaches only zsched dev, which stops children in order
         return ZschedProc([*args, "--metrics-port", str(port)], env=env, metrics=False,
-                          log=self.home / "logs" / f"{name}.log", new_session=True).start()
+                          log=self.home / "logs" / f"{name}.log", new_session=True, lifeline=self.lifeline).start()
 
-    def stop(self) -> None:
-        # workers first (they hand unfinished jobs back), then schedulers (they release ownership),
-        # then the servers
-        # (three separate phases: with no workers, schedulers and servers must still not stop together,
-        # or etcd is gone before the schedulers revoke their lease)
-        for group in (self.consoles, self.workers, self.schedulers):
+    def stop(self, stopping: Stopping) -> None:
+        """Stop every child, in order: the console and the workers (they hand unfinished jobs back),
+        then the replicas (they release ownership), then the servers; one group at a time, so etcd
+        is never gone before the replicas revoke their lease. A child still running
+        :data:`STOP_TIMEOUT_S` s after its SIGTERM is SIGKILLed; after a second SIGINT or SIGTERM
+        (``stopping.hurry``) everything left is SIGKILLed at once."""
+        groups: list[dict[str, ChildProcess]] = [{**self.consoles, **self.workers}, {**self.schedulers},
+                                                 {**self.servers}]
+        for group in groups:
             for p in group.values():
                 p.terminate()
+            stopping.wait(STOP_TIMEOUT_S, partial(_gone_or_hurry, group, stopping), poll=EXIT_POLL_S)
+            if stopping.hurry:
+                print("zsched dev: stopping again: killing what is left now (jobs that were running run again "
+                      "once their leases expire)", flush=True)
+                break
+            for name, p in group.items():
+                if p.running:
+                    print(f"zsched dev: {name} still running {STOP_TIMEOUT_S:g} s after SIGTERM; SIGKILL", flush=True)
+                    p.kill()
+        for group in groups:
             for p in group.values():
-                p.stop(timeout=STOP_TIMEOUT_S)
+                p.kill()  # only those still running: after a hurry, or a failure above
         for srv in self.servers.values():
-            srv.terminate()
-        for srv in self.servers.values():
-            srv.stop(grace=STOP_TIMEOUT_S)
+            srv.stop()  # already stopped: forget it (the exit hook kills the servers still tracked)
+
+    @property
+    def started(self) -> bool:
+        """True once a child process was spawned (there is something to stop)."""
+        return bool(self._children())
 
     def still_running(self) -> list[str]:
         """Names of the children that are still running."""
@@ -183,6 +228,10 @@ class Stack:
 
     def _children(self) -> list[tuple[str, ChildProcess]]:
         return [*self.servers.items(), *self.schedulers.items(), *self.workers.items(), *self.consoles.items()]
+
+
+def _gone_or_hurry(group: dict[str, ChildProcess], stopping: Stopping) -> bool:
+    return stopping.hurry or not any(p.running for p in group.values())
 
 
 class Producer(threading.Thread):
@@ -334,17 +383,16 @@ def compact_line(s: Sample) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the stack until Ctrl-C, SIGTERM, SIGHUP (the terminal closed), a closed output or
+    ``--duration``, then stop everything it started, whatever ended it; 0."""
     producer: Producer | None = None
-    stopping = threading.Event()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        stopping.set()
-
+    stopping = Stopping()
     # before anything is started: a signal while the servers come up (etcd may take seconds) ends
     # the wait, and the finally below stops what was started
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stopping.install()
     stack = Stack(args)
+    # a closed output ends the run as Ctrl-C does, and never keeps the clean-up from running
+    out = Output(stack.home / "logs" / "dev.log", on_stdout_lost=stopping.request).install()
     try:
         if not stack.start(stopping):
             return 0
@@ -369,20 +417,22 @@ def run(args: argparse.Namespace) -> int:
         while not stopping.wait(1.0):
             sample = view.sample()
             if tty and not args.plain:
-                sys.stdout.write("\x1b[H\x1b[2J" + view.render(sample) + "\n")
+                out.frame("\x1b[H\x1b[2J" + view.render(sample) + "\n")
             elif args.plain:
-                sys.stdout.write(view.render(sample) + "\n\n")
+                out.frame(view.render(sample) + "\n\n")
             else:
-                sys.stdout.write(compact_line(sample) + "\n")
-            sys.stdout.flush()
+                out.frame(compact_line(sample) + "\n")
             if deadline is not None and time.monotonic() >= deadline:
-                break
+                stopping.request("--duration")
     finally:
         if producer is not None:
             producer.stop_event.set()
             producer.join(5)
-        print("stopping: workers, schedulers, etcd, redis ...", flush=True)
-        stack.stop()
-        left = stack.still_running()
-        print("stopped" + (f"; still running: {left}" if left else ", no process left behind"), flush=True)
+        if stack.started:
+            print(f"stopping ({stopping.reason or 'an error'}): workers, schedulers, etcd, redis ... "
+                  "(Ctrl-C again to kill them at once)", flush=True)
+            stack.stop(stopping)
+            left = stack.still_running()
+            print("stopped" + (f"; still running: {left}" if left else ", no process left behind"), flush=True)
+        out.restore()
     return 0

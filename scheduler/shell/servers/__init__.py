@@ -10,7 +10,9 @@ One place that runs them, for ``zsched dev``, the tests and the benchmarks:
 - ``cluster``: :class:`ClusterServer`, :class:`ClusterSet` (Redis Cluster formed with ``redis-cli``,
   online resharding with ``move_slots``);
 - ``etcd``: :class:`EtcdServer`, :class:`EtcdCluster` and calls to etcd's HTTP gateway;
-- ``zsched``: :class:`ZschedProc`, ``python -m scheduler`` child processes.
+- ``zsched``: :class:`ZschedProc`, ``python -m scheduler`` child processes;
+- ``lifeline``: :class:`Lifeline`, children that stop by themselves when their parent is gone
+  (servers get the kernel's parent-death signal instead: :func:`die_with_parent`).
 
 Everything listens on 127.0.0.1 only.  Fault injection (SIGSTOP, busy scripts, rollbacks, role
 swaps) is not here: it lives with the tests (``tests/faults.py``, ``tests/servers.py``).
@@ -27,12 +29,15 @@ from .etcd import (
     etcd_request,
     etcd_revoke_all_leases,
 )
+from .lifeline import Lifeline, watch_lifeline
 from .ports import HOST, free_port, free_ports, pick_port
 from .process import (
     OWNER_FILE,
     ChildProcess,
     ServerError,
     ServerProcess,
+    StopFlag,
+    die_with_parent,
     pid_alive,
     sweep_stale_dirs,
     wait_for,
@@ -51,13 +56,16 @@ __all__ = [
     "ClusterSet",
     "EtcdCluster",
     "EtcdServer",
+    "Lifeline",
     "NodeLine",
     "RedisServer",
     "SentinelServer",
     "SentinelSet",
     "ServerError",
     "ServerProcess",
+    "StopFlag",
     "ZschedProc",
+    "die_with_parent",
     "encode_command",
     "etcd_delete_all",
     "etcd_get",
@@ -78,4 +86,5 @@ __all__ = [
     "slot_of",
     "sweep_stale_dirs",
     "wait_for",
+    "watch_lifeline",
 ]

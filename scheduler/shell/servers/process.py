@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Self
+from typing import Protocol, Self
 
 STOP_GRACE_S = 5.0
 LOG_TAIL_LINES = 40
@@ -30,6 +30,17 @@ TMPDIR_ENV = "ZSCHED_TEST_TMPDIR"  # overrides where servers without a given dir
 
 class ServerError(RuntimeError):
     """A server failed to start or answer."""
+
+
+class StopFlag(Protocol):
+    """What a wait that a stop request must end polls: a :class:`threading.Event`, or ``zsched
+    dev``'s signal-safe ``Stopping``."""
+
+    def is_set(self) -> bool:
+        """True once a stop was requested."""
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for a stop request; :meth:`is_set` then."""
 
 
 def wait_for(pred: Callable[[], bool], timeout: float, what: Callable[[], str] | str, poll: float = 0.02) -> None:
@@ -124,11 +135,13 @@ class ChildProcess:
         cwd: str | os.PathLike[str] | None = None,
         env: dict[str, str] | None = None,
         new_session: bool = False,
+        pass_fds: Sequence[int] = (),
     ) -> None:
         """Start ``argv`` with stdin from /dev/null and its output appended to the log.
 
         ``new_session``: its own session, so a Ctrl-C aimed at us (pytest, ``zsched dev``) does not
-        reach it and we stop it in our own order."""
+        reach it and we stop it in our own order. ``pass_fds``: descriptors the child inherits (a
+        :class:`~scheduler.shell.servers.lifeline.Lifeline`'s read end); every other one is closed."""
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
@@ -139,6 +152,7 @@ class ChildProcess:
                 cwd=cwd,
                 env=env,
                 start_new_session=new_session,
+                pass_fds=tuple(pass_fds),
             )
 
     def signal(self, sig: int) -> None:
@@ -182,6 +196,25 @@ _live: dict[int, ServerProcess] = {}
 _live_lock = threading.Lock()
 _swept = threading.Event()
 _SETPRIV = shutil.which("setpriv")
+# Run by setpriv once the death signal is set: exec the program only if the parent that spawned
+# it ($0) is still its parent. A parent that died between fork and prctl() sent no signal, and
+# the child, reparented, would run on with nobody to stop it.
+_IF_PARENT_ALIVE = '[ "$PPID" = "$0" ] && exec "$@"; exit 125'
+
+
+def die_with_parent(argv: Sequence[str], sig: signal.Signals = signal.SIGKILL) -> list[str]:
+    """``argv`` run so that the kernel sends it ``sig`` when the process that spawns it dies, even
+    by SIGKILL (``PR_SET_PDEATHSIG`` through ``setpriv``, then ``sh`` checking the parent is still
+    there); the pid stays the program's own (both exec).
+
+    Unchanged where that is not possible or not wanted: no ``setpriv`` on PATH, or a call from
+    another thread than the main one, since the signal fires when the spawning *thread* exits (a
+    launcher thread of a test would take its servers with it). For our own Python children,
+    :class:`~scheduler.shell.servers.lifeline.Lifeline` has none of these limits."""
+    if not _SETPRIV or threading.current_thread() is not threading.main_thread():
+        return list(argv)
+    return [_SETPRIV, "--pdeathsig", sig.name.removeprefix("SIG"), "--", "/bin/sh", "-c", _IF_PARENT_ALIVE,
+            str(os.getpid()), *argv]
 
 
 class ServerProcess(ChildProcess):
@@ -194,6 +227,7 @@ class ServerProcess(ChildProcess):
 
     kind = "server"
     start_timeout = 10.0
+    death_signal = signal.SIGKILL  # what the server gets when the process that started it dies
 
     def __init__(
         self, dir: str | os.PathLike[str] | None = None, keep: bool = False, log: Path | None = None
@@ -230,14 +264,11 @@ class ServerProcess(ChildProcess):
         argv = self.argv()
         if shutil.which(argv[0]) is None:
             raise ServerError(f"{argv[0]!r} not found on PATH; run scripts/bootstrap to install it")
-        # Die with the parent even on SIGKILL; only from the main thread, since
-        # PDEATHSIG fires when the spawning *thread* exits.
-        if _SETPRIV and threading.current_thread() is threading.main_thread():
-            argv = [_SETPRIV, "--pdeathsig", "KILL", "--", *argv]  # setpriv execs: same pid
-        self.launch(argv, cwd=self.dir, new_session=True)
+        # die with the parent even on SIGKILL (from the main thread only: see die_with_parent)
+        self.launch(die_with_parent(argv, self.death_signal), cwd=self.dir, new_session=True)
         self._track()
 
-    def wait_ready(self, timeout: float | None = None, stop: threading.Event | None = None) -> bool:
+    def wait_ready(self, timeout: float | None = None, stop: StopFlag | None = None) -> bool:
         """Poll the readiness probe; on failure raise with the log tail. True once ready; False as
         soon as ``stop`` is set (a signal to the process that waits: the server is left running,
         the caller stops it)."""

@@ -14,6 +14,7 @@ from typing import Self
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from .lifeline import Lifeline
 from .ports import HOST, free_port
 from .process import LOG_TAIL_LINES, ChildProcess
 
@@ -26,6 +27,8 @@ class ZschedProc(ChildProcess):
     ``metrics``: add ``--metrics-port`` with a free port (``metrics_port``), for :meth:`metric`.
     ``log``: where its output goes (default: a new ``/tmp/zsched-proc-*.log``).
     ``new_session``: its own session, so a Ctrl-C in our terminal does not reach it.
+    ``lifeline``: it stops by itself (SIGTERM, then SIGKILL) once this process is gone, even if
+    this process was SIGKILLed (:mod:`~scheduler.shell.servers.lifeline`); without, it runs on.
     Secrets (a Redis URL with a password) belong in ``env`` (``ZSCHED_REDIS_URL``), never in
     ``args``, where ``ps`` shows them to every user.
     """
@@ -39,6 +42,7 @@ class ZschedProc(ChildProcess):
         metrics: bool = True,
         log: Path | None = None,
         new_session: bool = False,
+        lifeline: Lifeline | None = None,
     ) -> None:
         if log is None:
             fd, name = tempfile.mkstemp(prefix="zsched-proc-", suffix=".log")
@@ -47,9 +51,10 @@ class ZschedProc(ChildProcess):
         super().__init__(log)
         self.metrics_port = free_port() if metrics else None
         self.args = list(args) + (["--metrics-port", str(self.metrics_port)] if metrics else [])
-        self.env = {**os.environ, **(env or {})}
+        self.env = {**os.environ, **(env or {}), **(lifeline.env() if lifeline else {})}
         self.cwd = cwd
         self.new_session = new_session
+        self.lifeline = lifeline
 
     def argv(self) -> list[str]:
         """The command line: this interpreter running ``-m scheduler`` with ``args``."""
@@ -57,7 +62,8 @@ class ZschedProc(ChildProcess):
 
     def start(self) -> Self:
         """Start the process (no readiness wait: callers know what "ready" means for them)."""
-        self.launch(self.argv(), cwd=self.cwd, env=self.env, new_session=self.new_session)
+        self.launch(self.argv(), cwd=self.cwd, env=self.env, new_session=self.new_session,
+                    pass_fds=self.lifeline.fds if self.lifeline else ())
         return self
 
     @property
@@ -139,7 +145,7 @@ def scheduler_proc(
 
 def ui_proc(redis_url: str, namespace: str, *, port: int, token: str, etcd: str | None = None,
             read_only: bool = False, log: Path | None = None, new_session: bool = False,
-            extra: Sequence[str] = ()) -> ZschedProc:
+            extra: Sequence[str] = (), lifeline: Lifeline | None = None) -> ZschedProc:
     """A ``zsched ui`` console (not started) on 127.0.0.1:``port``; the Redis URL, the etcd endpoints
     and the token go through the environment (``ps`` shows argv to every user). ``extra``: more
     ``zsched ui`` options."""
@@ -149,4 +155,4 @@ def ui_proc(redis_url: str, namespace: str, *, port: int, token: str, etcd: str 
     env = {"ZSCHED_REDIS_URL": redis_url, "ZSCHED_UI_TOKEN": token}
     if etcd:
         env["ZSCHED_ETCD_ENDPOINTS"] = etcd
-    return ZschedProc(args, env=env, metrics=False, log=log, new_session=new_session)
+    return ZschedProc(args, env=env, metrics=False, log=log, new_session=new_session, lifeline=lifeline)
