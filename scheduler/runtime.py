@@ -6,7 +6,10 @@ import asyncio
 import gc
 import logging
 import os
+import signal
+import threading
 from collections.abc import Callable, Coroutine
+from types import FrameType
 from typing import Any, TypeVar
 
 from .protocol.masking import mask_secrets
@@ -33,10 +36,49 @@ def loop_name(loop: asyncio.AbstractEventLoop) -> str:
     return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_deferred: list[signal.Signals] = []  # stop signals that came while the loop was being set up
+
+
+def _defer(signum: int, frame: FrameType | None) -> None:
+    _deferred.append(signal.Signals(signum))
+
+
 def run(main: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(main)`` on the loop of :func:`loop_factory`."""
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        return runner.run(main)
+    """``asyncio.run(main)`` on the loop of :func:`loop_factory`.
+
+    From here until ``main`` installs its handlers with :func:`stop_signals`, SIGTERM and SIGINT
+    are remembered instead of acted on, then handed to those handlers: the process's earlier
+    handlers raise (KeyboardInterrupt), and raised inside the loop's set-up (uvloop's C code)
+    that was a traceback instead of the command's orderly stop."""
+    previous: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
+        for sig in STOP_SIGNALS:
+            previous[sig] = signal.signal(sig, _defer)
+    try:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            return runner.run(main)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _deferred.clear()  # a signal ``main`` never took: it ended by itself meanwhile
+
+
+def stop_signals(loop: asyncio.AbstractEventLoop, handler: Callable[[signal.Signals], None]) -> list[signal.Signals]:
+    """Handle SIGTERM and SIGINT on ``loop`` with ``handler(sig)`` where the platform allows it (the
+    main thread); a stop signal that came while :func:`run` set the loop up is handed to it at once.
+    Returns the signals installed (for ``loop.remove_signal_handler``)."""
+    installed: list[signal.Signals] = []
+    for sig in STOP_SIGNALS:
+        try:
+            loop.add_signal_handler(sig, handler, sig)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or the platform
+            pass
+    if installed:
+        while _deferred:
+            loop.call_soon(handler, _deferred.pop(0))
+    return installed
 
 
 def settle_gc() -> None:

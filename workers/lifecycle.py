@@ -7,11 +7,14 @@ and run under :func:`supervise` so a bug in one iteration does not end the worke
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import os
 import signal
 from collections.abc import Awaitable, Callable
+
+from scheduler.runtime import stop_signals
 
 log = logging.getLogger("zsched.worker")
 
@@ -42,14 +45,7 @@ class Lifecycle:
     def install_signals(self, loop: asyncio.AbstractEventLoop, grace: float) -> list[signal.Signals]:
         """Handle SIGTERM and SIGINT on ``loop`` where the platform allows it (the main thread);
         returns the signals installed, for :meth:`remove_signals`."""
-        installed: list[signal.Signals] = []
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                loop.add_signal_handler(sig, self._on_signal, sig, grace)
-                installed.append(sig)
-            except (NotImplementedError, RuntimeError, ValueError):  # not main thread / platform
-                pass
-        return installed
+        return stop_signals(loop, functools.partial(self._on_signal, grace=grace))
 
     @staticmethod
     def remove_signals(loop: asyncio.AbstractEventLoop, installed: list[signal.Signals]) -> None:

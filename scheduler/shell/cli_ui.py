@@ -18,7 +18,6 @@ import errno
 import functools
 import ipaddress
 import os
-import signal
 import socket
 import ssl
 import sys
@@ -26,6 +25,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from ..protocol import config
+from ..runtime import run as run_loop
+from ..runtime import stop_signals
 from . import admin
 from .cli_common import SubParsers, number
 from .cli_errors import EXIT_BAD_INPUT, EXIT_LOCAL
@@ -268,9 +269,7 @@ def _serve(args: argparse.Namespace, socks: list[socket.socket], etcd: str | Non
     port = socks[0].getsockname()[1]
 
     async def serve() -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, _stop, server)
+        stop_signals(asyncio.get_running_loop(), lambda _sig: _stop(server))
         task = asyncio.create_task(server.serve(sockets=socks))
         while not server.started and not task.done():
             await asyncio.sleep(0.05)
@@ -285,7 +284,7 @@ def _serve(args: argparse.Namespace, socks: list[socket.socket], etcd: str | Non
         await task
 
     try:
-        asyncio.run(serve())
+        run_loop(serve())
     finally:
         with contextlib.suppress(Exception):
             client.close()

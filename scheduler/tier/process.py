@@ -28,7 +28,7 @@ from ..protocol.pubsub import ChannelsPending, Subscription, subscription
 from ..protocol.replies import parse_stats
 from ..protocol.tick import Retention
 from ..protocol.transport import AsyncScriptTransport, RetryPolicy
-from ..runtime import loop_name, run, settle_gc
+from ..runtime import loop_name, run, settle_gc, stop_signals
 from .limits import retention_args
 from .ownership import Ownership, default_replica_id
 from .runner import REDIS_ERRORS, PartitionRunner, RunnerConfig
@@ -409,8 +409,7 @@ def run_forever(cfg: SchedulerConfig) -> int:
             log.info("%s: stopping (partitions are handed over)", sig.name)
             proc.stop()
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal, sig)
+        stop_signals(loop, on_signal)
         log.info("event loop: %s", loop_name(loop))
         await proc.run()
 
