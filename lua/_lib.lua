@@ -308,3 +308,16 @@ local function settle(earliest, head)
   publish_ready()
   if earliest and (head == nil or earliest < head) then wake_scheduler() end
 end
+-- The worker registry (scheduler/protocol/registry.py; registry_beat, registry_read): KEYS[1] the
+-- records hash "{ns}:workers", KEYS[2] the liveness set "{ns}:workers:live" (id -> ms until which
+-- the record counts as live). Deletes up to `limit` records whose time is up (score <= now),
+-- longest dead first, from both keys at once; returns how many. O(log N + limit).
+local function registry_prune(now, limit)
+  if limit <= 0 then return 0 end
+  local dead = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
+  if #dead > 0 then
+    redis.call('HDEL', KEYS[1], unpack(dead))
+    redis.call('ZREM', KEYS[2], unpack(dead))
+  end
+  return #dead
+end

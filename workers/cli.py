@@ -78,6 +78,9 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.Argument
     p.add_argument("--metrics-host", metavar="ADDR", help="address for /metrics (default 127.0.0.1)")
     p.add_argument("--shutdown-grace", metavar="S", type=_seconds,
                    help="seconds running handlers get to finish on SIGTERM (default 30)")
+    p.add_argument("--registry-interval", metavar="S", type=_seconds,
+                   help="seconds between refreshes of this worker's record in the worker registry (zsched "
+                        "workers; default 5): a killed worker drops out of the list 3 intervals after its last")
     p.set_defaults(func=main)
     return p
 
@@ -120,7 +123,8 @@ def main(args: argparse.Namespace) -> int:
     worker = load_worker(args.app)
     worker.configure(redis_url=args.redis, namespace=args.namespace, queues=args.queues,
                      concurrency=args.concurrency, prefetch=args.prefetch, metrics_port=args.metrics_port,
-                     metrics_host=args.metrics_host, shutdown_grace=args.shutdown_grace)
+                     metrics_host=args.metrics_host, shutdown_grace=args.shutdown_grace,
+                     registry_interval=args.registry_interval)
     args.redis = worker.redis_url  # the URL the worker uses, for zsched's error messages
     worker.run()
     return 0

@@ -13,6 +13,7 @@ from typing import Any
 
 from scheduler.protocol import codec, config
 from scheduler.protocol.keys import validate_name
+from scheduler.protocol.registry import MAX_INTERVAL_S
 
 DEFAULT_CONCURRENCY = 16
 # jobs handed off ahead of their due time that may wait on top of the handler slots: the tier's
@@ -22,6 +23,9 @@ DEFAULT_SHUTDOWN_GRACE = 30.0
 DEFAULT_TOMBSTONE_TTL = 3600.0
 DEFAULT_IDLE_SWEEP = 2.0
 DEFAULT_METRICS_HOST = "127.0.0.1"  # loopback unless the operator asks for more
+# seconds between refreshes of the worker's registry record (zsched workers); one small script
+# call per interval, and a killed worker drops out of the live list 3 intervals after its last one
+DEFAULT_REGISTRY_INTERVAL = 5.0
 
 def check_positive(name: str, value: object, *, integer: bool = False) -> float:
     """``value`` if it is a finite number > 0 (an int when ``integer``); TypeError or ValueError
@@ -99,6 +103,7 @@ class WorkerOptions:
     idle_sweep: float = DEFAULT_IDLE_SWEEP
     redis_kwargs: Mapping[str, Any] = field(default_factory=dict, hash=False)
     sharded_pubsub: bool | None = None  # None: sharded exactly on a Redis Cluster (AsyncClient's rule)
+    registry_interval: float = DEFAULT_REGISTRY_INTERVAL
 
     def __post_init__(self) -> None:
         # Normalised in place (frozen: through object.__setattr__); checking an already
@@ -122,6 +127,10 @@ class WorkerOptions:
         put("tombstone_ttl", float(self.tombstone_ttl))
         put("max_payload_bytes", _payload_limit(self.max_payload_bytes))
         put("idle_sweep", float(check_positive("idle_sweep", self.idle_sweep)))
+        put("registry_interval", float(check_positive("registry_interval", self.registry_interval)))
+        if self.registry_interval > MAX_INTERVAL_S:
+            raise ValueError(f"registry_interval must be at most {MAX_INTERVAL_S:g} seconds, "
+                             f"got {self.registry_interval!r}")
         put("redis_kwargs", MappingProxyType(dict(self.redis_kwargs)))
         if self.sharded_pubsub is not None and not isinstance(self.sharded_pubsub, bool):
             raise TypeError(f"sharded_pubsub must be True, False or None (automatic), got {self.sharded_pubsub!r}")

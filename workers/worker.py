@@ -9,6 +9,8 @@
   outcome;
 * the **outbox** (:mod:`.outbox`) batches acks, fails, lease extensions and releases into round
   trips (:mod:`.wire`), and the **heartbeats** (:mod:`.heartbeat`) queue the extensions;
+* the **presence** (:mod:`.presence`) keeps this process's record in the namespace's worker
+  registry (``zsched workers``);
 * :mod:`.lifecycle` holds the stop state and the signal handling.
 
 Redis errors never kill the worker: each loop logs once per outage and retries with capped,
@@ -39,6 +41,7 @@ from .heartbeat import Heartbeats
 from .lifecycle import Lifecycle, supervise
 from .options import WorkerOptions
 from .outbox import DRAIN_TIMEOUT, Outbox
+from .presence import Presence, base_record
 from .registry import Handler, HandlerRegistry, HandlerSpec
 from .runner import HandlerRunner, ThreadCount
 from .slots import Slots
@@ -83,8 +86,10 @@ class _Crew:
     fetch: Fetch
     tasks: dict[str, asyncio.Task[None]]
     metrics_server: Any
+    presence: Presence
 
     async def close(self) -> None:
+        await self.presence.leave()  # first: the record goes while the connection is still open
         for t in self.tasks.values():
             t.cancel()
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
@@ -112,7 +117,10 @@ class Worker:
     hear ready wake-ups on the sharded channels ``{NS:P}:ready:QUEUE`` (SSUBSCRIBE, Redis >= 7)
     instead of ``NS:ready:QUEUE``; None (default): exactly when the URL is a Redis Cluster's. It
     must match the producers' and the scheduler replicas' layout, or the worker hears nothing
-    and finds jobs only by its ``idle_sweep``. ``fetch``: how jobs
+    and finds jobs only by its ``idle_sweep``. ``registry_interval``: seconds between refreshes
+    of this process's record in the namespace's worker registry (``zsched workers``; default 5): a
+    worker that stops refreshing (killed) drops out of the live list 3 intervals after its last
+    refresh. ``fetch``: how jobs
     are fetched: a :class:`~workers.fetch.Fetch` subclass (or any callable taking a
     :class:`~workers.fetch.FetchContext` and returning a ``Fetch``); default
     :class:`~workers.fetch.PubSubFetch`. The settings are in :attr:`options`.
@@ -137,11 +145,12 @@ class Worker:
         redis_kwargs: Mapping[str, Any] | None = None,
         fetch: FetchFactory = PubSubFetch,
         sharded_pubsub: bool | None = None,
+        registry_interval: float | None = None,
     ) -> None:
         # None leaves the first group at its default, as configure() does.
         base = WorkerOptions(tombstone_ttl=tombstone_ttl, max_payload_bytes=max_payload_bytes,
                              partitions=partitions, idle_sweep=idle_sweep, redis_kwargs=redis_kwargs or {},
-                             sharded_pubsub=sharded_pubsub)
+                             sharded_pubsub=sharded_pubsub).updated(registry_interval=registry_interval)
         self.options: WorkerOptions = base.updated(
             redis_url=redis_url, namespace=namespace, queues=queues, concurrency=concurrency, prefetch=prefetch,
             handler_timeouts=handler_timeouts, shutdown_grace=shutdown_grace, metrics_port=metrics_port)
@@ -155,6 +164,7 @@ class Worker:
         self._qstats: dict[str, WorkerStats] = {}
         self._running: set[Attempt] = set()
         self._threads = ThreadCount()
+        self._presence: Presence | None = None
 
     @classmethod
     def from_url(cls, url: str | None = None, **kwargs: Any) -> Worker:
@@ -175,6 +185,7 @@ class Worker:
         shutdown_grace: float | None = None,
         metrics_port: int | None = None,
         metrics_host: str | None = None,
+        registry_interval: float | None = None,
     ) -> Worker:
         """Change settings before the worker starts (the CLI uses this for its overrides); ``None``
         leaves a setting unchanged."""
@@ -183,7 +194,7 @@ class Worker:
         self.options = self.options.updated(
             redis_url=redis_url, namespace=namespace, queues=queues, concurrency=concurrency, prefetch=prefetch,
             handler_timeouts=handler_timeouts, shutdown_grace=shutdown_grace, metrics_port=metrics_port,
-            metrics_host=metrics_host)
+            metrics_host=metrics_host, registry_interval=registry_interval)
         return self
 
     def handler(self, queue: str, *, timeout: float | None = None) -> Callable[[Handler], Handler]:
@@ -254,6 +265,17 @@ class Worker:
     def sharded_pubsub(self) -> bool | None:
         return self.options.sharded_pubsub
 
+    @property
+    def registry_interval(self) -> float:
+        """Seconds between refreshes of this worker's record in the worker registry."""
+        return self.options.registry_interval
+
+    @property
+    def worker_id(self) -> str | None:
+        """This ``serve()``'s id in the worker registry (``host-pid-random``, as ``zsched workers``
+        shows it); None until it has connected, and after it has stopped."""
+        return self._presence.id if self._serving and self._presence is not None else None
+
     # -- introspection --------------------------------------------------------------------------
     @property
     def stats(self) -> WorkerStats:
@@ -321,6 +343,7 @@ class Worker:
         if self._serving:
             raise RuntimeError("this Worker is already serving")
         queues = self._queues_to_serve()
+        record = base_record(queues, self.concurrency, self.prefetch, self.registry_interval)  # too many queues: here
         self._serving = True
         life = self._life = Lifecycle()
         self._qstats = {q: WorkerStats() for q in queues}
@@ -336,10 +359,12 @@ class Worker:
             calls = await self._connect(redis, life)
             if calls is None:
                 return
-            crew = self._assemble(loop, queues, calls, redis, transport, life)
+            presence = self._presence = Presence(calls.ks, transport, record, self._running, self._qstats, life)
+            crew = self._assemble(loop, queues, calls, redis, transport, life, presence)
             settle_gc()
-            log.info("worker serving namespace %r, queues %s, %d partitions, concurrency %d, event loop %s",
-                     calls.ks.namespace, ",".join(queues), calls.ks.partitions, self.concurrency, loop_name(loop))
+            log.info("worker serving namespace %r, queues %s, %d partitions, concurrency %d, event loop %s, "
+                     "registry id %s", calls.ks.namespace, ",".join(queues), calls.ks.partitions, self.concurrency,
+                     loop_name(loop), presence.id)
             await life.stop_requested.wait()
             await self._shutdown(crew, life)
         finally:
@@ -386,7 +411,7 @@ class Worker:
         return client.calls
 
     def _assemble(self, loop: asyncio.AbstractEventLoop, queues: list[str], calls: Calls, redis: Any,
-                  transport: AsyncScriptTransport, life: Lifecycle) -> _Crew:
+                  transport: AsyncScriptTransport, life: Lifecycle, presence: Presence) -> _Crew:
         """Make the parts of this serve() and start their loops."""
         hook, hist, server = self._export_metrics(calls.ks.namespace, queues)
         try:
@@ -411,7 +436,8 @@ class Worker:
             loops = (("pubsub", fetch.listen_loop), ("claim", fetch.claim_loop), ("flush", flush),
                      ("heartbeat", heartbeats.run))
             tasks = {name: loop.create_task(supervise(name, fn)) for name, fn in loops}
-            return _Crew(slots, outbox, runner, fetch, tasks, server)
+            presence.start()
+            return _Crew(slots, outbox, runner, fetch, tasks, server, presence)
         except BaseException:
             _stop_server(server)  # e.g. a fetch factory that refused: no server left behind
             raise

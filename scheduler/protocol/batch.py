@@ -70,6 +70,9 @@ RESEND: dict[str, str] = {
     "pause": "safe", "resume": "safe",  # set / delete a flag; a second run finds it done
     "cron_pause": "safe",   # a paused cron is left as it is
     "cron_resume": "safe",  # acts only on a paused cron: a second run finds it resumed
+    # the worker registry: a second beat rewrites the record with a later clock, a second leave
+    # finds nothing, a second read prunes what the first left
+    "registry_beat": "safe", "registry_leave": "safe", "registry_read": "safe",
 }
 RESEND_FLAG: dict[str, int] = {"schedule": 6, "migrate_in": 4}  # 0-based index into args (ARGV[index + 1]) of the flag
 

@@ -32,6 +32,9 @@ Namespace-wide: ``{ns}:cfg`` (partition count, ``rate:QUEUE`` limits, ``dead:max
 ``queue:idle_ms``, ``paused:QUEUE`` -> ms: the queue pause every partition's ``paused`` copies),
 ``{ns}:rl:QUEUE`` token buckets, ``{ns}:ui:session:ID`` one web-console login session each (JSON: who,
 when it ends, from where; expires when the session ends; ID is an HMAC of the cookie's id).
+The worker registry (:mod:`.registry`), both keys in the slot of ``{ns}``: ``{ns}:workers`` hash
+worker id -> ``LAST_MS:`` + msgpack record (LAST_MS: Redis's clock at the worker's last refresh),
+``{ns}:workers:live`` sorted set worker id -> ms (Redis clock) until which the record counts as live.
 
 Pub/sub, two layouts (the scripts publish on ``CHAN .. name`` with CHAN = :meth:`Keyspace.channel_prefix`):
   plain (one Redis): ``ns:wake`` (scheduler), ``ns:ready:QUEUE`` (workers), ``ns:config`` (config
@@ -137,6 +140,18 @@ class Keyspace:
         if not session or not all(ch in "0123456789abcdef" for ch in session):
             raise ValueError(f"a console session name is lowercase hex, got {session[:80]!r}")
         return "{%s}:ui:session:%s" % (self.namespace, session)
+
+    @property
+    def workers_key(self) -> str:
+        """The worker registry's records: hash worker id -> ``LAST_MS:`` + msgpack record
+        (:mod:`.registry`). Hash tag ``{ns}``: the same slot as :attr:`workers_live_key`."""
+        return "{%s}:workers" % self.namespace
+
+    @property
+    def workers_live_key(self) -> str:
+        """The worker registry's liveness: sorted set worker id -> ms (Redis clock) until which the
+        worker's record counts as live."""
+        return "{%s}:workers:live" % self.namespace
 
     def ready_channel(self, queue: str, partition: int | None = None) -> str:
         """The channel scripts publish on when jobs of ``queue`` land in ``partition``'s ready list

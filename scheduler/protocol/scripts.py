@@ -13,7 +13,7 @@ SCRIPT_NAMES = (
     "schedule", "tick", "claim", "ack", "fail", "extend", "release", "reap",
     "cancel", "reschedule", "requeue", "purge", "inspect", "stats", "dead_list", "ratelimit",
     "cron_set", "cron_remove", "cron_fill", "epoch_reset", "list", "migrate_out", "migrate_in",
-    "pause", "resume", "cron_pause", "cron_resume",
+    "pause", "resume", "cron_pause", "cron_resume", "registry_beat", "registry_leave", "registry_read",
 )
 
 

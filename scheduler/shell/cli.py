@@ -12,7 +12,7 @@ from workers import cli as worker_cli
 from ..protocol.masking import mask_secrets
 from ..runtime import entry_point_logging
 from ..tier import cli as tier_cli
-from . import cli_cron, cli_dead, cli_epochs, cli_jobs, cli_migrate, cli_queue, cli_stats, cli_ui, dev
+from . import cli_cron, cli_dead, cli_epochs, cli_jobs, cli_migrate, cli_queue, cli_stats, cli_ui, cli_workers, dev
 from .cli_errors import explain, interrupt_on_sigterm, interrupted_line
 from .servers import watch_lifeline
 
@@ -29,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     tier_cli.add_parser(sub)
     worker_cli.add_parser(sub)
     dev.add_parser(sub)
-    for module in (cli_jobs, cli_dead, cli_stats, cli_queue, cli_cron, cli_epochs, cli_migrate, cli_ui):  # --help order
+    # in --help order
+    for module in (cli_jobs, cli_dead, cli_stats, cli_workers, cli_queue, cli_cron, cli_epochs, cli_migrate, cli_ui):
         module.add_parsers(sub)
     return parser
 

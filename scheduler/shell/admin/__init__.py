@@ -5,6 +5,7 @@
 - :mod:`.jobs`: one job at a time: look up, cancel, reschedule, requeue, purge, list;
 - :mod:`.dead`: the dead-letter runbook at scale: filters, bounded scans, paced requeues, purges;
 - :mod:`.stats`: per-queue and per-partition counts, partition owners from etcd;
+- :mod:`.workers`: the live worker processes, from the worker registry;
 - :mod:`.output`: times, JSON documents and text tables.
 
 Everything goes through the client's public API: its outcome-returning methods, and for batches
@@ -52,6 +53,7 @@ from .output import (
     error_text,
     first_line,
     human_delta,
+    human_span,
     iso,
     job_doc,
     job_row_doc,
@@ -69,14 +71,15 @@ from .stats import (
     read_owner_records,
     read_owners,
 )
+from .workers import listed, queue_summary, read_registry, worker_doc, worker_state, workers_doc
 
 __all__ = [
-    "DEFAULT_MASS_RATE", "WHEN_FORMS", "AdminError", "BadInput", "DeadFilter", "NotFound", "Pacer",
-    "PartitionStats", "RequeueOutcome", "StatsReport", "WrongState", "batch_size", "cancel_job", "collect_stats",
+    "AdminError", "BadInput", "DEFAULT_MASS_RATE", "DeadFilter", "NotFound", "Pacer", "PartitionStats",
+    "RequeueOutcome", "StatsReport", "WHEN_FORMS", "WrongState", "batch_size", "cancel_job", "collect_stats",
     "count_dead_older", "dead_row_doc", "dead_selection", "error_doc", "error_text", "etcd_failure", "first_line",
-    "get_dead_job", "get_job", "human_delta", "iso", "iter_dead", "iter_dead_ids", "job_doc", "job_row_doc", "jsonable",
-    "list_dead", "list_jobs", "open_client", "parse_duration", "parse_job_id", "parse_payload", "parse_queue",
-    "parse_schedule_when", "parse_when", "purge_older", "purge_one", "read_owner_leases", "read_owner_records",
-    "read_owners", "redis_now_ms", "requeue_one", "requeue_stream", "reschedule_job", "stats_doc", "table",
-    "to_json",
+    "get_dead_job", "get_job", "human_delta", "human_span", "iso", "iter_dead", "iter_dead_ids", "job_doc",
+    "job_row_doc", "jsonable", "list_dead", "list_jobs", "listed", "open_client", "parse_duration", "parse_job_id",
+    "parse_payload", "parse_queue", "parse_schedule_when", "parse_when", "purge_older", "purge_one", "queue_summary",
+    "read_owner_leases", "read_owner_records", "read_owners", "read_registry", "redis_now_ms", "requeue_one",
+    "requeue_stream", "reschedule_job", "stats_doc", "table", "to_json", "worker_doc", "worker_state", "workers_doc",
 ]

@@ -6,11 +6,14 @@ import base64
 import json
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...protocol.models import JobError, JobInfo
-from .stats import StatsReport
+
+if TYPE_CHECKING:  # stats imports the registry reader, which formats times with this module
+    from .stats import StatsReport
 
 
 def error_text(err: JobError | None) -> str:
@@ -37,11 +40,9 @@ def iso(value: datetime | int | float | None) -> str | None:
     return dt.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def human_delta(seconds: float) -> str:
-    """``in 3h59m`` / ``2m10s ago`` / ``now``."""
+def human_span(seconds: float) -> str:
+    """A length of time in its two largest units: ``3h59m``, ``2m10s``, ``0s``."""
     s = abs(seconds)
-    if s < 1:
-        return "now"
     parts = []
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
         if s >= size:
@@ -50,7 +51,14 @@ def human_delta(seconds: float) -> str:
             s -= n * size
         if len(parts) == 2:
             break
-    text = "".join(parts)
+    return "".join(parts) or "0s"
+
+
+def human_delta(seconds: float) -> str:
+    """``in 3h59m`` / ``2m10s ago`` / ``now``."""
+    if abs(seconds) < 1:
+        return "now"
+    text = human_span(seconds)
     return f"in {text}" if seconds > 0 else f"{text} ago"
 
 
@@ -198,6 +206,9 @@ def stats_doc(rep: StatsReport) -> dict[str, Any]:
              "scheduled": ps.scheduled, "ready": ps.ready, "running": ps.running, "dead": ps.dead}
             for ps in rep.partitions
         ],
+        "workers": {q: asdict(w) for q, w in rep.workers.items()},
+        "workers_error": rep.workers_error,
+        "without_workers": [{"queue": q, "ready": n} for q, n in rep.without_workers()],
     }
 
 

@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from redis.exceptions import ResponseError
+
 from ...client import Client
 from ...protocol.masking import mask_secrets
+from ...protocol.registry import QueueWorkers
 from ...protocol.replies import merge_stats, parse_stats
 from .jobs import redis_now_ms
+from .workers import read_registry
 
 _STATES = ("scheduled", "ready", "running", "dead")
 
@@ -39,6 +43,18 @@ class StatsReport:
     owners_error: str | None = None
     etcd_endpoints: str | None = None
     totals: dict[str, int] = field(default_factory=dict)
+    # from the worker registry: per queue (every queue of ``queues`` too), the serving workers
+    workers: dict[str, QueueWorkers] = field(default_factory=dict)
+    workers_error: str | None = None  # why the registry could not be read (an ACL refusal), else None
+    paused: set[str] = field(default_factory=set)  # queues paused in some partition
+
+    def without_workers(self) -> list[tuple[str, int]]:
+        """(queue, ready jobs) for every queue with ready jobs and no serving worker, by name;
+        empty when the registry could not be read (then nothing is known)."""
+        if self.workers_error is not None:
+            return []
+        return [(q, c["ready"]) for q, c in sorted(self.queues.items())
+                if c["ready"] > 0 and self.workers.get(q, QueueWorkers()).workers == 0]
 
 
 def read_owner_records(endpoints: str, namespace: str, *, timeout: float = 1.5) -> dict[int, tuple[str, int]]:
@@ -88,8 +104,10 @@ def read_owners(endpoints: str, namespace: str, *, timeout: float = 1.5) -> dict
 
 def collect_stats(client: Client, *, etcd_endpoints: str | None = None, etcd_timeout: float = 1.5) -> StatsReport:
     """Per-queue and per-partition counts (the ``stats`` script on every partition, one round
-    trip), earliest due timer per partition, and partition owners from etcd when endpoints are
-    given. An unreachable etcd does not fail the report: ``owners_source`` is ``unavailable``."""
+    trip), earliest due timer per partition, partition owners from etcd when endpoints are
+    given, and the serving workers per queue from the worker registry. An unreachable etcd does
+    not fail the report (``owners_source`` is ``unavailable``), nor does a registry Redis refuses
+    to this user (``workers_error``)."""
     replies = [parse_stats(r) for r in client.transport.call_many(client.calls.stats_calls())]
     now = redis_now_ms(client)
     owners: dict[int, str] = {}
@@ -106,5 +124,11 @@ def collect_stats(client: Client, *, etcd_endpoints: str | None = None, etcd_tim
         counts = {s: sum(q[s] for q in per_queue) for s in _STATES}
         out.append(PartitionStats(p, owners.get(p), stats.epoch, stats.earliest_due_ms, **counts))
     totals = {s: sum(getattr(ps, s) for ps in out) for s in _STATES}
-    return StatsReport(client.keyspace.namespace, now, merge_stats(replies), out, source, err, etcd_endpoints,
-                       totals)
+    queues = merge_stats(replies)
+    rep = StatsReport(client.keyspace.namespace, now, queues, out, source, err, etcd_endpoints, totals,
+                      paused={q for st in replies for q in st.paused})
+    try:
+        rep.workers = read_registry(client).by_queue(also=queues)
+    except ResponseError as exc:  # refused (an ACL user without the registry keys): the counts still stand
+        rep.workers_error = mask_secrets(str(exc))
+    return rep

@@ -1,0 +1,37 @@
+-- registry_beat: register or refresh one worker process in the namespace's worker registry
+-- (workers/presence.py sends it when the worker starts and every registry_interval seconds;
+-- record layout and limits in scheduler/protocol/registry.py). Not a job transition: no job's
+-- state is read or written.
+-- KEYS: 1 records hash "{ns}:workers" (worker id -> "LAST_MS:" .. msgpack record); 2 liveness
+--       sorted set "{ns}:workers:live" (worker id -> ms until which the record counts as live).
+--       Both carry the hash tag {ns}: one cluster slot.
+-- ARGV: 1 worker id (host-pid-random, 1-200 bytes); 2 the record (msgpack, 1-8192 bytes);
+--       3 ttl ms: how long the record counts as live without another beat (3 registry intervals,
+--       1 to 86 400 000); 4 prune: how many dead records of other workers to delete on the way
+--       (0 to 16).
+-- Returns: {now_ms, pruned}: Redis's clock when the record was written, and how many dead records
+--          were deleted. Errors (nothing written): "zsched: registry: ..." for an id, record or ttl
+--          out of range.
+-- Invariants: a worker id is in both keys or in neither; the record's LAST_MS and its liveness
+-- deadline come from Redis's clock (TIME), never from the worker's. O(log N + prune) work per call,
+-- whatever the number of workers, partitions or jobs. Each key's expiry is only ever pushed out, to
+-- at least the deadline just written, so a key expires only once every worker that wrote it has
+-- been silent past its own deadline (nothing is left behind when all workers are gone).
+-- Idempotent: a re-send writes the same record with a later clock.
+local id, rec, ttl, prune = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+if #id < 1 or #id > 200 then return redis.error_reply('zsched: registry: worker id must be 1-200 bytes') end
+if #rec < 1 or #rec > 8192 then
+  return redis.error_reply('zsched: registry: record of ' .. #rec .. ' bytes, expected 1-8192')
+end
+if not ttl or ttl < 1 or ttl > 86400000 or not prune or prune < 0 or prune > 16 then
+  return redis.error_reply('zsched: registry: ttl must be 1-86400000 ms and prune 0-16')
+end
+local now = now_ms()
+local pruned = registry_prune(now, prune)
+redis.call('HSET', KEYS[1], id, now .. ':' .. rec)
+redis.call('ZADD', KEYS[2], now + ttl, id)
+for i = 1, 2 do
+  local left = redis.call('PTTL', KEYS[i])
+  if left < ttl then redis.call('PEXPIRE', KEYS[i], ttl) end
+end
+return {now, pruned}
