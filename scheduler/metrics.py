@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from .protocol.registry import RegistrySnapshot
 from .protocol.replies import StatsReply
 
 log = logging.getLogger("zsched.metrics")
@@ -178,6 +180,71 @@ class PartitionStatsCollector:
         yield age
         yield paused
         yield since
+
+
+class WorkerRegistryCollector:
+    """The worker registry (:mod:`scheduler.protocol.registry`) as metrics. One replica exports it
+    for the whole namespace, the owner of partition 0 (``scheduler/tier/worker_registry.py``), so
+    no sum counts a worker twice, and a worker that was killed still counts (as gone) although it
+    cannot be scraped. Labels are queues, never workers: the series do not grow with restarts.
+
+    Only serving workers count (one that is stopping takes no new jobs). A queue whose last worker
+    went reads 0 for :attr:`KEEP_S` instead of vanishing; nothing is exported before the first read
+    or while this replica does not own partition 0 (:meth:`clear`)."""
+
+    KEEP_S = 3600.0
+
+    def __init__(self, namespace: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.namespace = namespace
+        self.clock = clock
+        self._snap: RegistrySnapshot | None = None
+        self._seen: dict[str, float] = {}  # queue -> when a serving worker last served it
+
+    def update(self, snap: RegistrySnapshot) -> None:
+        """Export ``snap`` from now on."""
+        now = self.clock()
+        for w in snap.serving:
+            for q in w.record.queues:
+                self._seen[q] = now
+        self._seen = {q: t for q, t in self._seen.items() if now - t < self.KEEP_S}
+        self._snap = snap
+
+    def clear(self) -> None:
+        """Export nothing (another replica owns partition 0 now, so it exports the registry)."""
+        self._snap = None
+        self._seen.clear()
+
+    @property
+    def exporting(self) -> bool:
+        """Whether a read is exported now."""
+        return self._snap is not None
+
+    def collect(self) -> Iterator[Metric]:
+        """Called by the registry on every scrape."""
+        snap = self._snap
+        if snap is None:
+            return
+        workers = GaugeMetricFamily("zsched_workers", "Live worker processes serving the queue (from the worker "
+                                    "registry; a process serving several queues counts under each)", labels=["queue"])
+        slots = GaugeMetricFamily("zsched_worker_slots", "Handler slots of the live workers serving the queue: "
+                                  "busy = running this queue's jobs, free = idle (shared with the workers' other "
+                                  "queues)", labels=["queue", "state"])
+        for q, s in snap.by_queue(also=self._seen).items():
+            workers.add_metric([q], s.workers)
+            slots.add_metric([q, "busy"], s.busy)
+            slots.add_metric([q, "free"], s.free)
+        total = snap.totals()
+        procs = GaugeMetricFamily("zsched_worker_processes", "Live worker processes of the namespace, each once "
+                                  "(from the worker registry)", labels=["namespace"])
+        procs.add_metric([self.namespace], total.workers)
+        capacity = GaugeMetricFamily("zsched_worker_capacity", "Handler slots of every live worker process, each "
+                                     "once: busy or free", labels=["namespace", "state"])
+        capacity.add_metric([self.namespace, "busy"], total.busy)
+        capacity.add_metric([self.namespace, "free"], total.free)
+        yield workers
+        yield slots
+        yield procs
+        yield capacity
 
 
 def scrape_histogram(port: int, name: str, host: str = "127.0.0.1", timeout: float = 2.0) -> dict[float, float]:

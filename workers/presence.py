@@ -115,10 +115,11 @@ class Presence:
             # (permissions can be granted while the worker runs)
             if self._refusal != str(exc):
                 self._refusal = str(exc)
-                log.error("worker registry: Redis refused this worker's record (%s); the worker runs on, but "
-                          "zsched workers, zsched stats and the zsched_workers metrics do not see it. A NOPERM "
-                          "means its ACL user lacks the keys %s and %s (docs/operations.md, 'ACL users')",
-                          mask_secrets(str(exc)), self.ks.workers_key, self.ks.workers_live_key)
+                log.error("worker registry: Redis refused this worker's record (%s: %s); the worker runs on, but "
+                          "zsched workers, zsched stats and the zsched_workers metrics do not see it. A "
+                          "NoPermissionError (NOPERM) means its ACL user lacks the keys %s and %s "
+                          "(docs/operations.md, 'ACL users')", type(exc).__name__, mask_secrets(str(exc)),
+                          self.ks.workers_key, self.ks.workers_live_key)
             return self.base.interval_s
         return min(self.base.interval_s, self._outage.failed(exc))
 

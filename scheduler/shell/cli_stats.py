@@ -38,7 +38,7 @@ def _workers_cell(rep: admin.StatsReport, queue: str) -> str:
 def _warn_workers(rep: admin.StatsReport) -> None:
     """A queue whose ready jobs nobody will take must not look like a slow one."""
     if rep.workers_error is not None:
-        warn(f"the worker registry could not be read ({rep.workers_error}); the WORKERS column shows '?'")
+        warn(f"{rep.workers_error}; the WORKERS column shows '?'")
     for queue, ready in rep.without_workers():
         paused = " (it is paused, too)" if queue in rep.paused else ""
         warn(f"queue {queue} has {ready} ready job(s) and no live worker{paused}: start a worker serving it "

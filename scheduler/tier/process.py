@@ -20,7 +20,7 @@ from typing import cast
 
 from ..client import AsyncClient, parse_dead_retention, parse_queue_idle, parse_rate_limits
 from ..coord import Coordinator, CoordinatorUnavailable, EtcdCoordinator
-from ..metrics import PartitionStatsCollector, SchedulerMetrics, serve
+from ..metrics import PartitionStatsCollector, SchedulerMetrics, WorkerRegistryCollector, serve
 from ..protocol import config
 from ..protocol.connection import async_redis, permanent_failure
 from ..protocol.masking import mask_secrets
@@ -32,6 +32,7 @@ from ..runtime import loop_name, run, settle_gc, stop_signals
 from .limits import retention_args
 from .ownership import Ownership, default_replica_id
 from .runner import REDIS_ERRORS, PartitionRunner, RunnerConfig
+from .worker_registry import RegistryExport
 
 log = logging.getLogger("zsched.scheduler")
 
@@ -71,6 +72,9 @@ class SchedulerProcess:
         self.metrics = SchedulerMetrics(cfg.replica_id)
         self.partition_stats = PartitionStatsCollector()
         self.metrics.registry.register(self.partition_stats)
+        # the worker registry as metrics, while this replica owns partition 0 (worker_registry.py)
+        self.worker_registry = WorkerRegistryCollector(cfg.namespace)
+        self.metrics.registry.register(self.worker_registry)
         # The socket timeout bounds how long one call may hang on a stalled Redis; the firing loops
         # keep their own deadlines and back off, and the epoch fences a call that lands late.
         self.redis = async_redis(cfg.redis_url, health_check_interval=10, socket_timeout=cfg.redis_timeout)
@@ -100,6 +104,8 @@ class SchedulerProcess:
         self._wake_task: asyncio.Task[None] | None = None
         self._config_task: asyncio.Task[None] | None = None
         self._stats_task: asyncio.Task[None] | None = None
+        self._registry_task: asyncio.Task[None] | None = None
+        self.registry_export: RegistryExport | None = None
 
     @property
     def replica_id(self) -> str:
@@ -142,6 +148,9 @@ class SchedulerProcess:
         self._wake_task = asyncio.create_task(self._wake_listener(), name="wake-listener")
         self._config_task = asyncio.create_task(self._config_poller(), name="config-poller")
         self._stats_task = asyncio.create_task(self._stats_poller(), name="stats-poller")
+        self.registry_export = RegistryExport(self.worker_registry, self.transport, core.ks, self.runners.__contains__)
+        self._registry_task = asyncio.create_task(self.registry_export.run(lambda: self._closing),
+                                                  name="worker-registry")
         # registering retries while etcd answers connect but not grant/put: a stop ends that too
         if not await self._unless_stopped(self.ownership.start()):
             await self._shutdown()  # the loops started above, and a lease granted before the stop
@@ -208,7 +217,7 @@ class SchedulerProcess:
         # a flag as well as cancel(): redis-py can turn a cancellation inside a command into a
         # connection error, which these loops survive by design; never wait on them for long
         self._closing = True
-        for task in (self._wake_task, self._config_task, self._stats_task):
+        for task in (self._wake_task, self._config_task, self._stats_task, self._registry_task):
             if task is not None:
                 task.cancel()
                 try:
@@ -233,6 +242,7 @@ class SchedulerProcess:
             on_conflict_resolved=self._conflict_resolved)
         self.runners[p] = runner
         runner.start()
+        self._owners_changed(p)
 
     def _retention_args(self) -> Retention:
         """Tick's housekeeping arguments from the namespace config (the dead-letter cap is split
@@ -242,13 +252,19 @@ class SchedulerProcess:
     async def _stop_partition(self, p: int) -> None:
         self.partition_stats.forget(p)  # the new owner exports it now: never count it twice
         runner = self.runners.pop(p, None)
+        self._owners_changed(p)
         if runner is not None:
             await runner.stop()
         self._set_conflict(p, None)  # not ours any more: not our conflict either
 
+    def _owners_changed(self, p: int) -> None:
+        if self.registry_export is not None:
+            self.registry_export.partition_changed(p)
+
     async def _refused(self, p: int, current: int) -> None:
         # called from inside the runner's own task: do not await its stop(), just forget it
         self.runners.pop(p, None)
+        self._owners_changed(p)
         self._set_conflict(p, None)
         if self.ownership is not None:
             await self.ownership.partition_refused(p, current)

@@ -53,7 +53,7 @@ REQUIRED: dict[str, list[str]] = {
     "job show": [JOB], "job cancel": [JOB], "job reschedule": [JOB, "--at", "+1h"],
     "job list": ["--queue", "q", "--state", "scheduled"],
     "dead list": [], "dead show": [JOB], "dead requeue": [JOB], "dead purge": [JOB], "dead retention": [],
-    "stats": [], "queue pause": ["q"], "queue resume": ["q"], "queue list": [],
+    "stats": [], "workers": [], "queue pause": ["q"], "queue resume": ["q"], "queue list": [],
     "cron add": ["nightly", "0 9 * * *", "--queue", "q"], "cron list": [], "cron remove": ["nightly"],
     "cron pause": ["nightly"], "cron resume": ["nightly"],
     "epochs show": [], "epochs reset": ["--partition", "0", "--yes"], "migrate-partitions": ["--to", "4"],

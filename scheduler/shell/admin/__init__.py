@@ -26,7 +26,7 @@ from .dead import (
     purge_older,
     requeue_stream,
 )
-from .errors import AdminError, BadInput, NotFound, WrongState
+from .errors import AdminError, BadInput, NotFound, Refused, WrongState
 from .inputs import (
     WHEN_FORMS,
     parse_duration,
@@ -75,7 +75,7 @@ from .workers import listed, queue_summary, read_registry, worker_doc, worker_st
 
 __all__ = [
     "AdminError", "BadInput", "DEFAULT_MASS_RATE", "DeadFilter", "NotFound", "Pacer", "PartitionStats",
-    "RequeueOutcome", "StatsReport", "WHEN_FORMS", "WrongState", "batch_size", "cancel_job", "collect_stats",
+    "Refused", "RequeueOutcome", "StatsReport", "WHEN_FORMS", "WrongState", "batch_size", "cancel_job", "collect_stats",
     "count_dead_older", "dead_row_doc", "dead_selection", "error_doc", "error_text", "etcd_failure", "first_line",
     "get_dead_job", "get_job", "human_delta", "human_span", "iso", "iter_dead", "iter_dead_ids", "job_doc",
     "job_row_doc", "jsonable", "list_dead", "list_jobs", "listed", "open_client", "parse_duration", "parse_job_id",

@@ -26,3 +26,10 @@ class BadInput(AdminError, ValueError):
     """An argument is invalid; the message says what was wrong and what is expected. Exit code 2."""
 
     exit_code = 2
+
+
+class Refused(AdminError):
+    """Redis refused what the operation needs to this user (an ACL without the keys); the message
+    names the keys. Exit code 3, as for any refusal by Redis."""
+
+    exit_code = 3

@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from redis.exceptions import ResponseError
-
 from ...client import Client
 from ...protocol.masking import mask_secrets
 from ...protocol.registry import QueueWorkers
 from ...protocol.replies import merge_stats, parse_stats
+from .errors import Refused
 from .jobs import redis_now_ms
 from .workers import read_registry
 
@@ -129,6 +128,6 @@ def collect_stats(client: Client, *, etcd_endpoints: str | None = None, etcd_tim
                       paused={q for st in replies for q in st.paused})
     try:
         rep.workers = read_registry(client).by_queue(also=queues)
-    except ResponseError as exc:  # refused (an ACL user without the registry keys): the counts still stand
+    except Refused as exc:  # an ACL user without the registry keys: the counts still stand
         rep.workers_error = mask_secrets(str(exc))
     return rep

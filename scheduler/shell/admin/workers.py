@@ -5,14 +5,24 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from redis.exceptions import NoPermissionError
+
 from ...client import Client
 from ...protocol.registry import QueueWorkers, RegistrySnapshot, WorkerEntry, parse_read, read_call
+from .errors import Refused
 from .output import iso
 
 
 def read_registry(client: Client) -> RegistrySnapshot:
-    """The live workers (one script call; it also deletes a bounded number of dead records)."""
-    return parse_read(client.transport.call(*read_call(client.keyspace)))
+    """The live workers (one script call; it also deletes a bounded number of dead records).
+    :class:`~.errors.Refused` when this user's ACL lacks the registry keys."""
+    ks = client.keyspace
+    try:
+        return parse_read(client.transport.call(*read_call(ks)))
+    except NoPermissionError as exc:
+        raise Refused(f"Redis refused this user the worker registry ({exc}) (its ACL user needs read and write "
+                      f"access to the keys {ks.workers_key} and {ks.workers_live_key}: see 'ACL users' in "
+                      "docs/operations.md)") from exc
 
 
 def listed(snap: RegistrySnapshot, queue: str | None = None) -> list[WorkerEntry]:
