@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from scheduler import Client
 from scheduler.shell.servers import free_port
 from tests.integration.test_compose import load_yaml
 
@@ -272,6 +273,7 @@ class DevStack:
     lines: list[str] = field(default_factory=list)
     children: dict[int, str] = field(default_factory=dict)
     targets: dict[str, str] = field(default_factory=dict)  # name -> host:port
+    env: dict[str, str] = field(default_factory=dict)  # ZSCHED_REDIS_URL, ... from its "stack up:" line
 
     def output(self) -> str:
         return "".join(self.lines[-80:])
@@ -292,6 +294,8 @@ def dev_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
         assert proc.stdout is not None
         for line in proc.stdout:
             stack.lines.append(line)
+            if line.startswith("stack up: export "):
+                stack.env = dict(item.split("=", 1) for item in line.split()[3:])
             if line.startswith("metrics: "):
                 stack.targets = dict(item.split("=", 1) for item in line.split()[1:])
                 got_metrics.set()
@@ -522,3 +526,32 @@ def test_promtool_accepts_the_deploy_config_and_rules() -> None:
     for args in (["check", "config", str(PROM_CONFIG)], ["check", "rules", str(ALERTS)]):
         out = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, f"promtool {' '.join(args)}:\n{out.stdout}\n{out.stderr}"
+
+
+def test_the_no_worker_alert_names_a_queue_with_ready_jobs_and_no_live_worker(
+        prometheus: Prometheus, dev_stack: DevStack) -> None:
+    """ZschedReadyJobsWithoutWorker's expression (its ``for:`` aside) against the running stack:
+    jobs made ready in a queue no worker serves show up in it; the demo queues, which the stack's
+    two workers serve (the registry says so), never do."""
+    rule = next(r for g in load_yaml(ALERTS)["groups"] for r in g["rules"]
+                if r.get("alert") == "ZschedReadyJobsWithoutWorker")
+
+    def by_queue(expr: str) -> dict[str, float]:
+        res = prometheus.query(expr)
+        assert res.get("status") == "success", res
+        return {v["metric"]["queue"]: float(v["value"][1]) for v in res["data"]["result"]}
+
+    deadline = prometheus.settle_deadline(30)
+    while not (served := by_queue("max by (queue) (zsched_workers)")) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert served and all(n == 2 for n in served.values()), served  # zsched dev runs 2 demo workers
+    client = Client.from_url(dev_stack.env["ZSCHED_REDIS_URL"], namespace=dev_stack.env["ZSCHED_NAMESPACE"]).connect()
+    try:
+        client.schedule_many([(0, {"n": i}) for i in range(3)], queue="zz-unserved")  # due now: ready at once
+    finally:
+        client.close()
+    deadline = time.monotonic() + 30
+    # all 3 once every replica owning one of their partitions has refreshed its depths (every 2 s)
+    while (firing := by_queue(str(rule["expr"]))).get("zz-unserved") != 3 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert firing.get("zz-unserved") == 3 and not set(firing) & set(served), firing
