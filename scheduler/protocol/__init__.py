@@ -8,7 +8,8 @@
 - Calls and replies: :mod:`.calls` (producer and operator script calls), :mod:`.tick` (the
   owner's tick, reap, ratelimit, cron_fill), :mod:`.replies` (typed replies), :mod:`.codes`
   (every script status code, mapped to outcomes), :mod:`.listing` (paged listings),
-  :mod:`.options` (validated job options).
+  :mod:`.options` (validated job options), :mod:`.registry` (the worker registry: records of
+  live worker processes, not job state).
 - Shared vocabulary: :mod:`.errors`, :mod:`.models`, :mod:`.timeutil`, :mod:`.cron`,
   :mod:`.config`.
 
