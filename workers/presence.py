@@ -68,7 +68,6 @@ class Presence:
         self.qstats = qstats
         self.life = life
         self.t0 = time.monotonic()
-        self.beats = 0  # refreshes Redis accepted
         self._done = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping_sent = False
@@ -106,7 +105,6 @@ class Presence:
         if self._refusal is not None:
             log.info("worker registry: Redis accepts this worker's record again")
             self._refusal = None
-        self.beats += 1
         return self.base.interval_s
 
     def _failed(self, exc: BaseException) -> float:
@@ -140,16 +138,18 @@ class Presence:
 
     async def leave(self, timeout: float = LEAVE_TIMEOUT) -> None:
         """Stop refreshing (a refresh under way finishes first, so none lands after the removal) and
-        remove the record. If Redis cannot be reached it drops out of the live list by itself
-        within :data:`~scheduler.protocol.registry.LIVENESS_INTERVALS` intervals."""
+        remove the record, within ``timeout`` seconds in all. If Redis cannot be reached, the record
+        drops out of the live list by itself within
+        :data:`~scheduler.protocol.registry.LIVENESS_INTERVALS` intervals."""
         self._done.set()
+        deadline = asyncio.get_running_loop().time() + timeout  # for both steps: a stop is not held up
         if self._task is not None:
             await asyncio.wait([self._task], timeout=timeout)
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout_at(deadline):
                 await self.transport.call(*leave_call(self.ks, self.id))
         except REDIS_ERRORS as exc:  # asyncio.timeout's TimeoutError is one of them
             log.info("worker registry: could not remove this worker's record (%s: %s); it drops out of the live "
