@@ -14,9 +14,9 @@
 --          out of range.
 -- Invariants: a worker id is in both keys or in neither; the record's LAST_MS and its liveness
 -- deadline come from Redis's clock (TIME), never from the worker's. O(log N + prune) work per call,
--- whatever the number of workers, partitions or jobs. Each key's expiry is only ever pushed out, to
--- at least the deadline just written, so a key expires only once every worker that wrote it has
--- been silent past its own deadline (nothing is left behind when all workers are gone).
+-- whatever the number of workers, partitions or jobs. Both keys expire a day (the longest ttl
+-- allowed) after the last beat of any worker: never under a live record, and nothing is left
+-- behind once every worker of the namespace is gone.
 -- Idempotent: a re-send writes the same record with a later clock.
 local id, rec, ttl, prune = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 if #id < 1 or #id > 200 then return redis.error_reply('zsched: registry: worker id must be 1-200 bytes') end
@@ -30,8 +30,7 @@ local now = now_ms()
 local pruned = registry_prune(now, prune)
 redis.call('HSET', KEYS[1], id, now .. ':' .. rec)
 redis.call('ZADD', KEYS[2], now + ttl, id)
-for i = 1, 2 do
-  local left = redis.call('PTTL', KEYS[i])
-  if left < ttl then redis.call('PEXPIRE', KEYS[i], ttl) end
-end
+-- the longest ttl any worker may ask for: no live record is ever lost with its key
+redis.call('PEXPIRE', KEYS[1], 86400000)
+redis.call('PEXPIRE', KEYS[2], 86400000)
 return {now, pruned}
