@@ -5,7 +5,9 @@ Grafana cannot be installed on these machines, so the dashboard files are checke
 (datasource uid = the provisioned one, unique panel ids, targets, variables, layout), and every
 panel query of every dashboard is evaluated through Prometheus's HTTP API: each must parse, return
 at least one series, and name only metrics Prometheus actually scraped from zsched. The alert rules
-are loaded into the same Prometheus and must evaluate without error.
+are loaded into the same Prometheus and must evaluate without error; the expression of
+``ZschedReadyJobsWithoutWorker`` must name a queue given ready jobs that no worker serves, and none
+of the queues the stack's workers serve.
 
 Processes: the ``zsched dev`` stack (stopped by its PID with SIGTERM; it stops its own children)
 and Prometheus (stopped by its PID). Nothing else is signalled.
