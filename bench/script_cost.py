@@ -48,10 +48,11 @@ RECEIPT_MS = 30_000    # the claim side's receipt ttl, as workers/fetch.py sends
 
 
 def general_only() -> str:
-    """schedule.lua without its fast path's block (the ``if`` that ends at ``--@library``); also the
-    general path of tests/integration/test_schedule_fast_path.py."""
+    """schedule.lua without its fast path's block (from ``local A = ARGV``, or in scripts older than
+    the argument checks ``if ARGV[6] == '1'``, to ``--@library``); also the general path of
+    tests/integration/test_schedule_fast_path.py."""
     lines = script_source("schedule").splitlines(keepends=True)
-    start = next(i for i, line in enumerate(lines) if line.startswith("if ARGV[6] == '1'"))
+    start = next(i for i, line in enumerate(lines) if line.startswith(("local A = ARGV", "if ARGV[6] == '1'")))
     mark = next(i for i, line in enumerate(lines) if line.strip() == LIBRARY_MARKER)
     return make_script("schedule", library_source(), "".join(lines[:start] + lines[mark + 1:])).source
 
@@ -83,7 +84,7 @@ def instructions_per_call(source: str, side: Side, calls: int) -> float:
     out = os.path.join(tmp, "callgrind.out")
     proc = subprocess.Popen(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--instr-atstart=no",
-         "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--hz", "1",
          "--dir", tmp], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         r = redis.Redis(host="127.0.0.1", port=port)

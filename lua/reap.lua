@@ -8,10 +8,13 @@
 -- ready list; or, when its attempts are spent, it goes to 'd' with a LeaseExpired error (and its
 -- idempotency key is free again).
 -- Bounded by the batch limit.
+if not (COMMON and #KEYS == 14) then return arg('common', 14) end
+local epoch, limit = arg('int', 4, 'epoch', 0, MAX_INT), arg('int', 5, 'batch', 1, BATCH_LIMIT_MAX)
+arg('at_most', 5)
+if refusal then return refusal end
 do local refused = layout_fence(); if refused then return refused end end
-local refused = check_epoch(tonumber(ARGV[4]))
+local refused = check_epoch(epoch)
 if refused then return {-1, refused} end
-local limit = tonumber(ARGV[5])
 local now = now_ms()
 local expired = redis.call('ZRANGE', K_I, '-inf', fmt(now), 'BYSCORE', 'LIMIT', 0, limit)
 for _, id in ipairs(expired) do
