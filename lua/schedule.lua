@@ -51,9 +51,11 @@ if A[6] == '1' and A[7] == '0' and A[10] == '' and A[11] == nil and (#KEYS == 1 
   -- One pattern reads ARGV 1-3, KEYS[1] and the channel prefix as COMMON does (_lib.lua: the same
   -- pattern, and below the same limits), then the ttl and run_at (digits, then '' or "rDELTA"):
   -- the three pattern calls this path made before its arguments were checked cost nearly as much.
-  local plain = A[2] ~= A[1]
+  -- locals: a global costs a table lookup at each use
+  local call, string, tonumber, k_t, prefix, queue = redis.call, string, tonumber, KEYS[1], A[1], A[4]
+  local plain = A[2] ~= prefix
   local ns, p, count, rel = string.match(
-    A[1] .. '|' .. A[3] .. '|' .. KEYS[1] .. '|' .. (plain and A[2] or '') .. '|' .. A[5] .. '|' .. A[9],
+    prefix .. '|' .. A[3] .. '|' .. k_t .. '|' .. (plain and A[2] or '') .. '|' .. A[5] .. '|' .. A[9],
     plain and '^{([A-Za-z0-9][A-Za-z0-9_.%-]*):(%d+)}:|%2/?(%d*)|{%1:%2}:t|%1:|%d+|%d+(r?%-?%d*)$' or
       '^{([A-Za-z0-9][A-Za-z0-9_.%-]*):(%d+)}:|%2/?(%d*)|{%1:%2}:t||%d+|%d+(r?%-?%d*)$')
   local ttl, blob = A[5], A[8]
@@ -62,11 +64,11 @@ if A[6] == '1' and A[7] == '0' and A[10] == '' and A[11] == nil and (#KEYS == 1 
       not (#count == 4 and count > '4096') and (#count > #p or (#count == #p and count > p)) and
       (#ttl < 15 or (#ttl == 15 and ttl <= '253402300799999')) and #blob >= 24 and
       (rf == 0 and ra == 0 and rm > 0 or not record_problem(blob, ID_LEN, '')) then
-    local l = redis.call('HGET', A[1] .. 'meta', 'layout')
-    local k_q = A[1] .. 'q'
-    local qidx = not (l and l ~= count) and redis.call('HGET', k_q, 'n:' .. A[4])
+    local l = call('HGET', prefix .. 'meta', 'layout')
+    local k_q = prefix .. 'q'
+    local qidx = not (l and l ~= count) and call('HGET', k_q, 'n:' .. queue)
     if qidx then
-      local t = redis.call('TIME')
+      local t = call('TIME')
       local us = tonumber(t[2])
       local now = tonumber(t[1]) * 1000 + (us - us % 1000) / 1000
       local at, at_s = nil, nil
@@ -79,13 +81,13 @@ if A[6] == '1' and A[7] == '0' and A[10] == '' and A[11] == nil and (#KEYS == 1 
       end
       if at and at > now and at <= MAX_MS then
         local id, n = string.sub(blob, 1, 15), tonumber(qidx)
-        redis.call('HSET', k_q, 'u:' .. qidx, string.format('%d', now))
-        local earlier = redis.call('ZCOUNT', KEYS[1], '-inf', at_s) -- timers due at or before this one
-        redis.call('ZADD', KEYS[1], at_s, id .. string.char((n - n % 256) / 256, n % 256) .. string.sub(blob, 18))
-        redis.call('HINCRBY', A[1] .. 'c', 'scheduled:' .. A[4], '1')
-        redis.call('HINCRBY', A[1] .. 'g', 's:' .. A[4], '1')
+        call('HSET', k_q, 'u:' .. qidx, string.format('%d', now))
+        local earlier = call('ZCOUNT', k_t, '-inf', at_s) -- timers due at or before this one
+        call('ZADD', k_t, at_s, id .. string.char((n - n % 256) / 256, n % 256) .. string.sub(blob, 18))
+        call('HINCRBY', prefix .. 'c', 'scheduled:' .. queue, '1')
+        call('HINCRBY', prefix .. 'g', 's:' .. queue, '1')
         if earlier == 0 then
-          redis.call(string.byte(A[2], 1) == 123 and 'SPUBLISH' or 'PUBLISH', A[2] .. 'wake', p)
+          call(string.byte(A[2], 1) == 123 and 'SPUBLISH' or 'PUBLISH', A[2] .. 'wake', p)
         end
         return {now, 0, id}
       end
