@@ -43,6 +43,9 @@ local PREFIX, CHAN = ARGV[1] or '', ARGV[2] or '' -- checked by COMMON below
 local MAX_MS = 253402300799999 -- 9999-12-31T23:59:59.999Z: the largest time or duration in ms
 local MAX_INT = 9007199254740991 -- 2^53 - 1: counts, epochs, tokens (larger ones are not exact)
 local NAME_MAX, KEY_MAX, BATCH_MAX = 64, 200, 1000
+-- a queue, cron or namespace name (validate_name) matches this and has at most NAME_MAX bytes; the
+-- patterns that contain a name (COMMON's, schedule's fast path's, a bucket's) spell it out too
+local NAME_PATTERN = '^[A-Za-z0-9][A-Za-z0-9_.%-]*$'
 -- tick's and reap's batch and claim's job count: the tier's --batch limit, under Lua's unpack limit
 local BATCH_LIMIT_MAX = 5000
 -- ARGV 1-3 and KEYS[1], read together by one pattern (%1 and %2 repeat NS and P): the prefix
@@ -98,7 +101,7 @@ local function arg(kind, i, name, a, b, c)
     if n and n >= a and n <= b and (n > a or not c) then return n end
     expected = (c and 'a number above ' or 'a number from ') .. tostring(a) .. ' to ' .. tostring(b)
   elseif kind == 'name' then
-    if s and #s <= 64 and string.find(s, '^[A-Za-z0-9][A-Za-z0-9_.%-]*$') then return s end
+    if s and #s <= NAME_MAX and string.find(s, NAME_PATTERN) then return s end
     if a and (s == nil or s == '') then return '' end
     expected = (a and "'' or " or '') .. "a name of 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit"
   elseif kind == 'id' then

@@ -27,7 +27,7 @@ arg('groups', 6, '(field, entry) pairs', 2, 0)
 local entries = {}
 local function number(v) return type(v) == 'number' and v >= 0 and v <= MAX_MS and v % 1 == 0 end
 local function text(v, most) return type(v) == 'string' and #v <= most end
-local function queue_ok(v) return v == '?' or (text(v, NAME_MAX) and string.find(v, '^[A-Za-z0-9][A-Za-z0-9_.%-]*$')) end
+local function queue_ok(v) return v == '?' or (text(v, NAME_MAX) and string.find(v, NAME_PATTERN)) end
 for i = 6, refusal and 0 or #ARGV - 1, 2 do
   local field = ARGV[i]
   local ok, e = pcall(cmsgpack.unpack, ARGV[i + 1])

@@ -96,11 +96,21 @@ if A[6] == '1' and A[7] == '0' and A[10] == '' and A[11] == nil and (#KEYS == 1 
 end
 --@library
 -- General path. Every argument is checked first, every job before the first is written.
-if not (COMMON and (#KEYS == 1 or #KEYS == 14)) then return arg('common', 1) end
-local queue, ttl, n, resend = arg('name', 4, 'queue'), arg('int', 5, 'tombstone_ttl_ms', 0, MAX_MS),
-  arg('int', 6, 'count', 1, BATCH_MAX), arg('flag', 7, 'resend')
-if n and #ARGV ~= 7 + 3 * n then arg('refuse', 'ARGV', 'count', '7 + 3 x ARGV[6] (the job count)', #ARGV) end
-if refusal then return refusal end
+-- ARGV 1-7: tested inline (a keyed or due job, a new queue, every schedule_many batch comes here),
+-- named through arg when the test failed. The two lists go together.
+local queue, ttl, n, resend = ARGV[4], tonumber(ARGV[5] or ''), tonumber(ARGV[6] or ''), ARGV[7]
+if not (COMMON and (#KEYS == 1 or #KEYS == 14) and queue and #queue <= NAME_MAX and string.find(queue, NAME_PATTERN) and
+    ttl and ttl >= 0 and ttl <= MAX_MS and ttl % 1 == 0 and n and n >= 1 and n <= BATCH_MAX and n % 1 == 0 and
+    (resend == '0' or resend == '1') and #ARGV == 7 + 3 * n) then
+  if not (COMMON and (#KEYS == 1 or #KEYS == 14)) then return arg('common', 1) end
+  arg('name', 4, 'queue')
+  arg('int', 5, 'tombstone_ttl_ms', 0, MAX_MS)
+  n = arg('int', 6, 'count', 1, BATCH_MAX)
+  arg('flag', 7, 'resend')
+  if n and #ARGV ~= 7 + 3 * n then arg('refuse', 'ARGV', 'count', '7 + 3 x ARGV[6] (the job count)', #ARGV) end
+  return refusal or arg('refuse', 'ARGV', 'arguments', "those of lua/schedule.lua's header", #ARGV)
+end
+resend = resend == '1'
 local now = now_ms()
 local ats, ests = {}, {}
 for i = 1, n do

@@ -56,7 +56,7 @@ local good = COMMON and #KEYS == 14 and epoch and epoch >= 0 and epoch <= MAX_IN
   queue_idle % 1 == 0 and lead and lead >= 0 and lead <= MAX_MS and lead % 1 == 0
 for i = 0, (good and nlim or 0) - 1 do -- rate-limited queues: a name and its tokens, each queue once
   local q, n = A[8 + i * 2], tonumber(A[9 + i * 2])
-  if #q <= NAME_MAX and string.find(q, '^[A-Za-z0-9][A-Za-z0-9_.%-]*$') and tokens[q] == nil and n and n >= 0 and
+  if #q <= NAME_MAX and string.find(q, NAME_PATTERN) and tokens[q] == nil and n and n >= 0 and
       n <= MAX_INT and n % 1 == 0 then
     tokens[q], used[q], newly[q] = n, 0, 0
     lim_order[#lim_order + 1] = q
