@@ -1,7 +1,7 @@
 -- ack: running -> done. Run by workers after a handler returned.
 -- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; 4 tombstone ttl ms (0 = keep none); then pairs: id, token.
--- Refuses (ZSCHED_ARG, before any write; _lib.lua "Argument checks"): bad ARGV 1-3 or KEYS, a
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, a
 --   tombstone_ttl_ms outside 0 to 9999-12-31 in ms, no pair or half a pair, an id that is not 15
 --   bytes, a token that is not an integer from 1 to 2^53 - 1.
 -- Returns: one code per pair: 1 acked, 0 refused (token stale: the lease was lost and the job

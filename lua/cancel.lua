@@ -1,7 +1,7 @@
 -- cancel: scheduled (timer, or due and held by a rate limit) -> cancelled, or ready -> cancelled.
 -- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; 4 id; 5 tombstone ttl ms.
--- Refuses (ZSCHED_ARG, before any write; _lib.lua "Argument checks"): bad ARGV 1-3 or KEYS, an id
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, an id
 --   that is not 15 bytes, a tombstone_ttl_ms outside 0 to 9999-12-31 in ms, more arguments.
 -- Returns: 1 cancelled; 0 no live job with that id; -1 it is running (cannot be stopped, it will
 -- finish or fail); -2 it is dead (use purge); -3 it is a cron's pending occurrence (remove or

@@ -8,6 +8,12 @@
 --       ones only into free handler slots. Jobs are taken in list order; at the first due job
 --       over that limit the claim stops and it and the rest go back to the consuming end of the
 --       list, in their order.
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, a
+--   queue that is not a queue name, max_jobs outside 1-5000, a request id (request_id, and the
+--   earlier one) longer than 64 bytes, a receipt_ttl_ms outside 1 ms to a day with a request id
+--   (0 to a day, '' or absent without one), a max_due that is neither '' nor 0 to 2^53 - 1, more
+--   than 9 arguments. Tested inline, with the values the script uses; arg names the culprit when
+--   that test fails.
 -- Returns: {now_us, id, record, token, deadline_ms, due_ms, id, ...}; just {now_us} when empty;
 --   {now_us, paused_since_ms} (2 elements) when the queue is paused (PREFIX..'paused', lua/pause.lua).
 --   now_us: the server's TIME in microseconds, so a worker can start a job handed off ahead of
@@ -28,7 +34,7 @@
 -- the due limit (ARGV 9) leaves the list only to go back to the same place in the same script.
 local RECEIPT_MAX_MS = 86400000 -- a day: a receipt answers re-sends after a lost reply, seconds later
 -- Arguments: tested inline, with the values the script uses (a good call pays for no closure or
--- call: _lib.lua "Argument checks"); when the test fails, the same rules again through arg, which
+-- call: _lib_args.lua "Argument checks"); when the test fails, the same rules again through arg, which
 -- names the culprit. The two lists go together.
 local A = ARGV
 local queue, n, rid, prev_rid = A[4], tonumber(A[5] or ''), A[6] or '', A[8] or ''

@@ -4,7 +4,7 @@
 -- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; 4 epoch (0 = unfenced); 5 name; 6 version the occurrences were computed for;
 --       7 count n; then n pairs: nominal ms, fire ms, ascending, all after the table's last entry.
--- Refuses (ZSCHED_ARG, before any write; _lib.lua "Argument checks"): bad ARGV 1-3 or KEYS, an epoch
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, an epoch
 --   outside 0 to 2^53 - 1, a name that is not a cron name (validate_name), a version that is not
 --   an integer from 1 to 2^53 - 1, a count below 1 or not matching the number of arguments, an
 --   occurrence whose nominal ms is not after the previous one (or past 9999-12-31) or whose fire

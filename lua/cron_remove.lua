@@ -1,7 +1,7 @@
 -- cron_remove: delete a cron and cancel its pending occurrence.
 -- KEYS: the 14 partition keys (see _lib.lua); the partition is the cron name's.
 -- ARGV: 1-3 common; 4 name; 5 tombstone ttl ms.
--- Refuses (ZSCHED_ARG, before any write; _lib.lua "Argument checks"): bad ARGV 1-3 or KEYS, a name
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, a name
 --   that is not a cron name (validate_name), a tombstone_ttl_ms outside 0 to 9999-12-31 in ms, more arguments.
 -- Returns: 1 removed, 0 no such cron.
 -- Invariants: no pending occurrence is left behind (one already running finishes normally).

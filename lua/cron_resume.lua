@@ -2,7 +2,7 @@
 -- KEYS: the 14 partition keys (see _lib.lua); the partition is the cron name's.
 -- ARGV: 1-3 common; 4 name; 5 count n of occurrences; then n pairs: nominal ms, fire ms (jitter
 --       applied), ascending, all after now (computed by the caller from the cron's definition).
--- Refuses (ZSCHED_ARG, before any write; _lib.lua "Argument checks"): bad ARGV 1-3 or KEYS, a name
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, a name
 --   that is not a cron name (validate_name), a count below 1 or not matching the number of
 --   arguments, an occurrence whose nominal ms is not after the previous one (or past 9999-12-31) or
 --   whose fire ms is not 0 to 86400000 ms (cron.MAX_JITTER_S) after its nominal ms.

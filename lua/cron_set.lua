@@ -4,7 +4,7 @@
 --       8 record tail (see codec.split_template); 9 tombstone ttl ms; 10 count n of occurrences;
 --       11 placement hash of the name (crc32, decimal: the h of its occurrences' ids, see
 --       scheduler/protocol/ids.py); then n pairs: nominal ms, fire ms (jitter applied), ascending.
--- Refuses (ZSCHED_ARG, before any write; _lib.lua "Argument checks"): bad ARGV 1-3 or KEYS, a name
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, a name
 --   or queue that is not a name (validate_name), a definition that is not a msgpack map (its first
 --   byte) or is longer than 4096 bytes (the client's is a few hundred), a head and tail that are not a job record template
 --   (codec.split_template: the head is the header and its grace and lease sections, with no key;

@@ -3,7 +3,7 @@
 -- ARGV: 1-3 common; 4 queue filter ('' = all); 5 limit; 6 scan at most this many dead entries.
 -- Returns: flat list of {id, record, died_at_ms, error or false, queue name, due ms of the last
 --          attempt} groups, newest first.
--- Refuses (ZSCHED_ARG; _lib.lua "Argument checks"): bad ARGV 1-3 or KEYS, a queue filter that is
+-- Refuses (ZSCHED_ARG; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, a queue filter that is
 --   neither '' nor a queue name, a limit or scan outside 1 to 2^53 - 1, more arguments.
 -- Invariants: read-only (no key is written); scans at most ARGV[6] entries of 'd', so the cost
 --             of a call is bounded whatever the number of dead jobs.

@@ -6,7 +6,7 @@
 -- Publishes: the partition number on CHAN.."epoch-reset" after a reset (publish(): SPUBLISH in
 -- sharded mode), so a replica backing off from the conflict retries at once instead of at its
 -- next backoff step (up to 30 s later).
--- Refuses (ZSCHED_ARG, before any write; _lib.lua "Argument checks"): bad ARGV 1-3 or KEYS, an
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, an
 --   expected epoch outside 0 to 2^53 - 1, more arguments.
 -- Returns: {1, previous epoch} reset to 0; {0, current epoch} not reset because the stored value
 --          is no longer the expected one (a legitimate owner raised it meanwhile: look again);

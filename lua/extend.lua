@@ -1,7 +1,7 @@
 -- extend: lease heartbeat (running -> running with a later deadline). Run by workers.
 -- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; then triples: id, token, lease_ms (0 = the job's own lease).
--- Refuses (ZSCHED_ARG, before any write; _lib.lua "Argument checks"): bad ARGV 1-3 or KEYS, no
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, no
 --   triple or part of one, an id that is not 15 bytes, a token that is not an integer from 1 to
 --   2^53 - 1, a lease_ms outside 0 to 7 days (options.MAX_LEASE_S).
 -- Returns: one value per triple: the new deadline ms, or 0 when refused (stale token: the lease

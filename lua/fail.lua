@@ -5,7 +5,7 @@
 --   (Retry(delay)), 'p' permanent failure (dead now). delay_ms: computed by the caller (full
 --   jitter backoff, or the requested delay). error: "type NUL message NUL traceback" (bounded by
 --   the caller); the script prefixes the time.
--- Refuses (ZSCHED_ARG, before any write; _lib.lua "Argument checks"): bad ARGV 1-3 or KEYS, no
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, no
 --   group or part of one, an id that is not 15 bytes, a token that is not an integer from 1 to
 --   2^53 - 1, a kind other than f, r, p, a delay_ms outside 0 to 9999-12-31 in ms, an error longer
 --   than 16386 bytes (calls.error_arg: 4096 characters of UTF-8 and two NULs).

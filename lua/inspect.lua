@@ -13,7 +13,7 @@
 --   summary: done/cancelled/misfired only: the packed summary from 'f' (layout in _lib.lua
 --          tombstone(); its queue index is resolved into 'queue name'), or false for a
 --          tombstone written before summaries existed (legacy 'x': only its expiry is known).
--- Refuses (ZSCHED_ARG; _lib.lua "Argument checks"): bad ARGV 1-3 or KEYS, no id, an id that is
+-- Refuses (ZSCHED_ARG; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, no id, an id that is
 --   not 15 bytes.
 -- Invariants: read-only (no key is written); every job state is read in this one atomic call,
 --             so a job moving meanwhile is seen in exactly one state.

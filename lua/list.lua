@@ -27,11 +27,11 @@
 -- a job that stays where it is is listed exactly once across pages, a job that moves between
 -- pages (fired, claimed, retried, extended) may be missed or listed again in its new place.
 -- Work per call: O(log n) to find the position (and the range's ends), then at most 'budget' entries.
--- Refuses (ZSCHED_ARG; _lib.lua "Argument checks"): bad ARGV 1-3 or KEYS, an unknown state, a
+-- Refuses (ZSCHED_ARG; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, an unknown state, a
 --   queue that is not a queue name, a limit outside 1-1000 (listing.LIST_MAX_LIMIT), a position
---   this script did not return for the state, a budget outside 1 to 2^53 - 1, a run_at bound that
---   is neither '' nor epoch ms up to 9999-12-31, a run_at range for a state other than scheduled,
---   more arguments.
+--   this script did not return for the state, a budget outside 1 to 2^53 - 1, a run_at_from or
+--   run_at_to that is neither '' nor epoch ms up to 9999-12-31, a run_at range for a state other
+--   than scheduled, more arguments.
 -- Invariants: read-only (no key is written); examines at most ARGV[8] entries per call.
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local state, queue, pos = ARGV[4], arg('name', 5, 'queue'), ARGV[7]

@@ -6,7 +6,7 @@
 --       5 check flag: 1 when the entries may have been delivered before (an outbox re-sent after
 --       an interruption, or this call re-sent after a lost reply), 0 for a first delivery;
 --       then pairs: outbox field ('j' .. id or 'c' .. name), entry (cmsgpack, see migrate_out.lua).
--- Refuses (ZSCHED_ARG, before any write; _lib.lua "Argument checks"): bad ARGV 1-3 or KEYS, a cron
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, a cron
 --   sequence floor outside 0 to 2^53 - 1, a check flag other than 0 or 1, half a pair, a field
 --   that is not 'j' and a job id or 'c' and a cron name, an entry that is not migrate_out's for
 --   its field (cmsgpack, its kind's fields and types). Every entry is checked before the first is

@@ -5,7 +5,7 @@
 -- ARGV: 1-3 common (ARGV[3] without a count: this script is not behind the fence); 4 new partition
 --       count N; 5 budget (entries to move in this call); then the outbox fields the caller has
 --       delivered (migrate_in ran on their targets), to forget first.
--- Refuses (ZSCHED_ARG, before any write; _lib.lua "Argument checks"): bad ARGV 1-3 or KEYS, a
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, a
 --   partition count outside 1-4096, a budget outside 1 to 2^53 - 1, a delivered field that is not
 --   'j' and a job id or 'c' and a cron name.
 -- Returns: {done, again, field, target, entry, field, target, entry, ...}: done is 1 once every

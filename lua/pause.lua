@@ -3,8 +3,8 @@
 --       (queue -> ms when its pause started), built from the prefix like the ready lists: same slot.
 -- ARGV: 1-3 common; 4 queue name; 5 since: epoch ms when the pause started (the namespace-wide value
 --       kept in {ns}:cfg as paused:QUEUE, so every partition shows the same start).
--- Refuses (ZSCHED_ARG, before any write; _lib.lua "Argument checks"): bad ARGV 1-3 or KEYS, a queue
---   that is not a queue name, a since outside 0 to 9999-12-31 in ms, more arguments.
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, a queue
+--   that is not a queue name, a since_ms outside 0 to 9999-12-31 in ms, more arguments.
 -- Returns: 1 when the queue was paused now in this partition, 0 when it already was (its start kept).
 -- Invariants: no job changes state. tick keeps moving due jobs to 'r:QUEUE'; claim (lua/claim.lua)
 -- hands none of them out while the flag is set, and answers {now_us, since} so workers stop asking

@@ -2,7 +2,7 @@
 -- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; 4 mode: 'ids' (then job ids from ARGV[6]) or 'older' (died at or before
 --       ARGV[5] ms, at most ARGV[6] jobs per call); 5 cutoff ms; 6.. limit or ids.
--- Refuses (ZSCHED_ARG, before any write; _lib.lua "Argument checks"): bad ARGV 1-3 or KEYS, a mode
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, a mode
 --   other than 'ids' or 'older', a cutoff outside 0 to 9999-12-31 in ms; with 'older' a limit
 --   outside 1-5000 or more arguments, with 'ids' no id or an id that is not 15 bytes.
 -- Returns: the number of jobs purged.

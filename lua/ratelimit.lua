@@ -3,7 +3,7 @@
 -- KEYS: 1 the bucket hash "{ns}:rl:QUEUE" (fields: tokens, ts, d:P demand, t:P demand time).
 -- ARGV: 1 rate (jobs per second); 2 burst (max tokens); 3 partition; 4 demand (jobs this partition
 --       has waiting, 0 = none); 5 refund (tokens granted earlier but not used).
--- Refuses (ZSCHED_ARG, before any write; _lib.lua "Argument checks"): a key that is not one bucket
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): a key that is not one bucket
 --   "{NAMESPACE}:rl:QUEUE" (names as validate_name), a rate outside (0, 1000000] or a burst outside
 --   [1, 10000000] jobs (client settings.validate_rate), a partition outside 0-4095, a demand or
 --   refund outside 0 to 2^53 - 1, more arguments.

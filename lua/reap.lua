@@ -1,6 +1,8 @@
 -- reap: expired leases. Run only by the partition's owner (scheduler tier).
 -- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; 4 epoch (0 = unfenced); 5 batch limit.
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, an
+--   epoch outside 0 to 2^53 - 1, a batch outside 1-5000 (the tier's --batch), more arguments.
 -- Returns: {-1, newest_epoch} when the epoch is refused; else
 --          {reaped_count, next_lease_deadline_ms or -1, now_ms}.
 -- Invariants: a job whose lease deadline passed leaves 'i'/'l' (so its token is void and the old

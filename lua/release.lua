@@ -2,7 +2,7 @@
 -- jobs it did not finish).
 -- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; then pairs: id, token.
--- Refuses (ZSCHED_ARG, before any write; _lib.lua "Argument checks"): bad ARGV 1-3 or KEYS, no
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, no
 --   pair or half a pair, an id that is not 15 bytes, a token that is not an integer from 1 to
 --   2^53 - 1.
 -- Returns: one code per pair: 1 released, 0 refused (stale token / not running).

@@ -3,7 +3,7 @@
 -- ARGV: 1-3 common; 4 run_at: absolute epoch ms (0 = now), or "ESTrDELTA" for now + DELTA ms by
 --       this script's clock (TIME; arg('at') in _lib.lua, as schedule; EST is not used here);
 --       then job ids.
--- Refuses (ZSCHED_ARG, before any write; _lib.lua "Argument checks"): bad ARGV 1-3 or KEYS, a
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, a
 --   run_at that is not 0, epoch ms up to 9999-12-31 or "ESTrDELTA" landing in that range, no id,
 --   an id that is not 15 bytes.
 -- Returns: one code per id: 1 requeued, 0 not dead (already requeued, live, or unknown), so

@@ -3,7 +3,7 @@
 -- ARGV: 1-3 common; 4 id; 5 new run_at: absolute epoch ms, or "ESTrDELTA" for now + DELTA ms by
 --       this script's clock (TIME; arg('at') in _lib.lua, as schedule: a producer whose clock is
 --       off cannot move the job early; EST, the client's estimate, is not used here).
--- Refuses (ZSCHED_ARG, before any write; _lib.lua "Argument checks"): bad ARGV 1-3 or KEYS, an id
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, an id
 --   that is not 15 bytes, a run_at that is not epoch ms up to 9999-12-31 or "ESTrDELTA" landing in
 --   that range, more arguments.
 -- Returns: 1 moved; 0 no live job with that id; -1 running; -2 dead (use requeue).

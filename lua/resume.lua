@@ -1,7 +1,7 @@
 -- resume: let workers claim jobs of a paused queue in this partition again (client.resume).
 -- KEYS: the 14 partition keys (see _lib.lua); the paused flags live in the hash PREFIX.."paused".
 -- ARGV: 1-3 common; 4 queue name.
--- Refuses (ZSCHED_ARG, before any write; _lib.lua "Argument checks"): bad ARGV 1-3 or KEYS, a queue
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, a queue
 --   that is not a queue name, more arguments.
 -- Returns: 1 when the queue was paused here and is not any more, 0 when it was not paused.
 -- Invariants: no job changes state. Always publishes "P:resume" on the queue's ready channel

@@ -10,7 +10,7 @@
 --       _lib.lua): the job is due at now + DELTA, so a producer whose clock is off cannot fire a
 --       job early or misfire it. When the estimate is within RELATIVE_SLACK_MS of that it is kept
 --       (the id embeds it, and a timer whose score is its id's time needs no 'm' entry).
--- Refuses (ZSCHED_ARG, before any write; _lib.lua "Argument checks"), besides bad ARGV 1-3 or
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"), besides bad ARGV 1-3 or
 --       KEYS: a queue that is not a queue name, a tombstone_ttl_ms outside 0 to 9999-12-31 in ms,
 --       a count outside 1-1000 (calls.BATCH) or not matching the number of arguments, a resend
 --       flag other than 0 or 1, and any job whose blob is shorter than an id and a record or whose
@@ -48,7 +48,7 @@
 local RELATIVE_SLACK_MS = 250 -- see the use of arg('at') below
 local A = ARGV -- a local: each ARGV[i] would otherwise look the global up
 if A[6] == '1' and A[7] == '0' and A[10] == '' and A[11] == nil and (#KEYS == 1 or #KEYS == 14) then
-  -- One pattern reads ARGV 1-3, KEYS[1] and the channel prefix as COMMON does (_lib.lua: the same
+  -- One pattern reads ARGV 1-3, KEYS[1] and the channel prefix as COMMON does (_lib_args.lua: the same
   -- pattern, and below the same limits), then the ttl and run_at (digits, then '' or "rDELTA"):
   -- the three pattern calls this path made before its arguments were checked cost nearly as much.
   -- locals: a global costs a table lookup at each use

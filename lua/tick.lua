@@ -7,6 +7,13 @@
 --       then (optional) hand-off lead ms (default 0): timers due up to this long from now fire
 --       now, so a worker has them in hand at their due time and starts them on its own timer,
 --       never before due (workers/runner.py). Jobs handed off early keep their due time.
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, an
+--   epoch outside 0 to 2^53 - 1, a batch outside 1-5000 (the tier's --batch), a tombstone_ttl_ms,
+--   dead_ttl_ms, queue_idle_ms or handoff_lead_ms outside 0 to 9999-12-31 in ms, a
+--   rate_limited_queues count or max_dead outside 0 to 2^53 - 1, a count of arguments that does
+--   not fit (7 + 2 x rate_limited_queues, then up to 4 optional ones), a rate-limited queue that is
+--   not a queue name or comes twice, tokens outside 0 to 2^53 - 1. Tested inline, with the numbers
+--   the script uses; arg names the culprit when that test fails.
 -- Returns: {-1, newest_epoch} when the epoch is refused; else
 --          {moved, next_due_ms or -1, now_ms, n, (queue, tokens_used, held_now, newly_held) * n,
 --           c, cron names * c, k, (dropped dead id, its queue) * k, lateness_ms...}: the crons
@@ -36,7 +43,7 @@
 -- once per queue whose ready list received jobs.
 local FIRING_SWEEP_MS = 1000
 -- Arguments: tested inline, with the numbers the script uses (a good call pays for no closure or
--- call: _lib.lua "Argument checks"); when the test fails, the same rules again through arg, which
+-- call: _lib_args.lua "Argument checks"); when the test fails, the same rules again through arg, which
 -- names the culprit. The two lists go together.
 local A = ARGV
 local epoch, limit, ttl, nlim = tonumber(A[4] or ''), tonumber(A[5] or ''), tonumber(A[6] or ''), 0

@@ -89,7 +89,7 @@ class LayoutChanged(ZschedError):
 
 
 class ScriptArgumentError(ZschedError, ValueError):
-    """A script refused an argument before it wrote anything (``ZSCHED_ARG``, lua/_lib.lua
+    """A script refused an argument before it wrote anything (``ZSCHED_ARG``, lua/_lib_args.lua
     "Argument checks"): nothing changed in Redis. ``script`` is the script, ``argument`` what was
     refused (``ARGV[n]``, or ``ARGV``/``KEYS`` for their count) and ``name`` its name in the
     script's header. The clients check their input before it reaches Redis, so from them this

@@ -1,4 +1,4 @@
-"""Every script checks its arguments before its first write (lua/_lib.lua "Argument checks").
+"""Every script checks its arguments before its first write (lua/_lib_args.lua "Argument checks").
 
 Each script is called directly (EVALSHA of the shipped script, with the partition's real KEYS)
 against a populated namespace: scheduled (one moved), held (rate limit), ready, running, dead, done
