@@ -37,9 +37,9 @@ local PREFIX, CHAN = ARGV[1] or '', ARGV[2] or '' -- checked by COMMON below
 -- Cost (callgrind, redis-server 7.0): a pattern or tonumber is about 1.5 k instructions, a VM
 -- operation 35, and every closure 0.5 k plus 0.3 k per local it captures, built on every call
 -- whether it runs or not. So ARGV 1-3 are checked by the library's own first lines (COMMON, no
--- closure), every other check goes through one closure (arg), and the hot scripts (schedule's fast
--- path, tick, claim) test their arguments inline, with the numbers they parse anyway, calling arg
--- only when that test failed, to name the culprit.
+-- closure), every other check goes through one closure (arg), and the hot scripts (schedule, tick,
+-- claim, ack, fail, extend, release) test their arguments inline, with the numbers they parse
+-- anyway, calling arg only when that test failed, to name the culprit.
 local MAX_MS = 253402300799999 -- 9999-12-31T23:59:59.999Z: the largest time or duration in ms
 local MAX_INT = 9007199254740991 -- 2^53 - 1: counts, epochs, tokens (larger ones are not exact)
 local NAME_MAX, KEY_MAX, BATCH_MAX = 64, 200, 1000
@@ -65,10 +65,10 @@ local COMMON = COMMON_NS ~= nil and #COMMON_NS <= NAME_MAX and #PART <= 4 and no
     (#LAYOUT > #PART or (#LAYOUT == #PART and LAYOUT > PART))))
 local refusal = nil -- the call's refusal (an error reply) once a check found a bad argument
 -- One check of an argument, by kind; returns the argument as the script uses it, or records the
--- call's refusal (the first one only) and returns nil ('common' and 'refuse' return the refusal). 'i': an ARGV index ('ARGV' or 'KEYS' for
--- 'refuse' of a count). Its limits are written as numbers (those of the constants above: the
--- unit test compares them), not captured: a captured local costs every call that builds this
--- closure about 0.3 k instructions, and every script builds it.
+-- call's refusal (the first one only) and returns nil ('common' and 'refuse' return the refusal).
+-- 'i': an ARGV index ('ARGV' or 'KEYS' for 'refuse' of a count). MAX_MS and MAX_INT are written
+-- here as numbers, not captured: a captured local costs every call that builds this closure about
+-- 0.3 k instructions, and every script builds it.
 --   int i name lo hi [default]  an integer from lo to hi; with a default, absent or '' stands for it
 --   num i name lo hi [above]    a (finite) number from lo to hi; above: lo itself is refused
 --   name i name [optional]      a queue or cron name (validate_name); optional: '' or absent is none

@@ -57,6 +57,8 @@ def lua_constant(name: str) -> int:
 def test_the_limits_are_the_python_ones() -> None:
     assert lua_constant("MAX_MS") == timeutil.MAX_MS
     assert lua_constant("MAX_INT") == 2 ** 53 - 1
+    # arg spells them out (a captured local costs every call): every long number there is one of them
+    assert set(re.findall(r"\b\d{15,}\b", source("_lib_args"))) == {str(timeutil.MAX_MS), str(2 ** 53 - 1)}
     assert lua_constant("BATCH_LIMIT_MAX") == calls.CLAIM_MAX  # claim's max_jobs, tick's and reap's batch
     assert limits() == (64, codec.MAX_KEY_BYTES, calls.BATCH)  # 64: validate_name's (tested below)
     lease, grace = options.MAX_LEASE_S * 1000, options.MAX_GRACE_S * 1000
