@@ -79,9 +79,9 @@ def populate(client: Client) -> dict[str, Any]:
     client.schedule_many([(0, {"n": i}) for i in range(6)], queue="q")  # 4 are claimed below, 2 stay ready
     client.schedule(0, "waits", queue="pq")
     assert client.pause("pq")
-    client.schedule_many([(time.time() + 0.2, i) for i in range(3)], queue="rl")
-    time.sleep(0.3)
-    ops.run("tick", 0, 0, 1000, client.calls.tomb_ms, 1, "rl", 0)  # due, and no token: held
+    client.schedule_many([(time.time() + 30, i) for i in range(3)], queue="rl")
+    # a hand-off lead of a minute makes them due now, and with no token they are held
+    ops.run("tick", 0, 0, 1000, client.calls.tomb_ms, 1, "rl", 0, 0, 0, 0, 60_000)
     client.transport.call(*ratelimit_call(client.keyspace, "rl", 10, 5, 0, 3, 0))
     running = ops.claim("q", 4)
     assert len(running) == 4
@@ -94,6 +94,7 @@ def populate(client: Client) -> dict[str, Any]:
     client.add_cron("sleepy", "0 0 1 1 *", None, queue="cq")
     assert client.pause_cron("sleepy")
     r, ks = client.redis, client.keyspace
+    assert r.zcard(ks.key(0, "h:rl")) == 3 and r.exists(ks.bucket("rl")) and r.hlen(ks.key(0, "m")) >= 1
     dead = [raw for raw in r.zrange(ks.key(0, "d"), 0, -1)]
     return {"scheduled": bytes.fromhex(moved), "dead": dead[0], "running": running[3],
             "version": r.hget(ks.key(0, "cron:yearly"), "ver"), "sleepy": r.hget(ks.key(0, "cron:sleepy"), "def")}
