@@ -9,7 +9,9 @@ Instruction counts do not depend on what else the machine is doing, unlike times
 repeat to within a fraction of a percent. Each side runs on its own redis-server under
 ``valgrind --tool=callgrind`` with instrumentation off while it starts, while the data is set up
 and during 200 warm-up calls (they create the queue and fill the caches), on for the ``N``
-measured calls, sent one by one.
+measured calls, sent one by one. The servers run with ``hz 1``: their timers (serverCron, about
+ten times a second by default) run while the calls are measured, as often as the calls take wall
+time under valgrind, and blurred the figures by a percent or two.
 
 - ``schedule``: one job due in an hour per call, as a producer sends them (16 partitions,
   only the timer set declared: not a cluster).
