@@ -1,26 +1,9 @@
--- _lib.lua: helpers shared by every script (with _lib_finish.lua and _lib_cron.lua, read after it as
--- one library). The loader (scheduler/protocol/scripts.py) prepends the
--- definitions a script uses (transitively) to it, so each script is one self-contained EVALSHA.
+-- _lib.lua: helpers shared by every script: keys, record bytes, queues, timers, ready lists,
+-- placing a job. One library with _lib_args.lua (read before it: the arguments every script
+-- gets, and their checks), _lib_finish.lua and _lib_cron.lua (read after it). The loader
+-- (scheduler/protocol/scripts.py) prepends the definitions a script uses (transitively) to it,
+-- so each script is one self-contained EVALSHA.
 --
--- Common calling convention of partition scripts:
---   KEYS[1..14] = the partition's keys, in scheduler/protocol/keys.py PARTITION_KEYS order
---     (schedule passes KEYS[1] alone; see K_T below):
---     t (timers zset), m (moved hash), j (bodies hash: due(6) .. record), i (in-flight zset), l (lease tokens hash),
---     d (dead zset), e (errors hash), k (idempotency keys hash), x (legacy tombstones zset, drained by tick),
---     q (queue names hash), g (gauges hash), c (counters hash), meta (fence, epoch, fcur),
---     f (finished jobs: tombstone summaries hash, see tombstone() below)
---   ARGV[1] = partition key prefix "{ns:p}:"  (ready lists are PREFIX .. "r:" .. queue, same slot)
---   ARGV[2] = channel prefix CHAN             (wake: CHAN.."wake", ready: CHAN.."ready:"..queue,
---             epoch reset: CHAN.."epoch-reset"): "ns:" for plain pub/sub, or in sharded mode (Redis
---             Cluster) the partition prefix "{ns:p}:", so the channel hashes to this partition's slot.
---             Scripts publish only through publish(), which picks PUBLISH or SPUBLISH from CHAN.
---   ARGV[3] = partition number (the pub/sub message), followed by "/" and the caller's partition
---             count for the scripts guarded by layout_fence() (see there); "p" alone for the ones
---             that finish a running job (ack, fail, extend, release) and for epoch_reset
---   ARGV[4..] script-specific, see each script's header.
--- Times are Redis server milliseconds (TIME). Jitter is always computed by the caller: Redis's
--- Lua random generator is deterministic.
-local PREFIX, CHAN = ARGV[1], ARGV[2]
 -- schedule declares only KEYS[1], the timer set (it routes the call in a cluster; the other keys
 -- share its hash tag, so its slot), and its partition keys are named here from the prefix: the 13
 -- other declared keys cost a one-job call an eighth of its Redis instructions (callgrind).
@@ -29,7 +12,6 @@ local K_T, K_M, K_J, K_I, K_L, K_D, K_E, K_K, K_X, K_Q, K_G, K_C, K_META, K_F =
   KEYS[5] or PREFIX .. 'l', KEYS[6] or PREFIX .. 'd', KEYS[7] or PREFIX .. 'e', KEYS[8] or PREFIX .. 'k',
   KEYS[9] or PREFIX .. 'x', KEYS[10] or PREFIX .. 'q', KEYS[11] or PREFIX .. 'g', KEYS[12] or PREFIX .. 'c',
   KEYS[13] or PREFIX .. 'meta', KEYS[14] or PREFIX .. 'f'
-local PART, LAYOUT = string.match(ARGV[3], '^(%d+)/?(%d*)$')
 local ID_LEN = 15
 local CHUNK = 2000 -- arguments per variadic call, well under Lua's unpack limit
 
@@ -57,17 +39,6 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
--- A run_at argument: absolute epoch ms, or "ESTrDELTA" for a time relative to now (a timedelta
--- in the client): due at now + DELTA ms by this script's clock (TIME), so a producer whose clock is
--- off fires nothing early. Returns the due ms and, for a relative time, the client's estimate EST
--- of it (Redis clock; schedule keeps it when close, as its id embeds it). Errors on anything else.
-local function resolve_at(arg, now)
-  local at = tonumber(arg)
-  if at then return at, nil end
-  local est, delta = string.match(arg, '^(%d+)r(%-?%d+)$')
-  if not est then error('zsched: run_at must be epoch ms or "ESTrDELTA", got ' .. tostring(arg)) end
-  return now + tonumber(delta), tonumber(est)
-end
 -- A whole number as the decimal string Redis expects: tostring() would switch to exponent
 -- notation past 14 digits. Hot paths also pass numbers to redis.call (and build field names)
 -- through this: a Lua number argument is formatted with %.17g and a number concatenated into a
@@ -79,14 +50,28 @@ local function u32(s, i)
   local a, b, c, d = string.byte(s, i, i + 3)
   return ((a * 256 + b) * 256 + c) * 256 + d
 end
-local function u48(s, i) return u16(s, i) * 4294967296 + u32(s, i + 2) end
-local function p16(n) return string.char(math.floor(n / 256), n % 256) end
-local function p32(n)
-  return string.char(math.floor(n / 16777216) % 256, math.floor(n / 65536) % 256, math.floor(n / 256) % 256, n % 256)
+-- One string.byte or string.char and plain arithmetic each: a C call costs Redis's Lua about 0.5 k
+-- instructions (callgrind), so math.floor is written (n - n % 256) / 256 (exact for integers).
+local function u48(s, i)
+  local a, b, c, d, e, f = string.byte(s, i, i + 5)
+  return ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f
 end
-local function p48(n) return p16(math.floor(n / 4294967296)) .. p32(n % 4294967296) end
-local function flag(flags, bitv) return math.floor(flags / bitv) % 2 == 1 end
-
+local function p16(n) local b = n % 256; return string.char((n - b) / 256, b) end
+local function p32(n)
+  local d = n % 256; n = (n - d) / 256
+  local c = n % 256; n = (n - c) / 256
+  local b = n % 256
+  return string.char((n - b) / 256 % 256, b, c, d)
+end
+local function p48(n)
+  local f = n % 256; n = (n - f) / 256
+  local e = n % 256; n = (n - e) / 256
+  local d = n % 256; n = (n - d) / 256
+  local c = n % 256; n = (n - c) / 256
+  local b = n % 256
+  return string.char((n - b) / 256, b, c, d, e, f)
+end
+local function flag(flags, bitv) return flags % (2 * bitv) >= bitv end
 -- Record accessors; layout in scheduler/protocol/codec.py (1-based offsets here).
 -- 0 (no queue has index 0) for a body too short to hold one, so lookups fail cleanly
 local function rec_qidx(rec) if #rec < 9 then return 0 end return u16(rec, 1) end
@@ -159,9 +144,8 @@ end
 local function queue_index(name)
   local idx = redis.call('HGET', K_Q, 'n:' .. name)
   if idx then return tonumber(idx) end
-  idx = redis.call('HINCRBY', K_Q, 'next', 1)
-  if idx > 65535 then
-    redis.call('HSET', K_Q, 'next', 65535)
+  idx = tonumber(redis.call('HGET', K_Q, 'next') or '0') + 1
+  if idx > 65535 then -- decided before any write: a script that errors must not have written
     local t = redis.call('TIME')
     local cooled = redis.call('ZRANGE', PREFIX .. 'qfree', '-inf', t[1] .. '000', 'BYSCORE', 'LIMIT', 0, 1)
     if #cooled == 0 then
@@ -170,6 +154,8 @@ local function queue_index(name)
     end
     redis.call('ZREM', PREFIX .. 'qfree', cooled[1])
     idx = tonumber(cooled[1])
+  else
+    redis.call('HSET', K_Q, 'next', fmt(idx))
   end
   redis.call('HSET', K_Q, 'n:' .. name, idx, 'i:' .. idx, name)
   return idx
@@ -307,6 +293,16 @@ local function settle(earliest, head)
   flush_bumps()
   publish_ready()
   if earliest and (head == nil or earliest < head) then wake_scheduler() end
+end
+-- The worker registry's keys (registry_beat, registry_leave, registry_read): exactly KEYS[1]
+-- "{NS}:workers" and KEYS[2] "{NS}:workers:live" of one namespace NS (keys.py); records the call's
+-- refusal (arg) otherwise, so a direct caller cannot make the registry scripts write elsewhere.
+local function registry_keys()
+  local ns = string.match(KEYS[1] or '', '^{([A-Za-z0-9][A-Za-z0-9_.%-]*)}:workers$')
+  if #KEYS ~= 2 or not ns or #ns > NAME_MAX or KEYS[2] ~= KEYS[1] .. ':live' then
+    arg('refuse', 'KEYS', 'registry keys', '2 keys, "{NAMESPACE}:workers" and "{NAMESPACE}:workers:live"',
+      table.concat(KEYS, ' '))
+  end
 end
 -- The worker registry (scheduler/protocol/registry.py; registry_beat, registry_read): KEYS[1] the
 -- records hash "{ns}:workers", KEYS[2] the liveness set "{ns}:workers:live" (id -> ms until which

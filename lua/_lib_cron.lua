@@ -1,5 +1,5 @@
 -- _lib_cron.lua: cron helpers (definitions, occurrence tables, advancing a cron), read after
--- _lib.lua and _lib_finish.lua as one library (scheduler/protocol/scripts.py).
+-- _lib_args.lua, _lib.lua and _lib_finish.lua as one library (scheduler/protocol/scripts.py).
 
 -- Cron: definitions live in PREFIX.."cron:"..NAME (fields: def, head, tail, queue, h, times, fires,
 -- pending, last, last_at, ver, paused, missed; h = placement hash of the name, the h of every occurrence id;

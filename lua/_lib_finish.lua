@@ -1,7 +1,7 @@
 -- _lib_finish.lua: helpers for jobs that finish or leave the timers: tombstones, dead-letter
 -- retention, queue retirement, error blobs, lease tokens, epoch fencing, cancel. The loader
--- (scheduler/protocol/scripts.py) reads _lib.lua, this file and _lib_cron.lua as one library,
--- in that order, and prepends to each script only the definitions it uses.
+-- (scheduler/protocol/scripts.py) reads _lib_args.lua, _lib.lua, this file and _lib_cron.lua as
+-- one library, in that order, and prepends to each script only the definitions it uses.
 
 -- A job finished (letter 'd' done, 'c' cancelled, 'm' misfired): its last error leaves 'e' and,
 -- with ttl > 0, a summary answers get() for ttl ms. rec: its record (nil if the body is missing);
@@ -165,10 +165,9 @@ local function error_blob(now, etype, msg) return fmt(now) .. '\0' .. etype .. '
 -- everysec after a crash, failover to an asynchronous replica): the next token is above both the
 -- stored counter and the server clock in microseconds, so a counter rolled back by a few writes
 -- still hands out tokens larger than any it handed out before the loss (the clock has moved on).
--- Returns the first of n consecutive tokens (~1.7e15: exact in a Lua double, below 2^53).
-local function next_tokens(n)
-  local t = redis.call('TIME')
-  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- Returns the first of n consecutive tokens (~1.7e15: exact in a Lua double, below 2^53). 'us': the
+-- server clock in microseconds, from the caller's TIME (one TIME less per claim).
+local function next_tokens(n, us)
   local cur = tonumber(redis.call('HGET', K_META, 'fence') or '0')
   local base = math.max(cur, us)
   redis.call('HSET', K_META, 'fence', fmt(base + n))

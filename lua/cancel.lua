@@ -1,13 +1,18 @@
 -- cancel: scheduled (timer, or due and held by a rate limit) -> cancelled, or ready -> cancelled.
 -- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; 4 id; 5 tombstone ttl ms.
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, an id
+--   that is not 15 bytes, a tombstone_ttl_ms outside 0 to 9999-12-31 in ms, more arguments.
 -- Returns: 1 cancelled; 0 no live job with that id; -1 it is running (cannot be stopped, it will
 -- finish or fail); -2 it is dead (use purge); -3 it is a cron's pending occurrence (remove or
 -- replace the cron instead: a cron always has exactly one pending occurrence).
 -- Invariants: a cancelled job is in no live structure, its idempotency key is free, and with
 -- ttl > 0 a 'cancelled' summary in 'f' answers get() (due time, attempts, queue, key, last error).
+if not (COMMON and #KEYS == 14) then return arg('common', 14) end
+local id, ttl = arg('id', 4), arg('int', 5, 'tombstone_ttl_ms', 0, MAX_MS)
+arg('at_most', 5)
+if refusal then return refusal end
 do local refused = layout_fence(); if refused then return refused end end
-local id, ttl = ARGV[4], tonumber(ARGV[5])
 local member = find_timer(id)
 local rec = member and string.sub(member, ID_LEN + 1) or jget(id)
 if rec and rec_is_cron(rec) then

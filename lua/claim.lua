@@ -8,6 +8,12 @@
 --       ones only into free handler slots. Jobs are taken in list order; at the first due job
 --       over that limit the claim stops and it and the rest go back to the consuming end of the
 --       list, in their order.
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, a
+--   queue that is not a queue name, max_jobs outside 1-5000, a request id (request_id, and the
+--   earlier one) longer than 64 bytes, a receipt_ttl_ms outside 1 ms to a day with a request id
+--   (0 to a day, '' or absent without one), a max_due that is neither '' nor 0 to 2^53 - 1, more
+--   than 9 arguments. Tested inline, with the values the script uses; arg names the culprit when
+--   that test fails.
 -- Returns: {now_us, id, record, token, deadline_ms, due_ms, id, ...}; just {now_us} when empty;
 --   {now_us, paused_since_ms} (2 elements) when the queue is paused (PREFIX..'paused', lua/pause.lua).
 --   now_us: the server's TIME in microseconds, so a worker can start a job handed off ahead of
@@ -26,13 +32,39 @@
 -- after Redis lost recent writes. An id that is already running (a duplicate ready entry: only
 -- a bug or a hand edit makes one) is dropped from the list, never handed out twice. A job over
 -- the due limit (ARGV 9) leaves the list only to go back to the same place in the same script.
+local RECEIPT_MAX_MS = 86400000 -- a day: a receipt answers re-sends after a lost reply, seconds later
+-- Arguments: tested inline, with the values the script uses (a good call pays for no closure or
+-- call: _lib_args.lua "Argument checks"); when the test fails, the same rules again through arg, which
+-- names the culprit. The two lists go together.
+local A = ARGV
+local queue, n, rid, prev_rid = A[4], tonumber(A[5] or ''), A[6] or '', A[8] or ''
+local receipt_ms = 0 -- without a request id: no receipt, ARGV[7] absent, '' or 0 up to a day
+if A[7] ~= nil and A[7] ~= '' or rid ~= '' then receipt_ms = tonumber(A[7] or '') end
+local max_due = -1 -- absent or '': no limit on due jobs
+local due_limit = A[9] ~= nil and A[9] ~= ''
+if due_limit then max_due = tonumber(A[9]) end
+if not (COMMON and #KEYS == 14 and queue and #queue <= NAME_MAX and string.find(queue, NAME_PATTERN) and
+    n and n >= 1 and n <= BATCH_LIMIT_MAX and n % 1 == 0 and #rid <= 64 and #prev_rid <= 64 and receipt_ms and
+    receipt_ms >= (rid == '' and 0 or 1) and receipt_ms <= RECEIPT_MAX_MS and receipt_ms % 1 == 0 and
+    (not due_limit or (max_due and max_due >= 0 and max_due <= MAX_INT and max_due % 1 == 0)) and #A <= 9) then
+  if not (COMMON and #KEYS == 14) then return arg('common', 14) end
+  arg('name', 4, 'queue')
+  arg('int', 5, 'max_jobs', 1, BATCH_LIMIT_MAX)
+  rid = arg('request_id', 6)
+  arg('int', 7, 'receipt_ttl_ms', rid == '' and 0 or 1, RECEIPT_MAX_MS, rid == '' and 0 or nil)
+  arg('request_id', 8)
+  arg('int', 9, 'max_due', 0, MAX_INT, -1)
+  arg('at_most', 9)
+  return refusal or arg('refuse', 'ARGV', 'arguments', "those of lua/claim.lua's header", #ARGV)
+end
 do local refused = layout_fence(); if refused then return refused end end
-local queue, n, rid = ARGV[4], tonumber(ARGV[5]), ARGV[6] or ''
 local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local now_us = fmt(tonumber(clock[1]) * 1000000 + tonumber(clock[2]))
+local secs, micros = tonumber(clock[1]), tonumber(clock[2])
+local now = secs * 1000 + math.floor(micros / 1000)
+local us = secs * 1000000 + micros
+local now_us = fmt(us)
 local receipt = rid ~= '' and PREFIX .. 'cr:' .. rid
-if (ARGV[8] or '') ~= '' then redis.call('DEL', PREFIX .. 'cr:' .. ARGV[8]) end
+if prev_rid ~= '' then redis.call('DEL', PREFIX .. 'cr:' .. prev_rid) end
 if receipt then
   local prev = redis.call('GET', receipt)
   if prev then
@@ -57,8 +89,7 @@ if paused then return {now_us, tonumber(paused)} end
 local ids = redis.call('RPOP', PREFIX .. 'r:' .. queue, fmt(n))
 if not ids then return {now_us} end
 local recs = redis.call('HMGET', K_J, unpack(ids))
-local max_due = tonumber(ARGV[9] or '')
-if max_due and max_due < #ids then
+if max_due >= 0 and max_due < #ids then
   -- Keep the first due job over the limit and everything after it in the list, in order (RPOP
   -- took them from the tail: pushing them back last-first puts the first back at the tail).
   local due_n, stop = 0, nil
@@ -77,7 +108,7 @@ if max_due and max_due < #ids then
   end
 end
 local running = redis.call('ZMSCORE', K_I, unpack(ids))
-local base = next_tokens(#ids) - 1
+local base = next_tokens(#ids, us) - 1
 local out, jargs, zargs, largs, kept = {now_us}, {}, {}, {}, {}
 for i, id in ipairs(ids) do
   local v = recs[i]
@@ -108,7 +139,7 @@ if #jargs > 0 then
   multi('ZADD', K_I, zargs)
   multi('HSET', K_L, largs)
   bump(K_G, 'a:' .. queue, #zargs / 2)
-  if receipt then redis.call('SET', receipt, table.concat(kept), 'PX', tonumber(ARGV[7])) end
+  if receipt then redis.call('SET', receipt, table.concat(kept), 'PX', fmt(receipt_ms)) end
 end
 flush_bumps()
 return out

@@ -3,10 +3,15 @@
 -- ARGV: 1-3 common; 4 queue filter ('' = all); 5 limit; 6 scan at most this many dead entries.
 -- Returns: flat list of {id, record, died_at_ms, error or false, queue name, due ms of the last
 --          attempt} groups, newest first.
+-- Refuses (ZSCHED_ARG; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, a queue filter that is
+--   neither '' nor a queue name, a limit or scan outside 1 to 2^53 - 1, more arguments.
 -- Invariants: read-only (no key is written); scans at most ARGV[6] entries of 'd', so the cost
 --             of a call is bounded whatever the number of dead jobs.
+if not (COMMON and #KEYS == 14) then return arg('common', 14) end
+local want, limit, scan = arg('name', 4, 'queue', true), arg('int', 5, 'limit', 1, MAX_INT), arg('int', 6, 'scan', 1, MAX_INT)
+arg('at_most', 6)
+if refusal then return refusal end
 do local refused = layout_fence(); if refused then return refused end end
-local want, limit, scan = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local out, found, offset, page = {}, 0, 0, 200
 while found < limit and offset < scan do
   local ids = redis.call('ZREVRANGE', K_D, offset, offset + page - 1, 'WITHSCORES')

@@ -6,6 +6,8 @@
 -- Publishes: the partition number on CHAN.."epoch-reset" after a reset (publish(): SPUBLISH in
 -- sharded mode), so a replica backing off from the conflict retries at once instead of at its
 -- next backoff step (up to 30 s later).
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, an
+--   expected epoch outside 0 to 2^53 - 1, more arguments.
 -- Returns: {1, previous epoch} reset to 0; {0, current epoch} not reset because the stored value
 --          is no longer the expected one (a legitimate owner raised it meanwhile: look again);
 --          {2, 0} nothing to do (nothing or 0 stored, as expected).
@@ -14,10 +16,10 @@
 -- With 0 stored the next owner's tick re-establishes its epoch. Safe even if a stale replica
 -- ticks first: tick pops and pushes due timers in one script, so two ticking replicas can only
 -- contend for jobs, never fire one twice.
-local expected = tonumber(ARGV[4])
-if not expected or expected < 0 or expected ~= math.floor(expected) then
-  return redis.error_reply('zsched: epoch_reset: expected epoch must be an integer >= 0, got ' .. tostring(ARGV[4]))
-end
+if not (COMMON and #KEYS == 14) then return arg('common', 14) end
+local expected = arg('int', 4, 'expected_epoch', 0, MAX_INT)
+arg('at_most', 4)
+if refusal then return refusal end
 local cur = tonumber(redis.call('HGET', K_META, 'epoch') or '0')
 if cur ~= expected then return {0, cur} end
 if cur == 0 then return {2, 0} end

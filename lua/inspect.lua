@@ -13,8 +13,14 @@
 --   summary: done/cancelled/misfired only: the packed summary from 'f' (layout in _lib.lua
 --          tombstone(); its queue index is resolved into 'queue name'), or false for a
 --          tombstone written before summaries existed (legacy 'x': only its expiry is known).
+-- Refuses (ZSCHED_ARG; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, no id, an id that is
+--   not 15 bytes.
 -- Invariants: read-only (no key is written); every job state is read in this one atomic call,
 --             so a job moving meanwhile is seen in exactly one state.
+if not (COMMON and #KEYS == 14) then return arg('common', 14) end
+arg('groups', 4, 'job ids', 1, 1)
+for b = 4, #ARGV do arg('id', b) end
+if refusal then return refusal end
 do local refused = layout_fence(); if refused then return refused end end
 local function look(id)
   local member, s = find_timer(id)

@@ -27,34 +27,39 @@
 -- a job that stays where it is is listed exactly once across pages, a job that moves between
 -- pages (fired, claimed, retried, extended) may be missed or listed again in its new place.
 -- Work per call: O(log n) to find the position (and the range's ends), then at most 'budget' entries.
+-- Refuses (ZSCHED_ARG; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, an unknown state, a
+--   queue that is not a queue name, a limit outside 1-1000 (listing.LIST_MAX_LIMIT), a position
+--   this script did not return for the state, a budget outside 1 to 2^53 - 1, a run_at_from or
+--   run_at_to that is neither '' nor epoch ms up to 9999-12-31, a run_at range for a state other
+--   than scheduled, more arguments.
 -- Invariants: read-only (no key is written); examines at most ARGV[8] entries per call.
-do local refused = layout_fence(); if refused then return refused end end
-local state, queue, limit, pos, budget = ARGV[4], ARGV[5], tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
-if not limit or limit < 1 or not budget then return redis.error_reply('zsched: list: bad limit or budget') end
-if budget < limit then budget = limit end
-local phase, from_score, from_id = nil, nil, nil
-if pos ~= '' then
-  phase = string.sub(pos, 1, 1)
-  if #pos > 1 then
-    if #pos < ID_LEN + 3 or string.sub(pos, -ID_LEN - 1, -ID_LEN - 1) ~= ',' then
-      return redis.error_reply('zsched: list: malformed position')
-    end
-    from_score, from_id = string.sub(pos, 2, -ID_LEN - 2), string.sub(pos, -ID_LEN)
-    if not tonumber(from_score) then return redis.error_reply('zsched: list: malformed position') end
-  end
-end
-local rmin, rmax = ARGV[9] or '', ARGV[10] or ''
-if (rmin ~= '' and not tonumber(rmin)) or (rmax ~= '' and not tonumber(rmax)) then
-  return redis.error_reply('zsched: list: bad run_at range')
-end
-if (rmin ~= '' or rmax ~= '') and state ~= 'scheduled' then
-  return redis.error_reply('zsched: list: a run_at range is for state scheduled only')
-end
+if not (COMMON and #KEYS == 14) then return arg('common', 14) end
+local state, queue, pos = ARGV[4], arg('name', 5, 'queue'), ARGV[7]
+local limit, budget = arg('int', 6, 'limit', 1, 1000), arg('int', 8, 'budget', 1, MAX_INT)
+local from, to = arg('int', 9, 'run_at_from', 0, MAX_MS, -1), arg('int', 10, 'run_at_to', 0, MAX_MS, -1)
+arg('at_most', 10)
 local want = ({scheduled = 'ht', ready = 'r', running = 'i', dead = 'd'})[state]
-if not want then return redis.error_reply('zsched: list: unknown state ' .. tostring(state)) end
-if phase and not string.find(want, phase, 1, true) then
-  return redis.error_reply('zsched: list: position does not belong to state ' .. state)
+if not want then arg('refuse', 4, 'state', "'scheduled', 'ready', 'running' or 'dead'", state) end
+if want and want ~= 'ht' and (from ~= -1 or to ~= -1) then
+  arg('refuse', from ~= -1 and 9 or 10, from ~= -1 and 'run_at_from' or 'run_at_to', "'' (a run_at range is for state " ..
+    "scheduled only)", ARGV[from ~= -1 and 9 or 10])
 end
+-- a position this script returned: '' (the start), or the phase letter, then the last (score, id)
+-- listed ("SCORE,ID") or, for the ready list, the count listed and the last id
+local phase, from_score, from_id = nil, nil, nil
+if pos and pos ~= '' then
+  phase = string.sub(pos, 1, 1)
+  if #pos > 1 then from_score, from_id = string.match(pos, '^.(%d+),(' .. string.rep('.', ID_LEN) .. ')$') end
+  if not (want and string.find(want, phase, 1, true)) or (#pos > 1 and not from_score) then
+    arg('refuse', 7, 'position', "'' or a position this script returned for this state", pos)
+  end
+elseif not pos then
+  arg('refuse', 7, 'position', "'' or a position this script returned for this state", pos)
+end
+if refusal then return refusal end
+do local refused = layout_fence(); if refused then return refused end end
+if budget < limit then budget = limit end
+local rmin, rmax = from ~= -1 and fmt(from) or '', to ~= -1 and fmt(to) or ''
 local out = {''}
 local qidx = tonumber(redis.call('HGET', K_Q, 'n:' .. queue) or '0')
 if qidx == 0 then return out end -- this partition never had a job of the queue

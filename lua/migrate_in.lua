@@ -6,6 +6,11 @@
 --       5 check flag: 1 when the entries may have been delivered before (an outbox re-sent after
 --       an interruption, or this call re-sent after a lost reply), 0 for a first delivery;
 --       then pairs: outbox field ('j' .. id or 'c' .. name), entry (cmsgpack, see migrate_out.lua).
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, a cron
+--   sequence floor outside 0 to 2^53 - 1, a check flag other than 0 or 1, half a pair, a field
+--   that is not 'j' and a job id or 'c' and a cron name, an entry that is not migrate_out's for
+--   its field (cmsgpack, its kind's fields and types). Every entry is checked before the first is
+--   written.
 -- Returns: {taken, skipped}: entries written, and entries already here (a re-sent delivery).
 -- Retry safety: with the check flag, an entry whose job (any state, or its finished summary) or
 --   cron is already here is skipped, so delivering an outbox twice changes nothing; a first
@@ -14,7 +19,47 @@
 -- Invariants: a job enters exactly the state it left (timer with its score, ready list, held
 --   set, dead set, or a finished summary) with its record's queue index translated to this
 --   partition's; a keyed job takes its idempotency key along; gauges follow the job.
-local seq_floor, check = tonumber(ARGV[4]), ARGV[5] == '1'
+if not (COMMON and #KEYS == 14) then return arg('common', 14) end
+local seq_floor, check = arg('int', 4, 'cron_sequence', 0, MAX_INT), arg('flag', 5, 'check')
+arg('groups', 6, '(field, entry) pairs', 2, 0)
+-- Every entry is decoded and checked before the first is written: a field 'j' .. id (15 bytes)
+-- with a job entry, or 'c' .. name with a cron entry, in migrate_out's layout (above).
+local entries = {}
+local function number(v) return type(v) == 'number' and v >= 0 and v <= MAX_MS and v % 1 == 0 end
+local function text(v, most) return type(v) == 'string' and #v <= most end
+local function queue_ok(v) return v == '?' or (text(v, NAME_MAX) and string.find(v, NAME_PATTERN)) end
+for i = 6, refusal and 0 or #ARGV - 1, 2 do
+  local field = ARGV[i]
+  local ok, e = pcall(cmsgpack.unpack, ARGV[i + 1])
+  local good = ok and type(e) == 'table'
+  local kind = good and e[1]
+  if kind == 'c' then
+    good = #field <= NAME_MAX + 1 and string.find(field, '^c[A-Za-z0-9][A-Za-z0-9_.%-]*$') and type(e[2]) == 'table' and
+      #e[2] % 2 == 0 and #e[2] > 0
+    for _, v in ipairs(good and e[2] or {}) do good = good and type(v) == 'string' end
+  elseif good then
+    good = #field == ID_LEN + 1 and string.byte(field) == 106 and number(e[2]) and queue_ok(e[3]) and text(e[4], 1e9) and
+      #e[4] >= 2 and text(e[5], 1e9)
+    if kind == 't' or kind == 'r' then
+      good = good and text(e[6], KEY_MAX)
+    elseif kind == 'h' then
+      good = good and text(e[6], KEY_MAX) and number(e[7])
+    elseif kind == 'd' then
+      good = good and number(e[6])
+    elseif kind == 'f' then
+      good = #field == ID_LEN + 1 and string.byte(field) == 106 and type(e[2]) == 'string' and #e[2] >= 28 and queue_ok(e[3])
+    else
+      good = false
+    end
+  end
+  if not good then
+    arg('refuse', i + 1, 'entry', "an outbox entry of migrate_out (cmsgpack, its kind's layout) for field ARGV[" ..
+      fmt(i) .. ']', ARGV[i + 1])
+    break
+  end
+  entries[i] = e
+end
+if refusal then return refusal end
 if seq_floor > tonumber(redis.call('HGET', K_META, 'cronseq') or '0') then
   redis.call('HSET', K_META, 'cronseq', fmt(seq_floor))
 end
@@ -27,7 +72,7 @@ local function put_extras(id, err, key)
   if key ~= '' then redis.call('HSET', K_K, key, id) end
 end
 for i = 6, #ARGV, 2 do
-  local field, e = ARGV[i], cmsgpack.unpack(ARGV[i + 1])
+  local field, e = ARGV[i], entries[i]
   local kind = e[1]
   if kind == 'c' then
     local name = string.sub(field, 2)

@@ -5,6 +5,9 @@
 -- ARGV: 1-3 common (ARGV[3] without a count: this script is not behind the fence); 4 new partition
 --       count N; 5 budget (entries to move in this call); then the outbox fields the caller has
 --       delivered (migrate_in ran on their targets), to forget first.
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, a
+--   partition count outside 1-4096, a budget outside 1 to 2^53 - 1, a delivered field that is not
+--   'j' and a job id or 'c' and a cron name.
 -- Returns: {done, again, field, target, entry, field, target, entry, ...}: done is 1 once every
 --   structure was walked and nothing is left to move; again is 1 when the entries are an outbox
 --   delivered before (migrate_in must then skip what it already has), 0 when this call took them. Outbox fields are 'j' .. id (a job or a
@@ -23,10 +26,20 @@
 -- Entries: t {'t', score, queue, record, error, key}; r {'r', due, queue, record, error, key};
 --   h {'h', score, queue, record, error, key, due}; d {'d', score, queue, record, error, due};
 --   f {'f', summary, queue}; c {'c', fields (flat HGETALL)}. error/key: '' when none.
-local N, budget = tonumber(ARGV[4]), tonumber(ARGV[5])
+if not (COMMON and #KEYS == 14) then return arg('common', 14) end
+local N, budget = arg('int', 4, 'partitions', 1, 4096), arg('int', 5, 'budget', 1, MAX_INT)
+local delivered = {}
+for i = 6, #ARGV do
+  local f = ARGV[i]
+  if not ((#f == ID_LEN + 1 and string.byte(f) == 106) or (#f <= NAME_MAX + 1 and string.find(f, '^c[A-Za-z0-9][A-Za-z0-9_.%-]*$'))) then
+    arg('refuse', i, 'field', "an outbox field: 'j' and a job id (15 bytes), or 'c' and a cron name", f)
+  end
+  delivered[#delivered + 1] = f
+end
+if refusal then return refusal end
 local OUT = PREFIX .. 'mo'
 local me = tonumber(PART)
-if #ARGV > 5 then multi('HDEL', OUT, {unpack(ARGV, 6)}) end
+if #delivered > 0 then multi('HDEL', OUT, delivered) end
 local left = redis.call('HGETALL', OUT)
 if #left > 0 then
   local out = {0, 1}

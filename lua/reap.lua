@@ -1,6 +1,8 @@
 -- reap: expired leases. Run only by the partition's owner (scheduler tier).
 -- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; 4 epoch (0 = unfenced); 5 batch limit.
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, an
+--   epoch outside 0 to 2^53 - 1, a batch outside 1-5000 (the tier's --batch), more arguments.
 -- Returns: {-1, newest_epoch} when the epoch is refused; else
 --          {reaped_count, next_lease_deadline_ms or -1, now_ms}.
 -- Invariants: a job whose lease deadline passed leaves 'i'/'l' (so its token is void and the old
@@ -8,10 +10,13 @@
 -- ready list; or, when its attempts are spent, it goes to 'd' with a LeaseExpired error (and its
 -- idempotency key is free again).
 -- Bounded by the batch limit.
+if not (COMMON and #KEYS == 14) then return arg('common', 14) end
+local epoch, limit = arg('int', 4, 'epoch', 0, MAX_INT), arg('int', 5, 'batch', 1, BATCH_LIMIT_MAX)
+arg('at_most', 5)
+if refusal then return refusal end
 do local refused = layout_fence(); if refused then return refused end end
-local refused = check_epoch(tonumber(ARGV[4]))
+local refused = check_epoch(epoch)
 if refused then return {-1, refused} end
-local limit = tonumber(ARGV[5])
 local now = now_ms()
 local expired = redis.call('ZRANGE', K_I, '-inf', fmt(now), 'BYSCORE', 'LIMIT', 0, limit)
 for _, id in ipairs(expired) do

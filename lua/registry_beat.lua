@@ -9,23 +9,25 @@
 --       3 ttl ms: how long the record counts as live without another beat (3 registry intervals,
 --       1 to 86 400 000); 4 prune: how many dead records of other workers to delete on the way
 --       (0 to 16).
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): KEYS that are not the
+--   namespace's "{NS}:workers" and "{NS}:workers:live" (NS a namespace name), a worker id outside
+--   1-200 bytes, a record outside 1-8192 bytes, a ttl outside 1 to 86400000 ms, a prune count
+--   outside 0-16, more arguments.
 -- Returns: {now_ms, pruned}: Redis's clock when the record was written, and how many dead records
---          were deleted. Errors (nothing written): "zsched: registry: ..." for an id, record or ttl
---          out of range.
+--          were deleted.
 -- Invariants: a worker id is in both keys or in neither; the record's LAST_MS and its liveness
 -- deadline come from Redis's clock (TIME), never from the worker's. O(log N + prune) work per call,
 -- whatever the number of workers, partitions or jobs. Both keys expire a day (the longest ttl
 -- allowed) after the last beat of any worker: never under a live record, and nothing is left
 -- behind once every worker of the namespace is gone.
 -- Idempotent: a re-send writes the same record with a later clock.
-local id, rec, ttl, prune = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-if #id < 1 or #id > 200 then return redis.error_reply('zsched: registry: worker id must be 1-200 bytes') end
-if #rec < 1 or #rec > 8192 then
-  return redis.error_reply('zsched: registry: record of ' .. #rec .. ' bytes, expected 1-8192')
-end
-if not ttl or ttl < 1 or ttl > 86400000 or not prune or prune < 0 or prune > 16 then
-  return redis.error_reply('zsched: registry: ttl must be 1-86400000 ms and prune 0-16')
-end
+registry_keys()
+local id, rec = ARGV[1], ARGV[2]
+if not id or #id < 1 or #id > 200 then arg('refuse', 1, 'worker id', 'a worker id of 1-200 bytes', id) end
+if not rec or #rec < 1 or #rec > 8192 then arg('refuse', 2, 'record', 'a record of 1-8192 bytes', rec) end
+local ttl, prune = arg('int', 3, 'ttl_ms', 1, 86400000), arg('int', 4, 'prune', 0, 16)
+arg('at_most', 4)
+if refusal then return refusal end
 local now = now_ms()
 local pruned = registry_prune(now, prune)
 redis.call('HSET', KEYS[1], id, now .. ':' .. rec)

@@ -4,14 +4,19 @@
 -- KEYS: 1 records hash "{ns}:workers"; 2 liveness sorted set "{ns}:workers:live" (see
 --       lua/registry_beat.lua). Hash tag {ns}: one cluster slot.
 -- ARGV: 1 prune: how many dead records to delete in this call (0 to 1000).
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): KEYS that are not the
+--   namespace's "{NS}:workers" and "{NS}:workers:live", a prune count outside 0-1000, more
+--   arguments.
 -- Returns: {now_ms, pruned, id_1, deadline_ms_1, value_1, id_2, ...}: Redis's clock, how many dead
 --          records were deleted, then per live worker (deadline > now) its id, liveness deadline
 --          and stored value ("LAST_MS:" .. msgpack record), longest-lived deadline last. A live id
 --          without a record (only a hand edit makes one) is left out.
 -- Invariants: writes only the deletion of dead records, bounded by ARGV[1] (the rest go on the
 -- next call); reads O(live workers), never anything per job or per partition.
-local prune = tonumber(ARGV[1])
-if not prune or prune < 0 or prune > 1000 then return redis.error_reply('zsched: registry: prune must be 0-1000') end
+registry_keys()
+local prune = arg('int', 1, 'prune', 0, 1000)
+arg('at_most', 1)
+if refusal then return refusal end
 local now = now_ms()
 local out = {now, registry_prune(now, prune)}
 local live = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now, '+inf', 'WITHSCORES')

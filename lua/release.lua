@@ -2,8 +2,25 @@
 -- jobs it did not finish).
 -- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; then pairs: id, token.
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, no
+--   pair or half a pair, an id that is not 15 bytes, a token that is not an integer from 1 to
+--   2^53 - 1.
 -- Returns: one code per pair: 1 released, 0 refused (stale token / not running).
 -- Invariants: the job leaves 'i'/'l' and goes to the front of its ready list with attempt - 1.
+-- Arguments: tested inline (a worker that stops releases every job it holds), named through arg
+-- when the test failed. The two lists go together.
+local A = ARGV
+local good = COMMON and #KEYS == 14 and #A >= 5 and #A % 2 == 1
+for b = 4, good and #A or 0, 2 do
+  local t = tonumber(A[b + 1])
+  if not (#A[b] == ID_LEN and t and t >= 1 and t <= MAX_INT and t % 1 == 0) then good = false end
+end
+if not good then
+  if not (COMMON and #KEYS == 14) then return arg('common', 14) end
+  arg('groups', 4, '(id, token) pairs', 2, 1)
+  for b = 4, #A - 1, 2 do arg('id', b); arg('token', b + 1) end
+  return refusal
+end
 local out = {}
 for b = 4, #ARGV, 2 do
   local id, token = ARGV[b], ARGV[b + 1]

@@ -1,14 +1,19 @@
 -- reschedule: scheduled/ready -> scheduled at a new time (or ready when it is due).
 -- KEYS: the 14 partition keys (see _lib.lua).
 -- ARGV: 1-3 common; 4 id; 5 new run_at: absolute epoch ms, or "ESTrDELTA" for now + DELTA ms by
---       this script's clock (TIME; resolve_at in _lib.lua, as schedule: a producer whose clock is
+--       this script's clock (TIME; arg('at') in _lib.lua, as schedule: a producer whose clock is
 --       off cannot move the job early; EST, the client's estimate, is not used here).
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, an id
+--   that is not 15 bytes, a run_at that is not epoch ms up to 9999-12-31 or "ESTrDELTA" landing in
+--   that range, more arguments.
 -- Returns: 1 moved; 0 no live job with that id; -1 running; -2 dead (use requeue).
 -- Invariants: the job keeps its id, attempts and payload and is in exactly one state after.
-do local refused = layout_fence(); if refused then return refused end end
-local id = ARGV[4]
+if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local now = now_ms()
-local at = resolve_at(ARGV[5], now)
+local id, at = arg('id', 4), arg('at', 5, 'run_at', now)
+arg('at_most', 5)
+if refusal then return refusal end
+do local refused = layout_fence(); if refused then return refused end end
 local head = head_score()
 local member = find_timer(id)
 local rec, q

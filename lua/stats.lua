@@ -4,7 +4,10 @@
 -- Returns: {gauges (flat field/value list), counters (flat list), ready lengths (flat queue/len
 --          list), earliest due ms or -1, timers total, in-flight total, dead total, epoch, paused
 --          queues (flat queue/since-ms list, lua/pause.lua)}.
+-- Refuses (ZSCHED_ARG; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, more arguments.
 -- Invariants: read-only (no key is written); O(queues) work, never O(jobs).
+if not (COMMON and #KEYS == 14) then return arg('common', 14) end
+if not arg('at_most', 3) then return refusal end
 do local refused = layout_fence(); if refused then return refused end end
 local queues = {}
 local q = redis.call('HGETALL', K_Q)

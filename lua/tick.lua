@@ -7,6 +7,13 @@
 --       then (optional) hand-off lead ms (default 0): timers due up to this long from now fire
 --       now, so a worker has them in hand at their due time and starts them on its own timer,
 --       never before due (workers/runner.py). Jobs handed off early keep their due time.
+-- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, an
+--   epoch outside 0 to 2^53 - 1, a batch outside 1-5000 (the tier's --batch), a tombstone_ttl_ms,
+--   dead_ttl_ms, queue_idle_ms or handoff_lead_ms outside 0 to 9999-12-31 in ms, a
+--   rate_limited_queues count or max_dead outside 0 to 2^53 - 1, a count of arguments that does
+--   not fit (7 + 2 x rate_limited_queues, then up to 4 optional ones), a rate-limited queue that is
+--   not a queue name or comes twice, tokens outside 0 to 2^53 - 1. Tested inline, with the numbers
+--   the script uses; arg names the culprit when that test fails.
 -- Returns: {-1, newest_epoch} when the epoch is refused; else
 --          {moved, next_due_ms or -1, now_ms, n, (queue, tokens_used, held_now, newly_held) * n,
 --           c, cron names * c, k, (dropped dead id, its queue) * k, lateness_ms...}: the crons
@@ -35,22 +42,63 @@
 -- Publishes (publish(): SPUBLISH in sharded mode): the partition number on CHAN.."ready:"..QUEUE
 -- once per queue whose ready list received jobs.
 local FIRING_SWEEP_MS = 1000
+-- Arguments: tested inline, with the numbers the script uses (a good call pays for no closure or
+-- call: _lib_args.lua "Argument checks"); when the test fails, the same rules again through arg, which
+-- names the culprit. The two lists go together.
+local A = ARGV
+local epoch, limit, ttl, nlim = tonumber(A[4] or ''), tonumber(A[5] or ''), tonumber(A[6] or ''), 0
+if A[7] ~= nil and A[7] ~= '' then nlim = tonumber(A[7]) end
+local at = 8 + 2 * (nlim or 0)
+local dead_ttl, max_dead, queue_idle, lead = 0, 0, 0, 0 -- optional, in this order: absent or '' is 0
+if A[at] ~= nil and A[at] ~= '' then dead_ttl = tonumber(A[at]) end
+if A[at + 1] ~= nil and A[at + 1] ~= '' then max_dead = tonumber(A[at + 1]) end
+if A[at + 2] ~= nil and A[at + 2] ~= '' then queue_idle = tonumber(A[at + 2]) end
+if A[at + 3] ~= nil and A[at + 3] ~= '' then lead = tonumber(A[at + 3]) end
+local tokens, used, newly, lim_order = {}, {}, {}, {}
+local good = COMMON and #KEYS == 14 and epoch and epoch >= 0 and epoch <= MAX_INT and epoch % 1 == 0 and
+  limit and limit >= 1 and limit <= BATCH_LIMIT_MAX and limit % 1 == 0 and ttl and ttl >= 0 and ttl <= MAX_MS and
+  ttl % 1 == 0 and nlim and nlim >= 0 and nlim % 1 == 0 and #A <= at + 3 and (nlim == 0 or #A >= at - 1) and
+  dead_ttl and dead_ttl >= 0 and dead_ttl <= MAX_MS and dead_ttl % 1 == 0 and max_dead and max_dead >= 0 and
+  max_dead <= MAX_INT and max_dead % 1 == 0 and queue_idle and queue_idle >= 0 and queue_idle <= MAX_MS and
+  queue_idle % 1 == 0 and lead and lead >= 0 and lead <= MAX_MS and lead % 1 == 0
+for i = 0, (good and nlim or 0) - 1 do -- rate-limited queues: a name and its tokens, each queue once
+  local q, n = A[8 + i * 2], tonumber(A[9 + i * 2])
+  if #q <= NAME_MAX and string.find(q, NAME_PATTERN) and tokens[q] == nil and n and n >= 0 and
+      n <= MAX_INT and n % 1 == 0 then
+    tokens[q], used[q], newly[q] = n, 0, 0
+    lim_order[#lim_order + 1] = q
+  else
+    good = false
+  end
+end
+if not good then
+  if not (COMMON and #KEYS == 14) then return arg('common', 14) end
+  arg('int', 4, 'epoch', 0, MAX_INT)
+  arg('int', 5, 'batch', 1, BATCH_LIMIT_MAX)
+  arg('int', 6, 'tombstone_ttl_ms', 0, MAX_MS)
+  nlim = arg('int', 7, 'rate_limited_queues', 0, MAX_INT, 0)
+  if nlim and (#ARGV > 11 + 2 * nlim or (nlim > 0 and #ARGV < 7 + 2 * nlim)) then
+    arg('refuse', 'ARGV', 'count', '7 + 2 x ARGV[7] (the rate-limited queues), then up to 4 optional ones', #ARGV)
+  end
+  local seen = {}
+  for i = 0, (refusal and 0 or nlim) - 1 do
+    local q = arg('name', 8 + i * 2, 'queue')
+    if q and seen[q] then arg('refuse', 8 + i * 2, 'queue', 'each rate-limited queue once', q) end
+    if q then seen[q] = true end
+    arg('int', 9 + i * 2, 'tokens', 0, MAX_INT)
+  end
+  arg('int', at, 'dead_ttl_ms', 0, MAX_MS, 0)
+  arg('int', at + 1, 'max_dead', 0, MAX_INT, 0)
+  arg('int', at + 2, 'queue_idle_ms', 0, MAX_MS, 0)
+  arg('int', at + 3, 'handoff_lead_ms', 0, MAX_MS, 0)
+  return refusal or arg('refuse', 'ARGV', 'arguments', "those of lua/tick.lua's header", #ARGV)
+end
 do local refused = layout_fence(); if refused then return refused end end
-local refused = check_epoch(tonumber(ARGV[4]))
+local refused = check_epoch(epoch)
 if refused then return {-1, refused} end
-local limit, ttl, nlim = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7] or '0')
 local now = now_ms()
 local out = {0, -1, now, nlim}
-local tokens, used, newly, lim_order = {}, {}, {}, {}
-for i = 0, nlim - 1 do
-  local q = ARGV[8 + i * 2]
-  tokens[q] = tonumber(ARGV[9 + i * 2])
-  used[q], newly[q] = 0, 0
-  lim_order[#lim_order + 1] = q
-end
-local dead_ttl, max_dead = tonumber(ARGV[8 + nlim * 2] or '0'), tonumber(ARGV[9 + nlim * 2] or '0')
-local queue_idle = tonumber(ARGV[10 + nlim * 2] or '0')
-local horizon = now + tonumber(ARGV[11 + nlim * 2] or '0')
+local horizon = now + lead
 -- queues no longer limited may still have held jobs: release them without a token limit
 local gauges = redis.call('HGETALL', K_G)
 for i = 1, #gauges, 2 do

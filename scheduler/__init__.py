@@ -19,6 +19,7 @@ from .protocol.errors import (
     LayoutChanged,
     MisfiredAtSchedule,
     PayloadError,
+    ScriptArgumentError,
     ScriptError,
     ZschedError,
 )
@@ -29,5 +30,6 @@ from .protocol.transport import RetryPolicy
 __all__ = [
     "AsyncClient", "Client", "ConfigError", "CronInfo", "DurabilityError", "DurabilityTimeout",
     "DurabilityUnsupported", "JobError", "JobInfo", "JobOptions", "JobState", "LayoutChanged",
-    "MisfiredAtSchedule", "Outcome", "PayloadError", "RetryPolicy", "ScriptError", "ZschedError",
+    "MisfiredAtSchedule", "Outcome", "PayloadError", "RetryPolicy", "ScriptArgumentError", "ScriptError",
+    "ZschedError",
 ]

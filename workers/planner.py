@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from scheduler.protocol.calls import CLAIM_MAX
+
 CLAIM_CHUNK = 16  # max jobs asked from one (queue, partition) known to be busy, per round trip
 
 # One claim of a plan: (queue, partition, jobs to ask for, generation of the candidate mark).
@@ -94,7 +96,7 @@ class ClaimPlanner:
                 break
             # Busy: a big batch. Unknown depth: a fair share of what is left (1 each when there
             # are more candidates than slots, so every notified partition gets probed).
-            n = min(free, self.chunk if p in self.hot[q] else max(1, free // left))
+            n = min(free, CLAIM_MAX, self.chunk if p in self.hot[q] else max(1, free // left))
             left -= 1
             plan.append((q, p, n, self.candidates[q][p]))
             free -= n

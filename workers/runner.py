@@ -25,6 +25,7 @@ from scheduler.protocol.codes import FailKind
 from scheduler.protocol.errors import PayloadError
 from scheduler.protocol.ids import encode_id
 from scheduler.protocol.replies import Claimed, backoff_delay_ms
+from scheduler.protocol.timeutil import MAX_MS
 
 from .alarm import make_alarm
 from .attempt import DONE, RELEASED, RUNNING, Attempt
@@ -99,7 +100,9 @@ def failure_of(exc: BaseException, rec: Record, rng: random.Random | None = None
     retried after the backoff (``fail`` dead-letters it when the attempts are spent). ``rng``:
     the backoff's random source (default: the ``random`` module)."""
     if isinstance(exc, Retry):
-        delay = backoff_ms(rec, rng) if exc.delay is None else int(exc.delay * 1000)
+        # at most the longest delay the fail script takes (lua/fail.lua: up to timeutil.MAX_MS); a
+        # longer one would be refused, and the outcome sent again and again
+        delay = backoff_ms(rec, rng) if exc.delay is None else min(int(exc.delay * 1000), MAX_MS)
         return Failure(FailKind.RETRY, delay, error_arg("Retry", str(exc)), "retry", None, None)
     etype, msg = type_name(exc), str(exc)
     err = error_arg(etype, msg, short_tb(exc))

@@ -26,6 +26,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 
+from .codes import script_error
 from .scripts import Script
 
 _hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
@@ -208,7 +209,7 @@ class Batch:
                 self.results[i] = r  # reported if the retries run out
                 wait = True
             else:
-                self.results[i] = r
+                self.results[i] = script_error(r) if isinstance(r, Exception) else r
                 done.add(i)
         if done:
             self.pending = [i for i in self.pending if i not in done]

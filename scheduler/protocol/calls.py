@@ -34,11 +34,12 @@ from .transport import Call
 
 # LIST_* (listing.py) and MISFIRE_POLICIES (options.py) are re-exported: the CLI's argument
 # choices are imported from here.
-__all__ = ["BATCH", "INSPECT_BATCH", "LIST_MAX_LIMIT", "LIST_STATES", "MISFIRE_POLICIES", "RESERVED_KEY_PREFIX",
-           "Calls", "error_arg", "id_list", "tombstone_ms"]
+__all__ = ["BATCH", "CLAIM_MAX", "INSPECT_BATCH", "LIST_MAX_LIMIT", "LIST_STATES", "MISFIRE_POLICIES",
+           "RESERVED_KEY_PREFIX", "Calls", "error_arg", "id_list", "tombstone_ms"]
 
 BATCH = 1000  # jobs per schedule script call: bounded work per EVALSHA
 INSPECT_BATCH = 500  # ids per inspect script call (get_many): bounded work per EVALSHA
+CLAIM_MAX = 5000  # jobs one claim call takes at most (lua/claim.lua refuses more: bounded work per EVALSHA)
 RESERVED_KEY_PREFIX = "cron:"  # idempotency keys of cron occurrences (lua/_lib.lua cron_schedule)
 
 
@@ -61,8 +62,8 @@ def id_list(job_ids: Iterable[str]) -> list[str]:
 def tombstone_ms(tombstone_ttl: object) -> int:
     """How long finished jobs keep a tombstone (``get()`` answers for them), checked, in ms."""
     ttl = finite_number("tombstone_ttl", tombstone_ttl)
-    if ttl < 0:
-        raise ValueError(f"tombstone_ttl must be >= 0 seconds, got {tombstone_ttl!r}")
+    if not 0 <= ttl * 1000 <= MAX_MS:  # the scripts take no longer one (lua/_lib_args.lua MAX_MS)
+        raise ValueError(f"tombstone_ttl must be from 0 to {MAX_MS // 1000} seconds, got {tombstone_ttl!r}")
     return int(ttl * 1000)
 
 

@@ -4,7 +4,9 @@ Each ``IntEnum`` mirrors the ``Returns:`` line of its script's header (``lua/NAM
 and its enum change together. The producer-side codes map to the client's :class:`Outcome` (what
 ``cancel``/``reschedule``/``requeue``/``purge`` did, truthy only on success) and through it to a
 message for people; a code that no script returns raises :class:`~.errors.ScriptError`, since it
-means the scripts loaded in Redis and this client disagree about the protocol.
+means the scripts loaded in Redis and this client disagree about the protocol. Error replies map
+to exceptions here too (:func:`script_error`): a refused argument (``ZSCHED_ARG``) is a
+:class:`~.errors.ScriptArgumentError`.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from collections.abc import Mapping
 from enum import Enum, IntEnum
 from typing import Any, TypeVar
 
-from .errors import ScriptError
+from .errors import ScriptArgumentError, ScriptError
 from .models import JobState
 
 # -- producer side -------------------------------------------------------------------------------
@@ -223,3 +225,19 @@ def cron_pause_status(name: str, reply: Any) -> bool:
     if code is CronPauseCode.NOT_FOUND:
         raise ValueError(f"no cron named {name!r} (see: zsched cron list)")
     return code is CronPauseCode.CHANGED
+
+
+# -- error replies ----------------------------------------------------------------------------------
+
+
+def script_error(exc: Exception) -> Exception:
+    """The exception a script's error reply stands for: :class:`~.errors.ScriptArgumentError` for a
+    refused argument (``ZSCHED_ARG <script> ARGV[n] <name>: expected ..., got ...``, sent before
+    the script wrote anything), else the reply's own exception (the layout fence's ``ZSCHED_LAYOUT``
+    is read where a client can follow it: :meth:`~.errors.LayoutChanged.from_reply`)."""
+    refused = ScriptArgumentError.from_reply(exc)
+    if refused is None:
+        return exc
+    refused.__cause__ = exc
+    return refused
+

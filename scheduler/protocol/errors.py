@@ -88,6 +88,32 @@ class LayoutChanged(ZschedError):
         return cls(detail, migrating=detail.startswith("migrating"))
 
 
+class ScriptArgumentError(ZschedError, ValueError):
+    """A script refused an argument before it wrote anything (``ZSCHED_ARG``, lua/_lib_args.lua
+    "Argument checks"): nothing changed in Redis. ``script`` is the script, ``argument`` what was
+    refused (``ARGV[n]``, or ``ARGV``/``KEYS`` for their count) and ``name`` its name in the
+    script's header. The clients check their input before it reaches Redis, so from them this
+    means a value they let through (their own check is missing or differs) or scripts of another
+    zsched version; a direct ``EVALSHA`` gets it for any argument outside the header's ranges."""
+
+    PREFIX = "ZSCHED_ARG"
+
+    def __init__(self, message: str, *, script: str, argument: str, name: str) -> None:
+        super().__init__(message)
+        self.script, self.argument, self.name = script, argument, name
+
+    @classmethod
+    def from_reply(cls, exc: BaseException) -> ScriptArgumentError | None:
+        """The refusal an error reply carries, or None when ``exc`` is not an argument check's."""
+        text = str(exc)
+        if not text.startswith(cls.PREFIX + " "):
+            return None
+        head, _, detail = text[len(cls.PREFIX) + 1:].partition(": ")
+        script, argument, name = (head.split(" ", 2) + ["", ""])[:3]
+        return cls(f"{script} refused {argument} {name}: {detail} (nothing was written; see the header of "
+                   f"lua/{script}.lua)", script=script, argument=argument, name=name)
+
+
 def failure_kind(exc: BaseException) -> str:
     """What kind of failure ``exc`` is, for logs that speak once per kind: a layout refusal while a
     migration runs, one after it ended (the process must restart), or the exception's type. A

@@ -64,7 +64,7 @@ def validate_name(kind: str, name: object) -> str:
     """
     if not isinstance(name, str):
         raise TypeError(f"{kind} must be a str, got {type(name).__name__}")
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):  # fullmatch: with match, "$" also matches before a final "\n"
         raise ValueError(
             f"{kind} {name!r} is invalid: expected 1-64 characters of letters, digits, '_', '.', '-', "
             "starting with a letter or digit (no spaces, '{', '}' or ':')"

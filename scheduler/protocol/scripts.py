@@ -18,7 +18,7 @@ SCRIPT_NAMES = (
 
 
 # The helper library, in definition order (a helper is defined before the helpers that use it).
-LIBRARY = ("_lib.lua", "_lib_finish.lua", "_lib_cron.lua")
+LIBRARY = ("_lib_args.lua", "_lib.lua", "_lib_finish.lua", "_lib_cron.lua")
 
 
 @dataclass(frozen=True)
@@ -96,15 +96,30 @@ def strip_comments(text: str) -> str:
 
 LIBRARY_MARKER = "--@library"
 """A line of a script's own: the library's definitions go there instead of at the top. What comes
-before it runs before Redis builds any helper closure (a fast path that returns early, as in
-lua/schedule.lua) and may use none of the library's names."""
+before it (a fast path that returns early, as in lua/schedule.lua) runs before Redis builds the
+helper closures it does not use itself: the few it uses (and what they use) go above it."""
+
+
+def _needed(chunks: list[tuple[set[str], str]], text: str) -> set[int]:
+    """The library chunks ``text`` uses, transitively."""
+    needed = _names_used(text)
+    keep: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for i, (names, chunk) in enumerate(chunks):
+            if i not in keep and names & needed:
+                keep.add(i)
+                needed |= _names_used(chunk)
+                changed = True
+    return keep
 
 
 def assemble(lib: str, body: str) -> str:
     """The script as sent to Redis: only the library definitions the body needs (transitively), in
     library order, then the body. Redis runs the whole chunk on every call, so unused helpers would
     cost every EVALSHA a few microseconds. A body with a :data:`LIBRARY_MARKER` line gets the
-    definitions at that line."""
+    definitions at that line, except those the lines before it use: those come first."""
     chunks = _lib_chunks(lib)
     prelude = ""
     lines = body.splitlines(keepends=True)
@@ -113,23 +128,11 @@ def assemble(lib: str, body: str) -> str:
         raise ValueError(f"a script may have one {LIBRARY_MARKER} line, this one has {len(marks)}")
     if marks:
         prelude, body = "".join(lines[:marks[0]]), "".join(lines[marks[0] + 1:])
-        defined = set().union(*(names for names, _ in chunks))
-        early = sorted(_names_used(prelude) & defined)
-        if early:
-            raise ValueError(f"the lines before {LIBRARY_MARKER} use library names {early}: they run before the "
-                             "library is defined")
-    needed = _names_used(body)
-    keep: set[int] = set()
-    changed = True
-    while changed:
-        changed = False
-        for i, (names, text) in enumerate(chunks):
-            if i not in keep and names & needed:
-                keep.add(i)
-                needed |= _names_used(text)
-                changed = True
-    parts = [text for i, (_, text) in enumerate(chunks) if i in keep]
-    return prelude + "\n".join(parts) + "\n" + body
+    early = _needed(chunks, prelude)
+    late = _needed(chunks, prelude + body) - early
+    first = [text for i, (_, text) in enumerate(chunks) if i in early]
+    parts = [text for i, (_, text) in enumerate(chunks) if i in late]
+    return "".join(t + "\n" for t in first) + prelude + "\n".join(parts) + "\n" + body
 
 
 def library_source() -> str:
@@ -144,8 +147,11 @@ def script_source(name: str) -> str:
 
 
 def make_script(name: str, lib: str, body: str) -> Script:
-    """``body`` assembled with ``lib``, without comments, with its SHA1."""
-    src = strip_comments(assemble(lib, body))
+    """``body`` assembled with ``lib``, without comments, with its SHA1. Its first line names it
+    (``SCRIPT``): the argument checks of lua/_lib.lua say which script refused a call."""
+    if not _IDENT.fullmatch(name):
+        raise ValueError(f"script name {name!r} is not an identifier")
+    src = strip_comments(f"local SCRIPT = '{name}'\n" + assemble(lib, body))
     return Script(name, src, hashlib.sha1(src.encode("utf-8")).hexdigest())
 
 

@@ -58,6 +58,7 @@ from .batch import (
     pack,
     resend_safe,
 )
+from .codes import script_error
 from .connection import is_cluster
 from .routing import SyncRoutes, isolate_failed
 from .scripts import load_scripts
@@ -165,7 +166,10 @@ class ScriptTransport:
         except ResponseError as exc:  # the reply was read: the connection is still in sync
             if is_noscript(exc) or not_run(exc):  # it did not run: the general path handles it
                 return self.call_many([(name, keys, args)], retry=retry, resend=resend)[0]
-            raise
+            mapped = script_error(exc)
+            if mapped is exc:
+                raise
+            raise mapped from exc
         except TRANSIENT:
             self._broken(held)
             call: Call = (name, keys, args)

@@ -28,7 +28,7 @@ from workers.registry import HandlerSpec
 from workers.runner import Failure, Poison, failure_of, job_for, timeout_failure
 
 from ..client import Client
-from ..protocol.calls import error_arg, tombstone_ms
+from ..protocol.calls import CLAIM_MAX, error_arg, tombstone_ms
 from ..protocol.codes import AckCode, FailCode, FailKind
 from ..protocol.ids import encode_id
 from ..protocol.replies import Claimed, parse_claim
@@ -246,7 +246,7 @@ class WorkerPass:
             return []
         while self.timed_out.running() >= self.batch:
             self.timed_out.wait_for_one()
-        free = self.batch - self.timed_out.running()
+        free = min(self.batch - self.timed_out.running(), CLAIM_MAX)  # the claim script takes no more
         replies = self.client.transport.call_many([self.calls.call("claim", p, q, free) for q, p in where])
         out: list[Claim] = []
         for (q, p), reply in zip(where, replies):

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from scheduler import Client
+from scheduler import Client, ScriptArgumentError
 from scheduler.protocol.keys import Keyspace
 from scheduler.shell.cli import main
 from scheduler.shell.servers import etcd_get, etcd_put, etcd_request, free_port
@@ -75,7 +75,7 @@ def test_epoch_reset_script_is_a_compare_and_set(client: Client, r: redis.Redis)
     assert ops.run("tick", 0, 5, 10, 0)[0] == 0
     assert stored(r, client)[0] == 5
     assert ops.run("tick", 0, 4, 10, 0) == [-1, 5]
-    with pytest.raises(redis.ResponseError, match="expected epoch must be an integer"):
+    with pytest.raises(ScriptArgumentError, match="expected_epoch: expected an integer from 0"):
         ops.run("epoch_reset", 0, "abc")
     assert stored(r, client)[0] == 5
 

@@ -7,7 +7,7 @@ import time
 import pytest
 import redis
 
-from scheduler import Client, JobOptions, JobState
+from scheduler import Client, JobOptions, JobState, ScriptArgumentError
 from scheduler.protocol.connection import SyncRedis, sync_redis
 from scheduler.protocol.ids import partition_for_key
 from scheduler.testing.transitions import Ops
@@ -192,7 +192,7 @@ def test_cron_keys_cannot_be_taken_over_by_a_producer(redis_url: str) -> None:
     name, keys, args = core.prepare_one(60.0, "hijack", None, opts)
     args = list(args)
     args[-1] = f"cron:every:{nominal + 1000}"
-    with pytest.raises(redis.ResponseError, match="reserved"):
+    with pytest.raises(ScriptArgumentError, match="reserved for cron occurrences"):
         client.transport.call(name, keys, args)
     assert ops.claim("cq", 10) == []  # nothing was written by the refused call
     # a foreign job already holding the next occurrence's key (written before the rule existed)

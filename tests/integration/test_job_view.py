@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from scheduler import AsyncClient, Client, JobState
-from scheduler.protocol.codec import decode_tombstone
+from scheduler.protocol.codec import build_record, decode_tombstone
 from scheduler.protocol.errors import MisfiredAtSchedule
 from scheduler.protocol.ids import decode_id, encode_id, partition_of
 from scheduler.shell.cli import main
@@ -24,6 +24,7 @@ from scheduler.testing.transitions import Ops
 from tests.helpers import snapshot, tombstones
 
 UTC = UTC
+RECORD = build_record(b"\xc0", max_attempts=1, created_s=0)  # a record the re-sent schedule calls below carry
 
 
 @pytest.fixture
@@ -449,7 +450,7 @@ def test_legacy_tombstones_are_read_and_drained(client: Client, r: redis.Redis, 
     assert r.zrange(xkey, 0, -1) == [live_raw + b"c"]
     assert client.get(old) is None
     # a re-sent schedule still recognises a job with a legacy tombstone
-    resend = client.calls.call("schedule", 0, "default", client.calls.tomb_ms, 1, 1, live_raw + bytes(9), 0, "")
+    resend = client.calls.call("schedule", 0, "default", client.calls.tomb_ms, 1, 1, live_raw + RECORD, 0, "")
     reply = client.transport.call(*resend)
     assert reply[-1] == live_raw and client.get(encode_id(live_raw)).state is JobState.CANCELLED
 
@@ -459,7 +460,7 @@ def test_resent_schedule_recognises_a_finished_job_by_its_summary(client: Client
     assert ops.ack(claim_one(ops, jid)) == 1
     raw = decode_id(jid)
     p = partition_of(raw, client.keyspace.partitions)
-    call = client.calls.call("schedule", p, "default", client.calls.tomb_ms, 1, 1, raw + bytes(9), 0, "")
+    call = client.calls.call("schedule", p, "default", client.calls.tomb_ms, 1, 1, raw + RECORD, 0, "")
     client.transport.call(*call)
     assert client.get(jid).state is JobState.DONE and snapshot(r, client) == {}
 

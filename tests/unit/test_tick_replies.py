@@ -154,7 +154,7 @@ def test_cron_table_and_cron_fill_replies_of_the_real_scripts(redis: fakeredis.F
     filled = parse_cron_fill(t.call_many([cron_fill_call(c, 0, 2, "every-minute", table.version,
                                                          [(after, after)])])[0])
     assert isinstance(filled, CronFillReply) and filled.status is CronFillCode.FILLED and filled.pending_id
-    stale = parse_cron_fill(t.call_many([cron_fill_call(c, 0, 2, "every-minute", b"not-the-version",
+    stale = parse_cron_fill(t.call_many([cron_fill_call(c, 0, 2, "every-minute", b"%d" % (int(table.version) + 1),
                                                         [(after + 60_000, after + 60_000)])])[0])
     assert stale == CronFillReply(CronFillCode.CHANGED, None)
     refused = t.call_many([cron_fill_call(c, 0, 1, "every-minute", table.version, [(after, after)])])[0]
