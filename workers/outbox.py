@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from scheduler.protocol.codes import AckCode, FailCode, FailKind, ReleaseCode
+from scheduler.protocol.errors import ScriptArgumentError
 from scheduler.protocol.ids import encode_id
 from scheduler.protocol.transport import Call, NodeFailed
 
@@ -153,6 +154,13 @@ class Outbox:
         node failed: returned, so the caller backs off before sending them again)."""
         node_down: NodeFailed | None = None
         for (kind, items), res in zip(meta, results):
+            if isinstance(res, ScriptArgumentError):
+                # Refused before any write: the same call gets the same answer, so sending it
+                # again would retry forever. Those jobs keep their leases and run again once the
+                # leases expire (at-least-once); the message says which argument and script.
+                log.error("%s of %d job(s) refused by Redis and not sent again (%s); they run again when their "
+                          "leases expire", kind, len(items), res)
+                continue
             if isinstance(res, Exception):
                 if isinstance(res, NodeFailed):
                     node_down = res  # logged once per outage by the caller's loop

@@ -12,6 +12,7 @@ import pytest
 
 from scheduler.protocol import codec
 from scheduler.protocol.codes import FailKind
+from scheduler.protocol.errors import ScriptArgumentError
 from scheduler.protocol.replies import Claimed
 from workers import Job, PermanentError, Retry, Worker, WorkerStats
 from workers.alarm import Alarm
@@ -262,6 +263,21 @@ def test_outbox_queues_again_the_items_of_a_call_that_errored() -> None:
     assert b.stats.acked == 1 and a.stats.acked == 0 and refused.seen == []
     _, again = box.take()
     assert again == [("ack", [a])] and a.uncertain
+
+
+def test_outbox_drops_a_call_whose_arguments_redis_refused_instead_of_retrying_it_forever(
+        caplog: pytest.LogCaptureFixture) -> None:
+    box, refused = outbox()
+    a, b = attempt(1, p=0), attempt(2, p=1)
+    box.ack(a)
+    box.ack(b)
+    _, meta = box.take()
+    bad = ScriptArgumentError("ZSCHED_ARG ack ARGV[4] ttl: expected ..., got \"x\"", script="ack",
+                              argument="ARGV[4]", name="ttl")
+    box.apply(meta, [bad, [1]])
+    assert b.stats.acked == 1 and a.stats.acked == 0 and refused.seen == []
+    assert box.take() == ([], []), "not queued again"
+    assert "ack of 1 job(s) refused by Redis and not sent again" in caplog.text and "ZSCHED_ARG ack" in caplog.text
 
 
 # -- heartbeats -----------------------------------------------------------------------------------
