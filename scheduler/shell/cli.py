@@ -12,6 +12,7 @@ from workers import cli as worker_cli
 from ..runtime import entry_point_logging
 from ..tier import cli as tier_cli
 from . import cli_cron, cli_dead, cli_epochs, cli_jobs, cli_migrate, cli_queue, cli_stats, cli_ui, dev
+from .cli_common import patch_errors
 from .cli_errors import explain, interrupt_on_sigterm, interrupted_line
 
 
@@ -29,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_parser(sub)
     for module in (cli_jobs, cli_dead, cli_stats, cli_queue, cli_cron, cli_epochs, cli_migrate, cli_ui):  # --help order
         module.add_parsers(sub)
+    for command in (parser, *sub.choices.values()):  # scheduler, worker, dev: argparse's errors as ours too
+        patch_errors(command)
     return parser
 
 

@@ -18,7 +18,7 @@ from types import FrameType
 import redis
 
 from ..coord import CoordinationError, CoordinatorUnavailable
-from ..metrics import PortInUse
+from ..metrics import CannotListen, PortInUse
 from ..protocol import config
 from ..protocol.connection import mask_url, permanent_failure
 from ..protocol.errors import LayoutChanged
@@ -112,6 +112,8 @@ def explain(exc: BaseException, args: argparse.Namespace) -> tuple[str, int] | N
     if isinstance(exc, CoordinationError):  # e.g. etcd rejected the user: the message says which
         return f"etcd refused: {exc}", EXIT_UNAVAILABLE
     if isinstance(exc, PortInUse):
+        return str(exc), EXIT_LOCAL
+    if isinstance(exc, CannotListen):  # e.g. --metrics-host names an address of another machine
         return str(exc), EXIT_LOCAL
     if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
         return f"address already in use: {exc} (choose another port, or stop the process that has it)", EXIT_LOCAL
