@@ -3,7 +3,9 @@ ValueError (TypeError where the setting already refuses non-finite numbers so), 
 OverflowError that converting it raises. Every setting that takes seconds or a count checks it."""
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -50,3 +52,23 @@ def test_a_number_beyond_any_float_is_refused_as_out_of_range(make: Callable[[],
 def test_a_metrics_port_of_the_library_is_checked_like_the_cli_one(port: object) -> None:
     with pytest.raises(ValueError, match="metrics_port must be a TCP port number from 1 to 65535"):
         WorkerOptions(metrics_port=port)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("move, says", [
+    (lambda c, s: c.advance(1e308), "cannot advance the clock by 1e\\+308 s: it would pass 9999-12-31 UTC"),
+    (lambda c, s: c.advance(math.inf), "delta must be finite"),
+    (lambda c, s: c.advance(HUGE), "delta must be a finite number"),
+    (lambda c, s: c.set(HUGE), "the clock's time must be between 1970-01-01 and 9999-12-31 UTC"),
+    (lambda c, s: c.set(-1e308), "the clock's time must be between 1970-01-01 and 9999-12-31 UTC"),
+    (lambda c, s: s.advance(1e308), "advance\\(\\) takes a finite number of seconds up to timedelta.max"),
+    (lambda c, s: s.advance(timedelta.max), "would move the clock past 9999-12-31 UTC"),
+], ids=["advance 1e308", "advance inf", "advance huge int", "set huge int", "set -1e308", "stack 1e308",
+        "stack timedelta.max"])
+def test_the_testing_kits_clock_refuses_times_out_of_range(move: Callable[[Any, Any], object], says: str) -> None:
+    from scheduler.testing import TestStack
+    from scheduler.testing.clock import FakeClock
+
+    clock, stack = FakeClock(0), TestStack()
+    with pytest.raises(ValueError, match=says):
+        move(clock, stack)
+    assert clock.ms == 0, "a refused move leaves the clock where it was"
