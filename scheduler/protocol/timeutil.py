@@ -30,7 +30,7 @@ def to_ms(at: object, *, name: str = "at", now: float | None = None) -> int:
             raise _out_of_range(name, at.isoformat())
         return min((us + 500) // 1000, MAX_MS)
     if isinstance(at, timedelta):
-        secs, given = (time.time() if now is None else now) + at.total_seconds(), f"now + {at!r}"
+        secs = (time.time() if now is None else now) + at.total_seconds()
     elif isinstance(at, bool) or not isinstance(at, (int, float)):
         raise TypeError(
             f"{name} must be an aware datetime, a timedelta (from now) or epoch seconds (int/float), "
@@ -39,14 +39,14 @@ def to_ms(at: object, *, name: str = "at", now: float | None = None) -> int:
     else:
         if isinstance(at, float) and not math.isfinite(at):
             raise ValueError(f"{name} must be a finite number of epoch seconds, got {at!r}")
-        given = f"{reprlib.repr(at)} epoch seconds"  # reprlib: a 400-digit int is not quoted whole
         try:
             secs = float(at)
         except OverflowError:  # an int too large for a float is out of range as surely as 1e308
             secs = math.inf if at > 0 else -math.inf
     ms = secs * 1000  # finite seconds may still overflow here (1e308): compare before int()
     if not MIN_MS <= ms < MAX_MS + 1:
-        raise _out_of_range(name, given)
+        # reprlib: a 400-digit int is not quoted whole
+        raise _out_of_range(name, f"now + {at!r}" if isinstance(at, timedelta) else f"{reprlib.repr(at)} epoch seconds")
     return min(int(round(ms)), MAX_MS)
 
 
