@@ -230,18 +230,23 @@ class NotACluster(ConfigError):
 
 
 def cluster_failure(nodes: Sequence[Address], exc: RedisClusterException) -> redis.RedisError | ConfigError:
-    """What redis-py's "Redis Cluster cannot be connected" means, naming the nodes: ClusterUnreachable
-    when none answered, NotACluster when they answered as plain servers; the original otherwise."""
+    """What redis-py's "Redis Cluster cannot be connected" (not even a RedisError) means, naming the
+    nodes: ClusterUnreachable when none answered, NotACluster when they answered as plain servers, a
+    ResponseError when they refused CLUSTER SLOTS (e.g. NOPERM), a RedisError with redis-py's words
+    otherwise (e.g. slots not covered during a failover), so callers' RedisError handling applies."""
     tried = ", ".join(address(h, p) for h, p in nodes)
     chain: list[BaseException] = []
     seen: BaseException | None = exc
     while seen is not None and len(chain) < 6:
         chain.append(seen)
         seen = seen.__cause__ or seen.__context__
-    if any(isinstance(e, ResponseError) for e in chain) or "not enabled" in str(exc):
+    refused = next((e for e in chain if isinstance(e, ResponseError)), None)  # the answer to CLUSTER SLOTS
+    if refused is not None and "cluster support disabled" in str(refused):
         return NotACluster(f"the Redis at {tried} is not in cluster mode ('cluster-enabled no'): use "
                            "redis://host:port for a single server, or name the cluster's nodes in "
                            "redis+cluster:// (set --redis or ZSCHED_REDIS_URL)")
+    if refused is not None:  # e.g. NOPERM: an ACL user that may not run CLUSTER SLOTS
+        return ResponseError(f"Redis Cluster at {tried} refused CLUSTER SLOTS: {refused}")
     cause = next((e for e in chain[1:] if isinstance(e, OSError | redis.ConnectionError | redis.TimeoutError)), None)
     if cause is None:
         return redis.RedisError(f"Redis Cluster at {tried}: {exc}")
