@@ -287,7 +287,10 @@ def sync_redis(url: str, **kwargs: Any) -> SyncRedis:
             # The blocking cluster client reads the slot map at once (the asyncio one on first
             # use). No node answering is a connection error, as for one server: callers handle
             # that (the CLI exits 3 "cannot reach Redis"), not redis-py's own exception class.
-            raise cluster_failure(c.nodes, exc) from exc
+            failure = cluster_failure(c.nodes, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
     if scheme in SENTINEL_SCHEMES:
         t, master_kw, skw = _sentinel_parts(url, kw)
         tls = bool(master_kw.pop("ssl", False))

@@ -229,11 +229,11 @@ class NotACluster(ConfigError):
     """The nodes of a ``redis+cluster://`` URL answer, but are not in cluster mode: the URL is wrong."""
 
 
-def cluster_failure(nodes: Sequence[Address], exc: RedisClusterException) -> redis.RedisError | ConfigError:
+def cluster_failure(nodes: Sequence[Address], exc: RedisClusterException) -> Exception:
     """What redis-py's "Redis Cluster cannot be connected" (not even a RedisError) means, naming the
     nodes: ClusterUnreachable when none answered, NotACluster when they answered as plain servers, a
-    ResponseError when they refused CLUSTER SLOTS (e.g. NOPERM), a RedisError with redis-py's words
-    otherwise (e.g. slots not covered during a failover), so callers' RedisError handling applies."""
+    ResponseError when they refused CLUSTER SLOTS (e.g. NOPERM); ``exc`` itself for anything else
+    (e.g. slots not covered in the middle of a failover, which callers already handle as it is)."""
     tried = ", ".join(address(h, p) for h, p in nodes)
     chain: list[BaseException] = []
     seen: BaseException | None = exc
@@ -249,7 +249,7 @@ def cluster_failure(nodes: Sequence[Address], exc: RedisClusterException) -> red
         return ResponseError(f"Redis Cluster at {tried} refused CLUSTER SLOTS: {refused}")
     cause = next((e for e in chain[1:] if isinstance(e, OSError | redis.ConnectionError | redis.TimeoutError)), None)
     if cause is None:
-        return redis.RedisError(f"Redis Cluster at {tried}: {exc}")
+        return exc
     return ClusterUnreachable(f"no node of the cluster answered (tried {tried}; the last one "
                               f"{_why(cause)})")
 
@@ -267,6 +267,9 @@ class AsyncCluster(acluster.RedisCluster):
         try:
             await super().initialize(*args, **kwargs)
         except RedisClusterException as exc:
-            raise cluster_failure(self.start_nodes, exc) from exc
+            failure = cluster_failure(self.start_nodes, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
         return self
 

@@ -86,7 +86,7 @@ async def test_unreachable_sentinels_are_named_in_one_short_line(closed: list[in
             f"127.0.0.1:{closed[1]} connection refused")
     for exc, took in (_sync_failure(url), await _async_failure(url)):
         assert isinstance(exc, redis.ConnectionError) and str(exc) == said
-        assert took < 1.0, "a refused sentinel is not retried by redis-py"
+        assert took < 3.0, "a refused sentinel is not retried by redis-py (that took 7 s)"
     code, line = _one_cli_line(["stats", "--redis", url], capsys)
     assert code == 3 and line == (f"zsched: error: cannot reach Redis at {url}: {said} (are the sentinels running, "
                                   "and do they monitor that master name? check --redis / ZSCHED_REDIS_URL)")
@@ -116,7 +116,7 @@ async def test_a_master_the_sentinels_name_but_that_is_down_is_named_as_their_ma
     said = f"127.0.0.1:{master} (master 'mymaster', named by the sentinels)"
     for exc, took in (_sync_failure(url), await _async_failure(url)):
         assert isinstance(exc, redis.ConnectionError) and said in str(exc) and len(str(exc)) < 200, str(exc)
-        assert took < 1.0
+        assert took < 3.0
     code, line = _one_cli_line(["stats", "--redis", url], capsys)
     assert code == 3 and said in line
 
