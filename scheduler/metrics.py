@@ -3,8 +3,13 @@ several replicas in one interpreter). Label sets of rare events are pre-initiali
 instead of being absent."""
 from __future__ import annotations
 
+import argparse
 import errno
+import ipaddress
 import logging
+import re
+import reprlib
+import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -13,6 +18,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from .protocol.errors import ConfigError
 from .protocol.registry import RegistrySnapshot
 from .protocol.replies import StatsReply
 
@@ -85,25 +91,91 @@ class SchedulerMetrics:
             h.observe(max(0, v) / 1000.0)
 
 
-class PortInUse(OSError):
+class CannotListen(OSError):
+    """``/metrics`` cannot listen on the address asked for (not an address of this machine, a
+    privileged port...): this machine's set-up. The message names the address and the fix;
+    ``zsched`` reports it as one line, exit 4."""
+
+
+class PortInUse(CannotListen):
     """The ``/metrics`` address is taken (another process listens on it): the message names the
     address and the fix. ``zsched`` reports it as one line, exit 4."""
 
 
+PORT_RANGE = (1, 65535)  # 0 would be a port the OS picks and nobody knows to scrape
+# a host name (RFC 1123 labels) or an IP address: checked before any lookup, so a port or a URL given
+# as the host ("0.0.0.0:9100", "http://...") is refused as what it is, not as a failed DNS query
+_HOST_NAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
+
+
+def check_port(port: object, name: str = "metrics_port") -> int:
+    """``port`` if it is a whole number from 1 to 65535, else ValueError naming ``name``."""
+    lo, hi = PORT_RANGE
+    if isinstance(port, bool) or not isinstance(port, int) or not lo <= port <= hi:
+        raise ValueError(f"{name} must be a TCP port number from {lo} to {hi}, got {reprlib.repr(port)}")
+    return port
+
+
+def check_host(host: object, name: str = "metrics_host") -> str:
+    """``host`` if it is an IP address or a host name (not looked up here), else ValueError."""
+    if isinstance(host, str):
+        try:
+            ipaddress.ip_address(host)
+            return host
+        except ValueError:
+            if _HOST_NAME.fullmatch(host) and len(host) <= 253:
+                return host
+    raise ValueError(f"{name} must be an IP address or a host name of this machine (e.g. 127.0.0.1, 0.0.0.0 "
+                     f"for every interface), without a port, got {host!r}")
+
+
+def port_arg(text: str) -> int:
+    """``--metrics-port`` as an argparse type: refused before anything starts (exit 2)."""
+    try:
+        return check_port(int(text))
+    except ValueError:
+        lo, hi = PORT_RANGE
+        raise argparse.ArgumentTypeError(f"expected a TCP port number from {lo} to {hi}, got {text!r}") from None
+
+
+def host_arg(text: str) -> str:
+    """``--metrics-host`` as an argparse type: refused before anything starts (exit 2)."""
+    try:
+        return check_host(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an IP address or a host name of this machine (e.g. "
+                                         f"127.0.0.1), without a port, got {text!r}") from None
+
+
 def serve(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> Any:
     """Expose ``/metrics``; loopback unless the operator asks for another address. Returns the HTTP
-    server (``.shutdown()`` stops it); raises :class:`PortInUse` when the port is taken."""
+    server (``.shutdown()`` stops it). ValueError for a port or host that is no address;
+    :class:`PortInUse` when the port is taken, :class:`CannotListen` for another refusal."""
+    where = metrics_url(check_host(host), check_port(port)).removeprefix("http://").removesuffix("/metrics")
     try:
         res = start_http_server(port, addr=host, registry=registry)
+    except socket.gaierror as exc:  # a well-formed name that does not resolve: a typo, most likely
+        raise ConfigError(f"metrics host {host!r} is not known here ({exc.strerror}); set --metrics-host to an "
+                          "address of this machine, e.g. 127.0.0.1") from None
     except OSError as exc:
-        if exc.errno != errno.EADDRINUSE:
-            raise
-        taken = PortInUse(f"metrics port {port} on {host} is already in use (another process listens on it); "
-                          "choose a free one with --metrics-port, or stop the other process")
-        taken.errno = exc.errno
-        raise taken from exc
-    log.info("metrics on http://%s:%d/metrics", host, port)
+        failed: CannotListen
+        if exc.errno == errno.EADDRINUSE:
+            failed = PortInUse(f"metrics port {port} on {host} is already in use (another process listens on it); "
+                               "choose a free one with --metrics-port, or stop the other process")
+        else:
+            failed = CannotListen(f"cannot serve metrics on {where}: {exc.strerror or exc} (choose an address of "
+                                  "this machine with --metrics-host, and a port above 1023 unless running as root)")
+        failed.errno = exc.errno
+        raise failed from exc
+    # debug: the process names the address in its start-up line, so a start-up that fails after
+    # this (bad credentials...) prints its one error line and nothing else
+    log.debug("metrics on %s", metrics_url(host, port))
     return res[0] if isinstance(res, tuple) else None
+
+
+def metrics_url(host: str, port: int) -> str:
+    """``http://HOST:PORT/metrics`` (an IPv6 address in brackets), for log lines."""
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
 
 
 # Counters the Lua scripts keep per partition in the 'c' hash (field "EVENT:QUEUE"); the owner of

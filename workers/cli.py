@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from scheduler.metrics import host_arg, port_arg
+
 from .worker import Worker
 
 
@@ -37,16 +39,6 @@ _count = _int_at_least(0, "a whole number >= 0")
 _positive_int = _int_at_least(1, "a positive integer")
 
 
-def _port(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a TCP port number, got {value!r}") from None
-    if not 0 <= n <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a TCP port number (0-65535), got {value!r}")
-    return n
-
-
 def _seconds(value: str) -> float:
     try:
         s = float(value)
@@ -74,8 +66,8 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.Argument
     p.add_argument("--prefetch", metavar="N", type=_count,
                    help="jobs handed off ahead of their due time (zsched scheduler --handoff-lead) that may wait "
                         "for it on top of --concurrency (default 32; 0: they wait in handler slots)")
-    p.add_argument("--metrics-port", metavar="PORT", type=_port, help="serve Prometheus metrics on this port")
-    p.add_argument("--metrics-host", metavar="ADDR", help="address for /metrics (default 127.0.0.1)")
+    p.add_argument("--metrics-port", metavar="PORT", type=port_arg, help="serve Prometheus metrics on this port")
+    p.add_argument("--metrics-host", metavar="ADDR", type=host_arg, help="address for /metrics (default 127.0.0.1)")
     p.add_argument("--shutdown-grace", metavar="S", type=_seconds,
                    help="seconds running handlers get to finish on SIGTERM (default 30)")
     p.add_argument("--registry-interval", metavar="S", type=_seconds,

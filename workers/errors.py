@@ -1,7 +1,9 @@
 """Exceptions a handler raises to choose what happens to its job."""
 from __future__ import annotations
 
+import contextlib
 import math
+import reprlib
 from datetime import timedelta
 
 
@@ -17,9 +19,14 @@ class Retry(Exception):
         if isinstance(delay, timedelta):
             delay = delay.total_seconds()
         if delay is not None:
-            if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not math.isfinite(delay):
-                raise TypeError(f"Retry delay must be a finite number of seconds or a timedelta, got {delay!r}")
-            delay = max(0.0, float(delay))
+            seconds = math.nan
+            if isinstance(delay, (int, float)) and not isinstance(delay, bool):
+                with contextlib.suppress(OverflowError):  # an int beyond any float is no finite delay either
+                    seconds = float(delay)
+            if not math.isfinite(seconds):
+                raise TypeError(f"Retry delay must be a finite number of seconds or a timedelta, "
+                                f"got {reprlib.repr(delay)}")
+            delay = max(0.0, seconds)
         self.delay: float | None = delay
         self.message = message
         super().__init__(message or (f"retry requested in {delay:g} s" if delay is not None else "retry requested"))

@@ -5,12 +5,12 @@ written (``Worker(...)`` or ``worker.configure(...)``), never later inside a run
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from scheduler.metrics import check_host, check_port
 from scheduler.protocol import codec, config
 from scheduler.protocol.keys import validate_name
 from scheduler.protocol.registry import MAX_INTERVAL_S
@@ -32,7 +32,7 @@ def check_positive(name: str, value: object, *, integer: bool = False) -> float:
     naming ``name`` otherwise. bool is refused: ``True`` is never meant as 1."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
         raise TypeError(f"{name} must be {'an int' if integer else 'a number'}, got {type(value).__name__}")
-    if not math.isfinite(value) or value <= 0:
+    if codec.finite_number(name, value) <= 0:
         raise ValueError(f"{name} must be > 0, got {value!r}")
     return value
 
@@ -54,23 +54,12 @@ def _timeouts(timeouts: Mapping[str, float]) -> Mapping[str, float]:
 
 
 def _grace(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"shutdown_grace must be >= 0 seconds, got {value!r}")
-    return float(value)
-
-
-def _port(value: object) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
-        raise ValueError(f"metrics_port must be a TCP port number, got {value!r}")
-    return value
-
-
-def _host(value: object) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"metrics_host must be an address like '127.0.0.1', got {value!r}")
-    return value
+    grace = codec.finite_number("shutdown_grace", value)
+    if grace < 0:
+        raise ValueError(f"shutdown_grace must be >= 0 seconds, got {value!r}")
+    return grace
 
 
 def _payload_limit(value: object) -> int:
@@ -120,10 +109,10 @@ class WorkerOptions:
         check_positive("concurrency", self.concurrency, integer=True)
         if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or self.prefetch < 0:
             raise ValueError(f"prefetch must be an int >= 0 (jobs held ahead of their due time), got {self.prefetch!r}")
-        put("metrics_host", _host(self.metrics_host))
+        put("metrics_host", check_host(self.metrics_host))
         put("handler_timeouts", _timeouts(self.handler_timeouts))
         put("shutdown_grace", _grace(self.shutdown_grace))
-        put("metrics_port", _port(self.metrics_port))
+        put("metrics_port", None if self.metrics_port is None else check_port(self.metrics_port))
         put("tombstone_ttl", float(self.tombstone_ttl))
         put("max_payload_bytes", _payload_limit(self.max_payload_bytes))
         put("idle_sweep", float(check_positive("idle_sweep", self.idle_sweep)))

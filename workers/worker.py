@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.client import AsyncClient
+from scheduler.metrics import metrics_url
 from scheduler.protocol import codec, config
 from scheduler.protocol.calls import Calls
 from scheduler.protocol.connection import async_redis, permanent_failure
@@ -355,16 +356,23 @@ class Worker:
         redis = async_redis(config.redis_url(self.redis_url), **kw)
         transport = AsyncScriptTransport(redis, WORKER_RETRY)
         crew: _Crew | None = None
+        failed_to_start = False
         try:
-            calls = await self._connect(redis, life)
-            if calls is None:
-                return
-            presence = self._presence = Presence(calls.ks, transport, record, self._running, self._qstats, life)
-            crew = self._assemble(loop, queues, calls, redis, transport, life, presence)
+            try:
+                calls = await self._connect(redis, life)
+                if calls is None:
+                    return  # stopped while waiting for Redis
+                presence = self._presence = Presence(calls.ks, transport, record, self._running, self._qstats, life)
+                crew = self._assemble(loop, queues, calls, redis, transport, life, presence)
+            except Exception:
+                failed_to_start = True  # bad credentials, the metrics port taken...: its error says it all
+                raise
             settle_gc()
-            log.info("worker serving namespace %r, queues %s, %d partitions, concurrency %d, event loop %s, "
+            port = self.metrics_port
+            metrics = "" if port is None else f", metrics on {metrics_url(self.metrics_host, port)}"
+            log.info("worker serving namespace %r, queues %s, %d partitions, concurrency %d, event loop %s%s, "
                      "registry id %s", calls.ks.namespace, ",".join(queues), calls.ks.partitions, self.concurrency,
-                     loop_name(loop), presence.id)
+                     loop_name(loop), metrics, presence.id)
             await life.stop_requested.wait()
             await self._shutdown(crew, life)
         finally:
@@ -379,9 +387,10 @@ class Worker:
                 self._serving = False
                 life.stopped.set()
             s = self.stats
-            log.info("worker stopped: claimed %d, acked %d, failed %d, retried %d, dead %d, released %d, "
-                     "lease_lost %d, poison %d", s.claimed, s.acked, s.failed, s.retried, s.dead, s.released,
-                     s.lease_lost, s.poison)
+            if not failed_to_start:
+                log.info("worker stopped: claimed %d, acked %d, failed %d, retried %d, dead %d, released %d, "
+                         "lease_lost %d, poison %d", s.claimed, s.acked, s.failed, s.retried, s.dead, s.released,
+                         s.lease_lost, s.poison)
 
     def _queues_to_serve(self) -> list[str]:
         queues = self.queues if self.queues is not None else list(self._handlers)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence, Sized
 from datetime import timedelta
 from typing import Any
 
@@ -152,6 +152,9 @@ class Calls:
         order: dict[int, list[int]] = defaultdict(list)
         new_id = self.ids.new
         for n, item in enumerate(items):
+            if isinstance(item, str | bytes) or not isinstance(item, Sized):
+                raise TypeError(f"job {n}: expected an (at, payload) or (at, payload, key) tuple, "
+                                f"got {type(item).__name__}")
             if len(item) == 2:
                 at, payload = item
                 key = None

@@ -16,6 +16,7 @@ fits jemalloc's 128-byte class: see docs/architecture.md for the byte budget.
 from __future__ import annotations
 
 import math
+import reprlib
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -224,6 +225,10 @@ def finite_number(name: str, value: object) -> float:
     """Validate a real, finite number (bools refused)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not math.isfinite(value):
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond any float: out of every range this is checked against
+        raise ValueError(f"{name} must be a finite number, got {reprlib.repr(value)}") from None
+    if not math.isfinite(number):
         raise ValueError(f"{name} must be finite, got {value!r}")
-    return float(value)
+    return number

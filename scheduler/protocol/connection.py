@@ -28,14 +28,24 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import redis
 import redis.asyncio as aredis
 import redis.asyncio.cluster as acluster
-import redis.asyncio.sentinel as asentinel
 import redis.cluster as rcluster
-import redis.sentinel as sentinel
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
+from .connectors import (
+    AsyncCluster,
+    AsyncMasterConnection,
+    AsyncMasterTLSConnection,
+    AsyncSentinel,
+    MasterConnection,
+    MasterTLSConnection,
+    Sentinel,
+    TLSConnection,
+    address,
+    cluster_failure,
+)
 from .errors import ConfigError
 from .masking import mask_secrets
 
@@ -233,7 +243,7 @@ def _sentinel_parts(url: str, kw: dict[str, Any]) -> tuple[SentinelTarget, dict[
         master_kw.setdefault("password", t.password)
     master_kw["db"] = t.db
     skw: dict[str, Any] = {k: v for k, v in master_kw.items()
-                           if k in ("socket_timeout", "socket_connect_timeout", "socket_keepalive")}
+                           if k in ("socket_timeout", "socket_connect_timeout", "socket_keepalive", "retry")}
     skw.setdefault("socket_timeout", 2.0)  # a silent sentinel must not hang a failover lookup
     if t.sentinel_options.get("sentinel_username"):
         skw["username"] = t.sentinel_options["sentinel_username"]
@@ -255,20 +265,31 @@ def sync_redis(url: str, **kwargs: Any) -> SyncRedis:
     if scheme in CLUSTER_SCHEMES:
         c, ckw = _cluster_kwargs(url, kw)
         nodes = [rcluster.ClusterNode(h, p) for h, p in c.nodes]  # type: ignore[no-untyped-call]
+        if c.ssl:
+            # Only a pool made "from a URL" takes a connection class: the first node as that URL,
+            # the others as startup nodes (TLSConnection: the handshake fits the connect timeout)
+            ckw = {k: v for k, v in ckw.items() if k != "ssl"}
+            ckw.update(url=f"redis://{address(*c.nodes[0])}", connection_class=TLSConnection)
+            nodes = nodes[1:]
         try:
             return rcluster.RedisCluster(startup_nodes=nodes, **ckw)
         except RedisClusterException as exc:
             # The blocking cluster client reads the slot map at once (the asyncio one on first
             # use). No node answering is a connection error, as for one server: callers handle
             # that (the CLI exits 3 "cannot reach Redis"), not redis-py's own exception class.
-            if isinstance(exc.__cause__, redis.ConnectionError | redis.TimeoutError | OSError):
-                raise redis.ConnectionError(f"no node of the cluster answered: {exc.__cause__}") from exc
-            raise
+            failure = cluster_failure(c.nodes, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
     if scheme in SENTINEL_SCHEMES:
         t, master_kw, skw = _sentinel_parts(url, kw)
-        s = sentinel.Sentinel(list(t.sentinels), sentinel_kwargs=skw, **master_kw)  # type: ignore[no-untyped-call]
-        master: redis.Redis = s.master_for(t.master_name)  # type: ignore[no-untyped-call]
+        tls = bool(master_kw.pop("ssl", False))
+        s = Sentinel(t.sentinels, tls=tls, sentinel_kwargs=skw, **master_kw)
+        master: redis.Redis = s.master_for(  # type: ignore[no-untyped-call]
+            t.master_name, connection_class=MasterTLSConnection if tls else MasterConnection)
         return master
+    if scheme == "rediss":
+        kw["connection_class"] = TLSConnection
     return redis.Redis.from_url(url, **kw)
 
 
@@ -279,11 +300,13 @@ def async_redis(url: str, **kwargs: Any) -> AsyncRedis:
     scheme = url.split("://", 1)[0].lower()
     if scheme in CLUSTER_SCHEMES:
         c, ckw = _cluster_kwargs(url, kw)
-        return acluster.RedisCluster(startup_nodes=[acluster.ClusterNode(h, p) for h, p in c.nodes], **ckw)
+        return AsyncCluster(c.nodes, **ckw)
     if scheme in SENTINEL_SCHEMES:
         t, master_kw, skw = _sentinel_parts(url, kw)
-        s = asentinel.Sentinel(list(t.sentinels), sentinel_kwargs=skw, **master_kw)  # type: ignore[no-untyped-call]
-        amaster: aredis.Redis = s.master_for(t.master_name)
+        tls = bool(master_kw.pop("ssl", False))  # the sentinels' keywords keep theirs
+        s = AsyncSentinel(list(t.sentinels), sentinel_kwargs=skw, **master_kw)  # type: ignore[no-untyped-call]
+        amaster: aredis.Redis = s.master_for(
+            t.master_name, connection_class=AsyncMasterTLSConnection if tls else AsyncMasterConnection)
         return amaster
     return aredis.Redis.from_url(url, **kw)
 

@@ -8,6 +8,7 @@ field. Producers pass the same few option sets again and again, so the keyword f
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from difflib import get_close_matches
 from functools import lru_cache
 from typing import Any, TypedDict
 
@@ -140,9 +141,25 @@ def with_overrides(base: JobOptions | None, overrides: JobOptionFields) -> JobOp
     except TypeError as exc:
         if "unhashable" not in str(exc):
             raise
-        return replace(base, **overrides)  # e.g. backoff given as a list
+        return _replace(base, dict(overrides))  # e.g. backoff given as a list
 
 
 @lru_cache(maxsize=256, typed=True)  # typed: max_attempts=True must not hit the entry of 1
 def _cached_replace(base: JobOptions, names: tuple[str, ...], *values: Any) -> JobOptions:
-    return replace(base, **dict(zip(names, values)))
+    return _replace(base, dict(zip(names, values)))
+
+
+OPTION_NAMES = tuple(JobOptionFields.__annotations__)
+"""The job options, in the order the docs list them (the keywords ``schedule`` and friends take)."""
+
+
+def _replace(base: JobOptions, changes: dict[str, Any]) -> JobOptions:
+    # Names are checked here, on a cache miss only, so the hot path stays one dict lookup; a typo
+    # would otherwise surface as dataclasses' "JobOptions.__init__() got an unexpected keyword".
+    unknown = [name for name in changes if name not in OPTION_NAMES]
+    if unknown:
+        guesses = [g for name in unknown for g in get_close_matches(name, OPTION_NAMES, 1, 0.5)]
+        hint = f" (did you mean {' or '.join(map(repr, guesses))}?)" if guesses else ""
+        raise TypeError(f"unknown job option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}"
+                        f"{hint}; the job options are {', '.join(OPTION_NAMES)}")
+    return replace(base, **changes)

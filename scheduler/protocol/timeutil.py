@@ -2,23 +2,34 @@
 from __future__ import annotations
 
 import math
+import reprlib
 import time
 from datetime import UTC, datetime, timedelta
 
 MIN_MS = 0
 MAX_MS = 253402300799999  # 9999-12-31T23:59:59.999Z
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
 
 
 def to_ms(at: object, *, name: str = "at", now: float | None = None) -> int:
-    """``at`` as epoch ms: an aware datetime, a timedelta from now, or epoch seconds (int/float)."""
+    """``at`` as epoch ms: an aware datetime, a timedelta from now, or epoch seconds (int/float).
+
+    TypeError for another type; ValueError for a naive datetime and for any time outside
+    1970-01-01 .. 9999-12-31 UTC, whatever its size (inf, nan, 1e308, a 400-digit int, the largest
+    timedelta, datetime.min in a zone east of UTC): never OverflowError."""
     if isinstance(at, datetime):
         if at.tzinfo is None or at.tzinfo.utcoffset(at) is None:
             raise ValueError(
                 f"{name} is a naive datetime ({at.isoformat()}); expected a timezone-aware datetime, "
                 "e.g. datetime.now(timezone.utc) + timedelta(hours=4)"
             )
-        secs = at.timestamp()
-    elif isinstance(at, timedelta):
+        # whole microseconds: a float timestamp rounds datetime.max up into year 10000
+        us = (at - _EPOCH) // _US
+        if not MIN_MS * 1000 <= us < (MAX_MS + 1) * 1000:
+            raise _out_of_range(name, at.isoformat())
+        return min((us + 500) // 1000, MAX_MS)
+    if isinstance(at, timedelta):
         secs = (time.time() if now is None else now) + at.total_seconds()
     elif isinstance(at, bool) or not isinstance(at, (int, float)):
         raise TypeError(
@@ -26,16 +37,26 @@ def to_ms(at: object, *, name: str = "at", now: float | None = None) -> int:
             f"got {type(at).__name__}"
         )
     else:
-        secs = float(at)
-        if not math.isfinite(secs):
+        if isinstance(at, float) and not math.isfinite(at):
             raise ValueError(f"{name} must be a finite number of epoch seconds, got {at!r}")
-    ms = int(round(secs * 1000))
-    if ms < MIN_MS or ms > MAX_MS:
-        raise ValueError(f"{name} must be between 1970-01-01 and 9999-12-31 UTC, got {secs!r} epoch seconds")
-    return ms
+        try:
+            secs = float(at)
+        except OverflowError:  # an int too large for a float is out of range as surely as 1e308
+            secs = math.inf if at > 0 else -math.inf
+    ms = secs * 1000  # finite seconds may still overflow here (1e308): compare before int()
+    if not MIN_MS <= ms < MAX_MS + 1:
+        # reprlib: a 400-digit int is not quoted whole
+        raise _out_of_range(name, f"now + {at!r}" if isinstance(at, timedelta) else f"{reprlib.repr(at)} epoch seconds")
+    return min(int(round(ms)), MAX_MS)
+
+
+def _out_of_range(name: str, given: str) -> ValueError:
+    return ValueError(f"{name} must be between 1970-01-01 and 9999-12-31 UTC, got {given}")
 
 
 def ms_to_datetime(ms: int | float | None) -> datetime | None:
+    """Epoch ms as an aware UTC datetime (None stays None); exact, where a float timestamp is off
+    by microseconds in far years."""
     if ms is None:
         return None
-    return datetime.fromtimestamp(ms / 1000.0, tz=UTC)
+    return _EPOCH + timedelta(milliseconds=ms)

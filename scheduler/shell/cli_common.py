@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import sys
 import time
 from collections.abc import Callable
@@ -79,7 +78,7 @@ def number(kind: str, lo: float, hi: float, *, integer: bool = False) -> Callabl
             v: float = int(text) if integer else float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
-        if not (math.isfinite(v) and lo <= v <= hi):
+        if not lo <= v <= hi:  # refuses nan and inf too; a 400-digit int is compared, not converted
             raise argparse.ArgumentTypeError(f"expected {kind} from {lo:g} to {hi:g}, got {text!r}")
         return v
 
@@ -91,15 +90,15 @@ def number(kind: str, lo: float, hi: float, *, integer: bool = False) -> Callabl
 
 
 def _usage_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
-    parser.print_usage(sys.stderr)
+    # one line, as every other failure: the usage argparse would print first is what --help shows
     parser.exit(EXIT_BAD_INPUT, f"zsched: error: {message} (see: {parser.prog} --help)\n")
 
 
 def patch_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Make argparse's own errors look like ours (``zsched: error:``, a pointer to ``--help``,
-    exit 2); returns ``parser``."""
+    """Make argparse's own errors look like ours (one ``zsched: error:`` line with a pointer to
+    ``--help``, exit 2); returns ``parser``."""
     # Per instance rather than a parser class: the subcommands of other modules (scheduler,
-    # worker, dev) share the top-level subparsers and keep argparse's plain format.
+    # worker, dev) are made by argparse's own class; zsched's main patches them once registered.
     parser.error = functools.partial(_usage_error, parser)  # type: ignore[method-assign]
     return parser
 

@@ -16,11 +16,14 @@ from collections.abc import Callable
 from types import FrameType
 
 import redis
+from redis.asyncio.sentinel import MasterNotFoundError as AsyncMasterNotFoundError
+from redis.sentinel import MasterNotFoundError
 
 from ..coord import CoordinationError, CoordinatorUnavailable
-from ..metrics import PortInUse
+from ..metrics import CannotListen, PortInUse
 from ..protocol import config
 from ..protocol.connection import permanent_failure
+from ..protocol.connectors import ClusterUnreachable
 from ..protocol.errors import LayoutChanged
 from ..protocol.masking import mask_secrets
 from .admin import AdminError
@@ -83,6 +86,18 @@ def _redis_url(args: argparse.Namespace) -> str:
         return "Redis"
 
 
+def _unreachable_hint(exc: redis.RedisError, url: str) -> str:
+    if isinstance(exc, MasterNotFoundError | AsyncMasterNotFoundError):
+        what = "are the sentinels running, and do they monitor that master name?"
+    elif isinstance(exc, ClusterUnreachable):
+        what = "are the cluster's nodes running there?"
+    elif url.startswith("rediss"):
+        what = "is redis-server running there, with TLS on that port?"
+    else:
+        what = "is redis-server running there?"
+    return f"{what} check --redis / ZSCHED_REDIS_URL"
+
+
 def _redis_error(exc: redis.RedisError, args: argparse.Namespace) -> tuple[str, int]:
     url = _redis_url(args)
     why = permanent_failure(exc)
@@ -93,8 +108,7 @@ def _redis_error(exc: redis.RedisError, args: argparse.Namespace) -> tuple[str, 
         return (f"cannot read a TLS file named in the Redis URL {url}: {exc} (check the paths in "
                 "ssl_ca_certs=, ssl_certfile=, ssl_keyfile=)", EXIT_LOCAL)
     if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
-        return (f"cannot reach Redis at {url}: {exc} (is redis-server running there? check --redis / "
-                "ZSCHED_REDIS_URL)", EXIT_UNAVAILABLE)
+        return f"cannot reach Redis at {url}: {exc} ({_unreachable_hint(exc, url)})", EXIT_UNAVAILABLE
     # e.g. NOPERM for an ACL user, OOM, READONLY replica
     return f"Redis at {url} refused the command: {type(exc).__name__}: {exc}", EXIT_UNAVAILABLE
 
@@ -119,6 +133,8 @@ def _known(exc: BaseException, args: argparse.Namespace) -> tuple[str, int] | No
     if isinstance(exc, CoordinationError):  # e.g. etcd rejected the user: the message says which
         return f"etcd refused: {exc}", EXIT_UNAVAILABLE
     if isinstance(exc, PortInUse):
+        return str(exc), EXIT_LOCAL
+    if isinstance(exc, CannotListen):  # e.g. --metrics-host names an address of another machine
         return str(exc), EXIT_LOCAL
     if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
         return f"address already in use: {exc} (choose another port, or stop the process that has it)", EXIT_LOCAL

@@ -12,10 +12,14 @@ and stream idle times, which fakeredis reads from the host clock.
 """
 from __future__ import annotations
 
+import reprlib
 import threading
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+from ..protocol.codec import finite_number
+from ..protocol.timeutil import MAX_MS, to_ms
 
 try:
     import fakeredis
@@ -44,15 +48,12 @@ if not all(hasattr(c, "_connect") for c in (FakeRedisConnection, FakeAsyncRedisC
 
 
 def to_epoch_ms(when: datetime | float | int) -> int:
-    """An aware datetime or epoch seconds as epoch milliseconds; ValueError for a naive datetime."""
-    if isinstance(when, datetime):
-        if when.tzinfo is None or when.tzinfo.utcoffset(when) is None:
-            raise ValueError(f"expected a timezone-aware datetime, got the naive {when.isoformat()} "
-                             "(e.g. datetime(2025, 3, 9, 6, 0, tzinfo=timezone.utc))")
-        return int(round(when.timestamp() * 1000))
-    if isinstance(when, bool) or not isinstance(when, (int, float)):
-        raise TypeError(f"expected an aware datetime or epoch seconds, got {type(when).__name__}")
-    return int(round(float(when) * 1000))
+    """An aware datetime or epoch seconds as epoch milliseconds; ValueError for a naive datetime
+    or a time outside 1970-01-01 .. 9999-12-31 UTC (as the clients refuse it), TypeError else."""
+    if isinstance(when, datetime | int | float) and not isinstance(when, bool):
+        return to_ms(when, name="the clock's time")
+    hint = " (use advance() to move by one)" if isinstance(when, timedelta) else ""
+    raise TypeError(f"expected an aware datetime or epoch seconds, got {type(when).__name__}{hint}")
 
 
 class FakeClock:
@@ -92,12 +93,16 @@ class FakeClock:
             self._us = int(ms) * 1000
 
     def advance(self, delta: timedelta | float) -> None:
-        """Move the clock forwards by ``delta`` (a timedelta or seconds, >= 0)."""
-        us = int(round((delta.total_seconds() if isinstance(delta, timedelta) else float(delta)) * 1_000_000))
-        if us < 0:
+        """Move the clock forwards by ``delta`` (a timedelta or seconds, >= 0), no further than
+        9999-12-31 (ValueError)."""
+        seconds = delta.total_seconds() if isinstance(delta, timedelta) else finite_number("delta", delta)
+        if seconds < 0:
             raise ValueError(f"cannot advance the clock by a negative amount ({delta!r}); set it instead")
         with self._lock:
-            self._us += us
+            us = self._us + int(round(min(seconds, MAX_MS / 1000) * 1_000_000))
+            if us > MAX_MS * 1000:
+                raise ValueError(f"cannot advance the clock by {reprlib.repr(seconds)} s: it would pass 9999-12-31 UTC")
+            self._us = us
 
 
 # After every EVAL fakeredis runs a full Lua garbage collection (to free that call's KEYS and ARGV

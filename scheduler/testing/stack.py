@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import reprlib
 import uuid
 import weakref
 from collections.abc import Iterator
@@ -32,6 +33,7 @@ from workers.runner import Poison
 from ..client import AsyncClient, Client
 from ..protocol.models import JobInfo, JobState
 from ..protocol.replies import Claimed
+from ..protocol.timeutil import MAX_MS
 from .assertions import StackAssertions
 from .clock import ClockedServer, FakeClock, fake_async_redis, fake_redis
 from .run import RunReport, TimedOutThreads, WorkerPass, call_handler, call_handler_async
@@ -54,7 +56,11 @@ def _delta(delta: timedelta | float | None, units: dict[str, float]) -> timedelt
         return delta
     if isinstance(delta, bool) or not isinstance(delta, (int, float)):
         raise TypeError(f"advance() takes a timedelta or seconds, got {type(delta).__name__}")
-    return timedelta(seconds=delta)
+    try:
+        return timedelta(seconds=delta)
+    except (OverflowError, ValueError):  # beyond timedelta's 999999999 days, inf, nan
+        raise ValueError(f"advance() takes a finite number of seconds up to timedelta.max, "
+                         f"got {reprlib.repr(delta)}") from None
 
 
 def _loop_running() -> bool:
@@ -159,7 +165,10 @@ class TestStack(StackAssertions):
         step = _delta(delta, units)
         if step < timedelta(0):
             raise ValueError(f"advance() moves forwards only, got {step!r}; set stack.now to jump back")
-        return clock.ms + int(step / timedelta(milliseconds=1))
+        target = clock.ms + step // timedelta(milliseconds=1)
+        if target > MAX_MS:
+            raise ValueError(f"advance() by {step!r} would move the clock past 9999-12-31 UTC")
+        return target
 
     def _steps(self, target_ms: int) -> Iterator[None]:
         """Move the clock to ``target_ms`` stopping at every due timer and lease deadline on the

@@ -4,9 +4,14 @@ from __future__ import annotations
 import argparse
 import os
 
+from ..metrics import host_arg, port_arg
 from ..protocol import config
 from .ownership import default_replica_id
 from .process import SchedulerConfig, run_forever
+
+DEFAULT_LEASE_TTL = SchedulerConfig.lease_ttl
+MIN_LEASE_TTL = 1.0  # etcd's granularity (see Ownership)
+MAX_LEASE_TTL = 3600.0
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -23,8 +28,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--namespace", help="namespace (env ZSCHED_NAMESPACE, default zsched)")
     p.add_argument("--partitions", type=int, help="expected partition count (env ZSCHED_PARTITIONS)")
     p.add_argument("--replica-id", help="this replica's name in etcd (default host-pid-random)")
-    p.add_argument("--lease-ttl", type=float, default=float(os.environ.get("ZSCHED_LEASE_TTL", "5")),
-                   help="etcd lease TTL in seconds (default 5): failover takes about this long")
+    p.add_argument("--lease-ttl", type=float, metavar="S",
+                   help=f"etcd lease TTL in seconds, {MIN_LEASE_TTL:g} to {MAX_LEASE_TTL:g} (env ZSCHED_LEASE_TTL, "
+                        f"default {DEFAULT_LEASE_TTL:g}): failover takes about this long")
     p.add_argument("--batch", type=int, default=1000, help="jobs moved per tick call (default 1000)")
     p.add_argument("--handoff-lead", type=float, default=20.0, metavar="MS",
                    help="hand jobs to the workers this many ms before they are due (default 20); the "
@@ -33,13 +39,31 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--redis-timeout", type=float, default=5.0, metavar="S",
                    help="socket timeout of a Redis call, seconds (default 5): a reply slower than this is "
                         "treated as lost and the call retried (ticks are epoch-fenced, so that is safe)")
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
-    p.add_argument("--metrics-host", default="127.0.0.1", help="address for /metrics (default 127.0.0.1)")
+    p.add_argument("--metrics-port", type=port_arg, metavar="PORT", help="serve Prometheus /metrics on this port")
+    p.add_argument("--metrics-host", type=host_arg, default="127.0.0.1", metavar="ADDR",
+                   help="address for /metrics (default 127.0.0.1)")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     return run_forever(config_from_args(args))
+
+
+def _lease_ttl(given: float | None) -> float:
+    """``--lease-ttl``, else ZSCHED_LEASE_TTL, else the default; checked (read when the command runs,
+    so a bad variable stops ``zsched scheduler`` with one line, not every ``zsched`` command)."""
+    if given is None:
+        raw = os.environ.get("ZSCHED_LEASE_TTL", "").strip()
+        try:
+            ttl, what = (float(raw) if raw else DEFAULT_LEASE_TTL), f"ZSCHED_LEASE_TTL={raw!r}"
+        except ValueError:
+            raise ValueError(f"ZSCHED_LEASE_TTL must be a number of seconds, got {raw!r}") from None
+    else:
+        ttl, what = given, f"--lease-ttl {given:g}"
+    if not MIN_LEASE_TTL <= ttl <= MAX_LEASE_TTL:  # refuses nan too
+        raise ValueError(f"{what}: the etcd lease TTL must be from {MIN_LEASE_TTL:g} to {MAX_LEASE_TTL:g} seconds "
+                         "(failover after a crash takes about this long)")
+    return ttl
 
 
 def config_from_args(args: argparse.Namespace) -> SchedulerConfig:
@@ -51,13 +75,14 @@ def config_from_args(args: argparse.Namespace) -> SchedulerConfig:
         raise ValueError(f"--handoff-lead must be from 0 to 1000 ms, got {args.handoff_lead}")
     if not 0.01 <= args.redis_timeout <= 3600:
         raise ValueError(f"--redis-timeout must be from 0.01 to 3600 seconds, got {args.redis_timeout}")
+    lease_ttl = _lease_ttl(args.lease_ttl)
     cfg = SchedulerConfig(
         redis_url=config.redis_url(args.redis),
         etcd_endpoints=config.etcd_endpoints(args.etcd),
         namespace=config.namespace(args.namespace),
         partitions=config.partitions(args.partitions),
         replica_id=args.replica_id or default_replica_id(),
-        lease_ttl=args.lease_ttl,
+        lease_ttl=lease_ttl,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         redis_timeout=args.redis_timeout,

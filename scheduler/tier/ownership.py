@@ -50,7 +50,7 @@ class Ownership:
         runner. ``margin``: how long before the lease could expire this replica stops acting (default
         20% of ``ttl``, at least 0.5 s). ``ignore_deadline`` switches that local deadline off, leaving
         the epoch fence as the only protection: a test knob, never for production."""
-        if ttl < 1:
+        if not ttl >= 1:  # nan too
             raise ValueError(f"lease TTL must be >= 1 second (etcd's granularity), got {ttl}")
         self.coord = coord
         self.partitions = partitions

@@ -20,7 +20,7 @@ from typing import cast
 
 from ..client import AsyncClient, parse_dead_retention, parse_queue_idle, parse_rate_limits
 from ..coord import Coordinator, CoordinatorUnavailable, EtcdCoordinator
-from ..metrics import PartitionStatsCollector, SchedulerMetrics, WorkerRegistryCollector, serve
+from ..metrics import PartitionStatsCollector, SchedulerMetrics, WorkerRegistryCollector, metrics_url, serve
 from ..protocol import config
 from ..protocol.connection import async_redis, permanent_failure
 from ..protocol.masking import mask_secrets
@@ -156,8 +156,13 @@ class SchedulerProcess:
             await self._shutdown()  # the loops started above, and a lease granted before the stop
             return False
         settle_gc()
-        log.info("scheduler replica %s up: namespace %s, %d partitions, lease ttl %.1fs",
-                 self.replica_id, self.cfg.namespace, core.ks.partitions, self.cfg.lease_ttl)
+        # the event loop and the metrics address are named here, not as they are set up: a start-up
+        # that fails prints its one error line and nothing else
+        metrics = "" if self.cfg.metrics_port is None else \
+            f", metrics on {metrics_url(self.cfg.metrics_host, self.cfg.metrics_port)}"
+        log.info("scheduler replica %s up: namespace %s, %d partitions, lease ttl %.1fs, event loop: %s%s",
+                 self.replica_id, self.cfg.namespace, core.ks.partitions, self.cfg.lease_ttl,
+                 loop_name(asyncio.get_running_loop()), metrics)
         return True
 
     def stop(self) -> None:
@@ -426,7 +431,6 @@ def run_forever(cfg: SchedulerConfig) -> int:
             proc.stop()
 
         stop_signals(loop, on_signal)
-        log.info("event loop: %s", loop_name(loop))
         await proc.run()
 
     run(main())

@@ -3,6 +3,7 @@
 The table :data:`CASES` provokes each condition of docs/operations.md ("Exit codes and errors") for
 the commands it applies to (an operator command, ``scheduler``, ``worker``, ``dev``), running the
 real command as a subprocess; all of them start at once, so the table costs about one start-up.
+The error line is all a case prints on stderr (``dev`` aside, which reports what it started).
 ``--debug`` adds the traceback.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,10 +36,24 @@ class Env:
     locked_port: int    # the live redis-server, with the ACL user USER
     dead: int           # a loopback port nothing listens on
     taken: int          # a loopback port something listens on
+    dead2: int = 0      # another loopback port nothing listens on
 
     @property
     def dead_redis(self) -> str:
         return f"redis://127.0.0.1:{self.dead}/0"
+
+    @property
+    def dead_sentinels(self) -> str:
+        return f"redis+sentinel://127.0.0.1:{self.dead},127.0.0.1:{self.dead2}/mymaster"
+
+    @property
+    def tls_to_plain_text(self) -> str:
+        """TLS to the live, plain-text redis-server: it never answers the handshake."""
+        return f"rediss://127.0.0.1:{self.locked_port}/0"
+
+    @property
+    def cluster_of_one_plain_server(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.locked_port}"
 
     @property
     def wrong_password(self) -> str:
@@ -60,6 +76,8 @@ class Case:
 
 
 WORKER = ["worker", "scheduler.shell.demo:worker"]
+TLS_TIMEOUT = (r"cannot reach Redis at rediss://.*: Timeout connecting to 127\.0\.0\.1:\d+ over TLS: no TLS "
+               r"handshake within 5 s; .*use redis:// for it \(is redis-server running there, with TLS on that port\?")
 BAD_URL = "http://127.0.0.1:6379"
 CASES = [
     # operator commands
@@ -70,6 +88,13 @@ CASES = [
     Case("stats, TLS file missing", lambda e: ["stats", "--redis", e.tls_file_missing], 4,
          r"cannot read a TLS file named in the Redis URL .*ssl_ca_certs"),
     Case("stats, bad URL", lambda e: ["stats", "--redis", BAD_URL], 2, r"Redis URL .* is invalid: unknown scheme"),
+    Case("stats, TLS to a plain-text port", lambda e: ["stats", "--redis", e.tls_to_plain_text], 3, TLS_TIMEOUT),
+    Case("stats, sentinels unreachable", lambda e: ["stats", "--redis", e.dead_sentinels], 3,
+         r"^zsched: error: cannot reach Redis at redis\+sentinel://\S+: no sentinel named a usable master "
+         r"'mymaster': 127\.0\.0\.1:\d+ connection refused; 127\.0\.0\.1:\d+ connection refused \(are the "
+         r"sentinels running, and do they monitor that master name\? check --redis / ZSCHED_REDIS_URL\)$"),
+    Case("stats, cluster URL of a plain server", lambda e: ["stats", "--redis", e.cluster_of_one_plain_server], 2,
+         r"the Redis at 127\.0\.0\.1:\d+ is not in cluster mode"),
     Case("cron add --grace without --misfire skip",
          lambda e: ["cron", "add", "nightly", "0 9 * * *", "--queue", "q", "--grace", "10", "--redis", e.redis_url],
          2, r"--grace only applies with --misfire skip"),
@@ -86,9 +111,17 @@ CASES = [
     Case("scheduler, metrics port in use",
          lambda e: ["scheduler", "--redis", e.dead_redis, "--metrics-port", str(e.taken)], 4,
          r"metrics port \d+ on 127\.0\.0\.1 is already in use.*--metrics-port"),
+    Case("scheduler, metrics port out of range", lambda e: ["scheduler", "--redis", e.dead_redis, "--metrics-port",
+                                                            "99999"], 2,
+         r"argument --metrics-port: expected a TCP port number from 1 to 65535, got '99999'"),
+    Case("scheduler, metrics port 0", lambda e: ["scheduler", "--metrics-port", "0"], 2, r"from 1 to 65535, got '0'"),
+    Case("scheduler, cluster URL of a plain server", lambda e: ["scheduler", "--redis", e.cluster_of_one_plain_server],
+         2, r"is not in cluster mode"),
     # zsched worker
     Case("worker, metrics port in use", lambda e: [*WORKER, "--redis", e.redis_url, "--metrics-port", str(e.taken)], 4,
          r"metrics port \d+ on 127\.0\.0\.1 is already in use"),
+    Case("worker, metrics port not a number", lambda e: [*WORKER, "--metrics-port", "-1"], 2,
+         r"argument --metrics-port: expected a TCP port number from 1 to 65535, got '-1'"),
     Case("worker, wrong password", lambda e: [*WORKER, "--redis", e.wrong_password], 3, r"refused the credentials"),
     Case("worker, TLS file missing", lambda e: [*WORKER, "--redis", e.tls_file_missing], 4, r"cannot read a TLS file"),
     Case("worker, bad URL", lambda e: [*WORKER, "--redis", BAD_URL], 2, r"is invalid"),
@@ -108,7 +141,8 @@ def env(redis_url: str) -> Iterator[Env]:
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
-        yield Env(redis_url, int(redis_url.rsplit(":", 1)[1].split("/")[0]), free_port(), listener.getsockname()[1])
+        yield Env(redis_url, int(redis_url.rsplit(":", 1)[1].split("/")[0]), free_port(), listener.getsockname()[1],
+                  free_port())
 
 
 def _start(case: Case, env: Env, cwd: Path, *pre: str) -> subprocess.Popen[str]:
@@ -128,15 +162,29 @@ def test_known_conditions_print_one_error_line_and_their_exit_code(env: Env, tmp
             problems.append(f"{case.name}: did not end:\n{err[-2000:]}")
             continue
         lines = [line for line in err.splitlines() if line.startswith("zsched: error:")]
+        others = [line for line in err.splitlines() if line not in lines]
         if proc.returncode != case.code:
             problems.append(f"{case.name}: exit {proc.returncode}, expected {case.code}:\n{err[-2000:]}")
         elif len(lines) != 1 or not re.search(case.says, lines[0]):
             problems.append(f"{case.name}: expected one error line matching {case.says!r}:\n{err[-2000:]}")
         elif "Traceback" in err:
             problems.append(f"{case.name}: a traceback:\n{err[-3000:]}")
+        elif others and not case.name.startswith("dev,"):
+            problems.append(f"{case.name}: more than the error line on stderr:\n{err[-2000:]}")
         elif PASSWORD in err + out:
             problems.append(f"{case.name}: the password is printed:\n{err[-2000:]}")
     assert not problems, "\n\n".join(problems)
+
+
+def test_tls_to_a_plain_text_port_ends_within_the_connect_timeout(env: Env, tmp_path: Path) -> None:
+    """``rediss://`` at a plain-text port: the server never answers the TLS handshake, which counts
+    against the CLI's 5 s connect timeout (it waited for the 60 s socket timeout, then retried)."""
+    t0 = time.monotonic()
+    out = subprocess.run([*ZSCHED, "stats", "--redis", env.tls_to_plain_text], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=DEADLINE)
+    took = time.monotonic() - t0
+    assert out.returncode == 3 and re.fullmatch(f"zsched: error: {TLS_TIMEOUT}.*\n", out.stderr), out.stderr
+    assert took < 15, f"took {took:.1f} s: 5 s of connect timeout and the start-up of Python were expected"
 
 
 def test_debug_adds_the_traceback_of_a_known_condition(env: Env, tmp_path: Path) -> None:
