@@ -219,11 +219,11 @@ def load(st: Stack, side: Side, offsets: Sequence[float]) -> tuple[dict[str, Any
     jobs = len(offsets)
     base = st.counter("acked", QUEUE)
     t0, ids = schedule(st, side, offsets)
-    c0, f0 = worker_counters(st), st.firing_buckets()
-    if time.time() > t0 - 0.05:
+    if time.time() > t0 - 0.5:
         raise RuntimeError(f"the load was scheduled too late for its first due time: raise LEAD_S ({LEAD_S} s)")
-    time.sleep(t0 - 0.05 - time.time())
+    time.sleep(t0 - 0.3 - time.time())  # the counters are read just before the window opens (16 scrapes: ~0.1 s)
     load1 = os.getloadavg()[0]
+    c0, f0 = worker_counters(st), st.firing_buckets()
     w = Window(st)
     poll_acked(st, base + jobs, None, offsets[-1] + 60)
     win = w.close()

@@ -302,8 +302,8 @@ def fanout_markdown(r: dict[str, Any], plots: list[str]) -> str:
     sides = r["sides"]
     compared = "compare" in r
     foreign = [x for e in r["summary"] for x in (e.get("foreign_cpu_s_per_s") or {}).get("runs", []) if x is not None]
-    who = "; ".join(f"{k}: {v['path']} at {v['commit']}{' (with uncommitted changes)' if v['dirty'] else ''}"
-                    for k, v in sides.items())
+    who = "; ".join(f"{'this checkout' if k == 'this' else 'other: ' + v['path']} at {v['commit']}"
+                    f"{' with uncommitted changes' if v['dirty'] else ''}" for k, v in sides.items())
     lines = [
         f"## Fan-out: cost per job against worker processes (`python -m bench fanout{' --compare' * compared}`)",
         "",
