@@ -96,7 +96,9 @@ class Side:
             return p.stdout.strip() if p.returncode == 0 else "unknown"
 
         commit = git("rev-parse", "--short", "HEAD")  # "unknown": not a git checkout
-        dirty = None if commit == "unknown" else bool(git("status", "--porcelain", "--untracked-files=no"))
+        # the code only: a run leaves RESULTS.md and the curves changed, the next run's code is the same
+        dirty = None if commit == "unknown" else bool(git("status", "--porcelain", "--untracked-files=no", "--",
+                                                          ".", ":!bench/RESULTS.md", ":!docs"))
         return {"path": str(self.code), "commit": commit, "dirty": dirty, "imports": verify(self)}
 
 
