@@ -9,21 +9,26 @@ redis-server vs a 3-master Redis Cluster: firing, drain, Redis CPU per job per s
 all; without --quick it writes its section of RESULTS.md), migrate (``zsched migrate-partitions``
 16 -> 64 partitions with 1 M jobs on 1 node and 300 000 on a 3-master cluster: moved/s, Redis CPU,
 memory; not part of all), kit (the in-process test kit, scheduler.testing on fakeredis: 1 000
-schedule -> run_due -> ack cycles, batched and one by one; no server; not part of all), all.
+schedule -> run_due -> ack cycles, batched and one by one; no server; not part of all), fanout
+(per-job worker, Redis and replica CPU, script calls, notifications and lateness at 1-16 worker
+processes, spread and batched, one redis-server and a 3-master cluster; without --quick it writes
+its section of RESULTS.md and its curves in docs/img; ``python -m bench fanout --help`` for its own
+options, ``--compare OTHER_CHECKOUT`` among them), all.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from bench import common
 
-SUITES = ("core", "drain", "lateness", "herd", "scale", "failover", "pg", "peers", "transport", "soak", "cluster",
-          "migrate", "kit")
+SUITES = ("core", "drain", "lateness", "herd", "scale", "failover", "pg", "peers", "fanout", "transport", "soak",
+          "cluster", "migrate", "kit")
 # transport needs git and the old commit (minutes of interleaved runs); soak runs 30 minutes;
 # cluster needs redis-cli and takes about 15 minutes of alternating rounds
 # migrate fills 2.6 M jobs over 4 fresh servers (an admin operation, not a workload)
@@ -72,6 +77,9 @@ def run_suite(name: str, quick: bool, memory_sizes: list[int]) -> Any:
         if not quick:  # a smoke run's figures do not replace the measured ones
             cluster.write_section(out)
         return out
+    if name == "fanout":  # writes its JSON, its RESULTS.md section and its curves itself
+        from bench import fanout
+        return fanout.run_suite(quick)
     if name == "migrate":
         from bench import migrate
         result = migrate.run(quick)
@@ -89,6 +97,10 @@ def main() -> None:
     p.add_argument("--report", metavar="JSON", help="only write bench/RESULTS.md from a saved results.json")
     p.add_argument("--memory-sizes", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    help="pending-job counts for the memory benchmark (default 1000000,10000000; quick: 100000)")
+    if sys.argv[1:2] == ["fanout"]:  # the suite alone takes its own options (--compare, --workers, --help, ...)
+        from bench import fanout
+        fanout.main(sys.argv[2:])
+        return
     args = p.parse_args()
     if args.report:
         from bench.report import write_markdown

@@ -20,6 +20,8 @@ MASTERS = 3
 QUEUE = "bench"
 POLL_S = 0.01
 IDLE_S = 1.0  # the idle window before T0
+# every way a client runs a script or a function (INFO commandstats names)
+SCRIPT_COMMANDS = ("evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro")
 
 
 # -- the two sides ---------------------------------------------------------------------------------
@@ -141,6 +143,7 @@ class Window:
                 "reads": sum(reads1.values()) - sum(self.reads.values()),
                 "evalsha_calls": sum(x.get("evalsha", (0, 0))[0] for x in stats),
                 "evalsha_usec": sum(x.get("evalsha", (0, 0))[1] for x in stats),
+                "script_calls": sum(x.get(c, (0, 0))[0] for x in stats for c in SCRIPT_COMMANDS),
                 # the scripts' ready and wake notifications (counted in commandstats from Lua too)
                 "publishes": sum(x.get(c, (0, 0))[0] for x in stats for c in ("publish", "spublish")),
                 "foreign_cpu_s": max(0.0, busy - ours)}

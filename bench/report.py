@@ -280,3 +280,98 @@ def cluster_markdown(r: dict[str, Any]) -> str:
                   f"triggers: {num(fo['claims_per_delivery'])} claims per delivery), and "
                   f"{num(fo['worker_cpu_us_per_delivery'])} µs of worker CPU per delivery."]
     return "\n".join(lines)
+
+
+def _range(fig: dict[str, Any] | None, digits: str = "") -> str:
+    """A figure over rounds: median (min-max), or the median alone for a single round."""
+    if not fig:
+        return "n/a"
+
+    def f(v: Any) -> str:
+        return f"{v:{digits}}" if digits and v is not None else num(v)
+
+    if fig["min"] == fig["max"]:
+        return f(fig["median"])
+    return f"{f(fig['median'])} ({f(fig['min'])}-{f(fig['max'])})"
+
+
+def fanout_markdown(r: dict[str, Any], plots: list[str]) -> str:
+    """The ``fanout`` (or, with --compare, ``fanout_compare``) section of RESULTS.md from
+    ``bench.fanout.run``'s output; ``plots``: the PNG names drawn into docs/img."""
+    m = r["machine"]
+    sides = r["sides"]
+    compared = "compare" in r
+    foreign = [x for e in r["summary"] for x in (e.get("foreign_cpu_s_per_s") or {}).get("runs", []) if x is not None]
+    who = "; ".join(f"{'this checkout' if k == 'this' else 'other: ' + v['path']} at {v['commit']}"
+                    f"{' with uncommitted changes' if v['dirty'] else ''}" for k, v in sides.items())
+    lines = [
+        f"## Fan-out: cost per job against worker processes (`python -m bench fanout{' --compare' * compared}`)",
+        "",
+        f"Measured {m['date']} on {m['cpus']} cores, {m['redis'].split(' sha=')[0]}: {r['rounds']} rounds, "
+        "interleaved (the worker counts in another order every round, shapes and backends alternating"
+        f"{', the two sides alternating' if compared else ''}); per load {num(r['jobs'])} jobs, *spread*: due "
+        f"at random moments over {r['seconds']:g} s ({num(r['jobs'] / r['seconds'])}/s), *batched*: due at "
+        f"{r['bursts']} instants {r['seconds'] / r['bursts']:g} s apart; W worker processes at concurrency "
+        f"{r['concurrency']} with a no-op handler, {r['replicas']} scheduler replicas, {r['partitions']} "
+        "partitions, AOF everysec, hz 10; one redis-server, and a 3-master Redis Cluster (no replicas, the "
+        "partitions' slots spread 6/5/5). The jobs are scheduled before the window, which runs from the first "
+        "due time to the last ack: per job is that window's cost over its jobs, idle work (ticks, sweeps) "
+        "included. CPU from /proc (workers, replicas: summed) and INFO cpu (every master); script calls = "
+        "EVALSHA/EVAL/FCALL in commandstats; *published* = ready messages the scripts sent; *notified* = "
+        "notifications the workers received (`zsched_worker_notified_total`), *claims* = claim calls answered "
+        "(empty ones in brackets). Handler lateness = handler start minus the job's due time, exact, from "
+        "every job. Medians over rounds, min-max in brackets. Code: " + who + ". Load average "
+        f"{m['loadavg_start'][0]:.2f} at the start, {m['loadavg_end'][0]:.2f} at the end; other processes used "
+        f"{num(min(foreign, default=None))}-{num(max(foreign, default=None))} CPU s per s of the "
+        f"{m['cpus']} cores during the windows: single runs swing, read the medians.",
+        "",
+        "| backend | shape | W |" + (" side |" if compared else "") + " worker CPU µs/job | Redis CPU µs/job | "
+        "replicas' CPU µs/job | script calls/job | published/job | notified/job | claims/job (empty) | "
+        "handler lateness p50 / p99 ms |",
+        "|---|---|---|" + ("---|" if compared else "") + "---|---|---|---|---|---|---|---|",
+    ]
+    names = {"single": "1 redis-server", "cluster": "3 masters"}
+    def med(e: dict[str, Any], name: str) -> Any:
+        return (e.get(name) or {}).get("median")
+
+    for e in sorted((e for e in r["summary"] if e["shape"] != "idle"),
+                    key=lambda e: (e["backend"] != "single", e["shape"] != "spread", e["workers"],
+                                   e["side"] != "this")):
+        lines.append(
+            f"| {names[e['backend']]} | {e['shape']} | {e['workers']} |" + (f" {e['side']} |" if compared else "")
+            + f" {_range(e.get('worker_cpu_us_per_job'))} | {_range(e.get('redis_cpu_us_per_job'))} | "
+            f"{_range(e.get('replica_cpu_us_per_job'))} | {_range(e.get('script_calls_per_job'), '.2f')} | "
+            f"{num(med(e, 'publishes_per_job'))} | {num(med(e, 'notified_per_job'))} | "
+            f"{num(med(e, 'claims_per_job'))} ({num(med(e, 'claims_empty_per_job'))}) | "
+            f"{num(med(e, 'handler_lateness_p50_ms'))} / "
+            f"{_range(e.get('handler_lateness_p99_ms'), '.2f')} |")
+    lines += ["", "Targets of issue 26 (per job, the most workers against one; script calls at every W):", ""]
+    for t in r["targets"]:
+        w, rd, c = t["worker_cpu_us_per_job"], t["redis_cpu_us_per_job"], t["script_calls_per_job"]
+        lines.append(f"- {t['side'] + ', ' if compared else ''}{names[t['backend']]}, {t['shape']}: worker CPU "
+                     f"W={t['workers'][1]} / W={t['workers'][0]} = {w['ratio']} (target <= {w['target']}: "
+                     f"{'met' if w['met'] else 'not met'}); Redis CPU {rd['ratio']} (<= {rd['target']}: "
+                     f"{'met' if rd['met'] else 'not met'}); script calls per job at most {num(c['max'])} "
+                     f"(< {c['target']}: {'met' if c['met'] else 'not met'})")
+    lines += ["", "Idle (the workers up, nothing due, per second; the replicas' idle ticks and the workers' "
+              "safety-net sweeps):", "",
+              "| backend | W |" + (" side |" if compared else "") + " worker CPU ms/s | Redis CPU ms/s | "
+              "replicas' CPU ms/s | script calls/s | notified/s |",
+              "|---|---|" + ("---|" if compared else "") + "---|---|---|---|---|"]
+    for e in r["idle_summary"]:
+        lines.append(f"| {names[e['backend']]} | {e['workers']} |" + (f" {e['side']} |" if compared else "")
+                     + f" {_range(e.get('worker_cpu_ms_per_s'))} | {_range(e.get('redis_cpu_ms_per_s'))} | "
+                     f"{_range(e.get('replica_cpu_ms_per_s'))} | {_range(e.get('script_calls_per_s'))} | "
+                     f"{_range(e.get('notified_per_s'))} |")
+    if compared:
+        lines += ["", "This / other (ratio of the medians; in brackets the median of the per-round ratios):", "",
+                  "| backend | shape | W | worker CPU | Redis CPU | replicas' CPU | script calls | notified | "
+                  "lateness p99 |", "|---|---|---|---|---|---|---|---|---|"]
+        for c in r["compare"]:
+            cells = [f"{c[k]['ratio']} ({c[k]['paired']})" if c[k]["ratio"] is not None else "n/a"
+                     for k in ("worker_cpu_us_per_job", "redis_cpu_us_per_job", "replica_cpu_us_per_job",
+                               "script_calls_per_job", "notified_per_job", "handler_lateness_p99_ms")]
+            lines.append(f"| {names[c['backend']]} | {c['shape']} | {c['workers']} | " + " | ".join(cells) + " |")
+    if plots:
+        lines += ["", "Curves: " + ", ".join(f"[{p.removesuffix('.png')}](../docs/img/{p})" for p in plots) + "."]
+    return "\n".join(lines)

@@ -3,7 +3,9 @@ etcd, scheduler replicas and worker processes, all on loopback, stopped by PID.
 
 ``Stack(redis=...)`` runs on a Redis the caller started instead (a :class:`RedisServer` or a
 :class:`ClusterSet`, through its ``.url``: ``redis+cluster://`` for a cluster); the stack neither
-starts nor stops it, and reads CPU and counters from its masters."""
+starts nor stops it, and reads CPU and counters from its masters. ``Stack(code=PATH)`` runs the
+replicas and workers from another checkout of zsched (``PYTHONPATH`` and working directory PATH),
+for old-vs-new comparisons; this process's own client stays on the running code."""
 from __future__ import annotations
 
 import tempfile
@@ -19,6 +21,7 @@ from scheduler.protocol.connection import sync_redis
 from scheduler.shell.servers import ClusterSet, EtcdServer, RedisServer, ZschedProc, scheduler_proc
 
 NS = "bench"
+ROOT = Path(__file__).resolve().parent.parent  # the checkout this bench runs from
 
 
 def redis_args(aof: bool = True) -> list[str]:
@@ -43,7 +46,7 @@ def redis_cpu(srv: RedisServer | ClusterSet) -> dict[int, float]:
 
 class Stack:
     def __init__(self, partitions: int = 16, aof: bool = True, lease_ttl: float = 2.0,
-                 redis: RedisServer | ClusterSet | None = None) -> None:
+                 redis: RedisServer | ClusterSet | None = None, code: Path = ROOT) -> None:
         # an external Redis (started by the caller, left running by us) or our own redis-server
         self.own_redis = redis is None
         self.redis_srv: RedisServer | ClusterSet = RedisServer(extra_args=redis_args(aof)) if redis is None else redis
@@ -53,6 +56,7 @@ class Stack:
         self.schedulers: list[ZschedProc] = []
         self.workers: list[tuple[ZschedProc, Path]] = []
         self.tmp = Path(tempfile.mkdtemp(prefix="zsched-bench-"))
+        self.code = code  # where the replicas' and workers' code comes from
 
     def __enter__(self) -> Stack:
         if self.own_redis:
@@ -76,8 +80,10 @@ class Stack:
 
     def start_schedulers(self, n: int, extra: Sequence[str] = ()) -> None:
         for _ in range(n):
-            self.schedulers.append(scheduler_proc(self.url, self.etcd.endpoint, NS, f"s{len(self.schedulers)}",
-                                                  ttl=self.lease_ttl, extra=extra).start())
+            proc = scheduler_proc(self.url, self.etcd.endpoint, NS, f"s{len(self.schedulers)}",
+                                  ttl=self.lease_ttl, extra=extra, env={"PYTHONPATH": str(self.code)})
+            proc.cwd = str(self.code)  # `python -m` puts the working directory first on sys.path
+            self.schedulers.append(proc.start())
         self.wait_owned()
 
     def owners(self) -> dict[int, str]:
@@ -102,15 +108,16 @@ class Stack:
             time.sleep(0.1)
         raise RuntimeError(f"partitions not settled: {self.owners()}")
 
-    def start_workers(self, n: int, concurrency: int = 16, extra: Sequence[str] = ()) -> None:
+    def start_workers(self, n: int, concurrency: int = 16, extra: Sequence[str] = (), settle: float = 1.5) -> None:
+        """Start ``n`` worker processes and give them ``settle`` s to import, connect and subscribe."""
         for _ in range(n):
             rec = self.tmp / f"worker-{len(self.workers)}.txt"
             p = ZschedProc(["worker", "bench.handlers:worker", "--redis", self.url, "--namespace", NS, *extra],
                            env={"BENCH_RECORD": str(rec), "BENCH_CONCURRENCY": str(concurrency),
-                                "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
-                           cwd=str(Path(__file__).resolve().parent.parent)).start()
+                                "PYTHONPATH": str(self.code)},
+                           cwd=str(self.code)).start()
             self.workers.append((p, rec))
-        time.sleep(1.5)  # imported, connected, subscribed
+        time.sleep(settle)
 
     def stop_workers(self) -> list[tuple[str, int, float]]:
         records: list[tuple[str, int, float]] = []
@@ -120,6 +127,7 @@ class Stack:
                 for line in rec.read_text().splitlines():
                     jid, due, start = line.split()
                     records.append((jid, int(due), float(start)))
+                rec.unlink()  # the next worker of that number writes its own
         self.workers = []
         return records
 

@@ -28,7 +28,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from scheduler.protocol.calls import Calls
 from scheduler.protocol.connection import is_cluster
@@ -42,6 +42,11 @@ from .outbox import Meta, Outbox
 from .planner import ClaimPlanner, ready_message
 from .slots import Slots
 from .wire import REDIS_ERRORS, Outage, Send
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from .stats import WorkerStats
 
 log = logging.getLogger("zsched.worker")
 
@@ -76,7 +81,8 @@ class FetchContext:
     ahead of their due time start at it; None: start at once; ``held[i]``: job i is on a
     prefetch slot, not a handler slot). ``life``: stop state and the ``ready``
     event. ``idle_sweep``: seconds between safety-net sweeps. ``roundtrip(op, seconds)``: the
-    round-trip histogram, if exported.
+    round-trip histogram, if exported. ``stats``: the worker's counters per queue (a strategy
+    counts the notifications it receives and the claims it sends there).
     """
 
     queues: Sequence[str]
@@ -90,6 +96,7 @@ class FetchContext:
     life: Lifecycle
     idle_sweep: float
     roundtrip: Callable[[str, float], None] | None
+    stats: Mapping[str, WorkerStats]
 
 
 class Fetch(ABC):
@@ -299,6 +306,8 @@ class PubSubFetch(Fetch):
                 continue
             now_us, jobs = parse_claim(reply)
             got = len(jobs)
+            self.ctx.stats[q].claims += 1
+            self.ctx.stats[q].claims_empty += got == 0
             held = held_slots(jobs, now_us // 1000, h, n - h)
             on_hold = sum(held)
             slots.put_back(h - (got - on_hold), n - h - on_hold)
@@ -357,6 +366,7 @@ class PubSubFetch(Fetch):
                             self._notify(queue, *ready_message(msg["data"]))
 
     def _notify(self, queue: str, p: int, resumed: bool = False) -> None:
+        self.ctx.stats[queue].notified += 1
         if self.planner.notify(queue, p, resumed):
             self.ctx.slots.wake.set()
 
@@ -378,6 +388,7 @@ class PubSubFetch(Fetch):
                 ch = msg["channel"]
                 queue = queue_of.get(ch)
                 if queue is not None:
+                    self.ctx.stats[queue].notified += 1
                     try:
                         if notify(queue, *ready_message(msg["data"])):
                             wake()

@@ -25,7 +25,9 @@ class WorkerStats:
     attempt (failure with attempts left, or ``Retry``). dead: dead-lettered (attempts spent,
     ``PermanentError``, poison). lease_lost: an ack/fail/extend/release was refused because the
     lease was no longer ours (counted once per attempt). released: handed back at shutdown.
-    poison: undecodable record or payload, or no handler for the queue.
+    poison: undecodable record or payload, or no handler for the queue. notified: ready
+    notifications received for the queue (what a worker is woken by; fan-out shows here).
+    claims: claim calls answered by Redis; claims_empty: those that found no job.
     """
 
     claimed: int = 0
@@ -36,6 +38,9 @@ class WorkerStats:
     lease_lost: int = 0
     released: int = 0
     poison: int = 0
+    notified: int = 0
+    claims: int = 0
+    claims_empty: int = 0
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -74,6 +79,9 @@ _DOCS = {
     "lease_lost": "Outcomes or heartbeats refused because the lease was lost",
     "released": "Jobs handed back to ready at shutdown",
     "poison": "Poison jobs (undecodable, or no handler)",
+    "notified": "Ready notifications received",
+    "claims": "Claim calls answered by Redis",
+    "claims_empty": "Claim calls answered with no job",
 }
 
 

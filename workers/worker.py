@@ -435,7 +435,8 @@ class Worker:
                 max_payload_bytes=self.max_payload_bytes, threads=self._threads, concurrency=self.concurrency)
             fetch = self.fetch(FetchContext(
                 queues=tuple(queues), partitions=calls.ks.partitions, calls=calls, redis=redis, send=send, slots=slots,
-                outbox=outbox, dispatch=runner.dispatch, life=life, idle_sweep=self.idle_sweep, roundtrip=roundtrip))
+                outbox=outbox, dispatch=runner.dispatch, life=life, idle_sweep=self.idle_sweep, roundtrip=roundtrip,
+                stats=self._qstats))
             if not isinstance(fetch, Fetch):
                 raise TypeError(f"fetch returned a {type(fetch).__name__}, expected a workers.fetch.Fetch")
 
