@@ -218,29 +218,29 @@ def tick_cost(n: int = 3000) -> dict[str, Any]:
 
 
 def fanout_once(workers: int, messages: int, rate: float = 5000.0) -> dict[str, Any]:
-    """What a ready notification costs when nothing is ready: ``messages`` PUBLISHes (one per round
-    trip, ``rate`` per s, payload a partition number, as ``tick`` sends them) to ``workers`` idle
-    worker processes; each one marks the partition and sends a claim that finds nothing. One
-    redis-server: SPUBLISH delivers to a shard's subscribers the same way."""
+    """What a ring of a doorbell costs when nothing is ready: ``messages`` rings of the queue's bell
+    (one per round trip, ``rate`` per s, member a partition number, as ``tick`` rings it) with
+    ``workers`` idle worker processes waiting on it; Redis hands each ring to one of them, which
+    marks the partition and sends a claim that finds nothing. Before the doorbells this was a
+    PUBLISH that every worker received and answered with a claim."""
     with Stack(partitions=PARTITIONS) as st:
         if workers:
             st.start_workers(workers, concurrency=DRAIN_CONCURRENCY)
-        ch = st.client.keyspace.ready_channel(QUEUE)
-        deadline = time.time() + 60  # workers importing and subscribing on a busy machine
-        while (subscribed := int(st.r.pubsub_numsub(ch)[0][1])) != workers:
+        bell = st.client.keyspace.bell(QUEUE)
+        deadline = time.time() + 60  # workers importing and sweeping on a busy machine
+        while (waiting := int(st.r.info("clients")["blocked_clients"])) != workers:
             if time.time() > deadline:
-                raise RuntimeError(f"{subscribed} subscribers on {ch} after 60 s, expected {workers}")
+                raise RuntimeError(f"{waiting} workers wait on {bell} after 60 s, expected {workers}")
             time.sleep(0.1)
-        time.sleep(0.5)  # their first sweep
         w = Window(st)
         t = time.monotonic()
         for i in range(messages):
-            st.r.publish(ch, str(i % PARTITIONS))
+            st.r.zadd(bell, {str(i % PARTITIONS): i}, nx=True)
             if i % 50 == 49:
                 time.sleep(max(0.0, t + (i + 1) / rate - time.monotonic()))
         time.sleep(0.5)  # the workers' last claims
         win = w.close()
-        deliveries = messages * workers
+        deliveries = messages if workers else 0  # one worker per ring, however many wait
         return {"workers": workers, "messages": messages, "rate_per_s": rate,
                 "redis_cpu_us_per_message": round(sum(win["redis_cpu_s"].values()) / messages * 1e6, 2),
                 "worker_cpu_us_per_delivery": round(win["workers_cpu_s"] / deliveries * 1e6, 1) if workers else None,
@@ -249,11 +249,15 @@ def fanout_once(workers: int, messages: int, rate: float = 5000.0) -> dict[str, 
 
 
 def fanout(messages: int, counts: tuple[int, ...] = (0, 1, 4)) -> dict[str, Any]:
-    """:func:`fanout_once` for 0, 1 and 4 subscribed workers; Redis CPU per delivery is the slope."""
+    """:func:`fanout_once` for 0, 1 and 4 waiting workers: Redis CPU per ring (the ring, the hand-over
+    to one worker and its empty claim) at 1 and at 4 workers, and how it grows per worker (the
+    slope between them; about 0 with doorbells, where each ring wakes one worker)."""
     runs = [fanout_once(n, messages) for n in counts]
-    base, top = runs[0], runs[-1]
-    slope = (top["redis_cpu_us_per_message"] - base["redis_cpu_us_per_message"]) / (top["workers"] - base["workers"])
-    return {"runs": runs, "redis_cpu_us_per_delivery": round(slope, 2),
+    base, one, top = runs[0], runs[1], runs[-1]
+    slope = (top["redis_cpu_us_per_message"] - one["redis_cpu_us_per_message"]) / (top["workers"] - one["workers"])
+    return {"runs": runs, "redis_cpu_us_per_delivery": round(one["redis_cpu_us_per_message"]
+                                                              - base["redis_cpu_us_per_message"], 2),
+            "redis_cpu_us_per_added_worker": round(slope, 2),
             "worker_cpu_us_per_delivery": top["worker_cpu_us_per_delivery"],
             "claims_per_delivery": top["claims_per_delivery"]}
 

@@ -273,12 +273,13 @@ def cluster_markdown(r: dict[str, Any]) -> str:
     fo = r.get("fanout")
     if fo:
         idle = {x["workers"]: x for x in fo["runs"]}
-        lines += ["", f"Ready notifications (`fanout`, one redis-server, {num(fo['runs'][0]['messages'])} PUBLISHes "
-                  f"at {num(fo['runs'][0]['rate_per_s'])}/s to 0, 1 and 4 idle worker processes): Redis CPU "
-                  f"{num(idle[0]['redis_cpu_us_per_message'])} µs per message with no subscriber, "
-                  f"+{num(fo['redis_cpu_us_per_delivery'])} µs per delivery (the message and the empty claim it "
-                  f"triggers: {num(fo['claims_per_delivery'])} claims per delivery), and "
-                  f"{num(fo['worker_cpu_us_per_delivery'])} µs of worker CPU per delivery."]
+        lines += ["", f"Doorbell rings (`fanout`, one redis-server, {num(fo['runs'][0]['messages'])} rings "
+                  f"at {num(fo['runs'][0]['rate_per_s'])}/s with 0, 1 and 4 idle worker processes waiting): Redis "
+                  f"CPU {num(idle[0]['redis_cpu_us_per_message'])} µs per ring with nobody waiting, "
+                  f"+{num(fo['redis_cpu_us_per_delivery'])} µs per ring taken (the hand-over and the empty claim "
+                  f"it triggers: {num(fo['claims_per_delivery'])} claims per ring), "
+                  f"{num(fo.get('redis_cpu_us_per_added_worker', 0.0))} µs more per ring for each worker added, and "
+                  f"{num(fo['worker_cpu_us_per_delivery'])} µs of worker CPU per ring taken."]
     return "\n".join(lines)
 
 

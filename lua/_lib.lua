@@ -259,6 +259,25 @@ end
 local function publish(channel, msg)
   redis.call(string.byte(CHAN, 1) == 123 and 'SPUBLISH' or 'PUBLISH', channel, msg)
 end
+-- Doorbells: how workers learn of ready jobs (docs/architecture.md "Waking workers"). A queue's
+-- bell is the sorted set "{NS}:bell:QUEUE" (keys.py Keyspace.bell): member "P" (partition P's
+-- ready list has jobs) or "P:resume" (resume.lua), score the ring's time in ms. A worker with free
+-- handler slots and nothing else to claim blocks in BZPOPMIN on its queues' bells; Redis hands
+-- each member to ONE blocked worker (the longest waiting), so a ring wakes one worker whatever the
+-- number that serve the queue, where a pub/sub message woke them all. NX: ringing a bell that
+-- already holds the member keeps it once, at its first ring's time (oldest first when workers
+-- free up), so a bell holds at most two members per partition. Off a cluster the scripts ring
+-- the bell themselves (a key outside the partition's slot, as the ready lists are outside the
+-- declared keys); on Redis Cluster the bell is in another slot, so they SPUBLISH
+-- "r MEMBER QUEUE" on the partition's wake channel instead, and the partition's owner rings it
+-- (scheduler/tier/process.py); tick reports its queues in its reply and the owner rings those.
+local function ring(qname, member, now)
+  if string.byte(CHAN, 1) == 123 then
+    redis.call('SPUBLISH', CHAN .. 'wake', 'r ' .. member .. ' ' .. qname)
+  else
+    redis.call('ZADD', '{' .. string.sub(CHAN, 1, -2) .. '}:bell:' .. qname, 'NX', fmt(now), member)
+  end
+end
 local ready_touched = {}
 local function push_ready(id, qname, front)
   if front then
@@ -268,8 +287,10 @@ local function push_ready(id, qname, front)
   end
   ready_touched[qname] = true
 end
-local function publish_ready()
-  for qname in pairs(ready_touched) do publish(CHAN .. 'ready:' .. qname, PART) end
+local function publish_ready(now)
+  if next(ready_touched) == nil then return end
+  now = now or now_ms()
+  for qname in pairs(ready_touched) do ring(qname, PART, now) end
 end
 -- Put a job back to work at 'at': its ready list when due (body in 'j', due = at), else the timer
 -- set (body inside the timer member). Returns 'at' when it went to the timer set, so the caller
@@ -289,9 +310,9 @@ local function wake_scheduler() publish(CHAN .. 'wake', PART) end
 -- The end of a script that placed jobs: write the summed counters, tell the workers about ready
 -- jobs, and wake the owner when a timer landed before the partition's earliest one ('head', read
 -- before the writes).
-local function settle(earliest, head)
+local function settle(earliest, head, now)
   flush_bumps()
-  publish_ready()
+  publish_ready(now)
   if earliest and (head == nil or earliest < head) then wake_scheduler() end
 end
 -- The worker registry's keys (registry_beat, registry_leave, registry_read): exactly KEYS[1]

@@ -19,6 +19,9 @@
 --   now_us: the server's TIME in microseconds, so a worker can start a job handed off ahead of
 --   its due time (tick's hand-off lead) at that time by Redis's clock, never before.
 --   due_ms: when this attempt became due (its fire time), for end-to-end lateness.
+-- Rings (ring() in _lib.lua, off a cluster) the queue's bell when it leaves jobs in the ready list
+-- (it took as many as asked for and more wait, or it stopped at its due limit), so another idle
+-- worker takes them now; on a cluster the worker rings it (the bell is in another slot).
 -- Retry safety: with a request id, the claimed ids are kept in a receipt PREFIX.."cr:"..rid for
 -- the receipt ttl; a re-sent claim (same request id, e.g. after its reply was lost to a timeout)
 -- returns the jobs of the receipt that still hold the tokens it gave them, and claims nothing new.
@@ -86,8 +89,13 @@ end
 -- filling it; misfire is decided there, never here, so waiting out a pause misfires nothing).
 local paused = redis.call('HGET', PREFIX .. 'paused', queue)
 if paused then return {now_us, tonumber(paused)} end
-local ids = redis.call('RPOP', PREFIX .. 'r:' .. queue, fmt(n))
+local list = PREFIX .. 'r:' .. queue
+local ids = redis.call('RPOP', list, fmt(n))
 if not ids then return {now_us} end
+-- Jobs left behind (more than asked for, or due ones over the limit): ring the bell off a cluster,
+-- so that another idle worker takes them now (a ring wakes one worker: a burst spreads over the
+-- idle workers one hop at a time). On a cluster the bell is in another slot: the worker rings it.
+local left = #ids == n
 local recs = redis.call('HMGET', K_J, unpack(ids))
 if max_due >= 0 and max_due < #ids then
   -- Keep the first due job over the limit and everything after it in the list, in order (RPOP
@@ -103,10 +111,13 @@ if max_due >= 0 and max_due < #ids then
   if stop then
     local back = {}
     for i = #ids, stop, -1 do back[#back + 1] = ids[i]; ids[i] = nil; recs[i] = nil end
-    redis.call('RPUSH', PREFIX .. 'r:' .. queue, unpack(back))
+    redis.call('RPUSH', list, unpack(back))
+    if string.byte(CHAN, 1) ~= 123 then ring(queue, PART, now) end
     if #ids == 0 then return {now_us} end
+    left = false -- rung
   end
 end
+if left and string.byte(CHAN, 1) ~= 123 and redis.call('LLEN', list) > 0 then ring(queue, PART, now) end
 local running = redis.call('ZMSCORE', K_I, unpack(ids))
 local base = next_tokens(#ids, us) - 1
 local out, jargs, zargs, largs, kept = {now_us}, {}, {}, {}, {}

@@ -67,5 +67,5 @@ for b = 4, #ARGV, 5 do
     end
   end
 end
-settle(earliest, head)
+settle(earliest, head, now)
 return out

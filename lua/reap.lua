@@ -42,6 +42,6 @@ for _, id in ipairs(expired) do
   end
 end
 flush_bumps()
-publish_ready()
+publish_ready(now)
 local nxt = redis.call('ZRANGE', K_I, 0, 0, 'WITHSCORES')
 return {#expired, tonumber(nxt[2] or '-1'), now}

@@ -39,5 +39,5 @@ for b = 5, #ARGV do
     out[#out + 1] = 1
   end
 end
-settle(earliest, head)
+settle(earliest, head, now)
 return out

@@ -37,5 +37,5 @@ local t = place(id, rec, q, at, now)
 if t and (head == nil or t < head) then wake_scheduler() end
 bump(K_C, 'rescheduled:' .. q)
 flush_bumps()
-publish_ready()
+publish_ready(now)
 return 1

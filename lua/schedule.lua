@@ -32,8 +32,8 @@
 -- lands before the partition's current earliest timer.
 -- Paths: a fast path for one new job due later in a queue the partition knows (the common
 -- producer call; it runs before most of the library's definitions), else the general path.
--- Publishes (publish(): SPUBLISH in sharded mode): the partition number on CHAN.."ready:"..queue
--- when jobs landed in the ready list, on CHAN.."wake" when one landed before the earliest timer.
+-- Rings (ring() in _lib.lua) the queue's bell with the partition number when jobs landed in the
+-- ready list; publishes on CHAN.."wake" when one landed before the earliest timer.
 -- Fast path: one new job (not a re-send), no idempotency key, due later, in a queue this
 -- partition already knows: the common producer call. It runs before the library (see
 -- "--@library" below) but for the helper it calls (record_problem), so Redis does
@@ -185,7 +185,7 @@ if #jargs > 0 then
   multi('HSET', K_J, jargs)
   multi('LPUSH', PREFIX .. 'r:' .. queue, ready_ids)
   bump(K_C, 'fired:' .. queue, #ready_ids)
-  publish(CHAN .. 'ready:' .. queue, PART)
+  ring(queue, PART, now)
 end
 flush_bumps()
 sweep_after_tombstones(now)

@@ -16,11 +16,13 @@
 --   the script uses; arg names the culprit when that test fails.
 -- Returns: {-1, newest_epoch} when the epoch is refused; else
 --          {moved, next_due_ms or -1, now_ms, n, (queue, tokens_used, held_now, newly_held) * n,
---           c, cron names * c, k, (dropped dead id, its queue) * k, lateness_ms...}: the crons
---          whose table of upcoming occurrences runs low (or ran out) and must be refilled by the
---          caller (cron_fill); the dead jobs dropped by the retention rule (for the caller's log);
---          then one lateness value per fired job (now - its due time; negative when handed off
---          ahead of time).
+--           c, cron names * c, k, (dropped dead id, its queue) * k, r, queues * r, lateness_ms...}:
+--          the crons whose table of upcoming occurrences runs low (or ran out) and must be refilled
+--          by the caller (cron_fill); the dead jobs dropped by the retention rule (for the caller's
+--          log); on Redis Cluster (sharded CHAN) the queues whose ready lists received jobs, whose
+--          bells the caller rings (they are in another slot; r = 0 off a cluster, where the script
+--          rang them); then one lateness value per fired job (now - its due time; negative when
+--          handed off ahead of time).
 -- Cron occurrences: when one fires (or misfires), the cron's next occurrence is scheduled in this
 -- same script, so a cron always has exactly one pending occurrence. Occurrences missed during an
 -- outage are coalesced into one catch-up run (run_late) or counted as misfired (skip).
@@ -39,8 +41,8 @@
 -- a busy partition ticks about once per job, and the writers (ack, cancel, schedule) already
 -- sweep three entries per tombstone they write (_lib_finish.lua), which keeps up on its own. At
 -- 100 ms these sweeps were 7 % of Redis's CPU at 1 000 jobs/s (0.3 HSCAN of ~256 entries per job).
--- Publishes (publish(): SPUBLISH in sharded mode): the partition number on CHAN.."ready:"..QUEUE
--- once per queue whose ready list received jobs.
+-- Rings (ring() in _lib.lua) the bell of each queue whose ready list received jobs, once, off a
+-- cluster; on a cluster it names those queues in the reply instead (see Returns).
 local FIRING_SWEEP_MS = 1000
 -- Arguments: tested inline, with the numbers the script uses (a good call pays for no closure or
 -- call: _lib_args.lua "Argument checks"); when the test fails, the same rules again through arg, which
@@ -207,10 +209,12 @@ if nd > 0 then
   moved = moved + nd
 end
 
+local to_ring = {} -- on a cluster: the queues whose bells the caller rings (the bells are in another slot)
+local sharded = string.byte(CHAN, 1) == 123
 for q, ids in pairs(per_queue) do
   multi('LPUSH', PREFIX .. 'r:' .. q, ids)
   bump(K_C, 'fired:' .. q, #ids)
-  publish(CHAN .. 'ready:' .. q, PART)
+  if sharded then to_ring[#to_ring + 1] = q else ring(q, PART, now) end
 end
 for i = 1, nlim do
   local q = lim_order[i]
@@ -225,6 +229,8 @@ for _, name in ipairs(crons) do out[#out + 1] = name end
 local dropped = (dead_ttl > 0 or max_dead > 0) and trim_dead(now, dead_ttl, max_dead, limit) or {}
 out[#out + 1] = #dropped / 2
 for _, v in ipairs(dropped) do out[#out + 1] = v end
+out[#out + 1] = #to_ring
+for _, q in ipairs(to_ring) do out[#out + 1] = q end
 retire_queues(now, queue_idle, 64)
 local trim_more = false
 if moved == 0 then

@@ -2,25 +2,27 @@
 
 A strategy is made once per ``serve()`` from a :class:`FetchContext` and runs two loops: one that
 learns which partitions have ready jobs (:meth:`Fetch.listen_loop`) and one that claims them into
-free slots (:meth:`Fetch.claim_loop`). The default, :class:`PubSubFetch`:
+free slots (:meth:`Fetch.claim_loop`). The default, :class:`DoorbellFetch`:
 
-* **listens** on ``NS:ready:QUEUE`` (payload: a partition number) and marks that (queue,
-  partition) as a claim candidate; (re)subscribing triggers a full sweep. With sharded pub/sub
-  (Redis Cluster, ``Keyspace.sharded``) it SSUBSCRIBEs to ``{NS:P}:ready:QUEUE`` of every
-  partition instead, each on the node that owns the partition (:mod:`scheduler.protocol.pubsub`);
+* **waits on doorbells** (:mod:`workers.doorbell`): while the worker has a free handler slot and
+  nothing to claim, it waits in ``BZPOPMIN`` on its queues' bells; Redis hands each ring to one
+  waiting worker, which marks that (queue, partition) as a claim candidate. A worker that is busy
+  does not wait, so the rings go to the idle ones, one each: a job costs one wake-up and one
+  claim however many workers serve its queue;
+* a claim that leaves jobs behind rings the bell again (the script does it; on Redis Cluster,
+  where the bell is in another slot, the worker), so a burst spreads over the idle workers;
 * a claim on a **paused** queue (lua/pause.lua) comes back refused; the planner then ignores that
-  (queue, partition)'s notifications until ``resume`` publishes ``P:resume`` there (or the next
-  safety-net sweep), so a paused queue costs no claims;
+  (queue, partition)'s rings until ``resume`` rings ``P:resume`` (or the next safety-net sweep),
+  so a paused queue costs no claims;
 * **claims** whenever there are free slots and candidates, in one pipelined round trip of
   ``claim`` calls planned by the :class:`~workers.planner.ClaimPlanner`, never asking for more
   jobs than free slots (so concurrency is exact); outcomes waiting in the outbox ride along.
   A safety-net sweep marks every (queue, partition) as a candidate when nothing else happened
-  for ``idle_sweep`` s.
+  for ``idle_sweep`` s (a ring taken by a worker that died before its claim costs that much).
 """
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import random
@@ -28,15 +30,15 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from scheduler.protocol.calls import Calls
 from scheduler.protocol.connection import is_cluster
-from scheduler.protocol.pubsub import ChannelsPending, Subscription, subscription
 from scheduler.protocol.replies import Claimed, claim_paused, parse_claim
 from scheduler.protocol.transport import Call, NodeFailed
 
 from .clock import RedisClock
+from .doorbell import Doorbell
 from .lifecycle import Lifecycle
 from .outbox import Meta, Outbox
 from .planner import ClaimPlanner, ready_message
@@ -51,7 +53,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("zsched.worker")
 
 CLAIM_RECEIPT_MS = 30_000  # how long Redis keeps a claim's receipt for a re-send after a lost reply
-PUBSUB_PING = 30.0         # idle pub/sub connection health check
 
 
 
@@ -138,8 +139,8 @@ def held_slots(jobs: Sequence[Claimed], now_ms: int, handler: int, hold: int) ->
     return held
 
 
-class PubSubFetch(Fetch):
-    """The default strategy: ready notifications over pub/sub, claims planned per round trip.
+class DoorbellFetch(Fetch):
+    """The default strategy: doorbells (the module docstring), claims planned per round trip.
 
     Claims carry request ids: a claim whose reply was lost is re-sent with the same id and Redis
     answers from its receipt (lua/claim.lua) instead of stranding the jobs until their lease
@@ -161,12 +162,21 @@ class PubSubFetch(Fetch):
         self._orphans: list[Claim] = []
         self._orphan_rids: dict[str, float] = {}  # request id -> when it was first orphaned
         self._orphans_at = 0.0
-        self._last_sweep = time.monotonic()  # the first sweep follows the pub/sub subscription
+        self._last_sweep = time.monotonic()  # the first sweep starts the listen loop
         # Redis's clock on ours (workers/clock.py): one server, or a cluster's nodes (each claim alone)
         self.clock = RedisClock(keep=not is_cluster(ctx.redis))
+        self.bells = Doorbell(ctx.redis, ctx.calls.ks, ctx.queues)
+        # Set while the worker has a free handler slot and nothing to claim: the listen loop waits
+        # on the bells only then, so a busy worker takes no rings (they go to idle workers).
+        self.hungry = asyncio.Event()
+        # On Redis Cluster the claim script cannot ring the bell (another slot): the worker rings
+        # it after a claim that may have left jobs behind.
+        self._ring_after_claims = ctx.calls.ks.sharded
+        self._rings: set[asyncio.Task[None]] = set()
 
     def mark_all(self) -> None:
         """Full sweep: every (queue, partition) becomes a candidate."""
+        self.hungry.clear()  # the claims come first; the bells again when they found nothing
         self.planner.mark_all()
         self._last_sweep = time.monotonic()
         self.ctx.slots.wake.set()
@@ -227,9 +237,14 @@ class PubSubFetch(Fetch):
         return [c for c in due if c.rid in self._orphan_rids]
 
     async def _idle(self, every: float) -> None:
-        """Nothing to claim: wait for a wake-up, or sweep when the safety-net period is over."""
+        """Nothing to claim: wait for a wake-up (a ring, a freed slot), or sweep when the
+        safety-net period is over. With a free handler slot the listen loop waits on the bells."""
         slots = self.ctx.slots
         slots.wake.clear()
+        if slots.free > 0 and not self.planner.has_candidates():
+            self.hungry.set()
+        else:
+            self.hungry.clear()
         wait = self._last_sweep + every * random.uniform(0.8, 1.0) - time.monotonic()
         if wait <= 0:
             if slots.free > 0:
@@ -311,88 +326,67 @@ class PubSubFetch(Fetch):
             held = held_slots(jobs, now_us // 1000, h, n - h)
             on_hold = sum(held)
             slots.put_back(h - (got - on_hold), n - h - on_hold)
-            if got < n and (h == 0 or got - on_hold >= h):
-                # Maybe stopped at its limit on due jobs, not at the end of the ready list: keep the
-                # candidate (hot when that limit was its handler slots: there is more to take).
-                if h:
-                    planner.claimed(q, p, n, gen, n)
+            if got < n and h and got - on_hold >= h:
+                # Stopped at its limit on due jobs (its handler slots), not at the end of the ready
+                # list: there is more to take, keep it hot.
+                planner.claimed(q, p, n, gen, n)
             else:
+                # Short: the list ended (or, with no handler slot, the script stopped at a due job,
+                # which it rang the bell for: an idle worker takes it, we do once a slot is free).
                 planner.claimed(q, p, n, gen, got)
+            if self._ring_after_claims and p in planner.hot[q]:
+                self._ring(q, p)  # may have left jobs behind: the script could not ring (cluster)
             if got:  # monotonic - Redis's time (an upper bound): maps due times onto our clock
                 dispatch(q, p, jobs, t0, self.clock.offset(now_us / 1_000_000, t0, received), held)
         return node_down
 
-    # -- notifications --------------------------------------------------------------------------
+    # -- doorbells ------------------------------------------------------------------------------
     async def listen_loop(self) -> None:
         ctx = self.ctx
-        ks = ctx.calls.ks
-        outage = Outage("pubsub")
-        # channel -> queue; the partition is the payload (in both layouts)
-        queue_of = {ch.encode(): q for q in ctx.queues for ch in ks.ready_channels(q)}
+        outage = Outage("doorbell")
+        swept = False
         while not ctx.life.stopping:
-            ps = subscription(ctx.redis, ks.sharded)
             try:
-                await self._subscribe(ps, queue_of)
+                if not swept:  # at start and after an outage: anything may have become ready meanwhile
+                    self.mark_all()
+                    swept = True
+                    ctx.life.ready.set()
+                await self.hungry.wait()
+                rung = await self.bells.take()
                 outage.ok()
-                self.mark_all()
-                ctx.life.ready.set()
-                await self._listen(ps, queue_of)
-            except ChannelsPending:  # a cluster node still down (said when it broke): try its channels again
-                delay = 0.0
             except REDIS_ERRORS as exc:
-                delay = outage.failed(exc)
-            finally:
-                with contextlib.suppress(Exception):
-                    await ps.aclose()
-            if await ctx.life.wait_stop(delay):
-                return
+                swept = False
+                if await ctx.life.wait_stop(outage.failed(exc)):
+                    return
+                continue
+            if rung is not None:
+                self._rung(*rung)
 
-    async def _subscribe(self, ps: Subscription, queue_of: dict[bytes, str]) -> None:
-        """Subscribe and wait for every confirmation: a sweep before that could miss a job landing
-        between the sweep and the subscription until the next safety-net sweep."""
-        sent = await ps.subscribe([ch.decode() for ch in queue_of])  # on a cluster, maybe not a down node's
-        confirmed = 0
-        async with asyncio.timeout(10):
-            while confirmed < len(sent):
-                msg = await ps.get_message(timeout=5)
-                if msg is None:
-                    continue
-                if msg["type"] == "subscribe":
-                    confirmed += 1
-                elif msg["type"] == "message":
-                    queue = queue_of.get(msg["channel"])
-                    if queue is not None:
-                        with contextlib.suppress(ValueError):  # malformed: the sweep that follows covers it
-                            self._notify(queue, *ready_message(msg["data"]))
-
-    def _notify(self, queue: str, p: int, resumed: bool = False) -> None:
+    def _rung(self, queue: str, member: bytes, score: float) -> None:
+        """A ring taken from ``queue``'s bell: claim there, or hand it on when the slots filled meanwhile."""
+        try:
+            p, resumed = ready_message(member)
+        except ValueError:
+            log.warning("ignoring a malformed ring %r on queue %r's bell", member, queue)
+            return
         self.ctx.stats[queue].notified += 1
+        if self.ctx.slots.free <= 0:
+            self._ring(queue, member, score)  # busy now: another worker takes it
+            return
         if self.planner.notify(queue, p, resumed):
+            self.hungry.clear()
             self.ctx.slots.wake.set()
 
-    async def _listen(self, ps: Subscription, queue_of: dict[bytes, str]) -> NoReturn:
-        """Turn ready messages into claim candidates until the connection fails."""
-        notify = self.planner.notify
-        wake = self.ctx.slots.wake.set
-        ping_sent = 0.0
-        while True:
-            msg = await ps.get_message(timeout=PUBSUB_PING)
-            if msg is None:
-                if ping_sent:
-                    raise ConnectionError(f"no PONG on the pub/sub connection within {PUBSUB_PING:g} s")
-                await ps.ping()
-                ping_sent = time.monotonic()
-                continue
-            t = msg["type"]
-            if t == "message":
-                ch = msg["channel"]
-                queue = queue_of.get(ch)
-                if queue is not None:
-                    self.ctx.stats[queue].notified += 1
-                    try:
-                        if notify(queue, *ready_message(msg["data"])):
-                            wake()
-                    except ValueError:
-                        log.warning("ignoring malformed ready message %r on %r", msg["data"], ch)
-            elif t == "pong":
-                ping_sent = 0.0
+    def _ring(self, queue: str, member: int | bytes, score: float | None = None) -> None:
+        """Ring ``queue``'s bell in the background (a lost ring costs latency, not jobs: the
+        safety-net sweep finds them)."""
+        task = asyncio.create_task(self._ring_now(queue, member if isinstance(member, bytes) else str(member).encode(),
+                                                  score))
+        self._rings.add(task)
+        task.add_done_callback(self._rings.discard)
+
+    async def _ring_now(self, queue: str, member: bytes, score: float | None) -> None:
+        try:
+            await self.bells.ring(queue, member, score)
+        except REDIS_ERRORS as exc:
+            log.debug("could not ring queue %r's bell: %s", queue, exc)

@@ -37,7 +37,7 @@ from scheduler.protocol.transport import AsyncScriptTransport
 from scheduler.runtime import entry_point_logging, loop_name, run, settle_gc
 
 from .attempt import Attempt
-from .fetch import Fetch, FetchContext, PubSubFetch
+from .fetch import DoorbellFetch, Fetch, FetchContext
 from .heartbeat import Heartbeats
 from .lifecycle import Lifecycle, supervise
 from .options import WorkerOptions
@@ -124,7 +124,7 @@ class Worker:
     refresh. ``fetch``: how jobs
     are fetched: a :class:`~workers.fetch.Fetch` subclass (or any callable taking a
     :class:`~workers.fetch.FetchContext` and returning a ``Fetch``); default
-    :class:`~workers.fetch.PubSubFetch`. The settings are in :attr:`options`.
+    :class:`~workers.fetch.DoorbellFetch`. The settings are in :attr:`options`.
     """
 
     def __init__(
@@ -144,7 +144,7 @@ class Worker:
         metrics_port: int | None = None,
         idle_sweep: float = 2.0,
         redis_kwargs: Mapping[str, Any] | None = None,
-        fetch: FetchFactory = PubSubFetch,
+        fetch: FetchFactory = DoorbellFetch,
         sharded_pubsub: bool | None = None,
         registry_interval: float | None = None,
     ) -> None:
@@ -443,7 +443,7 @@ class Worker:
             async def flush() -> None:
                 await outbox.run(send, life, roundtrip)
 
-            loops = (("pubsub", fetch.listen_loop), ("claim", fetch.claim_loop), ("flush", flush),
+            loops = (("doorbell", fetch.listen_loop), ("claim", fetch.claim_loop), ("flush", flush),
                      ("heartbeat", heartbeats.run))
             tasks = {name: loop.create_task(supervise(name, fn)) for name, fn in loops}
             presence.start()
@@ -475,7 +475,7 @@ class Worker:
         life.stopping = True
         life.drain_deadline = time.monotonic() + self.shutdown_grace + DRAIN_TIMEOUT
         crew.slots.wake.set()
-        crew.tasks["pubsub"].cancel()
+        crew.tasks["doorbell"].cancel()
         # The claim loop finishes its round trip (jobs it gets are released at once), then exits.
         claim_t = crew.tasks["claim"]
         await asyncio.wait([claim_t], timeout=10)

@@ -35,12 +35,15 @@ when it ends, from where; expires when the session ends; ID is an HMAC of the co
 The worker registry (:mod:`.registry`), both keys in the slot of ``{ns}``: ``{ns}:workers`` hash
 worker id -> ``LAST_MS:`` + msgpack record (LAST_MS: Redis's clock at the worker's last refresh),
 ``{ns}:workers:live`` sorted set worker id -> ms (Redis clock) until which the record counts as live.
+Doorbells (workers/doorbell.py): ``{ns}:bell:QUEUE`` sorted set, member "P" or "P:resume" (partition
+P's ready list has jobs), score when it was rung (ms); workers BZPOPMIN on their queues' bells.
 
 Pub/sub, two layouts (the scripts publish on ``CHAN .. name`` with CHAN = :meth:`Keyspace.channel_prefix`):
-  plain (one Redis): ``ns:wake`` (scheduler), ``ns:ready:QUEUE`` (workers), ``ns:config`` (config
-  changed), ``ns:epoch-reset``; PUBLISH/SUBSCRIBE.
-  sharded (``Keyspace(..., sharded=True)``, Redis Cluster; Redis >= 7): ``{ns:p}:wake``,
-  ``{ns:p}:ready:QUEUE``, ``{ns:p}:epoch-reset`` per partition, ``{ns}:config``; SPUBLISH/SSUBSCRIBE.
+  plain (one Redis): ``ns:wake`` (scheduler), ``ns:config`` (config changed), ``ns:epoch-reset``;
+  PUBLISH/SUBSCRIBE.
+  sharded (``Keyspace(..., sharded=True)``, Redis Cluster; Redis >= 7): ``{ns:p}:wake`` (also "r
+  MEMBER QUEUE": ring QUEUE's bell, which is in another slot, for the partition's owner to relay),
+  ``{ns:p}:epoch-reset`` per partition, ``{ns}:config``; SPUBLISH/SSUBSCRIBE.
   A channel carries its partition's hash tag (the config channel the ``{ns}`` tag of ``{ns}:cfg``),
   so a message goes only to the node that owns the slot, not over the whole cluster bus.
 """
@@ -153,19 +156,12 @@ class Keyspace:
         worker's record counts as live."""
         return "{%s}:workers:live" % self.namespace
 
-    def ready_channel(self, queue: str, partition: int | None = None) -> str:
-        """The channel scripts publish on when jobs of ``queue`` land in ``partition``'s ready list
-        (payload: the partition number). ``partition`` is needed only when sharded."""
-        if partition is None:
-            if self.sharded:
-                raise ValueError("sharded pub/sub: ready channels are per partition; pass the partition")
-            partition = 0
-        return f"{self.channel_prefix(partition)}ready:{queue}"
-
-    def ready_channels(self, queue: str) -> list[str]:
-        """Every ready channel of ``queue``: one, or per partition when sharded (element p is
-        partition p's)."""
-        return self._channels(f"ready:{queue}")
+    def bell(self, queue: str) -> str:
+        """``queue``'s doorbell (workers/doorbell.py, lua/_lib.lua ``ring``): a sorted set whose
+        members are partition numbers ("P", or "P:resume") whose ready lists have jobs, scored by
+        when they were rung (ms). Hash tag ``{ns}``: every bell of the namespace is in one slot, so a
+        worker waits on all its queues' bells with one command, on Redis Cluster too."""
+        return "{%s}:bell:%s" % (self.namespace, queue)
 
     @property
     def epoch_reset_channel(self) -> str:

@@ -29,6 +29,7 @@ from ..protocol.replies import parse_stats
 from ..protocol.tick import Retention
 from ..protocol.transport import AsyncScriptTransport, RetryPolicy
 from ..runtime import loop_name, run, settle_gc, stop_signals
+from .bells import BellRinger
 from .limits import retention_args
 from .ownership import Ownership, default_replica_id
 from .runner import REDIS_ERRORS, PartitionRunner, RunnerConfig
@@ -89,6 +90,7 @@ class SchedulerProcess:
             cfg.etcd_endpoints, ca_cert=os.environ.get("ZSCHED_ETCD_CA") or None,
             cert_cert=os.environ.get("ZSCHED_ETCD_CERT") or None, cert_key=os.environ.get("ZSCHED_ETCD_KEY") or None)
         self.runners: dict[int, PartitionRunner] = {}
+        self.ringer: BellRinger | None = None  # set once the layout is known (_start)
         # owned partitions whose epoch Redis refuses although etcd says they are ours (epoch
         # conflict) -> the newest epoch Redis has seen; exported as zsched_epoch_conflict_partitions
         self.conflicts: dict[int, int] = {}
@@ -136,6 +138,8 @@ class SchedulerProcess:
         if not await self._retry("Redis", self.cfg.redis_url, self.client.connect):
             return False
         core = self.client.calls
+        # on Redis Cluster the scripts cannot ring the doorbells (another slot): the owner does
+        self.ringer = BellRinger(self.redis, core.ks) if core.ks.sharded else None
         if not await self._retry("etcd", self.cfg.etcd_endpoints, self.coord.connect):
             return False
         self.metrics.partitions.labels(self.cfg.namespace).set(core.ks.partitions)
@@ -244,7 +248,7 @@ class SchedulerProcess:
             p, epoch, scripts=self.transport, core=core, metrics=self.metrics, config=self.cfg.runner,
             is_valid=lambda: own.owns(p, epoch), valid_for=own.valid_for, on_refused=self._refused,
             limits=lambda: self.rate_limits, retention=self._retention_args, check_conflict=self._check_conflict,
-            on_conflict_resolved=self._conflict_resolved)
+            on_conflict_resolved=self._conflict_resolved, ringer=self.ringer)
         self.runners[p] = runner
         runner.start()
         self._owners_changed(p)
@@ -389,6 +393,8 @@ class SchedulerProcess:
                     if msg["channel"] == config_channel:
                         await self._load_config()
                         continue
+                    if self.ringer is not None and self.ringer.relay(msg["data"], self.runners):
+                        continue  # a script of a partition of ours asks its owner to ring a bell
                     try:
                         target = self.runners.get(int(msg["data"]))
                     except (TypeError, ValueError):

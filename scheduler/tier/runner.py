@@ -21,7 +21,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 from zoneinfo import ZoneInfo
 
 from redis.exceptions import RedisError
@@ -50,6 +50,9 @@ from ..protocol.tick import (
 )
 from ..protocol.transport import AsyncScriptTransport
 from .limits import TokenLedger
+
+if TYPE_CHECKING:
+    from .bells import BellRinger
 
 log = logging.getLogger("zsched.scheduler")
 
@@ -98,13 +101,15 @@ class PartitionRunner:
                  limits: Callable[[], dict[str, tuple[float, float]]] = dict,
                  retention: Callable[[], Retention] = Retention,
                  check_conflict: Callable[[int, int, int], Awaitable[bool]] | None = None,
-                 on_conflict_resolved: Callable[[int, int, int, float], None] | None = None) -> None:
+                 on_conflict_resolved: Callable[[int, int, int, float], None] | None = None,
+                 ringer: BellRinger | None = None) -> None:
         """``on_refused(partition, newest_epoch)``: a hand-over, the runner has stopped.
         ``check_conflict(partition, epoch, newest_epoch)``: asked on every refusal; True means an
         epoch conflict (keep the partition, retry with backoff). Without it every refusal is a
         hand-over. ``on_conflict_resolved(partition, epoch, refused_attempts, seconds)``: a tick
         was accepted again after a conflict. ``limits()`` (queue -> rate, burst) and
-        ``retention()`` (tick's housekeeping arguments) are read before every tick."""
+        ``retention()`` (tick's housekeeping arguments) are read before every tick. ``ringer``: on
+        Redis Cluster, rings the doorbells of the queues a tick fired into (tier/bells.py)."""
         self.partition = partition
         self.epoch = epoch
         self._scripts = scripts
@@ -118,6 +123,7 @@ class PartitionRunner:
         self._on_conflict_resolved = on_conflict_resolved
         self._limits = limits
         self._retention = retention
+        self._ringer = ringer
         self._tokens = TokenLedger(core.ks, partition)  # rate-limited queues: held jobs, unused tokens
         self.wake = asyncio.Event()
         self._stopping = False
@@ -141,6 +147,8 @@ class PartitionRunner:
         self._task = asyncio.create_task(self._run(), name=f"partition-{self.partition}")
 
     async def _first_step(self) -> None:
+        if self._ringer is not None:  # jobs may have become ready while nobody owned the partition
+            self._ringer.ring_waiting(self.partition)
         try:
             await self.sweep_crons()
         except (_Refused, _EpochConflict):
@@ -335,6 +343,8 @@ class PartitionRunner:
             log.warning("partition %d: dead job %s (queue %r) dropped by the dead-letter retention rule "
                         "(max_dead / dead_ttl, see Client.set_dead_retention)", self.partition,
                         encode_id(raw_id), queue)
+        if tick.to_ring and self._ringer is not None:
+            self._ringer.ring(tick.to_ring, str(self.partition), tick.now_ms)
         if tick.crons_to_refill:
             await self._refill_fired_crons(tick.crons_to_refill)
         if tick.lateness_ms:

@@ -1,5 +1,7 @@
-"""Sharded pub/sub (SPUBLISH/SSUBSCRIBE on channels in each partition's slot): the scripts and the
-clients publish on the tagged channels, and workers and the scheduler tier wake up from them.
+"""Sharded pub/sub (SPUBLISH/SSUBSCRIBE on channels in each partition's slot) and the doorbells on
+Redis Cluster: the scripts publish on the tagged channels (wake, epoch reset, and "r MEMBER QUEUE"
+for the partition's owner to ring a bell, which is in another slot), the owner rings the bells
+(relayed messages, the queues its ticks fired into), and workers waiting on the bells claim.
 
 On a single redis-server 7 with ``sharded_pubsub=True`` (the layout a cluster gets automatically),
 and on a real 3-master Redis Cluster through a ``redis+cluster://`` URL.
@@ -17,16 +19,17 @@ from scheduler import Client, JobState
 from scheduler.protocol.connection import async_redis, sync_redis
 from scheduler.protocol.ids import decode_id, partition_for_key, partition_of
 from scheduler.protocol.pubsub import subscription
+from scheduler.protocol.tick import TickReply, parse_tick
 from scheduler.shell.servers.cluster import slot_of
 from scheduler.testing.transitions import Ops
 from scheduler.tier import SchedulerConfig, SchedulerProcess
 from tests.integration.test_worker_support import serving, wait_for
 from workers import Job, Worker
-from workers.fetch import FetchContext, PubSubFetch
+from workers.fetch import DoorbellFetch, FetchContext
 
 NS = "shard"
 PARTS = 4
-NOTIFIED_WITHIN = 1.0  # seconds: a notification, where the safety-net sweep would take 20 s or more
+NOTIFIED_WITHIN = 1.0  # seconds: a ring, where the safety-net sweep would take 20 s or more
 IDLE_SWEEP = 30.0
 
 
@@ -41,8 +44,7 @@ class Listener:
     def __init__(self, url: str, client: Client, queue: str) -> None:
         ks = client.keyspace
         assert ks.sharded
-        self.channels = [*ks.ready_channels(queue), *ks.wake_channels(), *ks.epoch_reset_channels(),
-                         ks.config_channel]
+        self.channels = [*ks.wake_channels(), *ks.epoch_reset_channels(), ks.config_channel]
         self.redis = redis.Redis.from_url(url)
         self.sharded = self.redis.pubsub()
         self.sharded.ssubscribe(*self.channels)
@@ -82,17 +84,26 @@ def test_scripts_and_clients_spublish_on_the_partitions_channels(redis_url: str)
     ops = Ops(client)
     sub = Listener(redis_url, client, "q")
     try:
-        # schedule, due now: the ready list of its partition
+        # schedule, due now: the ready list of its partition; its owner is asked to ring the bell
         jid = client.schedule(0, "now", queue="q")
         p = _partition(jid)
-        assert sub.next() == (f"{{{NS}:{p}}}:ready:q", str(p).encode())
+        assert sub.next() == (f"{{{NS}:{p}}}:wake", f"r {p} q".encode())
         # schedule before the partition's earliest timer: its owner's wake channel
         jid = client.schedule(time.time() + 0.2, "soon", queue="q")
         p = _partition(jid)
         assert sub.next() == (f"{{{NS}:{p}}}:wake", str(p).encode())
-        # tick fires it onto the ready list
-        assert wait_sync(lambda: ops.tick_all() == 1, 3)
-        assert sub.next() == (ks.ready_channel("q", p), str(p).encode())
+        # tick fires it onto the ready list and names the queue in its reply (no message: the
+        # caller is the owner, it rings the bell itself)
+        def tick_each() -> list[Any]:
+            ticks = [parse_tick(ops.run("tick", q, 0, 100, client.calls.tomb_ms)) for q in range(PARTS)]
+            return [t for t in ticks if isinstance(t, TickReply) and t.moved]
+
+        fired = wait_sync(tick_each, 3)
+        assert [t.to_ring for t in fired] == [["q"]]
+        # resume: "P:resume" for the owner to ring
+        client.pause("q")
+        client.resume("q")
+        assert {sub.next()[1] for _ in range(PARTS)} == {f"r {q}:resume q".encode() for q in range(PARTS)}
         # epoch reset (operator repair)
         assert ops.run("tick", p, 7, 100, client.calls.tomb_ms)[0] == 0
         assert ops.run("epoch_reset", p, 7)[0] == 1
@@ -101,25 +112,24 @@ def test_scripts_and_clients_spublish_on_the_partitions_channels(redis_url: str)
         client.set_rate_limit("q", 10)
         assert sub.next() == (f"{{{NS}}}:config", b"rate")
         sub.no_plain_messages()
+        assert not client.redis.exists(ks.bell("q")), "no script rang a bell in another slot"
     finally:
         sub.close()
         client.close()
 
 
-def test_plain_layout_is_unchanged(redis_url: str) -> None:
+def test_plain_layout_rings_the_bell_and_publishes_no_ready_message(redis_url: str) -> None:
     client = Client.from_url(redis_url, namespace=NS, partitions=PARTS).connect()
     assert not client.keyspace.sharded  # a single redis-server: automatic means plain
     r = redis.Redis.from_url(redis_url)
     ps = r.pubsub()
-    ps.subscribe(f"{NS}:ready:q", f"{NS}:wake")
-    for _ in range(2):
-        msg = ps.get_message(timeout=5)
-        assert msg is not None and msg["type"] == "subscribe"
+    ps.psubscribe("*")
+    msg = ps.get_message(timeout=5)
+    assert msg is not None and msg["type"] == "psubscribe"
     jid = client.schedule(0, "now", queue="q")
-    msg = ps.get_message(timeout=2)
-    assert msg is not None, "no plain ready message"
-    assert (msg["type"], msg["channel"], msg["data"]) == ("message", f"{NS}:ready:q".encode(),
-                                                          str(_partition(jid)).encode())
+    assert [m for m, _ in r.zrange(client.keyspace.bell("q"), 0, -1, withscores=True)] == \
+        [str(_partition(jid)).encode()]
+    assert ps.get_message(timeout=0.3) is None, "a ready message was published"
     ps.close()
     r.close()
     client.close()
@@ -136,9 +146,9 @@ def wait_sync(cond: Callable[[], Any], timeout: float) -> Any:
 # --------------------------------------------------------------------------- worker
 
 
-class CountingFetch(PubSubFetch):
-    """The default fetch strategy, counting its sweeps: the one after each (re-)subscription, and
-    the safety net, IDLE_SWEEP * 0.8 or more away."""
+class CountingFetch(DoorbellFetch):
+    """The default fetch strategy, counting its sweeps: the one at start (and after an outage),
+    and the safety net, IDLE_SWEEP * 0.8 or more away."""
 
     sweeps = 0
 
@@ -172,16 +182,16 @@ def _worker(url: str, made: list[CountingFetch], sharded: bool = False) -> Worke
 
 async def _sweep_done(worker: Worker, fetch: CountingFetch, after: int = 0) -> None:
     """Wait until the worker swept more than ``after`` times and claimed what it found: no
-    candidate left, every handler slot free. Until its safety net, only a notification can make
-    it claim again."""
+    candidate left, every handler slot free. Until its safety net, only a ring can make it claim
+    again."""
     await wait_for(lambda: fetch.sweeps > after and not fetch.planner.has_candidates()
                    and fetch.ctx.slots.free == worker.concurrency, 10, what=f"sweep {after + 1}")
 
 
-async def _picked_up_by_notification(worker: Worker, fetch: CountingFetch, client: Client,
-                                     keys: Sequence[str | None] = (None,) * 3) -> None:
-    """Once the sweep is over, due-now jobs (with ``keys``) are claimed within NOTIFIED_WITHIN:
-    by notification."""
+async def _picked_up_by_ring(worker: Worker, fetch: CountingFetch, client: Client,
+                             keys: Sequence[str | None] = (None,) * 3) -> None:
+    """Once the sweep is over, due-now jobs (with ``keys``) are claimed within NOTIFIED_WITHIN: by
+    a ring of the bell."""
     for n, key in enumerate(keys):
         t0 = time.monotonic()
         jid = client.schedule(0, n, queue="q", key=key)
@@ -190,30 +200,62 @@ async def _picked_up_by_notification(worker: Worker, fetch: CountingFetch, clien
         assert client.get(jid).state is JobState.DONE
 
 
-async def test_worker_claims_on_a_sharded_notification(redis_url: str) -> None:
+def _replica(url: str, etcd: str, sharded: bool | None) -> SchedulerProcess:
+    return SchedulerProcess(SchedulerConfig(redis_url=url, etcd_endpoints=etcd, namespace=NS, replica_id="solo",
+                                            lease_ttl=2.0, sharded_pubsub=sharded))
+
+
+async def _owning(proc: SchedulerProcess, partitions: int) -> asyncio.Task[None]:
+    task = asyncio.create_task(proc.run())
+    await wait_for(lambda: len(proc.runners) == partitions, 10, what="the replica to own every partition")
+    return task
+
+
+async def test_worker_claims_on_a_ring_the_owner_relays(redis_url: str, etcd_endpoint: str) -> None:
+    client = Client.from_url(redis_url, namespace=NS, partitions=PARTS, sharded_pubsub=True).connect()
+    proc = _replica(redis_url, etcd_endpoint, True)
+    task = await _owning(proc, PARTS)
+    made: list[CountingFetch] = []
+    w = _worker(redis_url, made, sharded=True)
+    try:
+        async with serving(w):
+            await _sweep_done(w, made[0])
+            await _picked_up_by_ring(w, made[0], client)
+        assert made[0].sweeps == 1
+    finally:
+        proc.stop()
+        await asyncio.wait_for(task, 10)
+        client.close()
+
+
+async def test_without_an_owner_a_relayed_ring_waits_for_the_sweep(redis_url: str) -> None:
+    """The control for the test above: with no replica nobody rings a sharded layout's bell, so the
+    bound there is met only through the owner's relay."""
     client = Client.from_url(redis_url, namespace=NS, partitions=PARTS, sharded_pubsub=True).connect()
     made: list[CountingFetch] = []
     w = _worker(redis_url, made, sharded=True)
     async with serving(w):
         await _sweep_done(w, made[0])
-        await _picked_up_by_notification(w, made[0], client)
-    assert made[0].sweeps == 1
-    client.close()
-
-
-async def test_plain_subscriber_misses_sharded_notifications(redis_url: str) -> None:
-    """The control for the test above: a worker listening on the plain layout is not told, so the
-    bound there is met only through the sharded notification."""
-    client = Client.from_url(redis_url, namespace=NS, partitions=PARTS, sharded_pubsub=True).connect()
-    made: list[CountingFetch] = []
-    w = _worker(redis_url, made)
-    async with serving(w):
-        assert not made[0].ctx.calls.ks.sharded
-        await _sweep_done(w, made[0])
         client.schedule(0, "x", queue="q")
         await asyncio.sleep(NOTIFIED_WITHIN)
         assert w.stats.claimed == 0
     client.close()
+
+
+async def test_a_new_owner_rings_for_jobs_that_became_ready_while_nobody_owned_the_partition(
+        redis_url: str, etcd_endpoint: str) -> None:
+    client = Client.from_url(redis_url, namespace=NS, partitions=PARTS, sharded_pubsub=True).connect()
+    jid = client.schedule(0, "orphan", queue="q")  # relayed to nobody
+    assert not client.redis.exists(client.keyspace.bell("q"))
+    proc = _replica(redis_url, etcd_endpoint, True)
+    task = await _owning(proc, PARTS)
+    try:
+        await wait_for(lambda: client.redis.zscore(client.keyspace.bell("q"), str(_partition(jid))) is not None, 5,
+                       what="the new owner's ring")
+    finally:
+        proc.stop()
+        await asyncio.wait_for(task, 10)
+        client.close()
 
 
 # --------------------------------------------------------------------------- scheduler tier
@@ -283,7 +325,7 @@ def test_cluster_clients_spublish_to_the_owning_node(redis_cluster_url: str) -> 
     assert ks.sharded, "a cluster client uses sharded pub/sub by itself"
     rc = sync_redis(redis_cluster_url)
     ps = rc.pubsub()
-    for ch in ks.ready_channels("q"):
+    for ch in ks.wake_channels():
         ps.ssubscribe(ch)
     confirmed = 0
     deadline = time.monotonic() + 5
@@ -292,7 +334,7 @@ def test_cluster_clients_spublish_to_the_owning_node(redis_cluster_url: str) -> 
         msg = ps.get_sharded_message(timeout=0.1)
         confirmed += msg is not None and msg["type"] == "ssubscribe"
     jids = client.schedule_many([(0, n) for n in range(20)], queue="q")
-    expected = {(ks.ready_channel("q", p), str(p).encode()) for p in {_partition(j) for j in jids}}
+    expected = {(ks.wake_channels()[p], f"r {p} q".encode()) for p in {_partition(j) for j in jids}}
     got: set[tuple[str, bytes]] = set()
     deadline = time.monotonic() + 5
     while got != expected:
@@ -342,15 +384,25 @@ async def test_cluster_subscription_hears_every_node_at_once(redis_cluster_url: 
         client.close()
 
 
-async def test_cluster_worker_claims_on_a_notification(redis_cluster_url: str) -> None:
+async def test_cluster_worker_claims_on_a_ring(redis_cluster_url: str, etcd_endpoint: str) -> None:
     client = Client.from_url(redis_cluster_url, namespace=NS, partitions=PARTS * 4).connect()
+    proc = _replica(redis_cluster_url, etcd_endpoint, None)
+    task = await _owning(proc, PARTS * 4)
     made: list[CountingFetch] = []
     w = _worker(redis_cluster_url, made)
-    async with serving(w):
-        assert made[0].ctx.calls.ks.sharded, "a cluster worker uses sharded pub/sub by itself"
-        await _sweep_done(w, made[0])
-        await _picked_up_by_notification(w, made[0], client)
-    client.close()
+    try:
+        async with serving(w):
+            assert made[0].ctx.calls.ks.sharded, "a cluster worker uses sharded pub/sub by itself"
+            await _sweep_done(w, made[0])
+            await _picked_up_by_ring(w, made[0], client)  # due now: relayed by the owner
+            t0 = time.monotonic()
+            jid = client.schedule(time.time() + 0.3, "timer", queue="q")  # fired by a tick: rung by the owner
+            await wait_for(lambda: client.get(jid).state is JobState.DONE, 5, what="the timer's job")
+            assert time.monotonic() - t0 < 0.3 + NOTIFIED_WITHIN
+    finally:
+        proc.stop()
+        await asyncio.wait_for(task, 10)
+        client.close()
 
 
 async def test_cluster_tier_wakes_on_sharded_messages(redis_cluster_url: str, etcd_endpoint: str) -> None:
@@ -359,31 +411,39 @@ async def test_cluster_tier_wakes_on_sharded_messages(redis_cluster_url: str, et
     client.close()
 
 
-async def test_cluster_worker_follows_a_partitions_slot_move(redis_cluster_factory: Callable[..., Any]) -> None:
-    """Reshard the slot of one partition to another master while a worker listens: the worker
-    subscribes again on the new owner and is still told of jobs landing there."""
+async def test_cluster_worker_follows_the_bells_slot_move(redis_cluster_factory: Callable[..., Any],
+                                                          etcd_endpoint: str) -> None:
+    """Reshard the slot of the namespace's bells, and of one partition, to other masters while a
+    worker waits and a replica relays: jobs landing in that partition are still claimed by ring."""
     cluster = redis_cluster_factory(masters=3)
     client = Client.from_url(cluster.url, namespace=NS, partitions=PARTS * 4).connect()
     ks = client.keyspace
     p = 5
     keys = [k for k in (f"k{n}" for n in range(1000)) if partition_for_key(k, ks.partitions) == p][:3]
-    slot = slot_of(ks.prefix(p))
-    src = cluster.node_for_slot(slot)
-    dst = next(m for m in cluster.masters() if m is not src)
-    channel = ks.ready_channel("q", p)
+    proc = _replica(cluster.url, etcd_endpoint, None)
+    task = await _owning(proc, ks.partitions)
     made: list[CountingFetch] = []
     w = _worker(cluster.url, made)
-
-    def subscribers(node: Any) -> int:
-        return int(node.command("PUBSUB", "SHARDNUMSUB", channel)[1])
-
-    async with serving(w):
-        fetch = made[0]
-        await _sweep_done(w, fetch)
-        assert subscribers(src) == 1
-        await asyncio.to_thread(cluster.move_slots, [slot], src, dst)
-        await wait_for(lambda: subscribers(dst) == 1, 10, what="the subscription to follow the slot")
-        assert subscribers(src) == 0
-        await _sweep_done(w, fetch, after=1)  # the sweep after subscribing again
-        await _picked_up_by_notification(w, fetch, client, keys)  # jobs in partition p
-    client.close()
+    try:
+        async with serving(w):
+            fetch = made[0]
+            await _sweep_done(w, fetch)
+            moved = {}
+            for slot in (slot_of(ks.bell("q")), slot_of(ks.prefix(p))):
+                src = cluster.node_for_slot(slot)
+                dst = next(m for m in cluster.masters() if m is not src)
+                await asyncio.to_thread(cluster.move_slots, [slot], src, dst)
+                moved[slot] = dst
+            bell_node, wake_node = moved[slot_of(ks.bell("q"))], moved[slot_of(ks.prefix(p))]
+            # the worker waits on the bell's new node, the replica listens to the partition's
+            wake = ks.wake_channels()[p]
+            await wait_for(lambda: any(b"cmd=bzpopmin" in line and b"flags=b" in line
+                                       for line in bell_node.command("CLIENT", "LIST").splitlines()), 10,
+                           what="the worker to wait on the bell's new node")
+            await wait_for(lambda: int(wake_node.command("PUBSUB", "SHARDNUMSUB", wake)[1]) == 1, 10,
+                           what="the replica's subscription to follow the partition's slot")
+            await _picked_up_by_ring(w, fetch, client, keys)  # jobs in partition p
+    finally:
+        proc.stop()
+        await asyncio.wait_for(task, 10)
+        client.close()

@@ -1,5 +1,5 @@
-"""The worker's fan-out counters (workers/stats.py), against a real redis-server: every ready
-notification it receives and every claim Redis answers, empty or not, counted per queue and
+"""The worker's fan-out counters (workers/stats.py), against a real redis-server: every ring it
+takes from a doorbell and every claim Redis answers, empty or not, counted per queue and
 exported on /metrics (what ``python -m bench fanout`` reads from each worker process)."""
 from __future__ import annotations
 
@@ -46,16 +46,16 @@ async def test_worker_counts_notifications_and_claims_per_queue_and_exports_them
             first = w.stats_by_queue()["default"]
             assert first.claims == first.claims_empty >= 1 and first.notified == 0
 
-            channel = client.keyspace.ready_channel("default")
-            for _ in range(3):
-                client.redis.publish(channel, "5")  # nothing is ready there: each claim comes back empty
-            await wait_for(lambda: w.stats_by_queue()["default"].notified == 3, 5, what="3 notifications")
+            bell = client.keyspace.bell("default")
+            for p in (5, 6, 7):  # nothing is ready there: each claim comes back empty
+                client.redis.zadd(bell, {str(p): 1}, nx=True)
+            await wait_for(lambda: w.stats_by_queue()["default"].notified == 3, 5, what="3 rings taken")
             await wait_for(lambda: w.stats_by_queue()["default"].claims > first.claims, 5, what="a claim")
             await asyncio.sleep(0.2)  # any claim those notifications caused has been answered
             after = w.stats_by_queue()["default"]
             assert after.claims_empty - first.claims_empty == after.claims - first.claims >= 1
 
-            jid = client.schedule(0, None)  # due now: ready at once, with a notification
+            jid = client.schedule(0, None)  # due now: ready at once, its bell rung
             await wait_for(lambda: jid in ran, 5, what="the job to run")
             await wait_for(lambda: w.stats.acked == 1, 5, what="its ack")
             by_q = w.stats_by_queue()

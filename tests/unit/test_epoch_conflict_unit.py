@@ -38,7 +38,7 @@ class FakeTransport:
         for name, _keys, _args in calls:
             if name == "tick":
                 self.ticks.append(time.monotonic())
-                out.append([0, -1, now_ms, 0, 0, 0] if self.accept else [-1, 100])  # no limits, crons, drops
+                out.append([0, -1, now_ms, 0, 0, 0, 0] if self.accept else [-1, 100])  # no limits, crons, drops, rings
             elif name == "reap":
                 out.append([0, -1, now_ms] if self.accept else [-1, 100])
         return out

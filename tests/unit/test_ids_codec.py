@@ -127,14 +127,12 @@ def test_all_partition_keys_share_one_hash_tag() -> None:
 def test_sharded_channels_share_their_partitions_slot() -> None:
     ks = Keyspace("ns", 8, sharded=True)
     for p in range(8):
-        names = ks.partition_keys(p) + [ks.ready(p, "q"), ks.ready_channel("q", p), ks.ready_channels("q")[p],
-                                         ks.wake_channels()[p], ks.epoch_reset_channels()[p]]
+        names = ks.partition_keys(p) + [ks.ready(p, "q"), ks.wake_channels()[p], ks.epoch_reset_channels()[p]]
         assert {k[k.index("{") : k.index("}") + 1] for k in names} == {"{ns:%d}" % p}
         assert {key_slot(k.encode()) for k in names} == {key_slot(ks.prefix(p).encode())}
         # the scripts publish on CHAN .. name: CHAN is the partition prefix, and its '{' selects SPUBLISH
         assert ks.channel_prefix(p) == "{ns:%d}:" % p
         assert ks.wake_channels()[p] == "{ns:%d}:wake" % p
-        assert ks.ready_channel("q", p) == "{ns:%d}:ready:q" % p
         assert ks.epoch_reset_channels()[p] == "{ns:%d}:epoch-reset" % p
     # config changes are announced in the slot of the config hash they change (one MULTI)
     assert ks.config_channel == "{ns}:config"
@@ -142,16 +140,15 @@ def test_sharded_channels_share_their_partitions_slot() -> None:
     for namespace_wide in ("wake_channel", "epoch_reset_channel"):
         with pytest.raises(ValueError, match="per partition"):
             getattr(ks, namespace_wide)
-    with pytest.raises(ValueError, match="per partition"):
-        ks.ready_channel("q")
+    # every doorbell of a namespace is in one slot (a worker waits on all its queues' with one command)
+    assert {key_slot(ks.bell(q).encode()) for q in ("a", "b", "emails")} == {key_slot(ks.config_key.encode())}
 
 
 def test_plain_channels_keep_their_names() -> None:
     ks = Keyspace("ns", 8)
     assert [ks.channel_prefix(p) for p in range(8)] == ["ns:"] * 8  # no '{': the scripts PUBLISH
     assert ks.wake_channel == "ns:wake" and ks.wake_channels() == ["ns:wake"]
-    assert ks.ready_channel("q") == ks.ready_channel("q", 5) == "ns:ready:q"
-    assert ks.ready_channels("q") == ["ns:ready:q"]
+    assert ks.bell("q") == "{ns}:bell:q"
     assert ks.epoch_reset_channel == "ns:epoch-reset" and ks.epoch_reset_channels() == ["ns:epoch-reset"]
     assert ks.config_channel == "ns:config"
 

@@ -1,0 +1,35 @@
+"""Ringing a queue's doorbell from Python (workers/doorbell.py has the waiting side; the scripts
+ring through lua/_lib.lua ``ring``). On Redis Cluster the bells are in the slot of ``{NS}``, not
+in a partition's, so a script cannot ring them: the partition's owner rings the ones its scripts
+name (``tick``'s reply, the "r MEMBER QUEUE" message on the partition's wake channel), and a
+worker rings after a claim that may have left jobs behind. A ring is a hint: a lost one costs the
+workers' safety-net sweep period, never a job."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .keys import Keyspace, validate_name
+
+RELAY_PREFIX = b"r "  # a wake-channel message asking the partition's owner to ring a bell
+
+
+async def ring(redis: Any, ks: Keyspace, queue: str, member: bytes | str, score_ms: float | None = None) -> None:
+    """Ring ``queue``'s bell with ``member`` ("P" or "P:resume"), keeping an earlier ring of the same
+    member and its time (NX). ``score_ms``: when it was rung first (default now, this host's clock)."""
+    at = time.time() * 1000 if score_ms is None else score_ms
+    await redis.zadd(ks.bell(queue), {member: at}, nx=True)
+
+
+def parse_relay(data: bytes) -> tuple[int, bytes, str]:
+    """A relay message "r MEMBER QUEUE" -> (partition, member, queue). ValueError when malformed
+    (or the queue is not a queue name: such a message never names a key we write)."""
+    parts = data.split(b" ")
+    if len(parts) != 3 or parts[0] != RELAY_PREFIX.strip():
+        raise ValueError(f"not a relay message: {data[:80]!r}")
+    member, queue = parts[1], parts[2].decode("ascii", "replace")
+    validate_name("queue", queue)
+    head, _, tail = member.partition(b":")
+    if not head.isdigit() or tail not in (b"", b"resume"):
+        raise ValueError(f"bad bell member {member[:40]!r}")
+    return int(head), member, queue
