@@ -128,7 +128,7 @@ class ClaimPlanner:
 
 
 def ready_message(data: bytes | str) -> tuple[int, bool]:
-    """A ready channel's payload: ``P`` (jobs landed in partition P's ready list) or ``P:resume``
+    """A doorbell member: ``P`` (jobs landed in partition P's ready list) or ``P:resume``
     (lua/resume.lua) -> (partition, resumed). ValueError when malformed."""
     try:
         return int(data), False  # the common message: no parsing beyond int()

@@ -115,10 +115,10 @@ class Worker:
     Prometheus metrics on 127.0.0.1:PORT. ``idle_sweep``: seconds between safety-net sweeps when
     idle (stretched so a sweep costs at most ~16 claims/s with many partitions and queues).
     ``redis_kwargs``: extra arguments for ``redis.asyncio.Redis.from_url``. ``sharded_pubsub``:
-    hear ready wake-ups on the sharded channels ``{NS:P}:ready:QUEUE`` (SSUBSCRIBE, Redis >= 7)
-    instead of ``NS:ready:QUEUE``; None (default): exactly when the URL is a Redis Cluster's. It
-    must match the producers' and the scheduler replicas' layout, or the worker hears nothing
-    and finds jobs only by its ``idle_sweep``. ``registry_interval``: seconds between refreshes
+    the Redis Cluster layout (the partitions' owners ring the doorbells for the scripts, Redis >=
+    7); None (default): exactly when the URL is a Redis Cluster's. It must match the producers'
+    and the scheduler replicas' layout, or the worker hears no rings and finds jobs only by its
+    ``idle_sweep``. ``registry_interval``: seconds between refreshes
     of this process's record in the namespace's worker registry (``zsched workers``; default 5): a
     worker that stops refreshing (killed) drops out of the live list 3 intervals after its last
     refresh. ``fetch``: how jobs
