@@ -271,7 +271,11 @@ end
 -- declared keys); on Redis Cluster the bell is in another slot, so they SPUBLISH
 -- "r MEMBER QUEUE" on the partition's wake channel instead, and the partition's owner rings it
 -- (scheduler/tier/process.py); tick reports its queues in its reply and the owner rings those.
+-- A queue paused in this partition (pause.lua) is not rung: its workers would take the ring only to
+-- find the queue paused; resume.lua rings "P:resume" (and that ring always goes out).
+local function paused_here(qname) return redis.call('HEXISTS', PREFIX .. 'paused', qname) == 1 end
 local function ring(qname, member, now)
+  if member == PART and paused_here(qname) then return end
   if string.byte(CHAN, 1) == 123 then
     redis.call('SPUBLISH', CHAN .. 'wake', 'r ' .. member .. ' ' .. qname)
   else

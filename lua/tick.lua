@@ -19,9 +19,9 @@
 --           c, cron names * c, k, (dropped dead id, its queue) * k, r, queues * r, lateness_ms...}:
 --          the crons whose table of upcoming occurrences runs low (or ran out) and must be refilled
 --          by the caller (cron_fill); the dead jobs dropped by the retention rule (for the caller's
---          log); on Redis Cluster (sharded CHAN) the queues whose ready lists received jobs, whose
---          bells the caller rings (they are in another slot; r = 0 off a cluster, where the script
---          rang them); then one lateness value per fired job (now - its due time; negative when
+--          log); on Redis Cluster (sharded CHAN) the queues whose ready lists received jobs (and
+--          are not paused in this partition), whose bells the caller rings (they are in another
+--          slot; r = 0 off a cluster, where the script rang them); then one lateness value per fired job (now - its due time; negative when
 --          handed off ahead of time).
 -- Cron occurrences: when one fires (or misfires), the cron's next occurrence is scheduled in this
 -- same script, so a cron always has exactly one pending occurrence. Occurrences missed during an
@@ -42,7 +42,8 @@
 -- sweep three entries per tombstone they write (_lib_finish.lua), which keeps up on its own. At
 -- 100 ms these sweeps were 7 % of Redis's CPU at 1 000 jobs/s (0.3 HSCAN of ~256 entries per job).
 -- Rings (ring() in _lib.lua) the bell of each queue whose ready list received jobs, once, off a
--- cluster; on a cluster it names those queues in the reply instead (see Returns).
+-- cluster (not a queue paused in this partition); on a cluster it names those queues in the reply
+-- instead (see Returns).
 local FIRING_SWEEP_MS = 1000
 -- Arguments: tested inline, with the numbers the script uses (a good call pays for no closure or
 -- call: _lib_args.lua "Argument checks"); when the test fails, the same rules again through arg, which
@@ -214,7 +215,7 @@ local sharded = string.byte(CHAN, 1) == 123
 for q, ids in pairs(per_queue) do
   multi('LPUSH', PREFIX .. 'r:' .. q, ids)
   bump(K_C, 'fired:' .. q, #ids)
-  if sharded then to_ring[#to_ring + 1] = q else ring(q, PART, now) end
+  if not sharded then ring(q, PART, now) elseif not paused_here(q) then to_ring[#to_ring + 1] = q end
 end
 for i = 1, nlim do
   local q = lim_order[i]

@@ -48,6 +48,17 @@ class Doorbell:
             return None
         return queue, member if isinstance(member, bytes) else str(member).encode(), float(score)
 
+    async def sweep_turns(self, queues: Sequence[str], period: float, token: str) -> list[str]:
+        """Which of ``queues`` this worker sweeps this period: those whose turn it took (``SET NX``
+        of :meth:`Keyspace.sweep_turn` for ``period`` s). The workers of a queue take turns, so a
+        queue is swept about once per period whatever their number."""
+        pipe = self.redis.pipeline(transaction=False)
+        ms = max(1, round(period * 1000))
+        for q in queues:
+            pipe.set(self.ks.sweep_turn(q), token, nx=True, px=ms)
+        taken = await pipe.execute()
+        return [q for q, ok in zip(queues, taken) if ok]
+
     async def ring(self, queue: str, member: bytes | str, score: float | None = None) -> None:
         """Ring ``queue``'s bell with ``member`` (a partition number, or ``P:resume``), keeping an
         earlier ring of the same member (NX). ``score``: when it was first rung (ms), to put back

@@ -17,8 +17,10 @@ free slots (:meth:`Fetch.claim_loop`). The default, :class:`DoorbellFetch`:
 * **claims** whenever there are free slots and candidates, in one pipelined round trip of
   ``claim`` calls planned by the :class:`~workers.planner.ClaimPlanner`, never asking for more
   jobs than free slots (so concurrency is exact); outcomes waiting in the outbox ride along.
-  A safety-net sweep marks every (queue, partition) as a candidate when nothing else happened
-  for ``idle_sweep`` s (a ring taken by a worker that died before its claim costs that much).
+  A safety-net sweep marks every partition of a queue as a candidate when nothing else happened
+  for ``idle_sweep`` s (a ring taken by a worker that died before its claim costs that much); the
+  workers of a queue take turns (:meth:`~workers.doorbell.Doorbell.sweep_turns`), so a queue is
+  swept about once per period however many workers serve it.
 """
 from __future__ import annotations
 
@@ -248,7 +250,7 @@ class DoorbellFetch(Fetch):
         wait = self._last_sweep + every * random.uniform(0.8, 1.0) - time.monotonic()
         if wait <= 0:
             if slots.free > 0:
-                self.mark_all()  # safety net: a lost notification costs at most ~one sweep period
+                await self._safety_sweep(every)  # a lost ring costs at most about one sweep period
                 return
             wait = every
         if self._orphans:  # wake up to send them again
@@ -258,6 +260,21 @@ class DoorbellFetch(Fetch):
                 await slots.wake.wait()
         except TimeoutError:
             pass
+
+    async def _safety_sweep(self, every: float) -> None:
+        """The periodic safety net, shared by the workers of a queue: a queue is swept by the worker
+        that takes its turn for the period (:meth:`Doorbell.sweep_turns`), so it costs one claim per
+        partition per period however many workers serve it. When Redis cannot tell, sweep: the
+        claims find out whether it is back."""
+        self._last_sweep = time.monotonic()
+        try:
+            mine = await self.bells.sweep_turns(self.ctx.queues, every, self._rid_prefix)
+        except REDIS_ERRORS:
+            mine = list(self.ctx.queues)
+        if mine:
+            self.hungry.clear()
+            self.planner.mark(mine)
+            self.ctx.slots.wake.set()
 
     def _plan(self) -> list[Claim]:
         """The next claims, with fresh request ids; their slots are taken before the round trip."""
@@ -365,15 +382,21 @@ class DoorbellFetch(Fetch):
     def _rung(self, queue: str, member: bytes, score: float) -> None:
         """A ring taken from ``queue``'s bell: claim there, or hand it on when the slots filled meanwhile."""
         try:
-            p, resumed = ready_message(member)
+            p, _resumed = ready_message(member)
         except ValueError:
             log.warning("ignoring a malformed ring %r on queue %r's bell", member, queue)
             return
         self.ctx.stats[queue].notified += 1
         if self.ctx.slots.free <= 0:
-            self._ring(queue, member, score)  # busy now: another worker takes it
+            # busy now: another worker takes it, and this one stops waiting on the bells until a
+            # slot frees (else it would take its own ring back at once, again and again)
+            self.hungry.clear()
+            self._ring(queue, member, score)
             return
-        if self.planner.notify(queue, p, resumed):
+        # Always claim on a ring, also where this worker last found the queue paused: the scripts
+        # do not ring a paused queue, so a ring means it is claimable (a resume, or a pause that
+        # ended before this worker heard the resume ring, which went to another worker).
+        if self.planner.notify(queue, p, resumed=True):
             self.hungry.clear()
             self.ctx.slots.wake.set()
 

@@ -55,9 +55,13 @@ class ClaimPlanner:
 
     def mark_all(self) -> None:
         """Full sweep: every (queue, partition) may have ready jobs."""
+        self.mark(self.queues)
+
+    def mark(self, queues: Sequence[str]) -> None:
+        """Sweep of ``queues``: every partition of each may have ready jobs."""
         self.gen += 1
         g = self.gen
-        for q in self.queues:
+        for q in queues:
             self.paused[q].clear()  # probe paused partitions again: a resume message may be lost
             c = self.candidates[q]
             for p in range(self.partitions):

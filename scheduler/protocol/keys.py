@@ -37,6 +37,7 @@ worker id -> ``LAST_MS:`` + msgpack record (LAST_MS: Redis's clock at the worker
 ``{ns}:workers:live`` sorted set worker id -> ms (Redis clock) until which the record counts as live.
 Doorbells (workers/doorbell.py): ``{ns}:bell:QUEUE`` sorted set, member "P" or "P:resume" (partition
 P's ready list has jobs), score when it was rung (ms); workers BZPOPMIN on their queues' bells.
+``{ns}:sweep:QUEUE``: which worker sweeps the queue this period (SET NX PX by the sweeping worker).
 
 Pub/sub, two layouts (the scripts publish on ``CHAN .. name`` with CHAN = :meth:`Keyspace.channel_prefix`):
   plain (one Redis): ``ns:wake`` (scheduler), ``ns:config`` (config changed), ``ns:epoch-reset``;
@@ -162,6 +163,12 @@ class Keyspace:
         when they were rung (ms). Hash tag ``{ns}``: every bell of the namespace is in one slot, so a
         worker waits on all its queues' bells with one command, on Redis Cluster too."""
         return "{%s}:bell:%s" % (self.namespace, queue)
+
+    def sweep_turn(self, queue: str) -> str:
+        """Whose turn it is to sweep ``queue`` (workers/doorbell.py): a string set with NX and an
+        expiry of the sweep period by the worker that sweeps; the others skip that period. Hash tag
+        ``{ns}``, beside the bells."""
+        return "{%s}:sweep:%s" % (self.namespace, queue)
 
     @property
     def epoch_reset_channel(self) -> str:

@@ -1,0 +1,157 @@
+"""Doorbells (workers/doorbell.py, lua/_lib.lua ``ring``) on a real redis-server: a job that becomes
+ready wakes one of the waiting workers, not all of them; a burst spreads over the idle ones; a
+paused queue is not rung and its resume is; a worker that cannot use a ring hands it on; and the
+workers of a queue take turns at the safety-net sweep, so its cost does not grow with them."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from scheduler import Client
+from scheduler.protocol.ids import decode_id, partition_of
+from tests.integration.test_worker_support import serving, wait_for
+from workers import Job, Worker
+from workers.fetch import DoorbellFetch, FetchContext
+
+NS = "bells"
+WORKERS = 4
+
+
+def workers(url: str, n: int, *, concurrency: int = 4, idle_sweep: float = 600.0, gate: asyncio.Event | None = None,
+            namespace: str = NS) -> tuple[list[Worker], list[str], list[DoorbellFetch]]:
+    """``n`` workers of queue "q" (a long sweep period: only rings make them claim), the ids they
+    ran, and their fetch strategies. ``gate``: handlers wait on it."""
+    ran: list[str] = []
+    made: list[DoorbellFetch] = []
+
+    def fetch(ctx: FetchContext) -> DoorbellFetch:
+        made.append(DoorbellFetch(ctx))
+        return made[-1]
+
+    out = []
+    for _ in range(n):
+        w = Worker.from_url(url, namespace=namespace, queues=["q"], concurrency=concurrency, idle_sweep=idle_sweep,
+                            fetch=fetch, shutdown_grace=2.0)
+
+        @w.handler("q")
+        async def handle(job: Job) -> None:
+            if gate is not None:
+                await gate.wait()
+            ran.append(job.id)
+
+        out.append(w)
+    return out, ran, made
+
+
+def total(ws: list[Worker], what: str) -> int:
+    return sum(getattr(w.stats, what) for w in ws)
+
+
+async def all_waiting(made: list[DoorbellFetch], client: Client, n: int) -> None:
+    """Every worker has swept and waits on the bell (Redis counts n blocked clients)."""
+    await wait_for(lambda: len(made) == n and all(f.hungry.is_set() for f in made), 10, what="idle workers")
+    await wait_for(lambda: int(client.redis.info("clients")["blocked_clients"]) == n, 10,
+                   what=f"{n} workers blocked on the bell")
+
+
+async def test_a_ready_job_wakes_one_worker_whatever_their_number(redis_url: str) -> None:
+    client = Client.from_url(redis_url, namespace=NS).connect()
+    ws, ran, made = workers(redis_url, WORKERS)
+    try:
+        async with serving(*ws):
+            await all_waiting(made, client, WORKERS)
+            claims0 = total(ws, "claims")
+            for n in range(5):
+                t0 = time.monotonic()
+                jid = client.schedule(0, n, queue="q")
+                await wait_for(lambda jid=jid: jid in ran, 5, what=f"job {n}")
+                assert time.monotonic() - t0 < 1.0, "picked up by a ring, not a sweep"
+                await all_waiting(made, client, WORKERS)
+            assert total(ws, "notified") == 5, "one ring taken per job, by one worker"
+            assert total(ws, "claims") - claims0 == 5 and total(ws, "claims_empty") == claims0, \
+                "one claim per job, and none came back empty"
+    finally:
+        client.close()
+
+
+async def test_a_burst_spreads_over_the_idle_workers(redis_url: str) -> None:
+    """A partition's ready list gets more jobs than a worker has slots: the claim that leaves jobs
+    behind rings again, so each waiting worker takes some, while their handlers are all busy."""
+    client = Client.from_url(redis_url, namespace="onepart", partitions=1).connect()  # one ready list
+    gate = asyncio.Event()
+    ws, ran, made = workers(redis_url, WORKERS, concurrency=2, gate=gate, namespace="onepart")
+    try:
+        async with serving(*ws):
+            await all_waiting(made, client, WORKERS)
+            ids = client.schedule_many([(0, i) for i in range(2 * WORKERS)], queue="q")
+            await wait_for(lambda: all(w.stats.claimed == 2 for w in ws), 5, what="every worker to fill its slots")
+            assert total(ws, "notified") >= WORKERS, "each worker woken by a ring"
+            gate.set()
+            await wait_for(lambda: set(ids) <= set(ran), 10, what="every job to run")
+    finally:
+        client.close()
+
+
+async def test_a_paused_queue_is_not_rung_and_its_resume_is(redis_url: str) -> None:
+    client = Client.from_url(redis_url, namespace=NS).connect()
+    ws, ran, made = workers(redis_url, 2)
+    bell = client.keyspace.bell("q")
+    try:
+        async with serving(*ws):
+            await all_waiting(made, client, 2)
+            client.pause("q")
+            jid = client.schedule(0, "paused", queue="q")
+            await asyncio.sleep(0.3)
+            assert client.redis.zcard(bell) == 0 and total(ws, "notified") == 0, "a paused queue was rung"
+            assert jid not in ran
+            client.resume("q")
+            await wait_for(lambda: jid in ran, 5, what="the job after the resume")
+            assert total(ws, "notified") >= 1
+    finally:
+        client.close()
+
+
+async def test_a_worker_with_no_free_slot_hands_a_ring_on(redis_url: str) -> None:
+    client = Client.from_url(redis_url, namespace=NS).connect()
+    ws, ran, made = workers(redis_url, 1)
+    try:
+        async with serving(*ws):
+            await all_waiting(made, client, 1)
+            fetch, w = made[0], ws[0]
+            slots = fetch.ctx.slots  # every handler slot taken, as if its handlers ran
+            handler = slots.reserve(slots.free)
+            assert slots.free == 0
+            jid = client.schedule(0, "later", queue="q")
+            p = str(partition_of(decode_id(jid), client.keyspace.partitions)).encode()
+            await wait_for(lambda: w.stats.notified == 1, 5, what="the ring")
+            await asyncio.sleep(0.2)
+            assert w.stats.notified == 1, "the worker took its own ring back"
+            await wait_for(lambda: client.redis.zscore(client.keyspace.bell("q"), p) is not None, 5,
+                           what="the ring back in the bell")
+            assert jid not in ran
+            slots.put_back(handler)
+            slots.wake.set()
+            await wait_for(lambda: jid in ran, 5, what="the job once a slot is free")
+    finally:
+        client.close()
+
+
+async def test_the_workers_of_a_queue_take_turns_at_the_safety_net_sweep(redis_url: str) -> None:
+    client = Client.from_url(redis_url, namespace=NS).connect()
+    period = 0.4
+    ws, _, made = workers(redis_url, WORKERS, idle_sweep=period)
+    parts = client.keyspace.partitions
+    try:
+        async with serving(*ws):
+            await all_waiting(made, client, WORKERS)  # after each worker's own start-up sweep
+            claims0 = total(ws, "claims")
+            t0 = time.monotonic()
+            await asyncio.sleep(8 * period)
+            sweeps = (total(ws, "claims") - claims0) / parts
+            periods = (time.monotonic() - t0) / period
+            # one sweep per period for the queue (jitter: a period is 0.8-1.0 of idle_sweep, and a
+            # turn may lapse just before another worker looks); each worker sweeping would be ~4x
+            assert sweeps <= 1.5 * periods, f"{sweeps:.1f} sweeps in {periods:.1f} periods by {WORKERS} workers"
+            assert sweeps >= 0.5 * periods, f"only {sweeps:.1f} sweeps in {periods:.1f} periods"
+    finally:
+        client.close()
