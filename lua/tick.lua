@@ -6,12 +6,16 @@
 --       partition (0 = no cap); then (optional) queue retirement: idle ms (0 = never retire names);
 --       then (optional) hand-off lead ms (default 0): timers due up to this long from now fire
 --       now, so a worker has them in hand at their due time and starts them on its own timer,
---       never before due (workers/runner.py). Jobs handed off early keep their due time.
+--       never before due (workers/runner.py). Jobs handed off early keep their due time;
+--       then (optional) housekeeping, 0 or 1 (default 1): 1 also looks for held jobs of queues
+--       that are no longer rate-limited (a scan of the gauges, O(queues)); the tier sends 1 on
+--       about one tick per second per partition, with the retention arguments, and 0 otherwise.
 -- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, an
 --   epoch outside 0 to 2^53 - 1, a batch outside 1-5000 (the tier's --batch), a tombstone_ttl_ms,
 --   dead_ttl_ms, queue_idle_ms or handoff_lead_ms outside 0 to 9999-12-31 in ms, a
---   rate_limited_queues count or max_dead outside 0 to 2^53 - 1, a count of arguments that does
---   not fit (7 + 2 x rate_limited_queues, then up to 4 optional ones), a rate-limited queue that is
+--   rate_limited_queues count or max_dead outside 0 to 2^53 - 1, a housekeeping other than 0 or 1,
+--   a count of arguments that does not fit (7 + 2 x rate_limited_queues, then up to 5 optional
+--   ones), a rate-limited queue that is
 --   not a queue name or comes twice, tokens outside 0 to 2^53 - 1. Tested inline, with the numbers
 --   the script uses; arg names the culprit when that test fails.
 -- Returns: {-1, newest_epoch} when the epoch is refused; else
@@ -45,9 +49,101 @@
 -- cluster (not a queue paused in this partition); on a cluster it names those queues in the reply
 -- instead (see Returns).
 local FIRING_SWEEP_MS = 1000
--- Arguments: tested inline, with the numbers the script uses (a good call pays for no closure or
--- call: _lib_args.lua "Argument checks"); when the test fails, the same rules again through arg, which
--- names the culprit. The two lists go together.
+-- Fast path: the common tick of a busy partition, which the tier sends on all but about one tick
+-- per second per partition (housekeeping 0, no rate-limited queue, no retention pass): due jobs,
+-- none of them a cron occurrence, a misfire or a record that names no queue, and no tombstone sweep
+-- due. It runs before the library (see "--@library" below), so Redis does not build the closures
+-- the general path needs (callgrind: most of a one-job tick's instructions), and writes exactly
+-- what the general path writes, in the same state and reply; anything else (a refusal, an idle
+-- tick, a sweep due, a job the general path must look at) falls through to the general path
+-- before any write. tests/integration/test_tick_fast_path.py compares the two.
+local A = ARGV
+if #A == 12 and A[7] == '0' and A[8] == '0' and A[9] == '0' and A[10] == '0' and A[12] == '0' and #KEYS == 14 then
+  local call, string, tonumber, prefix = redis.call, string, tonumber, A[1]
+  local plain = A[2] ~= prefix
+  -- ARGV 1-3, KEYS[1] and the channel prefix as COMMON reads them (_lib_args.lua), then the epoch,
+  -- batch, tombstone ttl and lead as digits (their ranges below)
+  local ns, p, count, epoch_s, batch_s, ttl_s, lead_s = string.match(
+    prefix .. '|' .. A[3] .. '|' .. KEYS[1] .. '|' .. (plain and A[2] or '') .. '|' .. A[4] .. '|' .. A[5] .. '|' ..
+      A[6] .. '|' .. A[11],
+    plain and '^{([A-Za-z0-9][A-Za-z0-9_.%-]*):(%d+)}:|%2/?(%d*)|{%1:%2}:t|%1:|(%d+)|(%d+)|(%d+)|(%d+)$' or
+      '^{([A-Za-z0-9][A-Za-z0-9_.%-]*):(%d+)}:|%2/?(%d*)|{%1:%2}:t||(%d+)|(%d+)|(%d+)|(%d+)$')
+  local epoch, batch = tonumber(epoch_s or ''), tonumber(batch_s or '')
+  if ns and #ns <= 64 and #p <= 4 and not (#p == 4 and p > '4095') and
+      (count == '' and #A[3] == #p or #count <= 4 and not (#count == 4 and count > '4096') and
+        (#count > #p or (#count == #p and count > p))) and
+      #epoch_s <= 16 and epoch <= MAX_INT and batch >= 1 and batch <= BATCH_LIMIT_MAX and
+      (#ttl_s < 15 or (#ttl_s == 15 and ttl_s <= '253402300799999')) and
+      (#lead_s < 15 or (#lead_s == 15 and lead_s <= '253402300799999')) then
+    local k_meta = KEYS[13]
+    local m = call('HMGET', k_meta, 'layout', 'epoch', 'tsw')
+    local cur = tonumber(m[2] or '0')
+    local t = call('TIME')
+    local us = tonumber(t[2])
+    local now = tonumber(t[1]) * 1000 + (us - us % 1000) / 1000
+    local swept = tonumber(m[3] or '0')
+    local k_t = KEYS[1]
+    if not (count ~= '' and m[1] and m[1] ~= count) and not (epoch > 0 and epoch < cur) and
+        now - swept < FIRING_SWEEP_MS and now >= swept then
+      local due = call('ZRANGE', k_t, '-inf', string.format('%d', now + tonumber(lead_s)), 'BYSCORE', 'LIMIT',
+        '0', batch_s, 'WITHSCORES')
+      local nd = #due / 2
+      -- every job: a valid record of a queue this partition knows, not a cron occurrence, not
+      -- past a misfire grace (skip policy)
+      local names, per_queue, order, jargs, late, ok = {}, {}, {}, {}, {}, nd > 0
+      for i = 1, #due, 2 do
+        local member = due[i]
+        local rec, score = string.sub(member, ID_LEN + 1), tonumber(due[i + 1])
+        local flags = string.byte(rec, 5)
+        if not rec_valid(rec) or flag(flags, 16) or (flag(flags, 1) and now - score > u32(rec, 10)) then
+          ok = false
+          break
+        end
+        local idx = u16(rec, 1)
+        local q = names[idx]
+        if q == nil then
+          q = call('HGET', KEYS[10], 'i:' .. idx)
+          names[idx] = q
+        end
+        if not q then ok = false; break end
+        local ids = per_queue[q]
+        if not ids then ids = {}; per_queue[q] = ids; order[#order + 1] = q end
+        local id = string.sub(member, 1, ID_LEN)
+        ids[#ids + 1] = id
+        jargs[#jargs + 1] = id
+        jargs[#jargs + 1] = p48(score) .. rec
+        late[#late + 1] = now - score
+      end
+      if ok then
+        if epoch > cur then call('HSET', k_meta, 'epoch', epoch_s) end
+        if call('HLEN', KEYS[2]) > 0 then
+          for i = 1, #jargs, 2 do call('HDEL', KEYS[2], jargs[i]) end
+        end
+        call('ZREMRANGEBYRANK', k_t, '0', string.format('%d', nd - 1))
+        multi('HSET', KEYS[3], jargs)
+        local to_ring, bell = {}, '{' .. ns .. '}:bell:'
+        for _, q in ipairs(order) do
+          local ids = per_queue[q]
+          multi('LPUSH', prefix .. 'r:' .. q, ids)
+          call('HINCRBY', KEYS[11], 's:' .. q, string.format('%d', -#ids))
+          call('HINCRBY', KEYS[12], 'fired:' .. q, string.format('%d', #ids))
+          if call('HEXISTS', prefix .. 'paused', q) == 0 then
+            if plain then call('ZADD', bell .. q, 'NX', string.format('%d', now), p) else to_ring[#to_ring + 1] = q end
+          end
+        end
+        local head = call('ZRANGE', k_t, '0', '0', 'WITHSCORES')
+        local out = {nd, head[2] and tonumber(head[2]) or -1, now, 0, 0, 0, #to_ring}
+        for _, q in ipairs(to_ring) do out[#out + 1] = q end
+        for _, v in ipairs(late) do out[#out + 1] = v end
+        return out
+      end
+    end
+  end
+end
+--@library
+-- General path. Arguments: tested inline, with the numbers the script uses (a good call pays for no
+-- closure or call: _lib_args.lua "Argument checks"); when the test fails, the same rules again through
+-- arg, which names the culprit. The two lists go together.
 local A = ARGV
 local epoch, limit, ttl, nlim = tonumber(A[4] or ''), tonumber(A[5] or ''), tonumber(A[6] or ''), 0
 if A[7] ~= nil and A[7] ~= '' then nlim = tonumber(A[7]) end
@@ -57,13 +153,16 @@ if A[at] ~= nil and A[at] ~= '' then dead_ttl = tonumber(A[at]) end
 if A[at + 1] ~= nil and A[at + 1] ~= '' then max_dead = tonumber(A[at + 1]) end
 if A[at + 2] ~= nil and A[at + 2] ~= '' then queue_idle = tonumber(A[at + 2]) end
 if A[at + 3] ~= nil and A[at + 3] ~= '' then lead = tonumber(A[at + 3]) end
+local housekeeping = 1 -- optional: absent or '' is 1
+if A[at + 4] ~= nil and A[at + 4] ~= '' then housekeeping = tonumber(A[at + 4]) end
 local tokens, used, newly, lim_order = {}, {}, {}, {}
 local good = COMMON and #KEYS == 14 and epoch and epoch >= 0 and epoch <= MAX_INT and epoch % 1 == 0 and
   limit and limit >= 1 and limit <= BATCH_LIMIT_MAX and limit % 1 == 0 and ttl and ttl >= 0 and ttl <= MAX_MS and
-  ttl % 1 == 0 and nlim and nlim >= 0 and nlim % 1 == 0 and #A <= at + 3 and (nlim == 0 or #A >= at - 1) and
+  ttl % 1 == 0 and nlim and nlim >= 0 and nlim % 1 == 0 and #A <= at + 4 and (nlim == 0 or #A >= at - 1) and
   dead_ttl and dead_ttl >= 0 and dead_ttl <= MAX_MS and dead_ttl % 1 == 0 and max_dead and max_dead >= 0 and
   max_dead <= MAX_INT and max_dead % 1 == 0 and queue_idle and queue_idle >= 0 and queue_idle <= MAX_MS and
-  queue_idle % 1 == 0 and lead and lead >= 0 and lead <= MAX_MS and lead % 1 == 0
+  queue_idle % 1 == 0 and lead and lead >= 0 and lead <= MAX_MS and lead % 1 == 0 and
+  (housekeeping == 0 or housekeeping == 1)
 for i = 0, (good and nlim or 0) - 1 do -- rate-limited queues: a name and its tokens, each queue once
   local q, n = A[8 + i * 2], tonumber(A[9 + i * 2])
   if #q <= NAME_MAX and string.find(q, NAME_PATTERN) and tokens[q] == nil and n and n >= 0 and
@@ -80,8 +179,8 @@ if not good then
   arg('int', 5, 'batch', 1, BATCH_LIMIT_MAX)
   arg('int', 6, 'tombstone_ttl_ms', 0, MAX_MS)
   nlim = arg('int', 7, 'rate_limited_queues', 0, MAX_INT, 0)
-  if nlim and (#ARGV > 11 + 2 * nlim or (nlim > 0 and #ARGV < 7 + 2 * nlim)) then
-    arg('refuse', 'ARGV', 'count', '7 + 2 x ARGV[7] (the rate-limited queues), then up to 4 optional ones', #ARGV)
+  if nlim and (#ARGV > 12 + 2 * nlim or (nlim > 0 and #ARGV < 7 + 2 * nlim)) then
+    arg('refuse', 'ARGV', 'count', '7 + 2 x ARGV[7] (the rate-limited queues), then up to 5 optional ones', #ARGV)
   end
   local seen = {}
   for i = 0, (refusal and 0 or nlim) - 1 do
@@ -94,6 +193,7 @@ if not good then
   arg('int', at + 1, 'max_dead', 0, MAX_INT, 0)
   arg('int', at + 2, 'queue_idle_ms', 0, MAX_MS, 0)
   arg('int', at + 3, 'handoff_lead_ms', 0, MAX_MS, 0)
+  arg('int', at + 4, 'housekeeping', 0, 1, 1)
   return refusal or arg('refuse', 'ARGV', 'arguments', "those of lua/tick.lua's header", #ARGV)
 end
 do local refused = layout_fence(); if refused then return refused end end
@@ -102,8 +202,9 @@ if refused then return {-1, refused} end
 local now = now_ms()
 local out = {0, -1, now, nlim}
 local horizon = now + lead
--- queues no longer limited may still have held jobs: release them without a token limit
-local gauges = redis.call('HGETALL', K_G)
+-- queues no longer limited may still have held jobs: release them without a token limit (looked
+-- for on housekeeping ticks only: the gauges hash has a field per queue and state)
+local gauges = housekeeping == 1 and redis.call('HGETALL', K_G) or {}
 for i = 1, #gauges, 2 do
   local f = gauges[i]
   if string.sub(f, 1, 2) == 'h:' and tonumber(gauges[i + 1]) > 0 then

@@ -33,6 +33,7 @@ from ..protocol.errors import failure_kind
 from ..protocol.ids import encode_id
 from ..protocol.tick import (
     CRON_FIELDS,
+    NO_RETENTION,
     CronTable,
     EpochRefused,
     QueueTokens,
@@ -60,12 +61,13 @@ log = logging.getLogger("zsched.scheduler")
 # script error. A firing loop must log, back off and retry on all of them, never end silently.
 REDIS_ERRORS = (RedisError, ConnectionError, OSError)
 INITIAL_BACKOFF = 0.05  # seconds before the first retry after a failed step (then doubling)
-# Queue-name retirement (tick's HSCAN of the queue names, lua/_lib_finish.lua retire_queues) runs
-# on at most one tick per this many seconds per partition: with the hand-off lead a busy partition
-# ticks about once per job, and the pass cost a tenth of a one-job tick's Redis instructions
-# (callgrind). Names retire after hours of idleness (Client.set_queue_retirement), so a second
-# more changes nothing an operator can see.
-RETIRE_EVERY = 1.0
+# Housekeeping (tick with housekeeping=1: queue-name retirement, the dead-letter retention pass, the
+# search for held jobs of queues no longer rate-limited) runs on one tick per this many seconds per
+# partition: with the hand-off lead a busy partition ticks about once per job, and the other ticks
+# take tick's fast path (lua/tick.lua), a fraction of the general path's Redis instructions
+# (callgrind). Names retire after hours of idleness (Client.set_queue_retirement), retention
+# trims by the batch, a removed limit is rare: a second more changes nothing an operator can see.
+HOUSEKEEPING_EVERY = 1.0
 
 
 @dataclass
@@ -136,7 +138,7 @@ class PartitionRunner:
         self._conflict_base = 0.0                  # current backoff step (0: not backing off)
         self._task: asyncio.Task[None] | None = None
         self._next_reap = 0.0
-        self._next_retire = 0.0  # monotonic time of the next tick that may retire queue names
+        self._next_housekeeping = 0.0  # monotonic time of the next housekeeping tick (the first is one)
         self._paused_logged = False
         self._backoff = INITIAL_BACKOFF            # next wait after a failed step
         self._down_since: float | None = None      # monotonic time of the first failure of an outage
@@ -320,14 +322,12 @@ class PartitionRunner:
         # a queue whose limit was removed is forgotten by the ledger: tick releases what it holds without tokens
         grants, token_wait = (await self._take_tokens(limits) if limits or self._tokens.held
                               else ({}, float("inf")))
-        retention = self._retention()
-        if retention.queue_idle_ms:
-            if now_local < self._next_retire:
-                retention = Retention(retention.dead_ttl_ms, retention.max_dead, 0)  # 0: no retirement pass this tick
-            else:
-                self._next_retire = now_local + RETIRE_EVERY
+        housekeeping = now_local >= self._next_housekeeping
+        if housekeeping:
+            self._next_housekeeping = now_local + HOUSEKEEPING_EVERY
+        retention = self._retention() if housekeeping else NO_RETENTION
         calls = [tick_call(self._core, self.partition, self.epoch, cfg.batch, TokenLedger.tick_tokens(limits, grants),
-                           retention, round(cfg.handoff_lead * 1000))]
+                           retention, round(cfg.handoff_lead * 1000), housekeeping)]
         do_reap = now_local >= self._next_reap
         if do_reap:
             calls.append(reap_call(self._core, self.partition, self.epoch, cfg.reap_batch))

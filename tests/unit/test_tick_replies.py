@@ -89,7 +89,7 @@ def test_calls_carry_the_arguments_in_the_header_order() -> None:
     c = calls(2)
     name, keys, args = tick_call(c, 1, 9, 100, {"mail": 3, "sms": 0}, Retention(1000, 50, 0), 20)
     assert name == "tick" and list(keys) == c.ks.partition_keys(1)
-    assert list(args)[3:] == [9, 100, c.tomb_ms, 2, "mail", 3, "sms", 0, 1000, 50, 0, 20]
+    assert list(args)[3:] == [9, 100, c.tomb_ms, 2, "mail", 3, "sms", 0, 1000, 50, 0, 20, 1]
     assert list(reap_call(c, 1, 9, 10)[2])[3:] == [9, 10]
     assert ratelimit_call(c.ks, "mail", 5.0, 10.0, 1, 4, 2) == ("ratelimit", [c.ks.bucket("mail")],
                                                                  [5.0, 10.0, 1, 4, 2])

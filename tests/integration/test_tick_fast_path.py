@@ -1,0 +1,197 @@
+"""lua/tick.lua's fast path ends in exactly the state and reply of its general path, on a real
+redis-server.
+
+Two namespaces live side by side: ``fa`` runs the shipped script (fast path first), ``ge`` the same
+script without the fast path's block (general path only). Both get the same jobs (same ids,
+records and times), then every step sends both the same tick and compares the replies and every
+key of the two namespaces, doorbells included. The steps cover the ways in and out of the fast
+path: one and several queues, jobs that moved, an epoch newer than Redis's, the same, an older one
+(refused), unfenced, a hand-off lead, a paused queue (not rung), Redis Cluster's layout (the
+queues to ring in the reply), and what only the general path does: the first firing tick of a
+partition (its tombstone sweep), an idle tick, housekeeping, a rate-limited queue, a misfire.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from bench.script_cost import general_only
+from scheduler import Client
+from scheduler.protocol.keys import Keyspace
+from scheduler.protocol.options import JobOptions
+from scheduler.protocol.scripts import load_scripts
+
+PARTITIONS = 2
+HOUR_MS = 3_600_000
+
+
+class Pair:
+    """The two namespaces and their tick scripts."""
+
+    def __init__(self, url: str) -> None:
+        self.r = redis.Redis.from_url(url)
+        scripts = load_scripts()
+        self.fast = self.r.script_load(scripts["tick"].source)
+        self.general = self.r.script_load(general_only("tick"))
+        assert self.fast != self.general
+        self.sha = {name: self.r.script_load(scripts[name].source) for name in ("schedule", "reschedule", "pause")}
+        self.client = Client.from_url(url, namespace="fa", partitions=PARTITIONS).connect()
+        Client.from_url(url, namespace="ge", partitions=PARTITIONS).connect().close()
+        self.ks = {ns: Keyspace(ns, PARTITIONS) for ns in ("fa", "ge")}
+        self.fast_runs = 0
+
+    def close(self) -> None:
+        self.client.close()
+        self.r.close()
+
+    def both(self, name: str, partition: int, args: list[Any], *, sharded: bool = False) -> tuple[Any, Any]:
+        """Script ``name`` (tick: fast on ``fa``, general on ``ge``) on both namespaces with ``args``
+        after the common ones."""
+        out = []
+        for ns in ("fa", "ge"):
+            ks = self.ks[ns]
+            sha = self.sha.get(name) or (self.fast if ns == "fa" else self.general)
+            chan = ks.prefix(partition) if sharded else ks.channel_prefix(partition)
+            before = self.counts()
+            try:
+                out.append(self.r.evalsha(sha, 14, *ks.partition_keys(partition), ks.prefix(partition), chan,
+                                          f"{partition}/{PARTITIONS}", *args))
+            except redis.ResponseError as exc:
+                out.append(("error", str(exc)))
+            if name == "tick":
+                # Only the fast path reads meta with HMGET; when it falls through after that, the
+                # general path asks for TIME again (or refuses the epoch before it does): one HMGET,
+                # one TIME and a reply that is not a refusal is the fast path taken.
+                hmget, times = (a - b for a, b in zip(self.counts(), before))
+                if ns == "fa":
+                    refused = isinstance(out[-1], tuple) or out[-1][0] == -1
+                    self.fast_runs += hmget == 1 and times == 1 and not refused
+                else:
+                    assert hmget == 0, "the general path ran the fast path's code"
+        return out[0], out[1]
+
+    def counts(self) -> tuple[int, int]:
+        stats = self.r.info("commandstats")
+        return tuple(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("hmget", "time"))  # type: ignore[return-value]
+
+    def schedule(self, at: float, queue: str, partition: int, **opts: Any) -> None:
+        """The same job (same id and record) on both sides, due at ``at`` (epoch s)."""
+        while True:  # an id of the wanted partition
+            _, _, args = self.client.calls.prepare_one(at, {"q": queue}, None, JobOptions(queue=queue, **opts))
+            if int(str(args[2]).split("/")[0]) == partition:
+                break
+        fa, ge = self.both("schedule", partition, list(args[3:]))
+        assert fa[1:] == ge[1:], (fa, ge)
+
+    def tick(self, partition: int, *, epoch: int = 0, lead_ms: int = 0, housekeeping: int = 0,
+             limited: tuple[Any, ...] = (), sharded: bool = False) -> tuple[Any, Any]:
+        return self.both("tick", partition, [epoch, 100, 5000, len(limited) // 2, *limited, 0, 0, 0, lead_ms,
+                                             housekeeping], sharded=sharded)
+
+    def state(self, ns: str) -> dict[str, Any]:
+        """Every key of the namespace's partitions and its doorbells, by name with ``ns`` replaced,
+        the times two calls a few microseconds apart differ in normalised."""
+        out: dict[str, Any] = {}
+        for raw in self.r.scan_iter(match=f"{{{ns}}}:bell:*"):
+            out[raw.decode().replace(ns, "NS", 1)] = sorted(m for m, _ in self.r.zrange(raw, 0, -1, withscores=True))
+        for raw in self.r.scan_iter(match=f"{{{ns}:*"):
+            name = raw.decode().replace(ns, "NS", 1)
+            kind = self.r.type(raw).decode()
+            if kind == "hash":
+                h = self.r.hgetall(raw)
+                if name.endswith(":meta") and b"tsw" in h:
+                    h[b"tsw"] = b"<ms>"
+                if name.endswith(":q"):
+                    h = {k: (b"<ms>" if k.startswith(b"u:") else v) for k, v in h.items()}
+                if name.endswith(":f"):
+                    h = {k: v[:1] + v[13:] for k, v in h.items()}
+                out[name] = h
+            elif kind == "zset":
+                out[name] = self.r.zrange(raw, 0, -1, withscores=True)
+            elif kind == "list":
+                out[name] = self.r.lrange(raw, 0, -1)
+            else:
+                out[name] = (kind, self.r.dump(raw))
+        return out
+
+    def check(self, step: str, replies: tuple[Any, Any]) -> None:
+        fast, general = replies
+        if isinstance(fast, tuple) or isinstance(general, tuple) or fast[0] == -1:
+            assert fast == general, f"{step}: replies differ: {fast!r} vs {general!r}"
+        else:
+            late = 7 + int(fast[6])  # moved, next, now, limited (4 each), crons, dropped, rings (see the header)
+            assert fast[:2] + fast[3:late] == general[:2] + general[3:late], f"{step}: {fast!r} vs {general!r}"
+            assert abs(fast[2] - general[2]) < 1000 and len(fast) == len(general), f"{step}: {fast!r} vs {general!r}"
+            assert all(abs(a - b) < 1000 for a, b in zip(fast[late:], general[late:])), f"{step}: lateness differs"
+        a, b = self.state("fa"), self.state("ge")
+        diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+        assert not diff, f"{step}: the namespaces differ (key: fast path's, general path's): {diff}"
+
+
+@pytest.fixture
+def pair(redis_url: str) -> Iterator[Pair]:
+    p = Pair(redis_url)
+    yield p
+    p.close()
+
+
+def test_the_fast_path_and_the_general_path_leave_the_same_state_and_replies(pair: Pair) -> None:
+    now = time.time()
+    soon = now + 60  # due within the hand-off lead of an hour
+    # (step, preparation, tick arguments, whether the fast path takes it)
+    for p in range(PARTITIONS):
+        pair.schedule(soon, "mail", p)
+    for p in range(PARTITIONS):
+        pair.check(f"partition {p}'s first firing tick (its tombstone sweep)", pair.tick(p, lead_ms=HOUR_MS))
+        pair.check(f"an idle tick of partition {p}", pair.tick(p, lead_ms=HOUR_MS))
+    assert pair.fast_runs == 0
+
+    steps: list[tuple[str, dict[str, Any], bool]] = [
+        ("one queue, unfenced", {}, True),
+        ("two queues, an epoch newer than Redis's", {"epoch": 5, "_queues": ("mail", "sms")}, True),
+        ("the same epoch", {"epoch": 5}, True),
+        ("an older epoch (refused)", {"epoch": 4}, False),
+        ("a job that moved", {"epoch": 6, "_moved": True}, True),
+        ("housekeeping", {"housekeeping": 1}, False),
+        ("a rate-limited queue", {"limited": ("mail", 10)}, False),
+        ("a paused queue (no ring)", {"_pause": "sms", "_queues": ("mail", "sms")}, True),
+        ("Redis Cluster's layout (the queues to ring in the reply)", {"sharded": True, "_queues": ("mail", "sms")},
+         True),
+        ("past a skip-policy job's grace (misfire, in the last partition)", {"_misfire": True}, True),
+    ]
+    for step, opts, eligible in steps:
+        queues = opts.pop("_queues", ("mail",))
+        for p in range(PARTITIONS):
+            for q in queues:
+                pair.schedule(soon, q, p)
+            if opts.pop("_moved", False) and p == PARTITIONS - 1:
+                raw = pair.r.zrange(pair.ks["fa"].partition_keys(p)[0], -1, -1)[0][:15]
+                moved = int((soon + 30) * 1000)
+                fa, ge = pair.both("reschedule", p, [raw, moved])
+                assert fa == ge, (fa, ge)
+            if "_pause" in opts and p == PARTITIONS - 1:
+                fa, ge = pair.both("pause", p, [opts["_pause"], int(now * 1000)])
+                assert fa == ge
+            misfire = opts.get("_misfire") and p == PARTITIONS - 1
+            if misfire:
+                pair.schedule(time.time() + 0.05, "mail", p, misfire="skip", misfire_grace=0.001)
+        paused = opts.pop("_pause", None)
+        if paused:  # rung by earlier steps (nobody takes the rings here): start from empty bells
+            pair.r.delete("{fa}:bell:" + paused, "{ge}:bell:" + paused)
+        misfiring = opts.pop("_misfire", False)
+        if misfiring:
+            time.sleep(0.1)
+        for p in range(PARTITIONS):
+            runs = pair.fast_runs
+            pair.check(f"{step}, partition {p}", pair.tick(p, lead_ms=HOUR_MS, **opts))
+            took = pair.fast_runs - runs
+            expected = int(eligible and not (misfiring and p == PARTITIONS - 1))
+            assert took == expected, f"{step}, partition {p}: fast path taken {took}, expected {expected}"
+        if paused:
+            assert [m for m, _ in pair.r.zrange("{fa}:bell:" + paused, 0, -1, withscores=True)] == [b"0"], \
+                "only the partition where the queue is not paused was rung"
+    assert pair.fast_runs >= 10
