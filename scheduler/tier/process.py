@@ -30,6 +30,7 @@ from ..protocol.tick import Retention
 from ..protocol.transport import AsyncScriptTransport, RetryPolicy
 from ..runtime import loop_name, run, settle_gc, stop_signals
 from .bells import BellRinger
+from .coalesce import TickBatcher
 from .limits import retention_args
 from .ownership import Ownership, default_replica_id
 from .runner import REDIS_ERRORS, PartitionRunner, RunnerConfig
@@ -85,6 +86,7 @@ class SchedulerProcess:
         # a firing loop must get back to checking its ownership deadline, and it backs off itself.
         # Re-sending tick/reap/cron_fill is safe (epoch-fenced), see scheduler.transport.RESEND.
         self.transport = AsyncScriptTransport(self.redis, TIER_RETRY)
+        self.batcher = TickBatcher(self.transport)  # the partitions' ticks that wake together: one round trip
         # TLS material comes from files named in the environment (URLs carry user:password and https)
         self.coord = coord or EtcdCoordinator.from_endpoints(
             cfg.etcd_endpoints, ca_cert=os.environ.get("ZSCHED_ETCD_CA") or None,
@@ -248,7 +250,7 @@ class SchedulerProcess:
             p, epoch, scripts=self.transport, core=core, metrics=self.metrics, config=self.cfg.runner,
             is_valid=lambda: own.owns(p, epoch), valid_for=own.valid_for, on_refused=self._refused,
             limits=lambda: self.rate_limits, retention=self._retention_args, check_conflict=self._check_conflict,
-            on_conflict_resolved=self._conflict_resolved, ringer=self.ringer)
+            on_conflict_resolved=self._conflict_resolved, ringer=self.ringer, batcher=self.batcher)
         self.runners[p] = runner
         runner.start()
         self._owners_changed(p)

@@ -50,6 +50,7 @@ from ..protocol.tick import (
     tick_call,
 )
 from ..protocol.transport import AsyncScriptTransport
+from .coalesce import TickBatcher, aligned_sleep
 from .limits import TokenLedger
 
 if TYPE_CHECKING:
@@ -104,14 +105,16 @@ class PartitionRunner:
                  retention: Callable[[], Retention] = Retention,
                  check_conflict: Callable[[int, int, int], Awaitable[bool]] | None = None,
                  on_conflict_resolved: Callable[[int, int, int, float], None] | None = None,
-                 ringer: BellRinger | None = None) -> None:
+                 ringer: BellRinger | None = None, batcher: TickBatcher | None = None) -> None:
         """``on_refused(partition, newest_epoch)``: a hand-over, the runner has stopped.
         ``check_conflict(partition, epoch, newest_epoch)``: asked on every refusal; True means an
         epoch conflict (keep the partition, retry with backoff). Without it every refusal is a
         hand-over. ``on_conflict_resolved(partition, epoch, refused_attempts, seconds)``: a tick
         was accepted again after a conflict. ``limits()`` (queue -> rate, burst) and
         ``retention()`` (tick's housekeeping arguments) are read before every tick. ``ringer``: on
-        Redis Cluster, rings the doorbells of the queues a tick fired into (tier/bells.py)."""
+        Redis Cluster, rings the doorbells of the queues a tick fired into (tier/bells.py).
+        ``batcher``: sends the ticks of the replica's partitions that wake together as one round
+        trip (tier/coalesce.py); without it each tick is a round trip of its own."""
         self.partition = partition
         self.epoch = epoch
         self._scripts = scripts
@@ -126,6 +129,7 @@ class PartitionRunner:
         self._limits = limits
         self._retention = retention
         self._ringer = ringer
+        self._send_ticks = batcher.call_many if batcher is not None else scripts.call_many
         self._tokens = TokenLedger(core.ks, partition)  # rate-limited queues: held jobs, unused tokens
         self.wake = asyncio.Event()
         self._stopping = False
@@ -302,7 +306,8 @@ class PartitionRunner:
         # wake-up could come before the hand-off window opens (one tick for nothing)
         seconds = math.ceil(seconds * 1000) / 1000
         try:
-            await asyncio.wait_for(self.wake.wait(), timeout=seconds)
+            async with asyncio.timeout(seconds):  # no task of its own, unlike wait_for
+                await self.wake.wait()
         except TimeoutError:
             pass
 
@@ -332,7 +337,7 @@ class PartitionRunner:
         if do_reap:
             calls.append(reap_call(self._core, self.partition, self.epoch, cfg.reap_batch))
         t0 = time.perf_counter()
-        replies = await self._scripts.call_many(calls)
+        replies = await self._send_ticks(calls)
         received = time.monotonic()
         self._m.tick_duration.labels(self._m.replica).observe(time.perf_counter() - t0)
         tick = parse_tick(replies[0])
@@ -402,7 +407,9 @@ class PartitionRunner:
         if held_any:
             sleep_for = min(sleep_for, token_wait if token_wait != float("inf") else 0.01)
         sleep_for = min(sleep_for, max(0.0, self._next_reap - time.monotonic()), self._valid_for())
-        return max(cfg.min_sleep, sleep_for)
+        sleep_for = max(cfg.min_sleep, sleep_for)
+        # wake on the replica's grid, with the other partitions due about then: one round trip
+        return aligned_sleep(sleep_for, time.monotonic(), cfg.handoff_lead)
 
     async def sweep_crons(self) -> None:
         """On taking a partition: make sure every cron has its pending occurrence and a full table
