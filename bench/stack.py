@@ -32,7 +32,8 @@ def redis_args(aof: bool = True) -> list[str]:
 
 def redis_nodes(srv: RedisServer | ClusterSet) -> list[RedisServer]:
     """The servers that hold data: the one redis-server, or the masters of a cluster."""
-    return srv.masters() if isinstance(srv, ClusterSet) else [srv]
+    # a new list: a list[ClusterServer] is not a list[RedisServer] (lists are invariant)
+    return [*srv.masters()] if isinstance(srv, ClusterSet) else [srv]
 
 
 def redis_cpu(srv: RedisServer | ClusterSet) -> dict[int, float]:
