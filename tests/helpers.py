@@ -3,6 +3,8 @@ exactly one state"). Script calls without a worker: :mod:`scheduler.testing.tran
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -112,3 +114,33 @@ def snapshot(r: SyncRedis, client: Client) -> dict[str, dict[str, str]]:
     both = set(tombstones(r, client)) & set(states)
     assert not both, f"jobs both live and finished (tombstone): {sorted(both)[:5]}"
     return states
+
+
+def namespace_state(r: Any, ns: str,
+                    hash_fix: Callable[[str, dict[bytes, bytes]], dict[bytes, bytes]] = lambda name, h: h,
+                    zset_fix: Callable[[str, list[Any]], list[Any]] = lambda name, z: z) -> dict[str, Any]:
+    """Every key of namespace ``ns``'s partitions and its doorbells, by name with ``ns`` replaced,
+    for comparing two namespaces that got the same calls (the fast-path differential tests). The
+    doorbells give which partitions rang, not when; queue activity stamps (``:q`` ``u:``) and the
+    times of tombstones (``:f``) are normalised, as two calls microseconds apart differ in them;
+    ``hash_fix`` / ``zset_fix`` (key name, content) normalise what else a test's calls stamp."""
+    out: dict[str, Any] = {}
+    for raw in r.scan_iter(match=f"{{{ns}}}:bell:*"):
+        out[raw.decode().replace(ns, "NS", 1)] = sorted(m for m, _ in r.zrange(raw, 0, -1, withscores=True))
+    for raw in r.scan_iter(match=f"{{{ns}:*"):  # the partitions (not the namespace config)
+        name = raw.decode().replace(ns, "NS", 1)
+        kind = r.type(raw).decode()
+        if kind == "hash":
+            h = r.hgetall(raw)
+            if name.endswith(":q"):  # queue activity stamps: when, not whether
+                h = {k: (b"<ms>" if k.startswith(b"u:") else v) for k, v in h.items()}
+            if name.endswith(":f"):  # tombstones: letter, finished and expiry ms, rest
+                h = {k: v[:1] + v[13:] for k, v in h.items()}
+            out[name] = hash_fix(name, h)
+        elif kind == "zset":
+            out[name] = zset_fix(name, r.zrange(raw, 0, -1, withscores=True))
+        elif kind == "list":
+            out[name] = r.lrange(raw, 0, -1)
+        else:
+            out[name] = (kind, r.dump(raw))
+    return out

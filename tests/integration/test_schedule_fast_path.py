@@ -24,6 +24,7 @@ from scheduler import Client
 from scheduler.protocol.keys import Keyspace
 from scheduler.protocol.options import JobOptions
 from scheduler.protocol.scripts import load_scripts
+from tests.helpers import namespace_state
 
 PARTITIONS = 4
 
@@ -90,35 +91,18 @@ class Pair:
         raise AssertionError("the end-of-step message did not come back within 10 s")
 
     def state(self, ns: str) -> dict[str, Any]:
-        """Every key of the namespace by its name with ``ns`` replaced, its content normalised
-        for the times that differ between two calls made microseconds apart (TIME)."""
-        out: dict[str, Any] = {}
-        # a run_at resolved by the script's own clock ("ESTrDELTA" far from the estimate) is
-        # noted in 'm' and is the timer's score: the two calls may be a millisecond apart
+        """The namespace's keys and doorbells (tests/helpers.py), with the times two calls made
+        microseconds apart differ in (TIME) normalised: a run_at resolved by the script's own clock
+        ("ESTrDELTA" far from the estimate) is noted in 'm' and is the timer's score, so the two
+        calls may be a millisecond apart."""
         moved = {k for p in range(PARTITIONS) for k in self.r.hkeys(self.ks[ns].partition_keys(p)[1])}
-        bells = list(self.r.scan_iter(match=f"{{{ns}}}:bell:*"))  # the doorbells: which partitions rang, not when
-        for raw in bells:
-            out[raw.decode().replace(ns, "NS", 1)] = sorted(m for m, _ in self.r.zrange(raw, 0, -1, withscores=True))
-        for raw in self.r.scan_iter(match=f"{{{ns}:*"):  # the partitions (not the namespace config)
-            name = raw.decode().replace(ns, "NS", 1)
-            kind = self.r.type(raw).decode()
-            if kind == "hash":
-                h = self.r.hgetall(raw)
-                if name.endswith(":m"):
-                    h = {k: b"<ms>" for k in h}
-                if name.endswith(":q"):  # queue activity stamps: when, not whether
-                    h = {k: (b"<ms>" if k.startswith(b"u:") else v) for k, v in h.items()}
-                if name.endswith(":f"):  # tombstones: letter, finished and expiry ms, rest
-                    h = {k: v[:1] + v[13:] for k, v in h.items()}
-                out[name] = h
-            elif kind == "zset":
-                out[name] = [(m, "<ms>" if m[:15] in moved else score)
-                             for m, score in self.r.zrange(raw, 0, -1, withscores=True)]
-            elif kind == "list":
-                out[name] = self.r.lrange(raw, 0, -1)
-            else:
-                out[name] = (kind, self.r.dump(raw))
-        return out
+
+        def m_hash(name: str, h: dict[bytes, bytes]) -> dict[bytes, bytes]:
+            return {k: b"<ms>" for k in h} if name.endswith(":m") else h
+
+        def scores(name: str, z: list[Any]) -> list[Any]:
+            return [(m, "<ms>" if m[:15] in moved else score) for m, score in z]
+        return namespace_state(self.r, ns, hash_fix=m_hash, zset_fix=scores)
 
     def check(self, step: str, replies: tuple[Any, Any]) -> None:
         fast, general = replies
