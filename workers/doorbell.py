@@ -15,11 +15,14 @@ it can no longer use (its slots filled meanwhile) rings it again for another wor
 """
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
 from scheduler.protocol import bells
+from scheduler.protocol.connection import is_cluster
 from scheduler.protocol.keys import Keyspace
+from scheduler.protocol.transport_async import checkout, drop_and_release
 
 BELL_WAIT = 2.0  # seconds one BZPOPMIN waits before it is sent again (below any socket timeout we set)
 
@@ -35,11 +38,21 @@ class Doorbell:
         self.keys = [ks.bell(q) for q in queues]
         self.queue_of = {k.encode(): q for k, q in zip(self.keys, queues)}
         self.wait_s = _block_seconds(redis, wait)
+        # One server (or a Sentinel master): the wait goes out on a connection this object keeps,
+        # packed once, with no per-call pool checkout, retry wrapper or command book-keeping.
+        # That path cost about as much as the claim and the ack together, once per job (a ring
+        # per job when the workers are not busy). A cluster client routes it itself.
+        self._pool = None if is_cluster(redis) else redis.connection_pool
+        self._held: Any | None = None
+        self._packed: list[bytes] | None = None
 
     async def take(self) -> tuple[str, bytes, float] | None:
         """Wait up to :attr:`wait_s` for a ring on any of the bells and take it: (queue, member,
         score), or None when nothing rang. Raises the client's errors (the caller backs off)."""
-        reply = await self.redis.bzpopmin(self.keys, timeout=self.wait_s)
+        if self._pool is None:
+            reply = await self.redis.bzpopmin(self.keys, timeout=self.wait_s)
+        else:
+            reply = await self._wait()
         if reply is None:
             return None
         key, member, score = reply
@@ -47,6 +60,29 @@ class Doorbell:
         if queue is None:  # not one of ours: cannot happen with the keys we asked for
             return None
         return queue, member if isinstance(member, bytes) else str(member).encode(), float(score)
+
+    async def _wait(self) -> Any:
+        """``BZPOPMIN`` on the kept connection (a new one after a failure): a failed or cancelled
+        wait closes it, since its reply may be half read. A Sentinel client's connection turns a
+        READONLY reply (its server became a replica) into a connection error, as for any command."""
+        pool = self._pool
+        conn, self._held = await checkout(pool, self._held), None
+        try:
+            if self._packed is None:
+                self._packed = conn.pack_command("BZPOPMIN", *self.keys, self.wait_s)
+            await conn.send_packed_command(self._packed, check_health=False)
+            reply = await conn.read_response()
+        except BaseException:
+            await asyncio.shield(drop_and_release(pool, conn))
+            raise
+        self._held = conn
+        return reply
+
+    async def close(self) -> None:
+        """Give the kept connection back to the pool (the listen loop has ended)."""
+        conn, self._held = self._held, None
+        if conn is not None and self._pool is not None:
+            await self._pool.release(conn)
 
     async def sweep_turns(self, queues: Sequence[str], period: float, token: str) -> list[str]:
         """Which of ``queues`` this worker sweeps this period: those whose turn it took (``SET NX``

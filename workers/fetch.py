@@ -359,6 +359,12 @@ class DoorbellFetch(Fetch):
 
     # -- doorbells ------------------------------------------------------------------------------
     async def listen_loop(self) -> None:
+        try:
+            await self._listen()
+        finally:
+            await asyncio.shield(self.bells.close())
+
+    async def _listen(self) -> None:
         ctx = self.ctx
         outage = Outage("doorbell")
         swept = False

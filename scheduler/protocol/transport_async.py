@@ -52,16 +52,8 @@ class AsyncScriptTransport:
             await self.redis.connection_pool.release(conn)
 
     async def _checkout(self, lane: str | None) -> Any:
-        pool = self.redis.connection_pool
         conn = self._lanes.pop(lane, None) if lane is not None else None
-        if conn is None:
-            return await pool.get_connection()
-        try:  # the pool's own checkout probe: reconnects one the server closed (a restart)
-            await pool.ensure_connection(conn)
-        except BaseException:
-            await asyncio.shield(_drop_and_release(pool, conn))
-            raise
-        return conn
+        return await checkout(self.redis.connection_pool, conn)
 
     async def call(self, name: str, keys: Sequence[Any], args: Sequence[Any], *,
                    retry: RetryPolicy | None = None, resend: bool = True) -> Any:
@@ -109,7 +101,7 @@ class AsyncScriptTransport:
                 self.resends += 1
                 continue
             except BaseException:  # cancelled mid-call, or a bug: the reply may be half read
-                await asyncio.shield(_drop_and_release(pool, conn))
+                await asyncio.shield(drop_and_release(pool, conn))
                 raise
             if lane is not None and lane not in self._lanes:
                 self._lanes[lane] = conn
@@ -264,6 +256,22 @@ class _Failed:
         self.node = node
 
 
+async def checkout(pool: Any, held: Any | None = None) -> Any:
+    """A connection of ``pool`` (a non-cluster ``redis.asyncio`` pool) for a caller that keeps it
+    between round trips: ``held`` (the one it kept, probed with the pool's own checkout probe,
+    which reconnects one the server closed, e.g. after a restart), or a new checkout. Give it
+    back with ``pool.release``, or :func:`drop_and_release` after a failed or cancelled round
+    trip (its reply may be half read)."""
+    if held is None:
+        return await pool.get_connection()
+    try:
+        await pool.ensure_connection(held)
+    except BaseException:
+        await asyncio.shield(drop_and_release(pool, held))
+        raise
+    return held
+
+
 async def _drop(conn: Any) -> None:
     try:
         await conn.disconnect(nowait=True)
@@ -271,6 +279,7 @@ async def _drop(conn: Any) -> None:
         pass
 
 
-async def _drop_and_release(pool: Any, conn: Any) -> None:
+async def drop_and_release(pool: Any, conn: Any) -> None:
+    """Close ``conn`` (whatever state its socket is in) and give it back to ``pool``."""
     await _drop(conn)
     await pool.release(conn)

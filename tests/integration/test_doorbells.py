@@ -5,13 +5,24 @@ workers of a queue take turns at the safety-net sweep, so its cost does not grow
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from redis import Redis
 
 from scheduler import Client
+from scheduler.protocol import bells
 from scheduler.protocol.ids import decode_id, partition_of
+from scheduler.protocol.keys import Keyspace
+from scheduler.shell.servers import RedisServer
 from tests.integration.test_worker_support import serving, wait_for
 from workers import Job, Worker
+from workers.doorbell import Doorbell
 from workers.fetch import DoorbellFetch, FetchContext
+from workers.wire import REDIS_ERRORS
 
 NS = "bells"
 WORKERS = 4
@@ -155,3 +166,96 @@ async def test_the_workers_of_a_queue_take_turns_at_the_safety_net_sweep(redis_u
             assert sweeps >= 0.5 * periods, f"only {sweeps:.1f} sweeps in {periods:.1f} periods"
     finally:
         client.close()
+
+
+# -- the bell wait's kept connection (workers/doorbell.py Doorbell._wait) ---------------------------
+
+
+def bell_of(url: str, wait: float = 5.0) -> tuple[Doorbell, Any, Keyspace]:
+    """A Doorbell of queue "q" on a fresh asyncio client (``wait``: one BZPOPMIN's block)."""
+    ks = Keyspace(NS, 16)
+    redis = aioredis.Redis.from_url(url)
+    return Doorbell(redis, ks, ["q"], wait=wait), redis, ks
+
+
+async def test_a_doorbell_takes_its_rings_on_one_kept_connection(redis_url: str) -> None:
+    bell, redis, ks = bell_of(redis_url, wait=0.2)
+    sync = Redis.from_url(redis_url)
+    try:
+        base = int(sync.info("clients")["connected_clients"])
+        for p in (3, 7, 11):
+            await bells.ring(redis, ks, "q", str(p))
+            queue, member, score = await bell.take()  # type: ignore[misc]
+            assert (queue, member) == ("q", str(p).encode()) and score > 0
+        assert await bell.take() is None, "nothing rang: the wait ends empty after its block"
+        # the ring helper above used one more pool connection; the waits kept one
+        assert int(sync.info("clients")["connected_clients"]) <= base + 2
+        await bell.close()
+        assert redis.connection_pool._in_use_connections == set(), "close gives the connection back"  # noqa: SLF001
+    finally:
+        await redis.aclose()
+        sync.close()
+
+
+async def test_a_cancelled_wait_closes_its_connection_so_no_ring_goes_to_it(redis_url: str) -> None:
+    """A wait cancelled in mid-block (the worker stops, or its task is cancelled) must not leave
+    its BZPOPMIN blocked in Redis: a ring popped into a connection nobody reads is lost until the
+    safety-net sweep. The connection is closed, so Redis unblocks it and the ring stays in the bell."""
+    bell, redis, ks = bell_of(redis_url)
+    sync = Redis.from_url(redis_url)
+    try:
+        task = asyncio.create_task(bell.take())
+        await wait_for(lambda: int(sync.info("clients")["blocked_clients"]) == 1, 5, what="the blocked wait")
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await wait_for(lambda: int(sync.info("clients")["blocked_clients"]) == 0, 5, what="the wait's end in Redis")
+        await bells.ring(redis, ks, "q", "5")
+        assert sync.zcard(ks.bell("q")) == 1, "the ring stays in the bell for the next waiter"
+        got = await bell.take()
+        assert got is not None and got[:2] == ("q", b"5")
+    finally:
+        await redis.aclose()
+        sync.close()
+
+
+async def test_a_doorbell_waits_again_after_redis_restarts(fresh_redis: RedisServer) -> None:
+    """kill -9 and restart on the same port: the wait in flight fails (the listen loop backs off
+    and sweeps), the next one reconnects by itself, and rings reach it again."""
+    bell, redis, ks = bell_of(fresh_redis.url)
+
+    def ring(p: str) -> None:  # a new connection each time: the server restarts under us
+        with Redis.from_url(fresh_redis.url) as r:
+            r.zadd(ks.bell("q"), {p: time.time() * 1000}, nx=True)
+
+    def blocked() -> int:
+        with Redis.from_url(fresh_redis.url) as r:
+            return int(r.info("clients")["blocked_clients"])
+
+    try:
+        ring("1")
+        assert (await bell.take() or ("",))[0] == "q"
+        task = asyncio.create_task(bell.take())
+        await wait_for(lambda: blocked() == 1, 5, what="the blocked wait")
+        fresh_redis.kill()
+        with pytest.raises(REDIS_ERRORS):
+            await asyncio.wait_for(task, 5)
+        fresh_redis.restart()
+        got = asyncio.create_task(bell.take())
+        await wait_for(lambda: blocked() == 1, 5, what="the wait on the new server")
+        ring("2")
+        assert (await asyncio.wait_for(got, 5) or ("",))[:2] == ("q", b"2")
+        # A kept connection the server closed while no wait was out: the pool's probe replaces it
+        # before use, or (when the close has not reached us yet) that one wait fails and the next
+        # reconnects, as after the kill above.
+        fresh_redis.kill()
+        fresh_redis.restart()
+        ring("3")
+        try:
+            first = await asyncio.wait_for(bell.take(), 5)
+        except REDIS_ERRORS:
+            first = await asyncio.wait_for(bell.take(), 5)
+        assert (first or ("",))[:2] == ("q", b"3")
+    finally:
+        await bell.close()
+        await redis.aclose()
