@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from typing import Any
 
 import redis
@@ -104,7 +105,7 @@ def tombstone(url: str, n: int = 100_000, key_bytes: int = 0, partitions: int = 
             done += sum(sum(reply) for reply in c.transport.call_many(calls))
 
     # warm-up without tombstones: the in-flight sets' hash tables grow to a batch's size and stay
-    c.schedule_many([(0, PAYLOAD)] * 5000)
+    c.schedule_many([(timedelta(0), PAYLOAD)] * 5000)
     claim_ack(0)
     c.redis.connection_pool.disconnect()  # no client buffers in either reading
     time.sleep(0.2)
@@ -113,9 +114,9 @@ def tombstone(url: str, n: int = 100_000, key_bytes: int = 0, partitions: int = 
     for s in range(0, n, 50_000):
         m = min(50_000, n - s)
         if key_bytes:
-            c.schedule_many([(0, PAYLOAD, keyfmt % (s + i)) for i in range(m)])
+            c.schedule_many([(timedelta(0), PAYLOAD, keyfmt % (s + i)) for i in range(m)])
         else:
-            c.schedule_many([(0, PAYLOAD)] * m)
+            c.schedule_many([(timedelta(0), PAYLOAD)] * m)
     t = time.perf_counter()
     acked = claim_ack(core.tomb_ms)
     wall = time.perf_counter() - t

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from datetime import timedelta
 from typing import Any
 
 from scheduler.testing import TestStack
@@ -35,7 +36,7 @@ def batch(n: int) -> dict[str, float]:
     with TestStack() as stack:
         t0 = time.perf_counter()
         for i in range(n):
-            stack.client.schedule(0, i, queue="q")
+            stack.client.schedule(timedelta(0), i, queue="q")
         t1 = time.perf_counter()
         report = stack.run_due(worker)
         t2 = time.perf_counter()
@@ -49,7 +50,7 @@ def one_by_one(n: int) -> dict[str, float]:
         t0 = time.perf_counter()
         acked = 0
         for i in range(n):
-            stack.client.schedule(0, i, queue="q")
+            stack.client.schedule(timedelta(0), i, queue="q")
             acked += stack.run_due(worker).count("acked")
         total = time.perf_counter() - t0
     assert acked == n

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,7 @@ def fill(client: Client, jobs: int) -> int:
         client.schedule_many([(now + 3600 + i % 5000, {"i": i}) for i in range(s, min(jobs, s + BATCH))])
     ready = jobs // 100
     for s in range(0, ready, BATCH):
-        client.schedule_many([(0, i) for i in range(s, min(ready, s + BATCH))], queue=READY_QUEUE)
+        client.schedule_many([(timedelta(0), i) for i in range(s, min(ready, s + BATCH))], queue=READY_QUEUE)
     return jobs
 
 

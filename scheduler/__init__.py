@@ -25,10 +25,11 @@ from .protocol.errors import (
 )
 from .protocol.models import JobError, JobInfo, JobState
 from .protocol.options import JobOptions
+from .protocol.timeutil import At
 from .protocol.transport import RetryPolicy
 
 __all__ = [
-    "AsyncClient", "Client", "ConfigError", "CronInfo", "DurabilityError", "DurabilityTimeout",
+    "At", "AsyncClient", "Client", "ConfigError", "CronInfo", "DurabilityError", "DurabilityTimeout",
     "DurabilityUnsupported", "JobError", "JobInfo", "JobOptions", "JobState", "LayoutChanged",
     "MisfiredAtSchedule", "Outcome", "PayloadError", "RetryPolicy", "ScriptArgumentError", "ScriptError",
     "ZschedError",

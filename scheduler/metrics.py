@@ -18,7 +18,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from .protocol.errors import ConfigError
+from .protocol.errors import ConfigError, ZschedError
 from .protocol.registry import RegistrySnapshot
 from .protocol.replies import StatsReply
 
@@ -91,7 +91,7 @@ class SchedulerMetrics:
             h.observe(max(0, v) / 1000.0)
 
 
-class CannotListen(OSError):
+class CannotListen(ZschedError, OSError):
     """``/metrics`` cannot listen on the address asked for (not an address of this machine, a
     privileged port...): this machine's set-up. The message names the address and the fix;
     ``zsched`` reports it as one line, exit 4."""

@@ -13,6 +13,10 @@ from scheduler.protocol.codec import TOMBSTONE_HEADER, decode_tombstone
 from scheduler.protocol.connection import SyncRedis
 from scheduler.protocol.ids import ID_BYTES, encode_id, partition_of
 
+PAST = 1_000_000_000.0
+"""An absolute time long gone (2001-09-09T01:46:40Z, epoch seconds): a job due at once, sent as an
+absolute run_at (``timedelta(0)`` is resolved by Redis's clock instead)."""
+
 BACKENDS = ("single", "cluster")
 """The Redis deployments a test may run against (params of the ``backend_url`` fixture)."""
 on_both_backends = pytest.mark.parametrize("backend_url", BACKENDS, indirect=True)

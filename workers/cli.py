@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from scheduler.metrics import host_arg, port_arg
+from scheduler.protocol.errors import ZschedError
 
 from .worker import Worker
 
@@ -77,7 +78,7 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.Argument
     return p
 
 
-class NotAWorker(TypeError, ValueError):
+class NotAWorker(ZschedError, TypeError, ValueError):
     """``MODULE:ATTR`` names something that is not a :class:`~workers.Worker`: a wrong type, and a
     bad command-line value (``zsched`` reports ValueErrors as usage errors, exit status 2)."""
 

@@ -22,7 +22,7 @@ from scheduler.protocol import codec
 from scheduler.protocol.calls import error_arg
 from scheduler.protocol.codec import Record
 from scheduler.protocol.codes import FailKind
-from scheduler.protocol.errors import PayloadError
+from scheduler.protocol.errors import PayloadError, ZschedError
 from scheduler.protocol.ids import encode_id
 from scheduler.protocol.replies import Claimed, backoff_delay_ms
 from scheduler.protocol.timeutil import MAX_MS
@@ -118,7 +118,7 @@ def timeout_failure(queue: str, timeout: float, rec: Record, rng: random.Random 
                    "HandlerTimeout", msg)
 
 
-class CancelledByOther(Exception):
+class CancelledByOther(ZschedError):
     """A handler task was cancelled by something other than the worker's own shutdown."""
 
     def __str__(self) -> str:

@@ -16,6 +16,7 @@ from ..protocol.keys import Keyspace
 from ..protocol.models import JobInfo, JobState
 from ..protocol.options import JobOptionFields, JobOptions, with_overrides
 from ..protocol.replies import merge_stats, parse_stats
+from ..protocol.timeutil import At
 from ..protocol.transport import NO_RETRY, TRANSIENT, AsyncScriptTransport, RetryPolicy
 from .layout import follows_layout_async
 from .options import UNSET, ClientOptions, info_server_command, resolve_sharded_pubsub, socket_timeout
@@ -149,7 +150,7 @@ class AsyncClient:
 
     # -- scheduling -------------------------------------------------------------------------------
     @follows_layout_async
-    async def schedule(self, at: Any, payload: Any = None, *, key: str | None = None,
+    async def schedule(self, at: At, payload: Any = None, *, key: str | None = None,
                        options: JobOptions | None = None, durable: str | None = UNSET,
                        **job_options: Unpack[JobOptionFields]) -> str:
         """Schedule one job; returns its id.
@@ -203,7 +204,7 @@ class AsyncClient:
         return cancel_outcome(await self.transport.call(*calls.cancel_call(job_id)))
 
     @follows_layout_async
-    async def reschedule(self, job_id: str, at: Any) -> Outcome:
+    async def reschedule(self, job_id: str, at: At) -> Outcome:
         """Move a scheduled or ready job to ``at`` (aware datetime, timedelta from now by Redis's
         clock as in :meth:`schedule`, epoch seconds): ``DONE``; else ``NOT_FOUND``, ``RUNNING``
         or ``DEAD`` (requeue it), and nothing changed."""
@@ -211,7 +212,7 @@ class AsyncClient:
         return reschedule_outcome(await self.transport.call(*calls.reschedule_call(job_id, calls.when(at))))
 
     @follows_layout_async
-    async def requeue(self, job_id: str, at: Any = None) -> Outcome:
+    async def requeue(self, job_id: str, at: At | None = None) -> Outcome:
         """Bring a dead job back with its attempts reset, now or at ``at`` (as in :meth:`reschedule`): ``DONE``, or
         ``NOT_DEAD`` when it is not dead (so a second requeue of the same job does nothing)."""
         calls = await self._connected()
@@ -293,47 +294,47 @@ class AsyncClient:
         return calls.cron_set_reply(await self.transport.call(*call))
 
     @follows_layout_async
-    async def remove_cron(self, name: str) -> bool:
-        """Delete a cron and cancel its pending occurrence (one already running finishes); False
-        when there is no such cron."""
+    async def remove_cron(self, name: str) -> Outcome:
+        """Delete a cron and cancel its pending occurrence (one already running finishes):
+        ``DONE``, or ``NO_CRON`` when there is no such cron."""
         calls = await self._connected()
         return cron_removed(await self.transport.call(*calls.cron_remove_call(name)))
 
     @follows_layout_async
-    async def pause_cron(self, name: str) -> bool:
+    async def pause_cron(self, name: str) -> Outcome:
         """Pause a cron: its pending occurrence is cancelled (one already running finishes) and no
-        occurrence is created until :meth:`resume_cron`. True when paused now, False when it
-        already was; ValueError when there is no such cron. Idempotent."""
+        occurrence is created until :meth:`resume_cron`. ``DONE`` when paused now, ``UNCHANGED``
+        when it already was, ``NO_CRON`` when there is no such cron. Idempotent."""
         calls = await self._connected()
-        return control.cron_pause_status(name, await self.transport.call(*calls.cron_pause_call(name)))
+        return control.cron_pause_status(await self.transport.call(*calls.cron_pause_call(name)))
 
     @follows_layout_async
-    async def resume_cron(self, name: str) -> bool:
+    async def resume_cron(self, name: str) -> Outcome:
         """Resume a paused cron from now: its next occurrence is the first one after now; those
-        that fell in the pause are not run (nor counted as missed). True when resumed, False when
-        it was not paused; ValueError when there is no such cron."""
+        that fell in the pause are not run (nor counted as missed). ``DONE`` when resumed,
+        ``UNCHANGED`` when it was not paused, ``NO_CRON`` when there is no such cron."""
         calls = await self._connected()
         definition = await self.redis.hget(calls.cron_definition_key(name), "def")
         call = control.cron_resume_call(calls, name, definition, control.time_ms(await self.redis.time()))
-        return control.cron_pause_status(name, await self.transport.call(*call))
+        return Outcome.NO_CRON if call is None else control.cron_pause_status(await self.transport.call(*call))
 
     # -- queue pause ------------------------------------------------------------------------------
     @follows_layout_async
-    async def pause(self, queue: str) -> bool:
+    async def pause(self, queue: str) -> Outcome:
         """Pause ``queue``: workers claim none of its jobs until :meth:`resume`; due jobs keep
         moving to ready and wait there (misfire is decided when a job becomes due, so waiting out a
         pause misfires nothing). Namespace-wide, kept in Redis (survives restarts of every
-        process). True when the queue was paused now, False when it already was (its start time
-        is kept)."""
+        process). ``DONE`` when the queue was paused now, ``UNCHANGED`` when it already was (its
+        start time is kept)."""
         step = control.QueuePause(await self._connected(), queue)
         pipe = self.redis.pipeline(transaction=False)
         step.config_commands(pipe, control.time_ms(await self.redis.time()))
         return step.result(await self.transport.call_many(step.script_calls(await pipe.execute())))
 
     @follows_layout_async
-    async def resume(self, queue: str) -> bool:
-        """Resume a paused queue: workers claim the jobs that waited, at once. True when it was
-        paused, False otherwise. Idempotent."""
+    async def resume(self, queue: str) -> Outcome:
+        """Resume a paused queue: workers claim the jobs that waited, at once. ``DONE`` when it
+        was paused, ``UNCHANGED`` otherwise. Idempotent."""
         calls = await self._connected()
         replies = await self.transport.call_many(calls.resume_calls(queue))
         return control.queue_resumed(await self.redis.hdel(calls.ks.config_key, control.paused_field(queue)), replies)

@@ -17,6 +17,7 @@ from ..protocol.keys import Keyspace
 from ..protocol.models import JobInfo, JobState
 from ..protocol.options import JobOptionFields, JobOptions, with_overrides
 from ..protocol.replies import merge_stats, parse_stats
+from ..protocol.timeutil import At
 from ..protocol.transport import NO_RETRY, TRANSIENT, RetryPolicy, ScriptTransport
 from .layout import follows_layout
 from .options import UNSET, ClientOptions, info_server_command, resolve_sharded_pubsub, socket_timeout
@@ -149,7 +150,7 @@ class Client:
 
     # -- scheduling -------------------------------------------------------------------------------
     @follows_layout
-    def schedule(self, at: Any, payload: Any = None, *, key: str | None = None, options: JobOptions | None = None,
+    def schedule(self, at: At, payload: Any = None, *, key: str | None = None, options: JobOptions | None = None,
                  durable: str | None = UNSET, **job_options: Unpack[JobOptionFields]) -> str:
         """Schedule one job; returns its id.
 
@@ -206,7 +207,7 @@ class Client:
         return cancel_outcome(self.transport.call(*self.calls.cancel_call(job_id)))
 
     @follows_layout
-    def reschedule(self, job_id: str, at: Any) -> Outcome:
+    def reschedule(self, job_id: str, at: At) -> Outcome:
         """Move a scheduled or ready job to ``at`` (aware datetime, timedelta from now by Redis's
         clock as in :meth:`schedule`, epoch seconds): ``DONE``; else ``NOT_FOUND``, ``RUNNING``
         or ``DEAD`` (requeue it), and nothing changed."""
@@ -214,7 +215,7 @@ class Client:
         return reschedule_outcome(self.transport.call(*call))
 
     @follows_layout
-    def requeue(self, job_id: str, at: Any = None) -> Outcome:
+    def requeue(self, job_id: str, at: At | None = None) -> Outcome:
         """Bring a dead job back with its attempts reset, now or at ``at`` (as in :meth:`reschedule`): ``DONE``, or
         ``NOT_DEAD`` when it is not dead (so a second requeue of the same job does nothing)."""
         ((call, _pos),) = self.calls.requeue_calls([job_id], None if at is None else self.calls.when(at))
@@ -309,45 +310,45 @@ class Client:
         return calls.cron_set_reply(self.transport.call(*call))
 
     @follows_layout
-    def remove_cron(self, name: str) -> bool:
-        """Delete a cron and cancel its pending occurrence (one already running finishes); False
-        when there is no such cron."""
+    def remove_cron(self, name: str) -> Outcome:
+        """Delete a cron and cancel its pending occurrence (one already running finishes):
+        ``DONE``, or ``NO_CRON`` when there is no such cron."""
         return cron_removed(self.transport.call(*self.calls.cron_remove_call(name)))
 
     @follows_layout
-    def pause_cron(self, name: str) -> bool:
+    def pause_cron(self, name: str) -> Outcome:
         """Pause a cron: its pending occurrence is cancelled (one already running finishes) and no
-        occurrence is created until :meth:`resume_cron`. True when paused now, False when it
-        already was; ValueError when there is no such cron. Idempotent."""
-        return control.cron_pause_status(name, self.transport.call(*self.calls.cron_pause_call(name)))
+        occurrence is created until :meth:`resume_cron`. ``DONE`` when paused now, ``UNCHANGED``
+        when it already was, ``NO_CRON`` when there is no such cron. Idempotent."""
+        return control.cron_pause_status(self.transport.call(*self.calls.cron_pause_call(name)))
 
     @follows_layout
-    def resume_cron(self, name: str) -> bool:
+    def resume_cron(self, name: str) -> Outcome:
         """Resume a paused cron from now: its next occurrence is the first one after now; those
-        that fell in the pause are not run (nor counted as missed). True when resumed, False when
-        it was not paused; ValueError when there is no such cron."""
+        that fell in the pause are not run (nor counted as missed). ``DONE`` when resumed,
+        ``UNCHANGED`` when it was not paused, ``NO_CRON`` when there is no such cron."""
         calls = self.calls
         definition = self.redis.hget(calls.cron_definition_key(name), "def")
         call = control.cron_resume_call(calls, name, definition, control.time_ms(self.redis.time()))
-        return control.cron_pause_status(name, self.transport.call(*call))
+        return Outcome.NO_CRON if call is None else control.cron_pause_status(self.transport.call(*call))
 
     # -- queue pause ------------------------------------------------------------------------------
     @follows_layout
-    def pause(self, queue: str) -> bool:
+    def pause(self, queue: str) -> Outcome:
         """Pause ``queue``: workers claim none of its jobs until :meth:`resume`; due jobs keep
         moving to ready and wait there (misfire is decided when a job becomes due, so waiting out a
         pause misfires nothing). Namespace-wide, kept in Redis (survives restarts of every
-        process). True when the queue was paused now, False when it already was (its start time
-        is kept)."""
+        process). ``DONE`` when the queue was paused now, ``UNCHANGED`` when it already was (its
+        start time is kept)."""
         step = control.QueuePause(self.calls, queue)
         pipe = self.redis.pipeline(transaction=False)
         step.config_commands(pipe, control.time_ms(self.redis.time()))
         return step.result(self.transport.call_many(step.script_calls(pipe.execute())))
 
     @follows_layout
-    def resume(self, queue: str) -> bool:
-        """Resume a paused queue: workers claim the jobs that waited, at once. True when it was
-        paused, False otherwise. Idempotent."""
+    def resume(self, queue: str) -> Outcome:
+        """Resume a paused queue: workers claim the jobs that waited, at once. ``DONE`` when it
+        was paused, ``UNCHANGED`` otherwise. Idempotent."""
         calls = self.calls
         replies = self.transport.call_many(calls.resume_calls(queue))
         return control.queue_resumed(self.redis.hdel(calls.ks.config_key, control.paused_field(queue)), replies)

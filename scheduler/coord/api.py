@@ -11,10 +11,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
+from ..protocol.errors import ZschedError
+
 # --------------------------------------------------------------------------- errors
 
 
-class CoordinationError(Exception):
+class CoordinationError(ZschedError):
     """Base class of every error raised by a :class:`Coordinator`."""
 
 

@@ -27,6 +27,7 @@ from redis.exceptions import (
 )
 
 from .codes import script_error
+from .errors import ZschedError
 from .scripts import Script
 
 _hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
@@ -146,7 +147,7 @@ def mark_resend(call: Call) -> Call:
     return name, keys, args
 
 
-class NodeFailed(ConnectionError):
+class NodeFailed(ZschedError, ConnectionError):
     """A call of a batch sent with ``raise_on_error=False`` to a Redis Cluster whose node failed
     (could not be reached, or its connection broke): the call comes back as this error in its
     place, so the replies of the other nodes are neither held back nor lost with it. ``sent``:

@@ -29,7 +29,7 @@ from .listing import LIST_MAX_LIMIT, LIST_STATES, ListWalk
 from .models import JobInfo, JobState
 from .options import MISFIRE_POLICIES, JobOptions
 from .replies import ScheduleReply, dead_list_infos, inspect_infos, job_info, parse_schedule
-from .timeutil import MAX_MS, ms_to_datetime, to_ms
+from .timeutil import MAX_MS, At, job_time_ms, ms_to_datetime
 from .transport import Call
 
 # LIST_* (listing.py) and MISFIRE_POLICIES (options.py) are re-exported: the CLI's argument
@@ -182,7 +182,7 @@ class Calls:
                 positions.append(idx[s : s + BATCH])
         return calls, positions
 
-    def prepare_one(self, at: Any, payload: Any, key: str | None, opts: JobOptions) -> Call:
+    def prepare_one(self, at: At, payload: Any, key: str | None, opts: JobOptions) -> Call:
         """Fast path of :meth:`prepare` for one job (the common producer call)."""
         key = self.validate_key(key)
         now_s = self.clock()
@@ -194,7 +194,7 @@ class Calls:
         raw, p = self.ids.new(ms, self.ks.partitions, key)
         return self.call("schedule", p, opts.queue, self.tomb_ms, 1, 0, raw + rec, when, key or "")
 
-    def run_at(self, at: Any, jitter_ms: int, now_s: float) -> tuple[int, int | str]:
+    def run_at(self, at: At, jitter_ms: int, now_s: float) -> tuple[int, int | str]:
         """``at`` as (estimated epoch ms in Redis's clock, the schedule script's run_at argument).
 
         Absolute times (datetimes, epoch seconds) are sent as they are. A timedelta is relative
@@ -210,7 +210,7 @@ class Calls:
             if not 0 <= est <= MAX_MS:
                 raise ValueError(f"at must land between 1970-01-01 and 9999-12-31 UTC, got now + {at!r}")
             return est, f"{est}r{delta}"
-        ms = to_ms(at, now=now_s)
+        ms = job_time_ms(at, now=now_s)
         if jitter_ms:
             ms = min(MAX_MS, ms + random.randint(0, jitter_ms))
         return ms, ms
@@ -286,7 +286,7 @@ class Calls:
         raw, p = self.locate(job_id)
         return self.call("cancel", p, raw, self.tomb_ms)
 
-    def when(self, at: Any) -> int | str:
+    def when(self, at: At) -> int | str:
         """``at`` (an aware datetime, a timedelta from now, epoch seconds) as the run_at argument of
         ``reschedule`` and ``requeue``: epoch ms, or for a timedelta ``ESTrDELTA``, resolved by the
         script on Redis's clock as ``schedule`` does (see :meth:`run_at`)."""

@@ -128,7 +128,8 @@ class EpochResetCode(IntEnum):
 
 
 class Outcome(Enum):
-    """What ``cancel``, ``reschedule``, ``requeue`` or ``purge`` did.
+    """What ``cancel``, ``reschedule``, ``requeue``, ``purge``, ``pause``/``resume`` (of a queue),
+    ``remove_cron`` or ``pause_cron``/``resume_cron`` did.
 
     Truthy only for :attr:`DONE`, so ``if client.cancel(job_id):`` reads as before; the other
     members say why nothing changed (nothing was changed in every one of them). ``message``
@@ -141,6 +142,8 @@ class Outcome(Enum):
     DEAD = "dead"                      # cancel/reschedule: the job is dead
     NOT_DEAD = "not dead"              # requeue/purge: the job is not dead
     CRON_OCCURRENCE = "cron occurrence"  # cancel: the job is a cron's pending occurrence
+    UNCHANGED = "unchanged"            # pause/resume (queue or cron): already in that state
+    NO_CRON = "no cron"                # remove_cron/pause_cron/resume_cron: no cron has that name
 
     def __bool__(self) -> bool:
         return self is Outcome.DONE
@@ -165,6 +168,8 @@ _MESSAGES = {
     Outcome.NOT_DEAD: "the job is not dead (already requeued or purged, live, or unknown): nothing changed",
     Outcome.CRON_OCCURRENCE: "the job is the pending occurrence of a cron, and a cron always has exactly one: "
                              "remove or replace the cron instead",
+    Outcome.UNCHANGED: "it already was in that state (paused, or not paused): nothing changed",
+    Outcome.NO_CRON: "no cron has that name (see: zsched cron list)",
 }
 _STATES = {Outcome.RUNNING: JobState.RUNNING, Outcome.DEAD: JobState.DEAD}
 
@@ -175,6 +180,8 @@ _RESCHEDULE = {RescheduleCode.MOVED: Outcome.DONE, RescheduleCode.NOT_FOUND: Out
                RescheduleCode.RUNNING: Outcome.RUNNING, RescheduleCode.DEAD: Outcome.DEAD}
 _REQUEUE = {RequeueCode.REQUEUED: Outcome.DONE, RequeueCode.NOT_DEAD: Outcome.NOT_DEAD}
 _PURGE = {PurgeCode.PURGED: Outcome.DONE, PurgeCode.NOT_DEAD: Outcome.NOT_DEAD}
+_CRON_PAUSE = {CronPauseCode.CHANGED: Outcome.DONE, CronPauseCode.UNCHANGED: Outcome.UNCHANGED,
+               CronPauseCode.NOT_FOUND: Outcome.NO_CRON}
 
 C = TypeVar("C", bound=IntEnum)
 
@@ -213,18 +220,23 @@ def purge_outcome(reply: Any) -> Outcome:
     return _outcome(_PURGE, PurgeCode, reply, "purge")
 
 
-def cron_removed(reply: Any) -> bool:
-    """The reply of a ``cron_remove`` call: True when the cron existed and is gone now."""
-    return code_of(CronRemoveCode, reply, "cron_remove") is CronRemoveCode.REMOVED
+def cron_removed(reply: Any) -> Outcome:
+    """The reply of a ``cron_remove`` call: ``DONE`` when the cron existed and is gone now, else
+    ``NO_CRON``."""
+    removed = code_of(CronRemoveCode, reply, "cron_remove") is CronRemoveCode.REMOVED
+    return Outcome.DONE if removed else Outcome.NO_CRON
 
 
-def cron_pause_status(name: str, reply: Any) -> bool:
-    """The reply of ``cron_pause``/``cron_resume``: True when the cron changed, False when it was
-    already in that state; ValueError when there is no cron ``name``."""
+def cron_pause_status(reply: Any) -> Outcome:
+    """The reply of ``cron_pause``/``cron_resume``: ``DONE`` when the cron changed, ``UNCHANGED``
+    when it already was in that state, ``NO_CRON`` when there is no such cron."""
     code = code_of(CronPauseCode, reply[0], "cron_pause/cron_resume")
-    if code is CronPauseCode.NOT_FOUND:
-        raise ValueError(f"no cron named {name!r} (see: zsched cron list)")
-    return code is CronPauseCode.CHANGED
+    return _CRON_PAUSE[code]
+
+
+def toggled(changed: bool) -> Outcome:
+    """A queue's pause or resume: ``DONE`` when it changed, else ``UNCHANGED``."""
+    return Outcome.DONE if changed else Outcome.UNCHANGED
 
 
 # -- error replies ----------------------------------------------------------------------------------

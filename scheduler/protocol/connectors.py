@@ -30,7 +30,7 @@ import redis.asyncio.sentinel as asentinel
 import redis.sentinel as sentinel
 from redis.exceptions import RedisClusterException, ResponseError
 
-from .errors import ConfigError
+from .errors import ConfigError, ZschedError
 
 Address = tuple[str, int]
 
@@ -220,7 +220,7 @@ class AsyncSentinel(asentinel.Sentinel):
 # ------------------------------------------------------------------------------ Cluster
 
 
-class ClusterUnreachable(redis.ConnectionError):
+class ClusterUnreachable(ZschedError, redis.ConnectionError):
     """No node of a Redis Cluster could be reached: the message lists the nodes tried. A
     ConnectionError, so the callers' outage handling (retries, ``zsched`` exit 3) applies."""
 

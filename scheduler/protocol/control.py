@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from .codes import cron_pause_status
+from .codes import Outcome, cron_pause_status, toggled
 from .ids import encode_id
 from .keys import validate_name
 from .transport import Call
@@ -81,21 +81,22 @@ class QueuePause:
         self.fresh = bool(fresh)
         return self.calls.pause_calls(self.queue, int(since))
 
-    def result(self, replies: list[Any]) -> bool:
-        """True when the queue was paused now (anywhere), False when it already was everywhere."""
-        return self.fresh or any(int(r) for r in replies)
+    def result(self, replies: list[Any]) -> Outcome:
+        """``DONE`` when the queue was paused now (anywhere), ``UNCHANGED`` when it already was
+        everywhere."""
+        return toggled(self.fresh or any(int(r) for r in replies))
 
 
-def queue_resumed(config_deleted: Any, replies: list[Any]) -> bool:
-    """``resume()``'s result from the HDEL of the config flag and the partitions' ``resume`` replies."""
-    return bool(config_deleted) or any(int(r) for r in replies)
+def queue_resumed(config_deleted: Any, replies: list[Any]) -> Outcome:
+    """``resume()``'s outcome from the HDEL of the config flag and the partitions' ``resume`` replies."""
+    return toggled(bool(config_deleted) or any(int(r) for r in replies))
 
 
-def cron_resume_call(calls: Calls, name: str, definition: Any, now_ms: int) -> Call:
+def cron_resume_call(calls: Calls, name: str, definition: Any, now_ms: int) -> Call | None:
     """The ``cron_resume`` call from the cron's stored definition (``HGET cron_definition_key
-    def``); ValueError when there is no such cron (no definition)."""
+    def``); None when there is no such cron (no definition: the outcome is ``NO_CRON``)."""
     if not isinstance(definition, bytes):
-        raise ValueError(f"no cron named {name!r} (see: zsched cron list)")
+        return None
     return calls.cron_resume_call(name, definition, now_ms)
 
 

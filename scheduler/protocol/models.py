@@ -41,7 +41,7 @@ class JobInfo:
     Always: ``id``, ``state``. For every state below, including tombstones: ``queue``, ``key``
     (idempotency key, None without one), ``run_at`` (when the current or last attempt was or is
     due: the timer's run_at while scheduled, the due time of the attempt for ready, running and
-    dead jobs, also for a job scheduled in the past, e.g. ``schedule(1.0, ...)``), ``created``
+    dead jobs, also for a job scheduled in the past, e.g. a datetime of 2001), ``created``
     (second precision), ``attempts`` (claims so far) and ``max_attempts``.
 
     * scheduled (also held back by a rate limit: due, waiting for a token): ``run_at`` is when

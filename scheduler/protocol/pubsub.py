@@ -32,6 +32,7 @@ from redis.exceptions import AskError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .connection import is_cluster
+from .errors import ZschedError
 
 # sharded message types -> the plain ones the listeners handle
 _PLAIN_TYPE = {"smessage": "message", "ssubscribe": "subscribe", "sunsubscribe": "unsubscribe"}
@@ -41,7 +42,7 @@ RESCAN = 1.0  # seconds between looks for node connections redis-py opened on it
 Message = dict[str, Any]
 
 
-class SubscriptionLost(RedisConnectionError):
+class SubscriptionLost(ZschedError, RedisConnectionError):
     """The subscription no longer covers every channel it subscribed to: make a new one."""
 
 

@@ -36,6 +36,7 @@ from typing import Any
 import msgpack
 
 from .batch import Call
+from .errors import ZschedError
 from .keys import Keyspace
 
 MAX_RECORD_BYTES = 8192  # also in lua/registry_beat.lua
@@ -49,7 +50,7 @@ PRUNE_PER_READ = 100  # dead records a read deletes: bounded work per call, the 
 _U64 = 2**64 - 1
 
 
-class RecordTooLarge(ValueError):
+class RecordTooLarge(ZschedError, ValueError):
     """A worker's record would be over :data:`MAX_RECORD_BYTES` (too many or too long queue names)."""
 
 

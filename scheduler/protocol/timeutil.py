@@ -8,7 +8,11 @@ from datetime import UTC, datetime, timedelta
 
 MIN_MS = 0
 MAX_MS = 253402300799999  # 9999-12-31T23:59:59.999Z
+MIN_EPOCH_S = 946684800  # 2000-01-01T00:00:00Z: a job's time given as a smaller number is refused
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+At = datetime | timedelta | int | float
+"""A job's time: an aware datetime, a timedelta from now (Redis's clock), or epoch seconds."""
 _US = timedelta(microseconds=1)
 
 
@@ -48,6 +52,20 @@ def to_ms(at: object, *, name: str = "at", now: float | None = None) -> int:
         # reprlib: a 400-digit int is not quoted whole
         raise _out_of_range(name, f"now + {at!r}" if isinstance(at, timedelta) else f"{reprlib.repr(at)} epoch seconds")
     return min(int(round(ms)), MAX_MS)
+
+
+def job_time_ms(at: object, *, name: str = "at", now: float | None = None) -> int:
+    """:func:`to_ms` for the time a job runs at (``schedule``, ``reschedule``, ``requeue``), which
+    also refuses epoch seconds before 2000 (:data:`MIN_EPOCH_S`): ``schedule(30, ...)`` meant "in
+    30 seconds" and ran at once, being 1970-01-01T00:00:30Z. A duration is a timedelta; "now" is
+    ``timedelta(0)``; a datetime is taken whatever its year."""
+    ms = to_ms(at, name=name, now=now)
+    if not isinstance(at, datetime | timedelta) and ms < MIN_EPOCH_S * 1000:
+        what = "timedelta(0) for now" if ms == 0 else \
+            f"timedelta(seconds={reprlib.repr(at)}) for \"in {reprlib.repr(at)} seconds\", timedelta(0) for now"
+        raise ValueError(f"{name}={reprlib.repr(at)} is epoch seconds, i.e. {ms_to_datetime(ms):%Y-%m-%dT%H:%M:%SZ}; "
+                         f"numbers before 2000 are refused as likely durations: pass {what}")
+    return ms
 
 
 def _out_of_range(name: str, given: str) -> ValueError:

@@ -9,6 +9,7 @@ import argparse
 import logging
 
 from ..client import Client
+from ..protocol.codes import Outcome
 from . import admin
 from .cli_common import EXIT_OK, Commands, SubParsers, dt_ms, print_json, queue_arg, when_text
 
@@ -47,8 +48,12 @@ def _resume(client: Client, args: argparse.Namespace) -> int:
     return report_toggle("queue", args.queue, False, changed, args.json)
 
 
-def report_toggle(kind: str, name: str, paused: bool, changed: bool, as_json: bool, extra: str = "") -> int:
-    """Print the outcome of a pause or resume of a queue or cron (``zsched queue|cron pause|resume``)."""
+def report_toggle(kind: str, name: str, paused: bool, outcome: Outcome, as_json: bool, extra: str = "") -> int:
+    """Print the outcome of a pause or resume of a queue or cron (``zsched queue|cron pause|resume``);
+    NotFound (exit 1) for a cron that does not exist."""
+    if outcome is Outcome.NO_CRON:
+        raise admin.NotFound(f"no cron named {name!r} (see: zsched cron list)")
+    changed = outcome is Outcome.DONE
     if as_json:
         print_json({kind: name, "paused": paused, "changed": changed})
     elif paused:

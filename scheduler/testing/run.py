@@ -30,6 +30,7 @@ from workers.runner import Failure, Poison, failure_of, job_for, timeout_failure
 from ..client import Client
 from ..protocol.calls import CLAIM_MAX, error_arg, tombstone_ms
 from ..protocol.codes import AckCode, FailCode, FailKind
+from ..protocol.errors import ZschedError
 from ..protocol.ids import encode_id
 from ..protocol.replies import Claimed, parse_claim
 
@@ -69,7 +70,7 @@ class HandlerThread:
         return self.error
 
 
-class HandlerTimedOut(Exception):
+class HandlerTimedOut(ZschedError):
     """A handler ran past its timeout (``@worker.handler(queue, timeout=...)``). ``thread``: the
     thread of a sync handler, which still runs."""
 

@@ -31,6 +31,7 @@ from workers import Worker
 from workers.runner import Poison
 
 from ..client import AsyncClient, Client
+from ..protocol.errors import ZschedError
 from ..protocol.models import JobInfo, JobState
 from ..protocol.replies import Claimed
 from ..protocol.timeutil import MAX_MS
@@ -43,7 +44,7 @@ from .transitions import Ops
 __all__ = ["TestStack", "TimeTravelUnavailable"]
 
 
-class TimeTravelUnavailable(RuntimeError):
+class TimeTravelUnavailable(ZschedError, RuntimeError):
     """The stack runs on a real Redis, whose clock (``TIME``) the stack cannot move."""
 
 

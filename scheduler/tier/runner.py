@@ -29,7 +29,7 @@ from redis.exceptions import RedisError
 from ..metrics import SchedulerMetrics
 from ..protocol.calls import Calls
 from ..protocol.cron import LOOKAHEAD, occurrences, with_jitter
-from ..protocol.errors import failure_kind
+from ..protocol.errors import ZschedError, failure_kind
 from ..protocol.ids import encode_id
 from ..protocol.tick import (
     CRON_FIELDS,
@@ -472,11 +472,11 @@ def plan_occurrences(name: str, table: CronTable, now_ms: int) -> list[tuple[int
     return with_jitter(nominals, jitter_ms)
 
 
-class _Refused(Exception):
+class _Refused(ZschedError):
     """The partition was handed over: the runner ends."""
 
 
-class _EpochConflict(Exception):
+class _EpochConflict(ZschedError):
     """Refused, yet etcd says the partition is still ours with this epoch: back off and retry."""
 
 

@@ -180,7 +180,7 @@ def test_a_stall_longer_than_the_client_timeout_creates_each_job_once(call: str,
     ns, parts, q = "stall", 4, "st"
     with RedisServer() as srv:
         r = redis.Redis(host="127.0.0.1", port=srv.port)
-        at = 0 if due_now else LATER
+        at = timedelta(0) if due_now else LATER
         ids: list[str] = []
         resends = 0
         if call == "async_schedule":
@@ -230,7 +230,7 @@ def test_stalls_during_claims_and_acks_run_every_job_exactly_once() -> None:
 
         async def main() -> None:
             async with TierStandIn(srv.url, ns), serving(w):
-                ids = c.schedule_many([(0, i) for i in range(n)], queue=q)
+                ids = c.schedule_many([(timedelta(0), i) for i in range(n)], queue=q)
                 stalls = 0
                 deadline = time.monotonic() + 60
                 while time.monotonic() < deadline and len(rec.ends) < n and stalls < 40:
@@ -265,8 +265,8 @@ def test_fences_never_repeat_after_redis_loses_its_latest_writes() -> None:
     with RedisServer() as srv:
         c = Client.from_url(srv.url, namespace="fence", partitions=1)
         ops = Ops(c)
-        job_id = c.schedule(0, "x", max_attempts=3)
-        warm = c.schedule(0, "warm")
+        job_id = c.schedule(timedelta(0), "x", max_attempts=3)
+        warm = c.schedule(timedelta(0), "warm")
         ops.claim(n=1)  # advance the counter before the save point, as a long-running partition has
         srv.save_point()
         first = ops.claim(n=1)

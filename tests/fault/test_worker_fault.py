@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -36,9 +37,9 @@ async def test_kill9_mid_job_runs_it_again_once_after_its_lease(redis_url: str, 
     try:
         async with TierStandIn(redis_url) as tier:
             await wait_worker_ready(p1)
-            fast = client.schedule_many([(0, {"i": i}) for i in range(30)], lease=lease)
+            fast = client.schedule_many([(timedelta(0), {"i": i}) for i in range(30)], lease=lease)
             await wait_for(lambda: p1.metric("zsched_worker_acked_total") == 30, 10, what="fast jobs acked")
-            slow = client.schedule(0, {"slow": True}, lease=lease, max_attempts=3)
+            slow = client.schedule(timedelta(0), {"slow": True}, lease=lease, max_attempts=3)
             await wait_for(lambda: any(r[1] == slow for r in read_runs(tmp_path)), 5, what="slow job to start")
             # the rescuer is up before the kill: the bound below is about the lease, not about how
             # long a Python process takes to start on a busy machine
@@ -86,7 +87,7 @@ async def test_redis_crash_outcomes_are_delivered_after_restart(tmp_path: Path) 
 
     try:
         async with serving(w):
-            jid = client.schedule(0, "blocked")
+            jid = client.schedule(timedelta(0), "blocked")
             await wait_for(lambda: ran, 5, what="job to start")
             srv.kill()
             gate.set()  # the handler returns while Redis is down: the ack cannot be delivered
@@ -96,7 +97,7 @@ async def test_redis_crash_outcomes_are_delivered_after_restart(tmp_path: Path) 
             await wait_for(lambda: w.stats.acked == 1, 10, what="ack delivered after restart")
             assert client.get(jid).state is JobState.DONE
             # The pub/sub connection came back too: a new job is picked up at once.
-            jid2 = client.schedule(0, "after")
+            jid2 = client.schedule(timedelta(0), "after")
             await wait_for(lambda: w.stats.acked == 2, 5, what="job after restart")
         assert ran == [(jid, 1), (jid2, 1)]
         assert w.stats.lease_lost == 0 and w.stats.failed == 0

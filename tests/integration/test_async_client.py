@@ -16,7 +16,7 @@ async def test_async_client_full_cycle(redis_url: str) -> None:
     async with AsyncClient.from_url(redis_url, namespace="a", partitions=4) as c:
         jid = await c.schedule(timedelta(minutes=5), {"n": 1}, queue="emails")
         assert (await c.get(jid)).state is JobState.SCHEDULED
-        assert await c.reschedule(jid, 0)
+        assert await c.reschedule(jid, timedelta(0))
         assert (await c.get(jid)).state is JobState.READY
         ids = await c.schedule_many([(time.time() + 60, i) for i in range(100)], queue="bulk")
         assert len(set(ids)) == 100
@@ -24,8 +24,8 @@ async def test_async_client_full_cycle(redis_url: str) -> None:
         assert await c.cancel(ids[0]) and not await c.cancel(ids[0])
         st = await c.stats()
         assert st["bulk"]["scheduled"] == 99 and st["emails"]["ready"] == 1
-        same = await c.schedule(0, 1, key="k")
-        assert await c.schedule(0, 2, key="k") == same
+        same = await c.schedule(timedelta(0), 1, key="k")
+        assert await c.schedule(timedelta(0), 2, key="k") == same
     sync = Client.from_url(redis_url, namespace="a")
     ops = Ops(sync)
     for j in ops.claim("emails"):
@@ -43,7 +43,7 @@ async def test_async_client_refuses_partition_mismatch(redis_url: str) -> None:
     Client.from_url(redis_url, namespace="am", partitions=3).connect()
     c = AsyncClient.from_url(redis_url, namespace="am", partitions=4)
     with pytest.raises(ConfigError, match="has 3 partitions"):
-        await c.schedule(0, 1)
+        await c.schedule(timedelta(0), 1)
     await c.close()
 
 
@@ -65,18 +65,18 @@ async def test_async_client_pauses_and_resumes_queues_and_crons_like_the_sync_cl
 
     sync = Client.from_url(redis_url, namespace="apause", partitions=2).connect()
     async with AsyncClient.from_url(redis_url, namespace="apause") as c:
-        jid = await c.schedule(0, {"n": 1}, queue="q", key="order-1")  # due now: ready
+        jid = await c.schedule(timedelta(0), {"n": 1}, queue="q", key="order-1")  # due now: ready
         assert await c.paused() == {}
-        assert await c.pause("q") is True
-        assert await c.pause("q") is False, "a second pause keeps the first"
+        assert await c.pause("q") is Outcome.DONE
+        assert await c.pause("q") is Outcome.UNCHANGED, "a second pause keeps the first"
         since = (await c.paused())["q"]
         assert sync.paused() == {"q": since}, "the sync client reads the same pause"
         p = c.calls.locate(jid)[1]
         reply = await c.transport.call(*c.calls.call("claim", p, "q", 10, "", 0, ""))
         assert claim_paused(reply) == int(since.timestamp() * 1000), "workers get nothing from a paused queue"
-        assert await c.resume("q") is True and await c.resume("q") is False
+        assert await c.resume("q") is Outcome.DONE and await c.resume("q") is Outcome.UNCHANGED
         assert await c.paused() == {} and sync.paused() == {}
-        assert sync.pause("q") is True and await c.resume("q") is True, "either client undoes the other"
+        assert sync.pause("q") is Outcome.DONE and await c.resume("q") is Outcome.DONE, "either client undoes the other"
 
         found = await c.get_by_key("order-1")
         assert found is not None and found.id == jid and found.state is JobState.READY
@@ -85,15 +85,16 @@ async def test_async_client_pauses_and_resumes_queues_and_crons_like_the_sync_cl
             await c.get_by_key("")
 
         await c.add_cron("every-minute", "* * * * *", None, queue="q")
-        assert await c.pause_cron("every-minute") is True and await c.pause_cron("every-minute") is False
+        assert await c.pause_cron("every-minute") is Outcome.DONE
+        assert await c.pause_cron("every-minute") is Outcome.UNCHANGED
         [info] = await c.crons()
         assert info.paused is not None and info.pending_id is None
-        assert await c.resume_cron("every-minute") is True and await c.resume_cron("every-minute") is False
+        assert await c.resume_cron("every-minute") is Outcome.DONE
+        assert await c.resume_cron("every-minute") is Outcome.UNCHANGED
         [info] = await c.crons()
         assert info.paused is None and info.next_fire is not None and info.next_fire.timestamp() > time.time() - 1
-        for call in (c.pause_cron, c.resume_cron):
-            with pytest.raises(ValueError, match="no cron named 'nope'"):
-                await call("nope")
+        for call in (c.pause_cron, c.resume_cron, c.remove_cron):
+            assert await call("nope") is Outcome.NO_CRON
     snapshot(redis.Redis.from_url(redis_url), sync)
 
 

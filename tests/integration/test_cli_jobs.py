@@ -79,7 +79,8 @@ def kill(client: Client, ops: Ops, queue: str = "default", n: int = 1, msg: str 
          tb: str = "Traceback (most recent call last):\n  File \"h.py\", line 1\nRuntimeError: boom",
          payload: Any = None) -> list[str]:
     """Schedule ``n`` due jobs on ``queue``, claim them and fail them permanently (dead)."""
-    ids = client.schedule_many([(0, payload if payload is not None else {"n": i}) for i in range(n)], queue=queue)
+    now = timedelta(0)
+    ids = client.schedule_many([(now, payload if payload is not None else {"n": i}) for i in range(n)], queue=queue)
     jobs = ops.claim(queue, n)
     assert len(jobs) == n
     for j in jobs:
@@ -446,7 +447,7 @@ def test_purge_older_loops_in_bounded_batches(client: Client, ops: Ops) -> None:
 
 def _stats_fixture(client: Client, ops: Ops) -> None:
     client.schedule_many([(timedelta(hours=1), i) for i in range(3)], queue="emails")
-    client.schedule_many([(0, i) for i in range(2)], queue="sms")
+    client.schedule_many([(timedelta(0), i) for i in range(2)], queue="sms")
     kill(client, ops, "sms", 1)
 
 

@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -202,7 +203,7 @@ def test_long_running_commands_stop_on_a_signal_in_every_phase(env: Env, started
 
 
 def _kill(client: Client, n: int) -> None:
-    client.schedule_many([(0, {"n": i}) for i in range(n)], queue="q")
+    client.schedule_many([(timedelta(0), {"n": i}) for i in range(n)], queue="q")
     ops = Ops(client)
     for job in ops.claim("q", n):
         ops.fail(job, FailKind.PERMANENT)
@@ -223,7 +224,7 @@ def test_one_shot_commands_stop_on_a_signal_and_say_how_to_continue(redis_url: s
     with Client.from_url(redis_url, namespace=ns_requeue, partitions=2).connect() as c:
         _kill(c, 30)
     with Client.from_url(redis_url, namespace=ns_migrate, partitions=2).connect() as c:
-        c.schedule(0, {"n": 0}, queue="q")
+        c.schedule(timedelta(0), {"n": 0}, queue="q")
         assert len(Ops(c).claim("q", 1)) == 1  # a running job: the migration waits for it
     procs = {
         "requeue": _one_shot(["dead", "requeue", "--all", "--rate", "5", "--redis", redis_url,

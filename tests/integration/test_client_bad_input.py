@@ -86,8 +86,8 @@ async def test_a_time_out_of_range_is_a_value_error_in_every_async_method(redis_
 UNKNOWN = "unknown job option 'grace' \\(did you mean 'misfire_grace'\\?\\); the job options are queue, " \
           "max_attempts, lease, misfire, misfire_grace, backoff, jitter"
 OPTION_TAKERS: list[tuple[str, Callable[..., Any]]] = [
-    ("schedule", lambda c, **kw: c.schedule(0, 1, **kw)),
-    ("schedule_many", lambda c, **kw: c.schedule_many([(0, 1)], **kw)),
+    ("schedule", lambda c, **kw: c.schedule(timedelta(0), 1, **kw)),
+    ("schedule_many", lambda c, **kw: c.schedule_many([(timedelta(0), 1)], **kw)),
     ("add_cron", lambda c, **kw: c.add_cron("nightly", "0 3 * * *", **kw)),
 ]
 
@@ -118,6 +118,6 @@ async def test_an_unknown_option_keyword_is_a_type_error_listing_the_options_asy
 def test_a_batch_entry_that_is_not_a_tuple_is_refused_by_position(redis_url: str) -> None:
     c = Client.from_url(redis_url, namespace="batch", partitions=2)
     with pytest.raises(TypeError, match=r"job 1: expected an \(at, payload\) or \(at, payload, key\) tuple, got int"):
-        c.schedule_many([(0, 1), 5])
+        c.schedule_many([(timedelta(0), 1), 5])
     with pytest.raises(TypeError, match="job 0: .* got str"):
         c.schedule_many(["ab"])

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from datetime import timedelta
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -149,13 +150,13 @@ async def test_worker_keeps_running_jobs_on_the_other_masters_while_one_is_down(
     try:
         victim, down, up = split(degraded_cluster, client.keyspace)
         async with serving(w):
-            before = client.schedule(0, "warm-up", queue="q", key=key_in(up[0], 8, "warm"))
+            before = client.schedule(timedelta(0), "warm-up", queue="q", key=key_in(up[0], 8, "warm"))
             await wait_for(lambda: w.stats.acked == 1, 5, what="a job before the kill")
             caplog.set_level(logging.WARNING, logger="zsched.worker")
             victim.kill()  # by pid; the cluster stays ok for the others (no full coverage required)
             await wait_for(lambda: any(r.getMessage().startswith("claim: Redis unavailable") for r in caplog.records),
                            5, what="a sweep to claim on the dead master")
-            ids = [client.schedule(0, p, queue="q", key=key_in(p, 8, "after")) for p in up]
+            ids = [client.schedule(timedelta(0), p, queue="q", key=key_in(p, 8, "after")) for p in up]
             await wait_for(lambda: set(ids) <= set(ran), 10, what="jobs on the masters still up")
             await wait_for(lambda: w.stats.acked == len(ids) + 1, 5, what="their acks")
             assert all(client.get(i).state is JobState.DONE for i in [before, *ids])

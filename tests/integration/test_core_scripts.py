@@ -77,19 +77,19 @@ def test_tick_applies_misfire_policy_to_late_timers(client: Client, ops: Ops) ->
 
 
 def test_idempotency_key_returns_live_job_and_frees_after_done(client: Client, ops: Ops) -> None:
-    a = client.schedule(0, 1, key="order-1")
+    a = client.schedule(timedelta(0), 1, key="order-1")
     b = client.schedule(time.time() + 100, 2, key="order-1")
     assert a == b
     assert client.get(a).payload == 1
     [job] = ops.claim()
     assert ops.ack(job) == 1
-    c = client.schedule(0, 3, key="order-1")
+    c = client.schedule(timedelta(0), 3, key="order-1")
     assert c != a
     assert client.get(a).state is JobState.DONE
 
 
 def test_idempotency_key_inside_one_batch(client: Client) -> None:
-    ids = client.schedule_many([(0, 1, "k"), (0, 2, "k"), (0, 3, "other")])
+    ids = client.schedule_many([(timedelta(0), 1, "k"), (timedelta(0), 2, "k"), (timedelta(0), 3, "other")])
     assert ids[0] == ids[1] != ids[2]
 
 
@@ -119,7 +119,7 @@ def test_tick_moves_due_jobs_in_bounded_batches_and_reports_next_due(client: Cli
 
 
 def test_claim_leases_job_and_fence_grows_with_every_claim(client: Client, ops: Ops, r: redis.Redis) -> None:
-    jid = client.schedule(0, "x", lease=0.1)
+    jid = client.schedule(timedelta(0), "x", lease=0.1)
     [first] = ops.claim()
     assert first.record.attempt == 1
     info = client.get(jid)
@@ -137,14 +137,14 @@ def test_claim_leases_job_and_fence_grows_with_every_claim(client: Client, ops: 
 
 
 def test_fail_retries_with_delay_then_dead_when_attempts_spent(client: Client, ops: Ops, r: redis.Redis) -> None:
-    jid = client.schedule(0, "x", max_attempts=2)
+    jid = client.schedule(timedelta(0), "x", max_attempts=2)
     [j1] = ops.claim()
     assert ops.fail(j1, delay_ms=60_000, msg="first") == 1
     info = client.get(jid)
     assert info.state is JobState.SCHEDULED and info.last_error.message == "first"
     assert info.run_at > datetime.now(UTC) + timedelta(seconds=50)
     assert snapshot(r, client)[jid] == "scheduled"  # moved timer is still findable
-    assert client.reschedule(jid, 0)  # make it due now
+    assert client.reschedule(jid, timedelta(0))  # make it due now
     [j2] = ops.claim()
     assert j2.record.attempt == 2
     assert ops.fail(j2, msg="second") == 2
@@ -155,21 +155,21 @@ def test_fail_retries_with_delay_then_dead_when_attempts_spent(client: Client, o
 
 
 def test_fail_with_zero_delay_goes_back_to_ready(client: Client, ops: Ops) -> None:
-    jid = client.schedule(0, "x")
+    jid = client.schedule(timedelta(0), "x")
     [j] = ops.claim()
     assert ops.fail(j, delay_ms=0) == 1
     assert client.get(jid).state is JobState.READY
 
 
 def test_permanent_failure_is_dead_at_once(client: Client, ops: Ops) -> None:
-    jid = client.schedule(0, "x", max_attempts=5)
+    jid = client.schedule(timedelta(0), "x", max_attempts=5)
     [j] = ops.claim()
     assert ops.fail(j, kind="p") == 2
     assert client.get(jid).state is JobState.DEAD
 
 
 def test_extend_moves_deadline_and_refuses_stale_token(client: Client, ops: Ops) -> None:
-    jid = client.schedule(0, "x", lease=5)
+    jid = client.schedule(timedelta(0), "x", lease=5)
     [j] = ops.claim()
     new_deadline = ops.extend(j, lease_ms=60_000)
     assert new_deadline > j.deadline_ms
@@ -178,7 +178,7 @@ def test_extend_moves_deadline_and_refuses_stale_token(client: Client, ops: Ops)
 
 
 def test_reap_dead_letters_when_attempts_spent(client: Client, ops: Ops) -> None:
-    jid = client.schedule(0, "x", max_attempts=1, lease=0.1)
+    jid = client.schedule(timedelta(0), "x", max_attempts=1, lease=0.1)
     ops.claim()
     time.sleep(0.15)
     assert ops.reap_all() == 1
@@ -187,8 +187,8 @@ def test_reap_dead_letters_when_attempts_spent(client: Client, ops: Ops) -> None
 
 
 def test_release_hands_back_without_spending_an_attempt(client: Client, ops: Ops) -> None:
-    client.schedule(0, "a")
-    jid = client.schedule(0, "b")
+    client.schedule(timedelta(0), "a")
+    jid = client.schedule(timedelta(0), "b")
     jobs = ops.claim()
     target = next(j for j in jobs if j.raw_id == decode_id(jid))
     assert ops.release(target) == 1
@@ -199,12 +199,12 @@ def test_release_hands_back_without_spending_an_attempt(client: Client, ops: Ops
 
 def test_cancel_by_state(client: Client, ops: Ops, r: redis.Redis) -> None:
     sched = client.schedule(time.time() + 60, "s")
-    ready = client.schedule(0, "r")
+    ready = client.schedule(timedelta(0), "r")
     assert client.cancel(sched) and client.cancel(ready)
     assert client.get(sched).state is JobState.CANCELLED
     assert client.get(ready).state is JobState.CANCELLED
     assert not client.cancel(sched), "second cancel finds nothing live"
-    running = client.schedule(0, "run")
+    running = client.schedule(timedelta(0), "run")
     [j] = ops.claim()
     assert not client.cancel(running)
     assert ops.fail(j, kind="p") == 2
@@ -217,10 +217,10 @@ def test_reschedule_scheduled_and_ready_jobs_refuses_running(client: Client, ops
     a = client.schedule(time.time() + 60, "a")
     assert client.reschedule(a, time.time() + 120)
     assert client.get(a).run_at.timestamp() == pytest.approx(time.time() + 120, abs=1)
-    b = client.schedule(0, "b")
+    b = client.schedule(timedelta(0), "b")
     assert client.reschedule(b, timedelta(minutes=5))
     assert client.get(b).state is JobState.SCHEDULED
-    assert client.reschedule(b, 0)
+    assert client.reschedule(b, timedelta(0))
     assert client.get(b).state is JobState.READY
     [j] = ops.claim()
     assert not client.reschedule(b, time.time() + 10)
@@ -229,21 +229,21 @@ def test_reschedule_scheduled_and_ready_jobs_refuses_running(client: Client, ops
 
 
 def test_requeue_is_idempotent_and_resets_attempts(client: Client, ops: Ops) -> None:
-    jid = client.schedule(0, "x", max_attempts=1)
+    jid = client.schedule(timedelta(0), "x", max_attempts=1)
     [j] = ops.claim()
     ops.fail(j)
     assert client.requeue(jid)
     assert not client.requeue(jid), "requeuing twice must run the job once"
     info = client.get(jid)
     assert info.state is JobState.READY and info.attempts == 0 and info.last_error is not None
-    live = client.schedule(0, "live")
+    live = client.schedule(timedelta(0), "live")
     assert not client.requeue(live)
     [j2, j3] = ops.claim()
     assert sorted(x.record.attempt for x in (j2, j3)) == [1, 1]
 
 
 def test_requeue_at_a_later_time_schedules(client: Client, ops: Ops) -> None:
-    jid = client.schedule(0, "x", max_attempts=1)
+    jid = client.schedule(timedelta(0), "x", max_attempts=1)
     [j] = ops.claim()
     ops.fail(j)
     assert client.requeue(jid, at=time.time() + 30)
@@ -251,7 +251,7 @@ def test_requeue_at_a_later_time_schedules(client: Client, ops: Ops) -> None:
 
 
 def test_purge_removes_only_dead_jobs(client: Client, ops: Ops, r: redis.Redis) -> None:
-    jid = client.schedule(0, "x", max_attempts=1, key="kk")
+    jid = client.schedule(timedelta(0), "x", max_attempts=1, key="kk")
     live = client.schedule(time.time() + 60, "y")
     [j] = ops.claim()
     ops.fail(j)
@@ -259,12 +259,12 @@ def test_purge_removes_only_dead_jobs(client: Client, ops: Ops, r: redis.Redis) 
     assert client.purge(jid)
     assert client.get(jid) is None
     assert snapshot(r, client) == {live: "scheduled"}
-    assert client.schedule(0, "again", key="kk") != jid  # the key was freed
+    assert client.schedule(timedelta(0), "again", key="kk") != jid  # the key was freed
 
 
 def test_stats_counts_per_queue_and_state(client: Client, ops: Ops) -> None:
     client.schedule_many([(time.time() + 60, i) for i in range(5)], queue="a")
-    client.schedule_many([(0, i) for i in range(3)], queue="b")
+    client.schedule_many([(timedelta(0), i) for i in range(3)], queue="b")
     ops.claim("b", 1)
     st = client.stats()
     assert st["a"] == {"scheduled": 5, "ready": 0, "running": 0, "dead": 0}
@@ -272,8 +272,8 @@ def test_stats_counts_per_queue_and_state(client: Client, ops: Ops) -> None:
 
 
 def test_dead_listing_filters_by_queue(client: Client, ops: Ops) -> None:
-    x = client.schedule(0, 1, queue="x", max_attempts=1)
-    y = client.schedule(0, 2, queue="y", max_attempts=1)
+    x = client.schedule(timedelta(0), 1, queue="x", max_attempts=1)
+    y = client.schedule(timedelta(0), 2, queue="y", max_attempts=1)
     for q in ("x", "y"):
         [j] = ops.claim(q)
         ops.fail(j)
@@ -354,11 +354,11 @@ def test_bad_payloads_are_refused_and_a_bad_job_in_a_batch_writes_nothing(redis_
     c = Client.from_url(redis_url, namespace="pl", partitions=2, max_payload_bytes=1000).connect()
     before = r.dbsize()
     with pytest.raises(PayloadError, match="msgpack"):
-        c.schedule(0, object())
+        c.schedule(timedelta(0), object())
     with pytest.raises(PayloadError, match="over the limit"):
-        c.schedule(0, "x" * 2000)
+        c.schedule(timedelta(0), "x" * 2000)
     with pytest.raises(PayloadError):
-        c.schedule_many([(0, 1), (0, 2), (0, {1, 2})])
+        c.schedule_many([(timedelta(0), 1), (timedelta(0), 2), (timedelta(0), {1, 2})])
     assert r.dbsize() == before
 
 
@@ -385,7 +385,7 @@ def test_acl_user_and_password_in_url(redis_url: str, r: redis.Redis) -> None:
     try:
         url = redis_url.replace("redis://", "redis://producer:s3cret@")
         c = Client.from_url(url, namespace="acl", partitions=2)
-        assert c.get(c.schedule(0, 1)).state is JobState.READY
+        assert c.get(c.schedule(timedelta(0), 1)).state is JobState.READY
         with pytest.raises(redis.AuthenticationError):
             Client.from_url(redis_url.replace("redis://", "redis://producer:wrong@"), namespace="acl").connect()
     finally:
@@ -400,8 +400,8 @@ def test_unknown_and_malformed_ids(client: Client) -> None:
 
 
 def test_malformed_bodies_are_dead_lettered_not_lost(client: Client, ops: Ops, r: redis.Redis) -> None:
-    ready = client.schedule(0, "ok")
-    short = client.schedule(0, "short")
+    ready = client.schedule(timedelta(0), "ok")
+    short = client.schedule(timedelta(0), "short")
     raw = decode_id(short)
     k = client.keyspace.key(partition_of(raw, client.keyspace.partitions), "j")
     r.hset(k, raw, r.hget(k, raw)[:6] + b"\x00")  # 1-byte record

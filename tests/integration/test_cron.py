@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import timedelta
 
 import pytest
 import redis
@@ -185,11 +186,11 @@ def test_cron_keys_cannot_be_taken_over_by_a_producer(redis_url: str) -> None:
     (cron,) = client.crons()
     nominal = int(cron.next_nominal.timestamp() * 1000)
     with pytest.raises(ValueError, match="reserved"):
-        client.schedule(60.0, "hijack", key=f"cron:every:{nominal + 1000}")
+        client.schedule(timedelta(seconds=60), "hijack", key=f"cron:every:{nominal + 1000}")
     core = client.calls
     opts = JobOptions(queue="cq", max_attempts=1, lease=30.0, misfire="run_late", misfire_grace=None,
                       backoff=None, jitter=0.0)
-    name, keys, args = core.prepare_one(60.0, "hijack", None, opts)
+    name, keys, args = core.prepare_one(timedelta(seconds=60), "hijack", None, opts)
     args = list(args)
     args[-1] = f"cron:every:{nominal + 1000}"
     with pytest.raises(ScriptArgumentError, match="reserved for cron occurrences"):

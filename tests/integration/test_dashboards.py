@@ -28,6 +28,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -552,7 +553,8 @@ def test_the_no_worker_alert_names_a_queue_with_ready_jobs_and_no_live_worker(
     assert both_workers(served), served
     client = Client.from_url(dev_stack.env["ZSCHED_REDIS_URL"], namespace=dev_stack.env["ZSCHED_NAMESPACE"]).connect()
     try:
-        client.schedule_many([(0, {"n": i}) for i in range(3)], queue="zz-unserved")  # due now: ready at once
+        # due now: ready at once
+        client.schedule_many([(timedelta(0), {"n": i}) for i in range(3)], queue="zz-unserved")
     finally:
         client.close()
     deadline = time.monotonic() + 30

@@ -20,9 +20,9 @@ from tests.integration.test_scheduler_tier import NS, settled, start_replica, st
 def kill(client: Client, ops: Ops, n: int, queue: str = "q", key: str | None = None) -> list[str]:
     """Schedule ``n`` due jobs, claim and fail them permanently: they are dead, oldest first."""
     if key is None:
-        ids = client.schedule_many([(0, i) for i in range(n)], queue=queue)
+        ids = client.schedule_many([(timedelta(0), i) for i in range(n)], queue=queue)
     else:
-        ids = [client.schedule(0, "keyed", queue=queue, key=key)]
+        ids = [client.schedule(timedelta(0), "keyed", queue=queue, key=key)]
     for j in ops.claim(queue, n):
         assert ops.run("fail", ops.partition(j.raw_id), j.raw_id, j.token, "p", 0, error_arg("E", "boom"))[0] == 2
         time.sleep(0.002)  # distinct death times: "oldest" is well defined

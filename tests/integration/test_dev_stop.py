@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -254,7 +255,7 @@ def test_a_second_ctrl_c_kills_what_is_left_at_once(tmp_path: Path, runs: list[D
     dev.wait_serving(replicas=1, workers=1)
     url = re.search(r"ZSCHED_REDIS_URL=(\S+)", dev.text).group(1)
     with Client.from_url(url, namespace="devstop").connect() as c:
-        c.schedule(0, {"n": 1}, queue="slow")
+        c.schedule(timedelta(0), {"n": 1}, queue="slow")
         dev.until(lambda: c.stats().get("slow", {}).get("running") == 1, UP_BOUND, "the slow job to run")
     dev.proc.send_signal(signal.SIGINT)
     dev.until(lambda: "waiting up to 30.0 s for 1 running handler" in dev.log("worker-1.log"), STOP_BOUND,

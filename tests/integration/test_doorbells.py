@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -74,7 +75,7 @@ async def test_a_ready_job_wakes_one_worker_whatever_their_number(redis_url: str
             claims0 = total(ws, "claims")
             for n in range(5):
                 t0 = time.monotonic()
-                jid = client.schedule(0, n, queue="q")
+                jid = client.schedule(timedelta(0), n, queue="q")
                 await wait_for(lambda jid=jid: jid in ran, 5, what=f"job {n}")
                 assert time.monotonic() - t0 < 1.0, "picked up by a ring, not a sweep"
                 await all_waiting(made, client, WORKERS)
@@ -94,7 +95,7 @@ async def test_a_burst_spreads_over_the_idle_workers(redis_url: str) -> None:
     try:
         async with serving(*ws):
             await all_waiting(made, client, WORKERS)
-            ids = client.schedule_many([(0, i) for i in range(2 * WORKERS)], queue="q")
+            ids = client.schedule_many([(timedelta(0), i) for i in range(2 * WORKERS)], queue="q")
             await wait_for(lambda: all(w.stats.claimed == 2 for w in ws), 5, what="every worker to fill its slots")
             assert total(ws, "notified") >= WORKERS, "each worker woken by a ring"
             gate.set()
@@ -111,7 +112,7 @@ async def test_a_paused_queue_is_not_rung_and_its_resume_is(redis_url: str) -> N
         async with serving(*ws):
             await all_waiting(made, client, 2)
             client.pause("q")
-            jid = client.schedule(0, "paused", queue="q")
+            jid = client.schedule(timedelta(0), "paused", queue="q")
             await asyncio.sleep(0.3)
             assert client.redis.zcard(bell) == 0 and total(ws, "notified") == 0, "a paused queue was rung"
             assert jid not in ran
@@ -132,7 +133,7 @@ async def test_a_worker_with_no_free_slot_hands_a_ring_on(redis_url: str) -> Non
             slots = fetch.ctx.slots  # every handler slot taken, as if its handlers ran
             handler = slots.reserve(slots.free)
             assert slots.free == 0
-            jid = client.schedule(0, "later", queue="q")
+            jid = client.schedule(timedelta(0), "later", queue="q")
             p = str(partition_of(decode_id(jid), client.keyspace.partitions)).encode()
             await wait_for(lambda: w.stats.notified == 1, 5, what="the ring")
             await asyncio.sleep(0.2)

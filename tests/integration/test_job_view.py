@@ -96,7 +96,7 @@ def test_job_held_by_a_rate_limit_is_scheduled_with_its_due_time(client: Client,
 
 
 def test_ready_job_keeps_its_due_time_even_when_scheduled_in_the_past(client: Client) -> None:
-    jid = client.schedule(1.0, "old", queue="q")
+    jid = client.schedule(datetime(1970, 1, 1, 0, 0, 1, tzinfo=UTC), "old", queue="q")
     info = client.get(jid)
     assert info.state is JobState.READY
     assert info.run_at == datetime(1970, 1, 1, 0, 0, 1, tzinfo=UTC)
@@ -116,7 +116,7 @@ def test_running_job_has_lease_fence_and_due_time(client: Client, ops: Ops) -> N
 
 
 def test_done_after_two_attempts_keeps_the_summary(client: Client, ops: Ops, r: redis.Redis) -> None:
-    jid = client.schedule(0, {"x": 1}, queue="mail", key="k-done", max_attempts=3)
+    jid = client.schedule(timedelta(0), {"x": 1}, queue="mail", key="k-done", max_attempts=3)
     created = client.get(jid).created
     first = claim_one(ops, jid, "mail")
     assert ops.fail(first, delay_ms=0, msg="first try failed") == 1
@@ -138,7 +138,7 @@ def test_done_after_two_attempts_keeps_the_summary(client: Client, ops: Ops, r: 
 
 
 def test_done_first_time_has_no_error_and_a_short_tombstone(client: Client, ops: Ops, r: redis.Redis) -> None:
-    jid = client.schedule(0, "ok")
+    jid = client.schedule(timedelta(0), "ok")
     assert ops.ack(claim_one(ops, jid)) == 1
     info = client.get(jid)
     assert info.state is JobState.DONE and info.attempts == 1 and info.last_error is None and info.key is None
@@ -159,7 +159,7 @@ def test_cancelled_jobs_keep_due_time_attempts_and_error(client: Client, ops: Op
     again = client.schedule(time.time() + 60, "again", key="cancel-me")
     assert again != sched  # the key was freed
     # a retried job cancelled while waiting: its attempts and last error are kept
-    retried = client.schedule(0, "r", queue="c", max_attempts=4)
+    retried = client.schedule(timedelta(0), "r", queue="c", max_attempts=4)
     assert ops.fail(claim_one(ops, retried, "c"), delay_ms=3_600_000, msg="try later") == 1
     assert client.cancel(retried)
     info = client.get(retried)
@@ -200,7 +200,7 @@ def test_misfired_at_tick_time_also_after_a_retry(client: Client, ops: Ops, r: r
 
 
 def test_dead_job_has_finish_time_due_time_and_full_error(client: Client, ops: Ops) -> None:
-    jid = client.schedule(0, "d", queue="dq", max_attempts=2)
+    jid = client.schedule(timedelta(0), "d", queue="dq", max_attempts=2)
     assert ops.fail(claim_one(ops, jid, "dq"), delay_ms=0, msg="one") == 1
     due = client.get(jid).run_at
     assert ops.fail(claim_one(ops, jid, "dq"), msg="two") == 2
@@ -218,7 +218,7 @@ def test_dead_job_has_finish_time_due_time_and_full_error(client: Client, ops: O
 def test_tombstone_ttl_zero_still_drops_the_error(redis_url: str, r: redis.Redis) -> None:
     c = Client.from_url(redis_url, namespace="t0", partitions=2, tombstone_ttl=0)
     ops = Ops(c)
-    jid = c.schedule(0, "x")
+    jid = c.schedule(timedelta(0), "x")
     assert ops.fail(claim_one(ops, jid), delay_ms=3_600_000) == 1
     assert c.cancel(jid) and c.get(jid) is None
     assert snapshot(r, c) == {} and tombstones(r, c) == {}
@@ -232,7 +232,7 @@ def test_get_many_is_one_round_trip_across_partitions(redis_url: str, r: redis.R
     c = Client.from_url(redis_url, namespace="gm", partitions=8)
     ops = Ops(c)
     ids = c.schedule_many([(time.time() + 600, i) for i in range(60)], queue="g")
-    done = c.schedule(0, "done", queue="g")
+    done = c.schedule(timedelta(0), "done", queue="g")
     assert ops.ack(claim_one(ops, done, "g")) == 1
     unknown = "0" * 30
     parts = {c.calls.locate(j)[1] for j in ids + [done]}
@@ -333,7 +333,7 @@ def test_jobs_lists_ready_running_and_dead(client: Client, ops: Ops) -> None:
 def test_jobs_ready_paging_survives_claims_between_pages(client: Client, ops: Ops) -> None:
     raw_ids = []
     while len(raw_ids) < 40:  # 40 ready jobs in partition 0, claimed in this order
-        jid = client.schedule(0, len(raw_ids), queue="fifo")
+        jid = client.schedule(timedelta(0), len(raw_ids), queue="fifo")
         if client.calls.locate(jid)[1] == 0:
             raw_ids.append(jid)
     first, cursor = client.jobs(queue="fifo", state="ready", limit=10)
@@ -388,7 +388,7 @@ def test_trimming_keeps_up_with_5000_acks_per_second_and_drains(redis_url: str, 
     t0 = time.monotonic()
     acked, sizes = 0, []
     while time.monotonic() - t0 < 4.0:  # no ticks at all: the acks trim on their own
-        c.schedule_many([(0, i) for i in range(50)])
+        c.schedule_many([(timedelta(0), i) for i in range(50)])
         jobs = ops.claim("default", 50)
         if acked % 1000 < 500:  # half the acks one job per call, half batched
             replies = c.transport.call_many([core.call("ack", 0, core.tomb_ms, j.raw_id, j.token) for j in jobs])
@@ -416,7 +416,7 @@ def test_one_tick_asks_again_until_expired_tombstones_are_gone(redis_url: str, r
     ops = Ops(c)
     core = c.calls
     for _ in range(3):
-        c.schedule_many([(0, i) for i in range(1000)])
+        c.schedule_many([(timedelta(0), i) for i in range(1000)])
         jobs = ops.claim("default", 1000)
         flat = [x for j in jobs for x in (j.raw_id, j.token)]
         assert sum(c.transport.call(*core.call("ack", 0, core.tomb_ms, *flat))) == 1000
@@ -456,7 +456,7 @@ def test_legacy_tombstones_are_read_and_drained(client: Client, r: redis.Redis, 
 
 
 def test_resent_schedule_recognises_a_finished_job_by_its_summary(client: Client, ops: Ops, r: redis.Redis) -> None:
-    jid = client.schedule(0, "once")
+    jid = client.schedule(timedelta(0), "once")
     assert ops.ack(claim_one(ops, jid)) == 1
     raw = decode_id(jid)
     p = partition_of(raw, client.keyspace.partitions)
@@ -516,7 +516,7 @@ def test_cli_job_list_pages_with_the_printed_cursor(redis_url: str, client: Clie
 
 def test_cli_job_show_of_a_finished_job(redis_url: str, client: Client, ops: Ops,
                                         capsys: pytest.CaptureFixture[str]) -> None:
-    jid = client.schedule(0, "x", queue="show", key="sk", max_attempts=3)
+    jid = client.schedule(timedelta(0), "x", queue="show", key="sk", max_attempts=3)
     assert ops.fail(claim_one(ops, jid, "show"), delay_ms=0, msg="flaky") == 1
     assert ops.ack(claim_one(ops, jid, "show")) == 1
     rc, out, err = run_cli(redis_url, capsys, "job", "show", jid)

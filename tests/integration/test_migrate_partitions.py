@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -34,18 +35,18 @@ def populate(c: Client, ops: Ops, *, scheduled: int = 2000) -> dict[str, Any]:
     out: dict[str, Any] = {}
     out["scheduled"] = c.schedule_many([(now + 3600 + i, {"i": i}) for i in range(scheduled)])
     out["keyed"] = [c.schedule(now + 7200, f"k{i}", key=f"order-{i}") for i in range(40)]
-    out["ready"] = c.schedule_many([(0, i) for i in range(120)], queue="rq")
-    out["retrying"] = c.schedule_many([(0, i) for i in range(20)], queue="fq", max_attempts=3)
+    out["ready"] = c.schedule_many([(timedelta(0), i) for i in range(120)], queue="rq")
+    out["retrying"] = c.schedule_many([(timedelta(0), i) for i in range(20)], queue="fq", max_attempts=3)
     for job in ops.claim("fq", 100):  # failed once: back in the timers with a last error
         ops.fail(job, "f", delay_ms=3_600_000)
-    out["dead"] = c.schedule_many([(0, i) for i in range(30)], queue="dq", max_attempts=1)
+    out["dead"] = c.schedule_many([(timedelta(0), i) for i in range(30)], queue="dq", max_attempts=1)
     for job in ops.claim("dq", 100):
         ops.fail(job, "p")
-    out["done"] = c.schedule_many([(0, i) for i in range(25)], queue="okq")
+    out["done"] = c.schedule_many([(timedelta(0), i) for i in range(25)], queue="okq")
     for job in ops.claim("okq", 100):
         ops.ack(job)
     c.set_rate_limit("slow", 0.001, burst=1)
-    out["held"] = c.schedule_many([(0, i) for i in range(15)], queue="slow")
+    out["held"] = c.schedule_many([(timedelta(0), i) for i in range(15)], queue="slow")
     c.add_cron("nightly", "0 3 * * *", {"report": True}, queue="cronq")
     return out
 
@@ -131,7 +132,7 @@ def test_100k_jobs_survive_a_kill_9_and_an_interrupted_round(redis_url: str) -> 
     ids: list[str] = []
     for s in range(0, 100_000, 20_000):
         ids += c.schedule_many([(now + 3600 + (s + i) % 5000, s + i) for i in range(20_000)])
-    ready = c.schedule_many([(0, i) for i in range(2000)], queue="rq")
+    ready = c.schedule_many([(timedelta(0), i) for i in range(2000)], queue="rq")
     r: Any = c.redis
     live = snapshot(r, c)
     assert len(live) == 102_000
@@ -150,7 +151,7 @@ def test_100k_jobs_survive_a_kill_9_and_an_interrupted_round(redis_url: str) -> 
         proc.wait(30)
     assert read_state(c) == (4, 4, 16), "the kill landed after the migration finished: not an interruption"
     with pytest.raises(LayoutChanged) as refused:
-        c.schedule(0, "during")
+        c.schedule(timedelta(0), "during")
     assert refused.value.migrating
 
     # the killed run's lock stands: a new run waits for it to expire, or takes over when told to
@@ -191,7 +192,7 @@ def test_100k_jobs_survive_a_kill_9_and_an_interrupted_round(redis_url: str) -> 
 def test_running_jobs_finish_where_they_run_and_their_retry_moves(redis_url: str) -> None:
     c = Client.from_url(redis_url, namespace="run", partitions=2).connect()
     ops = Ops(c)
-    ids = c.schedule_many([(0, i) for i in range(40)], queue="w", max_attempts=3)
+    ids = c.schedule_many([(timedelta(0), i) for i in range(40)], queue="w", max_attempts=3)
     running = ops.claim("w", 40)
     assert len(running) == 40
     result: dict[str, Any] = {}
@@ -213,7 +214,7 @@ def test_running_jobs_finish_where_they_run_and_their_retry_moves(redis_url: str
 def test_a_job_running_past_the_wait_stops_the_run_with_a_way_forward(redis_url: str) -> None:
     c = Client.from_url(redis_url, namespace="stuck", partitions=2).connect()
     ops = Ops(c)
-    c.schedule(0, "long", queue="w", lease=600)
+    c.schedule(timedelta(0), "long", queue="w", lease=600)
     [job] = ops.claim("w", 1)
     with pytest.raises(NotFinished, match="still running.*run the same command again"):
         Migration(c, 3, wait_running=0.3).run()

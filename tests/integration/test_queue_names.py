@@ -3,6 +3,7 @@ empty and idle are retired, so a namespace can use any number of queue names ove
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ import redis
 
 from scheduler import Client, JobOptions
 from scheduler.testing.transitions import Ops
-from tests.helpers import snapshot
+from tests.helpers import PAST, snapshot
 
 
 def _tick(ops: Ops, idle_ms: int, n: int = 1) -> None:
@@ -18,7 +19,7 @@ def _tick(ops: Ops, idle_ms: int, n: int = 1) -> None:
     ops.transport.call_many(calls)
 
 
-def _schedule_to(c: Client, names: list[str], at: float = 0) -> list[str]:
+def _schedule_to(c: Client, names: list[str], at: float = PAST) -> list[str]:
     core = c.calls
     calls: list[Any] = []
     for name in names:
@@ -49,7 +50,7 @@ def test_seventy_thousand_queue_names_over_time_do_not_break_scheduling(redis_ur
             _tick(ops, idle_ms=1, n=200)
     assert total == 70_000
     # a retired name works again at once (a new index), and nothing is left in a wrong state
-    again = c.schedule(0, "back", queue="q0-1")
+    again = c.schedule(timedelta(0), "back", queue="q0-1")
     assert c.get(again).queue == "q0-1"
     assert c.stats()["q0-1"]["ready"] == 1
     assert set(snapshot(r, c)) == {again}
@@ -61,10 +62,10 @@ def test_only_empty_idle_queues_are_retired_with_their_counters(redis_url: str) 
     ops = Ops(c)
     r = redis.Redis.from_url(redis_url)
     c.schedule(time.time() + 3600, "later", queue="waiting")
-    c.schedule(0, "x", queue="deadq")
+    c.schedule(timedelta(0), "x", queue="deadq")
     (dying,) = ops.claim("deadq", 1)
     assert ops.fail(dying, kind="p") == 2  # a dead job keeps its queue's name
-    done = c.schedule(0, "x", queue="gone")
+    done = c.schedule(timedelta(0), "x", queue="gone")
     ops.ack(ops.claim("gone", 1)[0])
     assert c.get(done).queue == "gone"
     before = r.hgetall("{qr:0}:c")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler import Client, JobState
+from scheduler import Client, JobState, Outcome
 from scheduler.protocol.replies import claim_paused, parse_claim, parse_stats
 from scheduler.shell.servers import scheduler_proc
 from tests.integration.test_worker_support import read_runs, spawn_worker, wait_for, wait_worker_ready, write_app
@@ -25,23 +25,23 @@ def _claim(client: Client, queue: str, p: int, n: int = 10) -> list[object]:
 
 def test_a_paused_queue_hands_out_nothing_keeps_its_ready_jobs_and_resume_releases_them(redis_url: str) -> None:
     client = Client.from_url(redis_url, namespace=NS + "a", partitions=1).connect()
-    ids = client.schedule_many([(0, {"i": i}) for i in range(3)], queue="q")  # due now: straight to ready
-    assert client.pause("q") is True
-    assert client.pause("q") is False, "pause is idempotent"
+    ids = client.schedule_many([(timedelta(0), {"i": i}) for i in range(3)], queue="q")  # due now: straight to ready
+    assert client.pause("q") is Outcome.DONE
+    assert client.pause("q") is Outcome.UNCHANGED, "pause is idempotent"
     since = client.paused()["q"]
     reply = _claim(client, "q", 0)
     assert claim_paused(reply) == int(since.timestamp() * 1000)
     assert client.stats()["q"]["ready"] == 3, "the jobs wait in ready"
-    more = client.schedule(0, {"late": 1}, queue="q")  # lands in ready while paused
+    more = client.schedule(timedelta(0), {"late": 1}, queue="q")  # lands in ready while paused
     assert client.get(more).state is JobState.READY
     stats = parse_stats(client.transport.call(*client.calls.stats_call(0)))
     assert set(stats.paused) == {"q"}
-    other = client.schedule(0, None, queue="other")
+    other = client.schedule(timedelta(0), None, queue="other")
     _now, jobs = parse_claim(_claim(client, "other", 0))
     assert [j.raw_id for j in jobs] == [client.calls.locate(other)[0]], "other queues are not paused"
 
-    assert client.resume("q") is True
-    assert client.resume("q") is False, "resume is idempotent"
+    assert client.resume("q") is Outcome.DONE
+    assert client.resume("q") is Outcome.UNCHANGED, "resume is idempotent"
     assert client.paused() == {}
     reply = _claim(client, "q", 0)
     assert claim_paused(reply) is None
@@ -78,18 +78,18 @@ def test_a_paused_cron_makes_no_occurrence_and_resumes_from_now(redis_url: str) 
     client.add_cron("every-minute", "* * * * *", {"x": 1}, queue="q")
     (info,) = client.crons()
     assert info.paused is None and info.pending_id is not None
-    assert client.pause_cron("every-minute") is True
-    assert client.pause_cron("every-minute") is False
+    assert client.pause_cron("every-minute") is Outcome.DONE
+    assert client.pause_cron("every-minute") is Outcome.UNCHANGED
     (info,) = client.crons()
     assert info.paused is not None and info.pending_id is None and info.next_fire is None
     assert client.stats().get("q", {}).get("scheduled", 0) == 0, "its pending occurrence was cancelled"
-    assert client.resume_cron("every-minute") is True
-    assert client.resume_cron("every-minute") is False
+    assert client.resume_cron("every-minute") is Outcome.DONE
+    assert client.resume_cron("every-minute") is Outcome.UNCHANGED
     (info,) = client.crons()
     assert info.paused is None and info.next_fire is not None
     assert info.next_fire.timestamp() > time.time() - 1, "resumed from now: nothing missed is run"
-    with pytest.raises(ValueError, match="no cron named"):
-        client.pause_cron("nope")
+    assert client.pause_cron("nope") is Outcome.NO_CRON and client.resume_cron("nope") is Outcome.NO_CRON
+    assert not client.remove_cron("nope"), "every outcome but DONE is falsy, as before"
 
 
 async def test_a_paused_queue_runs_nothing_on_the_real_stack_and_everything_once_on_resume(
@@ -108,13 +108,13 @@ async def test_a_paused_queue_runs_nothing_on_the_real_stack_and_everything_once
         await wait_for(lambda: client.stats().get("default", {}).get("ready") == 40, 20,
                        what="the paused queue's due jobs to wait in ready")
         # ... while the worker, which runs the other queue, claims none of them
-        control = client.schedule(0, None, queue="sync")
+        control = client.schedule(timedelta(0), None, queue="sync")
         await wait_for(lambda: any(r[1] == control for r in read_runs(tmp_path) if r[0] == "END"), 20,
                        what="a job of another queue to run")
         assert not [r for r in read_runs(tmp_path) if r[1] in set(ids)], "a paused queue runs nothing"
         assert all(i.state is JobState.READY for i in client.get_many(ids).values() if i)
 
-        assert client.resume("default") is True
+        assert client.resume("default") is Outcome.DONE
         await wait_for(lambda: len({r[1] for r in read_runs(tmp_path) if r[0] == "END" and r[1] in set(ids)}) == 40,
                        20, what="every job to run after resume")
         await wait_for(lambda: all(i and i.state is JobState.DONE for i in client.get_many(ids).values()), 10,
@@ -144,7 +144,7 @@ def test_the_cli_pauses_lists_and_resumes_queues_and_crons(redis_url: str, capsy
     from scheduler.shell.cli import main
 
     client = Client.from_url(redis_url, namespace=NS + "cli", partitions=2).connect()
-    client.schedule(0, None, queue="q")
+    client.schedule(timedelta(0), None, queue="q")
     client.add_cron("c1", "* * * * *", None, queue="q")
     base = ["--redis", redis_url, "--namespace", NS + "cli"]
     assert main(["queue", "pause", "q", *base]) == 0
@@ -157,7 +157,7 @@ def test_the_cli_pauses_lists_and_resumes_queues_and_crons(redis_url: str, capsy
     assert main(["cron", "pause", "c1", *base]) == 0 and "cron c1 paused" in capsys.readouterr().out
     assert main(["cron", "resume", "c1", *base, "--json"]) == 0
     assert '"changed": true' in capsys.readouterr().out
-    assert main(["cron", "pause", "nope", *base]) == 2
+    assert main(["cron", "pause", "nope", *base]) == 1, "no such cron: exit 1 like any other unknown name"
 
 
 def test_the_tier_exports_the_pause_as_gauges() -> None:
@@ -191,7 +191,7 @@ def test_a_skip_job_that_becomes_due_during_a_pause_waits_in_ready_and_runs_on_r
 
     client = Client.from_url(redis_url, namespace=NS + "skip", partitions=2).connect()
     ops = Ops(client)
-    assert client.pause("q") is True
+    assert client.pause("q") is Outcome.DONE
     due = _redis_ms(client) + 300
     jid = client.schedule(due / 1000, {"x": 1}, queue="q", misfire="skip", misfire_grace=2.0)
     assert client.get(jid).state is JobState.SCHEDULED
@@ -202,7 +202,7 @@ def test_a_skip_job_that_becomes_due_during_a_pause_waits_in_ready_and_runs_on_r
     assert ops.claim("q") == [], "a paused queue hands out nothing"
     ops.tick_all()
     assert client.get(jid).state is JobState.READY, "the pause does not make it misfire"
-    assert client.resume("q") is True
+    assert client.resume("q") is Outcome.DONE
     (job,) = ops.claim("q")
     assert job.raw_id == client.calls.locate(jid)[0]
     ops.ack(job)
@@ -216,13 +216,13 @@ async def test_pause_and_resume_on_a_redis_cluster_with_both_clients(backend_url
     from scheduler import AsyncClient
 
     client = Client.from_url(backend_url, namespace=NS + "cl", partitions=6).connect()
-    ids = client.schedule_many([(0, i) for i in range(12)], queue="q")  # due now: ready, in many partitions
-    assert client.pause("q") is True
+    ids = client.schedule_many([(timedelta(0), i) for i in range(12)], queue="q")  # due now: ready, in many partitions
+    assert client.pause("q") is Outcome.DONE
     parts = sorted({client.calls.locate(i)[1] for i in ids})
     assert all(claim_paused(_claim(client, "q", p)) is not None for p in parts)
     async with AsyncClient.from_url(backend_url, namespace=NS + "cl") as ac:
-        assert set(await ac.paused()) == {"q"} and await ac.pause("q") is False
-        assert await ac.resume("q") is True
+        assert set(await ac.paused()) == {"q"} and await ac.pause("q") is Outcome.UNCHANGED
+        assert await ac.resume("q") is Outcome.DONE
     assert client.paused() == {}
     claimed = [j.raw_id for p in parts for j in parse_claim(_claim(client, "q", p, 100))[1]]
     assert sorted(claimed) == sorted(client.calls.locate(i)[0] for i in ids)

@@ -34,7 +34,7 @@ from scheduler.protocol.registry import beat_call, leave_call, read_call
 from scheduler.protocol.scripts import load_scripts
 from scheduler.protocol.tick import Retention, ratelimit_call, tick_call
 from scheduler.testing.transitions import Ops
-from tests.helpers import snapshot
+from tests.helpers import PAST, snapshot
 from tests.servers import RedisServer
 
 BAD = ["", "nan", "inf", "-1", "1e309", "1.5", "x" * 10_240, "9" * 400, "\0\xff{}:|", "-9007199254740993"]
@@ -77,8 +77,8 @@ def populate(client: Client) -> dict[str, Any]:
     client.schedule(later + 1, {"n": 2}, queue="q", misfire="skip", misfire_grace=5, lease=60)
     moved = client.schedule(later + 2, {"n": 3}, queue="q")
     assert client.reschedule(moved, later + 600)  # its score is no longer its id's: an 'm' entry
-    client.schedule_many([(0, {"n": i}) for i in range(6)], queue="q")  # 4 are claimed below, 2 stay ready
-    client.schedule(0, "waits", queue="pq")
+    client.schedule_many([(timedelta(0), {"n": i}) for i in range(6)], queue="q")  # 4 are claimed below, 2 stay ready
+    client.schedule(timedelta(0), "waits", queue="pq")
     assert client.pause("pq")
     client.schedule_many([(time.time() + 30, i) for i in range(3)], queue="rl")
     # a hand-off lead of a minute makes them due now, and with no token they are held
@@ -119,7 +119,7 @@ def baseline(client: Client, st: dict[str, Any]) -> list[Call]:
                           use_bin_type=False)  # as Redis's cmsgpack packs it (migrate_out)
     return [
         call("schedule", c.prepare_one(later, {"p": 1}, None, JobOptions(queue="q"))),
-        call("schedule 3 jobs", c.prepare([(later, 1), (timedelta(hours=2), 2, "key-3"), (0, 3)],
+        call("schedule 3 jobs", c.prepare([(later, 1), (timedelta(hours=2), 2, "key-3"), (PAST, 3)],
                                           JobOptions(queue="q", lease=90))[0][0]),
         call("tick", tick_call(c, 0, 0, 1000, {"rl": 0}, Retention(86_400_000, 100, 86_400_000), 20)),
         on0("reap", 0, 100),

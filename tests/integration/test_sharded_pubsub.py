@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 import redis
@@ -85,7 +86,7 @@ def test_scripts_and_clients_spublish_on_the_partitions_channels(redis_url: str)
     sub = Listener(redis_url, client, "q")
     try:
         # schedule, due now: the ready list of its partition; its owner is asked to ring the bell
-        jid = client.schedule(0, "now", queue="q")
+        jid = client.schedule(timedelta(0), "now", queue="q")
         p = _partition(jid)
         assert sub.next() == (f"{{{NS}:{p}}}:wake", f"r {p} q".encode())
         # schedule before the partition's earliest timer: its owner's wake channel
@@ -126,7 +127,7 @@ def test_plain_layout_rings_the_bell_and_publishes_no_ready_message(redis_url: s
     ps.psubscribe("*")
     msg = ps.get_message(timeout=5)
     assert msg is not None and msg["type"] == "psubscribe"
-    jid = client.schedule(0, "now", queue="q")
+    jid = client.schedule(timedelta(0), "now", queue="q")
     assert [m for m, _ in r.zrange(client.keyspace.bell("q"), 0, -1, withscores=True)] == \
         [str(_partition(jid)).encode()]
     assert ps.get_message(timeout=0.3) is None, "a ready message was published"
@@ -194,7 +195,7 @@ async def _picked_up_by_ring(worker: Worker, fetch: CountingFetch, client: Clien
     a ring of the bell."""
     for n, key in enumerate(keys):
         t0 = time.monotonic()
-        jid = client.schedule(0, n, queue="q", key=key)
+        jid = client.schedule(timedelta(0), n, queue="q", key=key)
         await wait_for(lambda n=n: worker.stats.acked > n, 5, what=f"job {n}")
         assert time.monotonic() - t0 < NOTIFIED_WITHIN, f"job {n} waited for a sweep"
         assert client.get(jid).state is JobState.DONE
@@ -236,7 +237,7 @@ async def test_without_an_owner_a_relayed_ring_waits_for_the_sweep(redis_url: st
     w = _worker(redis_url, made, sharded=True)
     async with serving(w):
         await _sweep_done(w, made[0])
-        client.schedule(0, "x", queue="q")
+        client.schedule(timedelta(0), "x", queue="q")
         await asyncio.sleep(NOTIFIED_WITHIN)
         assert w.stats.claimed == 0
     client.close()
@@ -245,7 +246,7 @@ async def test_without_an_owner_a_relayed_ring_waits_for_the_sweep(redis_url: st
 async def test_a_new_owner_rings_for_jobs_that_became_ready_while_nobody_owned_the_partition(
         redis_url: str, etcd_endpoint: str) -> None:
     client = Client.from_url(redis_url, namespace=NS, partitions=PARTS, sharded_pubsub=True).connect()
-    jid = client.schedule(0, "orphan", queue="q")  # relayed to nobody
+    jid = client.schedule(timedelta(0), "orphan", queue="q")  # relayed to nobody
     assert not client.redis.exists(client.keyspace.bell("q"))
     proc = _replica(redis_url, etcd_endpoint, True)
     task = await _owning(proc, PARTS)
@@ -333,7 +334,7 @@ def test_cluster_clients_spublish_to_the_owning_node(redis_cluster_url: str) -> 
         assert time.monotonic() < deadline, "sharded subscriptions not confirmed"
         msg = ps.get_sharded_message(timeout=0.1)
         confirmed += msg is not None and msg["type"] == "ssubscribe"
-    jids = client.schedule_many([(0, n) for n in range(20)], queue="q")
+    jids = client.schedule_many([(timedelta(0), n) for n in range(20)], queue="q")
     expected = {(ks.wake_channels()[p], f"r {p} q".encode()) for p in {_partition(j) for j in jids}}
     got: set[tuple[str, bytes]] = set()
     deadline = time.monotonic() + 5

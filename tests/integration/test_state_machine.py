@@ -112,7 +112,7 @@ class Machine(RuleBasedStateMachine):
     @rule(data=st.data(), now=st.booleans())
     def reschedule(self, data, now):
         jid = data.draw(st.sampled_from(sorted(self.live)))
-        self.client.reschedule(jid, 0 if now else LATER + 7200)
+        self.client.reschedule(jid, DUE if now else LATER + 7200)
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,6 @@ async def test_worker_over_tls(tls_redis) -> None:
         ran.append(job.payload)
 
     async with serving(w):
-        jid = c.schedule(0, "over tls")
+        jid = c.schedule(timedelta(0), "over tls")
         await wait_for(lambda: ran == ["over tls"], 10, what="job over TLS")
     await wait_for(lambda: c.get(jid).state is JobState.DONE, 5, what="acked")

@@ -13,6 +13,7 @@ from scheduler.protocol.replies import parse_claim
 from scheduler.protocol.scripts import SCRIPT_NAMES
 from scheduler.protocol.transport import RESEND, RetryPolicy, mark_resend
 from scheduler.testing.transitions import Ops
+from tests.helpers import PAST
 
 LATER = timedelta(minutes=5)
 
@@ -40,14 +41,14 @@ def test_every_script_has_a_retry_rule() -> None:
     assert set(SCRIPT_NAMES) <= set(RESEND), "a new script must say whether a re-send is safe (transport.RESEND)"
 
 
-@pytest.mark.parametrize("at", [LATER, 0], ids=["scheduled", "due-now"])
+@pytest.mark.parametrize("at", [LATER, PAST], ids=["scheduled", "due-now"])
 def test_a_resent_schedule_returns_the_same_id_and_writes_nothing(client: Client, r: redis.Redis, at: object) -> None:
     call = client.calls.prepare_one(at, {"n": 1}, None, _opts(client))
     first = client.transport.call(*call)[2:]
     again = client.transport.call(*mark_resend(call))[2:]
     assert again == first
     assert int(r.hget("{tr:0}:c", "scheduled:q")) == 1
-    if at == 0:
+    if at == PAST:
         assert r.lrange("{tr:0}:r:q", 0, -1) == first  # exactly one ready entry
     else:
         assert r.zcard("{tr:0}:t") == 1
@@ -55,7 +56,7 @@ def test_a_resent_schedule_returns_the_same_id_and_writes_nothing(client: Client
 
 def test_a_resent_schedule_of_a_job_that_already_finished_does_not_run_it_again(client: Client, r: redis.Redis) -> None:
     ops = Ops(client)
-    call = client.calls.prepare_one(0, "once", None, _opts(client))
+    call = client.calls.prepare_one(timedelta(0), "once", None, _opts(client))
     client.transport.call(*call)
     (job,) = ops.claim("q", 10)
     assert ops.ack(job) == 1
@@ -74,7 +75,7 @@ def test_without_the_flag_a_batch_is_not_checked_so_the_first_send_stays_cheap(c
 
 def test_claim_never_hands_out_a_job_that_is_already_running(client: Client, r: redis.Redis) -> None:
     ops = Ops(client)
-    job_id = client.schedule(0, "x", queue="q")
+    job_id = client.schedule(timedelta(0), "x", queue="q")
     (job,) = ops.claim("q", 10)
     r.lpush("{tr:0}:r:q", job.raw_id)  # a duplicate ready entry (a bug or a hand edit)
     assert ops.claim("q", 10) == []
@@ -83,7 +84,7 @@ def test_claim_never_hands_out_a_job_that_is_already_running(client: Client, r: 
 
 def test_a_resent_claim_is_answered_from_its_receipt(client: Client, r: redis.Redis) -> None:
     core = client.calls
-    client.schedule_many([(0, i) for i in range(5)], queue="q")
+    client.schedule_many([(timedelta(0), i) for i in range(5)], queue="q")
     first = parse_claim(client.transport.call(*core.call("claim", 0, "q", 3, "rid-1", 30_000, "")))[1]
     again = parse_claim(client.transport.call(*core.call("claim", 0, "q", 3, "rid-1", 30_000, "")))[1]
     assert [(j.raw_id, j.token) for j in again] == [(j.raw_id, j.token) for j in first]
@@ -99,7 +100,7 @@ def test_a_resent_claim_is_answered_from_its_receipt(client: Client, r: redis.Re
 
 def test_fences_are_above_the_server_clock_in_microseconds(client: Client, r: redis.Redis) -> None:
     ops = Ops(client)
-    client.schedule_many([(0, i) for i in range(3)], queue="q")
+    client.schedule_many([(timedelta(0), i) for i in range(3)], queue="q")
     secs, usecs = r.time()
     now_us = int(secs) * 1_000_000 + int(usecs)
     jobs = ops.claim("q", 3)
@@ -108,7 +109,7 @@ def test_fences_are_above_the_server_clock_in_microseconds(client: Client, r: re
     assert tokens[0] > now_us and tokens[-1] < now_us + 10_000_000
     # a counter set far ahead (clock skew of a previous server) is still respected
     r.hset("{tr:0}:meta", "fence", str(now_us + 3_600_000_000))
-    client.schedule(0, "later", queue="q")
+    client.schedule(timedelta(0), "later", queue="q")
     (j,) = ops.claim("q", 1)
     assert j.token == now_us + 3_600_000_000 + 1
 

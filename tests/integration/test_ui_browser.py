@@ -106,7 +106,7 @@ def test_the_console_in_a_real_browser(stack: dict[str, Any], browser: Browser) 
     wait_until(lambda: all(i and i.state is JobState.DONE for i in client.get_many(ids).values()), 20, what="jobs done")
 
     # a dead job, found by its error text, requeued and run
-    dead = client.schedule(0, {"fail": True}, queue="ui", max_attempts=1)
+    dead = client.schedule(timedelta(0), {"fail": True}, queue="ui", max_attempts=1)
     wait_until(lambda: (i := client.get(dead)) is not None and i.state is JobState.DEAD, 20, what="the job to die")
     page.goto(url + "/login?next=/dead")
     page.fill("#login-name", "browser-test")

@@ -24,7 +24,7 @@ def client(redis_url: str) -> Iterator[Client]:
 
 def test_a_rebound_name_gets_no_page_fragment_static_file_or_action(client: Client) -> None:
     jid = client.schedule(timedelta(hours=1), {"card": SECRET}, queue="q", key=f"order-{SECRET}")
-    dead = client.schedule(0, None, queue="dq", max_attempts=1)
+    dead = client.schedule(timedelta(0), None, queue="dq", max_attempts=1)
     ops = Ops(client)
     (job,) = ops.claim("dq")
     ops.fail(job, "p", msg=f"charge {SECRET} declined")

@@ -121,7 +121,7 @@ def _dead_job(client: Client, message: str) -> str:
     from scheduler.testing.transitions import Ops
 
     queue = "dq-" + os.urandom(3).hex()  # its own queue: the claim below gets only this job
-    jid = client.schedule(0, {"m": message}, queue=queue, max_attempts=1)
+    jid = client.schedule(timedelta(0), {"m": message}, queue=queue, max_attempts=1)
     ops = Ops(client)
     (claimed,) = ops.claim(queue)
     ops.fail(claimed, "p", msg=message)
@@ -151,7 +151,7 @@ def test_dead_letters_filter_dry_run_then_requeue_and_purge(client: Client) -> N
 
 
 def test_queue_and_cron_pause_buttons(client: Client) -> None:
-    client.schedule(0, None, queue="q")
+    client.schedule(timedelta(0), None, queue="q")
     client.add_cron("c1", "* * * * *", None, queue="q")
     tc = app(client)
     login(tc)
@@ -200,7 +200,7 @@ def test_a_rate_limited_requeue_runs_in_the_background_with_a_progress_page(
     from scheduler.testing.transitions import Ops
 
     n = 30
-    ids = client.schedule_many([(0, i) for i in range(n)], queue="dq", max_attempts=1)
+    ids = client.schedule_many([(timedelta(0), i) for i in range(n)], queue="dq", max_attempts=1)
     ops = Ops(client)
     for job in ops.claim("dq", n):
         ops.fail(job, "p", msg="boom")

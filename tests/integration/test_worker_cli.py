@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -38,9 +39,9 @@ async def test_three_worker_processes_run_each_job_once(redis_url: str, client: 
         for p in procs:
             await wait_worker_ready(p)
         async with TierStandIn(redis_url):
-            ids = client.schedule_many([(0, {"i": i}) for i in range(200)])
+            ids = client.schedule_many([(timedelta(0), {"i": i}) for i in range(200)])
             ids += client.schedule_many([(time.time() + random.uniform(0.1, 1.0), {"i": i}) for i in range(200)])
-            ids += client.schedule_many([(0, i) for i in range(60)], queue="sync")
+            ids += client.schedule_many([(timedelta(0), i) for i in range(60)], queue="sync")
             await wait_for(lambda: sum(1 for r in read_runs(tmp_path) if r[0] == "END") >= len(ids), 20,
                            what="all jobs to run")
             await asyncio.sleep(0.3)  # a duplicate would show up here
@@ -68,7 +69,7 @@ async def test_sigterm_under_load_finishes_or_hands_back_every_job(redis_url: st
     p2 = None
     try:
         await wait_worker_ready(p1)
-        ids = client.schedule_many([(0, {"i": i}) for i in range(80)])
+        ids = client.schedule_many([(timedelta(0), {"i": i}) for i in range(80)])
         def in_flight() -> bool:  # progress made, and handlers running right now (so SIGTERM catches some)
             runs = read_runs(tmp_path)
             ended = {r[1] for r in runs if r[0] == "END"}
@@ -108,8 +109,8 @@ async def test_cli_overrides_namespace_queues_concurrency(redis_url: str, tmp_pa
                         env={"FAST_SECONDS": "0.05"})
     try:
         await wait_worker_ready(proc)
-        ids = other.schedule_many([(0, i) for i in range(6)], queue="sync")
-        skipped = other.schedule(0, {"i": 1}, queue="default")  # not served: --queues sync
+        ids = other.schedule_many([(timedelta(0), i) for i in range(6)], queue="sync")
+        skipped = other.schedule(timedelta(0), {"i": 1}, queue="default")  # not served: --queues sync
         await wait_for(lambda: proc.metric("zsched_worker_acked_total", namespace="other", queue="sync") == 6, 10,
                        what="acks")
         assert proc.metric("zsched_worker_concurrency") == 2
@@ -152,7 +153,7 @@ async def test_second_signal_exits_at_once(redis_url: str, client: Client, tmp_p
     proc = spawn_worker(tmp_path, redis_url, "--shutdown-grace", "30")
     try:
         await wait_worker_ready(proc)
-        jid = client.schedule(0, {"slow": True}, lease=30)
+        jid = client.schedule(timedelta(0), {"slow": True}, lease=30)
         await wait_for(lambda: read_runs(tmp_path), 5, what="slow job to start")
         proc.signal(signal.SIGTERM)
         await wait_for(lambda: "waiting up to 30.0 s" in proc.output(), 5, what="graceful shutdown to begin")

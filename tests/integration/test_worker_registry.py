@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -101,7 +102,7 @@ async def test_a_worker_registers_refreshes_shows_busy_slots_shows_stopping_and_
         assert (rec.busy, rec.free, rec.stopping, rec.version, rec.interval_s) == (0, 4, False, zsched_version(), FAST)
         await wait_for(lambda: (e := entry(redis_url, wid)) and e.last_ms > first.last_ms, 10, what="a refresh")
 
-        client.schedule_many([(0, {"n": i}) for i in range(2)], queue="emails")
+        client.schedule_many([(timedelta(0), {"n": i}) for i in range(2)], queue="emails")
         await asyncio.wait_for(two_running.wait(), 10)
         busy = await wait_for(lambda: (e := entry(redis_url, wid)) and e.record.busy == 2 and e, 10,
                               what="a refresh showing the two running handlers")
@@ -128,7 +129,7 @@ async def test_zsched_workers_and_zsched_stats_show_the_live_workers_and_warn_of
         redis_url: str, client: Client, capsys: pytest.CaptureFixture[str]) -> None:
     a = worker(redis_url, queues=["emails", "reports"], concurrency=3)
     b = worker(redis_url, queues=["emails"], concurrency=5)
-    client.schedule_many([(0, {"n": i}) for i in range(3)], queue="orphans")
+    client.schedule_many([(timedelta(0), {"n": i}) for i in range(3)], queue="orphans")
     async with serving(a, b):
         ids = sorted([a.worker_id, b.worker_id])  # same host and pid: sorted by id
         await wait_for(lambda: sorted(w.id for w in read(redis_url).workers) == ids, 10, what="both workers")
@@ -270,7 +271,7 @@ async def test_a_worker_whose_acl_user_lacks_the_registry_keys_runs_and_says_so_
             done.set()
 
         async with serving(w):
-            client.schedule(0, {"n": 1}, queue="emails")
+            client.schedule(timedelta(0), {"n": 1}, queue="emails")
             await asyncio.wait_for(done.wait(), 10)  # the worker works
             refused = await wait_for(lambda: [r for r in caplog.records if "refused this worker's record" in
                                               r.getMessage()], 10, what="the refusal to be logged")
@@ -330,7 +331,7 @@ async def test_the_replica_owning_partition_0_exports_the_registry_and_hands_it_
 
     try:
         async with serving(w):
-            client.schedule(0, {"n": 1}, queue="emails")
+            client.schedule(timedelta(0), {"n": 1}, queue="emails")
             await asyncio.wait_for(running.wait(), 10)
             await wait_for(lambda: (e := entry(redis_url, w.worker_id)) and e.record.busy == 1, 10,
                            what="the busy slot in the registry")

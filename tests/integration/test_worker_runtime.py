@@ -48,7 +48,7 @@ async def _run_exactly_once(redis_url: str, client: Client, n_workers: int) -> N
             await asyncio.sleep(random.uniform(0, 0.004))
             rec.end(job)
 
-    now_ids = client.schedule_many([(0, {"i": i}) for i in range(150)])
+    now_ids = client.schedule_many([(timedelta(0), {"i": i}) for i in range(150)])
     async with TierStandIn(redis_url), serving(*workers):
         later = [(time.time() + random.uniform(0.1, 1.0), {"i": i}) for i in range(150)]
         later_ids = client.schedule_many(later)
@@ -89,7 +89,7 @@ async def test_sync_handler_runs_in_thread_pool(redis_url: str, client: Client) 
             seen.append((job.id, threading.current_thread().name))
         time.sleep(0.002)
 
-    ids = client.schedule_many([(0, i) for i in range(60)])
+    ids = client.schedule_many([(timedelta(0), i) for i in range(60)])
     async with serving(w):
         await wait_for(lambda: w.stats.acked == 60, 10, what="acks")
     assert sorted(i for i, _ in seen) == sorted(ids)
@@ -112,7 +112,7 @@ async def test_heartbeat_keeps_a_long_job_running_once(redis_url: str, client: C
         rec.end(job)
 
     async with TierStandIn(redis_url) as tier, serving(w):
-        jid = client.schedule(0, None, lease=0.6)
+        jid = client.schedule(timedelta(0), None, lease=0.6)
         await wait_for(lambda: w.stats.acked == 1, 10, what="ack")
         await asyncio.sleep(0.5)
         assert tier.reaped == 0
@@ -134,7 +134,7 @@ async def test_ack_refused_after_lease_lost_is_counted_not_raised(redis_url: str
         rec.end(job)
 
     async with serving(w):
-        jid = client.schedule(0, None)
+        jid = client.schedule(timedelta(0), None)
         await wait_for(lambda: rec.starts, 5, what="first attempt")
         # Expire the lease under the handler and reap it, as the scheduler tier would.
         raw = decode_id(jid)
@@ -172,7 +172,7 @@ async def test_retries_with_growing_jittered_backoff_then_dead_then_requeue(redi
 
     n, base, cap = 16, 0.05, 1.0
     async with TierStandIn(redis_url, interval=0.005), serving(w):
-        ids = client.schedule_many([(0, i) for i in range(n)], max_attempts=4, backoff=(base, cap))
+        ids = client.schedule_many([(timedelta(0), i) for i in range(n)], max_attempts=4, backoff=(base, cap))
         await wait_for(lambda: w.stats.dead == n, 15, what="all dead")
         for jid in ids:
             assert [a for a, _ in starts[jid]] == [1, 2, 3, 4]
@@ -211,8 +211,8 @@ async def test_retry_with_delay_and_permanent_error(redis_url: str, client: Clie
             raise PermanentError("customer 42 does not exist")
 
     async with TierStandIn(redis_url), serving(w):
-        rid = client.schedule(0, "retry", max_attempts=5)
-        pid = client.schedule(0, "permanent", max_attempts=5)
+        rid = client.schedule(timedelta(0), "retry", max_attempts=5)
+        pid = client.schedule(timedelta(0), "permanent", max_attempts=5)
         await wait_for(lambda: w.stats.acked == 1 and w.stats.dead == 1, 5, what="outcomes")
     assert len(times[rid]) == 2
     assert 0.35 <= times[rid][1] - times[rid][0] < 2.0
@@ -239,8 +239,8 @@ async def test_handler_timeout_counts_as_failure(redis_url: str, client: Client)
         time.sleep(0.4)
 
     async with TierStandIn(redis_url), serving(w):
-        aid = client.schedule(0, None, max_attempts=2, backoff=(0.01, 0.01))
-        sid = client.schedule(0, None, queue="sync", max_attempts=1)
+        aid = client.schedule(timedelta(0), None, max_attempts=2, backoff=(0.01, 0.01))
+        sid = client.schedule(timedelta(0), None, queue="sync", max_attempts=1)
         await wait_for(lambda: w.stats.dead == 2, 5, what="both dead")
     assert attempts == [1, 2]
     for jid in (aid, sid):
@@ -262,9 +262,9 @@ async def test_poison_jobs_are_dead_lettered_and_worker_survives(redis_url: str,
     async def handle(job: Job) -> None:
         ran.append(job.payload)
 
-    bad_rec = client.schedule(0, "x")
-    bad_payload = client.schedule(0, "y")
-    orphan = client.schedule(0, "z", queue="orphan")
+    bad_rec = client.schedule(timedelta(0), "x")
+    bad_payload = client.schedule(timedelta(0), "y")
+    orphan = client.schedule(timedelta(0), "z", queue="orphan")
     r = client.redis
     for jid, corrupt in ((bad_rec, "record"), (bad_payload, "payload")):
         raw = decode_id(jid)
@@ -282,7 +282,7 @@ async def test_poison_jobs_are_dead_lettered_and_worker_survives(redis_url: str,
     async with serving(w):
         # the malformed record never reaches the worker: the claim script dead-letters it itself
         await wait_for(lambda: w.stats.poison == 2 and w.stats.dead == 2, 5, what="poison dead-lettered")
-        good = client.schedule(0, "fine")
+        good = client.schedule(timedelta(0), "fine")
         await wait_for(lambda: ran == ["fine"], 5, what="a good job after the poison ones")
         assert w.serving
     errs = {jid: client.get(jid).last_error for jid in (bad_rec, bad_payload, orphan)}
@@ -328,7 +328,7 @@ async def test_concurrency_limit_is_exact(redis_url: str, client: Client, kind: 
             time.sleep(0.02)
             leave()
 
-    client.schedule_many([(0, i) for i in range(48)])
+    client.schedule_many([(timedelta(0), i) for i in range(48)])
     async with serving(w):
         await wait_for(lambda: w.stats.acked == 48, 10, what="acks")
     assert peak == limit
@@ -355,7 +355,7 @@ async def test_idle_worker_is_quiet_and_picks_up_fast(redis_url: str, client: Cl
         lat = []
         for _ in range(25):
             t = time.perf_counter()
-            jid = client.schedule(0, None)
+            jid = client.schedule(timedelta(0), None)
             await wait_for(lambda jid=jid: jid in started, 2, interval=0.0005, what="pick-up")
             lat.append(started[jid] - t)
             await asyncio.sleep(0.01)
@@ -402,7 +402,7 @@ async def test_graceful_shutdown_under_load_loses_nothing_and_reruns_nothing(red
         finished[job.id] += 1
 
     # the first jobs are short; later ones outlast the 0.15 s grace, so some are in flight at stop
-    ids = client.schedule_many([(0, random.random() if n < 24 else 1.6) for n in range(120)])
+    ids = client.schedule_many([(timedelta(0), random.random() if n < 24 else 1.6) for n in range(120)])
     async with serving(w1):
         await wait_for(lambda: sum(finished.values()) >= 20, 10, what="some progress")
     # w1 is stopped: its running handlers got 0.15 s, the rest were released.
@@ -440,7 +440,7 @@ async def test_shutdown_waits_for_handlers_within_grace(redis_url: str, client: 
         await asyncio.sleep(0.3)
         done.append(job.id)
 
-    ids = client.schedule_many([(0, i) for i in range(4)])
+    ids = client.schedule_many([(timedelta(0), i) for i in range(4)])
     async with serving(w):
         await wait_for(lambda: w.running == 4, 5, what="4 running")
     assert sorted(done) == sorted(ids)
@@ -469,8 +469,8 @@ async def test_metrics_hook_and_stats_by_queue(redis_url: str, client: Client) -
     async def b(job: Job) -> None:
         raise PermanentError("no")
 
-    client.schedule(0, None, queue="a")
-    client.schedule(0, None, queue="b")
+    client.schedule(timedelta(0), None, queue="a")
+    client.schedule(timedelta(0), None, queue="b")
     async with serving(w):
         await wait_for(lambda: w.stats.acked == 1 and w.stats.dead == 1, 5, what="outcomes")
     by_q = w.stats_by_queue()

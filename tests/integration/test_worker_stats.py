@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import urllib.request
+from datetime import timedelta
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -55,7 +56,7 @@ async def test_worker_counts_notifications_and_claims_per_queue_and_exports_them
             after = w.stats_by_queue()["default"]
             assert after.claims_empty - first.claims_empty == after.claims - first.claims >= 1
 
-            jid = client.schedule(0, None)  # due now: ready at once, its bell rung
+            jid = client.schedule(timedelta(0), None)  # due now: ready at once, its bell rung
             await wait_for(lambda: jid in ran, 5, what="the job to run")
             await wait_for(lambda: w.stats.acked == 1, 5, what="its ack")
             by_q = w.stats_by_queue()

@@ -4,6 +4,7 @@ nodes to the command sent after a batch (WAIT) become one."""
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -137,7 +138,7 @@ def test_the_keys_a_script_does_not_declare_are_named_as_the_keyspace_names_them
     ks = Keyspace("ns", 4)
     for declare_all in (False, True):  # True on a Redis Cluster: a migrating slot is judged by declared keys
         calls = Calls(ks, max_payload_bytes=1024, tombstone_ttl=60, declare_all_keys=declare_all)
-        call = calls.prepare_one(0, None, None, JobOptions())
+        call = calls.prepare_one(timedelta(0), None, None, JobOptions())
         keys = ks.partition_keys(int(call[2][2].split("/")[0]))
         assert call[0] == "schedule" and list(call[1]) == (keys if declare_all else keys[:1])
         assert list(calls.call("claim", 1, "q")[1]) == ks.partition_keys(1)

@@ -23,6 +23,7 @@ from scheduler.protocol.codes import (
     RescheduleCode,
     cancel_outcome,
     code_of,
+    cron_pause_status,
     cron_removed,
     purge_outcome,
     requeue_outcomes,
@@ -88,12 +89,14 @@ def test_cancel_replies(reply: object, outcome: Outcome) -> None:
     assert cancel_outcome(reply) is outcome
 
 
-def test_reschedule_requeue_purge_and_cron_remove_replies() -> None:
+def test_reschedule_requeue_purge_cron_remove_and_cron_pause_replies() -> None:
     assert [reschedule_outcome(c) for c in (1, 0, -1, -2)] == [
         Outcome.DONE, Outcome.NOT_FOUND, Outcome.RUNNING, Outcome.DEAD]
     assert requeue_outcomes([1, 0, 1]) == [Outcome.DONE, Outcome.NOT_DEAD, Outcome.DONE]
     assert purge_outcome(1) is Outcome.DONE and purge_outcome(0) is Outcome.NOT_DEAD
-    assert cron_removed(1) is True and cron_removed(0) is False
+    assert cron_removed(1) is Outcome.DONE and cron_removed(0) is Outcome.NO_CRON
+    assert [cron_pause_status([c]) for c in (1, 0, -1)] == [Outcome.DONE, Outcome.UNCHANGED, Outcome.NO_CRON]
+    assert [bool(o) for o in Outcome] == [o is Outcome.DONE for o in Outcome], "truthy only when done"
     assert code_of(PurgeCode, 1, "purge") is PurgeCode.PURGED
 
 

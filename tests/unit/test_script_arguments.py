@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+from datetime import timedelta
 from pathlib import Path
 
 import fakeredis
@@ -105,13 +106,13 @@ def client() -> Client:
 
 
 def test_on_fakeredis_a_bad_argument_is_refused_by_name_and_writes_nothing(client: Client) -> None:
-    client.schedule(60.0, "x", queue="q")
+    client.schedule(timedelta(seconds=60), "x", queue="q")
     before = {k: client.redis.dump(k) for k in client.redis.keys()}
     name, keys, args = client.calls.call("claim", 0, "q", 5, "rid-1", "nan", "", 5)
     with pytest.raises(ScriptArgumentError, match=r"claim refused ARGV\[7\] receipt_ttl_ms") as err:
         client.transport.call(name, keys, args)
     assert err.value.argument == "ARGV[7]"
-    name, keys, args = client.calls.prepare_one(60.0, "y", None, options.JobOptions(queue="q"))
+    name, keys, args = client.calls.prepare_one(timedelta(seconds=60), "y", None, options.JobOptions(queue="q"))
     args = list(args)
     args[8] = "nan"  # run_at
     with pytest.raises(ScriptArgumentError, match=r"ARGV\[9\] run_at"):

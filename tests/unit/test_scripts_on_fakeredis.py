@@ -26,7 +26,7 @@ def test_a_future_job_is_scheduled_and_read_back_with_its_payload(client: Client
 
 
 def test_a_due_job_goes_straight_to_ready_and_is_listed(client: Client) -> None:
-    ids = client.schedule_many([(0, i) for i in range(5)], queue="q")
+    ids = client.schedule_many([(timedelta(0), i) for i in range(5)], queue="q")
     assert {client.get(j).state for j in ids} == {JobState.READY}  # type: ignore[union-attr]
     listed: list[str] = []
     cursor: str | None = None

@@ -43,7 +43,7 @@ def fail_twice(job: Job) -> None:
 def test_a_handler_that_fails_twice_then_succeeds_runs_three_times_across_advances_with_its_backoff(
         stack: TestStack) -> None:
     worker, seen = make_worker(fn=fail_twice)
-    jid = stack.client.schedule(0, {"n": 1}, queue="q", backoff=(10, 300))
+    jid = stack.client.schedule(timedelta(0), {"n": 1}, queue="q", backoff=(10, 300))
     first = stack.run_due(worker)
     assert first.outcomes == ["failed"] and first.runs[0].result == "retry_scheduled"
     d1 = first.runs[0].delay_ms
@@ -69,7 +69,7 @@ def test_the_backoff_jitter_follows_the_stack_seed() -> None:
     for _ in range(2):
         with TestStack(now=T0, seed=42) as s:
             worker, _ = make_worker(fn=fail_twice)
-            s.client.schedule(0, None, queue="q", backoff=(10, 300))
+            s.client.schedule(timedelta(0), None, queue="q", backoff=(10, 300))
             report = s.advance(minutes=5, worker=worker)
             delays.append([r.delay_ms for r in report])
     assert delays[0] == delays[1] and len(delays[0]) == 3
@@ -80,7 +80,7 @@ def test_a_job_with_one_attempt_that_raises_ends_dead_with_its_error(stack: Test
         raise ValueError(f"bad input {job.payload['id']}")
 
     worker, seen = make_worker(fn=boom)
-    jid = stack.client.schedule(0, {"id": 7}, queue="q", max_attempts=1)
+    jid = stack.client.schedule(timedelta(0), {"id": 7}, queue="q", max_attempts=1)
     report = stack.run_due(worker)
     assert report.outcomes == ["failed"] and report.runs[0].result == "dead"
     assert isinstance(report.runs[0].error, ValueError)
@@ -98,8 +98,8 @@ def test_permanent_error_dead_letters_at_once_and_retry_waits_its_delay(stack: T
             raise Retry(timedelta(seconds=30))
 
     worker, seen = make_worker(fn=decide)
-    perm = stack.client.schedule(0, "permanent", queue="q", max_attempts=5)
-    retry = stack.client.schedule(0, "retry", queue="q")
+    perm = stack.client.schedule(timedelta(0), "permanent", queue="q", max_attempts=5)
+    retry = stack.client.schedule(timedelta(0), "retry", queue="q")
     report = stack.run_due(worker)
     assert sorted(report.outcomes) == ["permanent", "retry"]
     assert stack.assert_state(perm, "dead").attempts == 1
@@ -153,7 +153,7 @@ def test_reschedule_and_cancel_behave_as_in_production(stack: TestStack) -> None
 
 def test_a_lease_expiring_during_advance_causes_exactly_one_more_run(stack: TestStack) -> None:
     worker, seen = make_worker()
-    jid = stack.client.schedule(0, "x", queue="q", lease=30)
+    jid = stack.client.schedule(timedelta(0), "x", queue="q", lease=30)
     crashed = stack.claim("q")  # a worker claims it and dies
     assert [c.raw_id for c in crashed] and stack.running("q")[0].id == jid
     assert len(stack.advance(seconds=29, worker=worker)) == 0, "the lease still holds"
@@ -166,7 +166,7 @@ def test_a_lease_expiring_during_advance_causes_exactly_one_more_run(stack: Test
 
 
 def test_a_lease_expiring_on_the_last_attempt_dead_letters_the_job(stack: TestStack) -> None:
-    jid = stack.client.schedule(0, "x", queue="q", lease=5, max_attempts=1)
+    jid = stack.client.schedule(timedelta(0), "x", queue="q", lease=5, max_attempts=1)
     stack.claim("q")
     stack.advance(seconds=5)
     assert stack.assert_dead("q", error="LeaseExpired").id == jid
@@ -174,7 +174,7 @@ def test_a_lease_expiring_on_the_last_attempt_dead_letters_the_job(stack: TestSt
 
 def test_jobs_of_a_queue_without_a_handler_are_dead_lettered_as_no_handler(stack: TestStack) -> None:
     worker, _ = make_worker(queue="a", queues=["a", "b"])
-    stack.client.schedule(0, 1, queue="b")
+    stack.client.schedule(timedelta(0), 1, queue="b")
     assert stack.run_due(worker).outcomes == ["poison"]
     stack.assert_dead("b", error="NoHandler")
 
@@ -211,8 +211,8 @@ def test_assertions_say_what_was_there_instead(stack: TestStack) -> None:
 
 
 def test_a_handler_that_keeps_making_due_work_fails_the_test_instead_of_hanging(stack: TestStack) -> None:
-    worker, _ = make_worker(fn=lambda job: stack.client.schedule(0, None, queue="q"))
-    stack.client.schedule(0, None, queue="q")
+    worker, _ = make_worker(fn=lambda job: stack.client.schedule(timedelta(0), None, queue="q"))
+    stack.client.schedule(timedelta(0), None, queue="q")
     with pytest.raises(RuntimeError, match="keeps making due work"):
         stack.run_due(worker, max_runs=50)
 
@@ -233,7 +233,7 @@ async def test_async_handlers_and_the_async_client_in_an_async_test() -> None:
     with TestStack(now=T0) as stack:
         client = await stack.async_client()
         await client.schedule(timedelta(minutes=5), 1, queue="q")
-        await client.schedule(0, "x", queue="slow", max_attempts=1)
+        await client.schedule(timedelta(0), "x", queue="slow", max_attempts=1)
         with pytest.raises(RuntimeError, match="run_due_async"):
             stack.run_due(worker)
         report = await stack.run_due_async(worker)
@@ -250,7 +250,7 @@ def test_async_handlers_run_from_sync_tests_too(stack: TestStack) -> None:
         if job.attempt == 1:
             raise Retry(5)
 
-    stack.client.schedule(0, None, queue="q")
+    stack.client.schedule(timedelta(0), None, queue="q")
     assert stack.advance(seconds=5, worker=worker).outcomes == ["retry", "ok"]
 
 
@@ -264,7 +264,7 @@ def test_the_fixture_gives_a_fresh_in_memory_stack(zsched_stack: TestStack) -> N
 def test_the_marker_configures_the_fixture(zsched_stack: TestStack) -> None:
     assert zsched_stack.now == T0 and zsched_stack.client.keyspace.partitions == 4
     worker, seen = make_worker()
-    zsched_stack.client.schedule_many([(0, i) for i in range(20)], queue="q")
+    zsched_stack.client.schedule_many([(timedelta(0), i) for i in range(20)], queue="q")
     assert len(zsched_stack.run_due(worker)) == 20 and sorted(j.payload for j in seen) == list(range(20))
 
 

@@ -59,7 +59,7 @@ def test_a_dead_letter_retention_of_k_keeps_only_k_dead_jobs_after_advance() -> 
 
     with TestStack(now=T0, partitions=1) as stack:
         stack.client.set_dead_retention(max_dead=3)
-        stack.client.schedule_many([(0, i) for i in range(7)], queue="q")
+        stack.client.schedule_many([(timedelta(0), i) for i in range(7)], queue="q")
         assert stack.run_due(worker).outcomes == ["permanent"] * 7
         assert len(stack.dead("q")) == 7, "the rule is applied by the tier's tick, not by the fail"
         stack.advance(seconds=1)
@@ -75,10 +75,10 @@ def test_a_dead_letter_ttl_drops_dead_jobs_older_than_it() -> None:
 
     with TestStack(now=T0) as stack:
         stack.client.set_dead_retention(dead_ttl=3600)
-        old = stack.client.schedule(0, "old", queue="q")
+        old = stack.client.schedule(timedelta(0), "old", queue="q")
         stack.run_due(worker)
         stack.advance(minutes=30)
-        young = stack.client.schedule(0, "young", queue="q")
+        young = stack.client.schedule(timedelta(0), "young", queue="q")
         stack.run_due(worker)
         stack.advance(minutes=31)
         assert [j.id for j in stack.dead("q")] == [young]
@@ -94,7 +94,7 @@ def test_an_idle_queue_name_is_retired_as_the_tier_would() -> None:
 
     with TestStack(now=T0) as stack:
         stack.client.set_queue_retirement(60)
-        stack.client.schedule(0, "x", queue="once")
+        stack.client.schedule(timedelta(0), "x", queue="once")
         assert stack.run_due(worker).outcomes == ["ok"]
         stack.advance(seconds=30)
         assert "once" in stack.queues()
@@ -114,7 +114,7 @@ def test_a_sync_handler_past_its_timeout_fails_as_a_timeout_with_backoff() -> No
             release.wait(30)  # stuck until the test lets it go
 
     with TestStack(now=T0, seed=3) as stack:
-        jid = stack.client.schedule(0, "x", queue="slow", backoff=(10, 60))
+        jid = stack.client.schedule(timedelta(0), "x", queue="slow", backoff=(10, 60))
         report = stack.run_due(worker)
         [run] = report.runs
         assert (run.outcome, run.result) == ("timeout", "retry_scheduled")
@@ -141,15 +141,15 @@ def test_a_timed_out_sync_handler_keeps_its_slot_until_its_thread_returns() -> N
             else:  # what the claim left on the ready list while this one runs
                 still_ready[job.payload] = [j.payload for j in stack.ready("q")]
 
-        stuck = stack.client.schedule(0, "stuck", queue="q", max_attempts=1)
+        stuck = stack.client.schedule(timedelta(0), "stuck", queue="q", max_attempts=1)
         assert stack.run_due(worker).outcomes == ["timeout"]
-        stack.client.schedule_many([(0, "a"), (0, "b")], queue="q")
+        stack.client.schedule_many([(timedelta(0), "a"), (timedelta(0), "b")], queue="q")
         assert stack.run_due(worker).outcomes == ["ok", "ok"]
         assert still_ready == {"a": ["b"], "b": []}, "one slot of two is held: one job per claim"
         release.set()
         [thread] = [t for t in threading.enumerate() if t.name == f"zsched-handler-{stuck}"]
         thread.join()
-        stack.client.schedule_many([(0, "c"), (0, "d")], queue="q")
+        stack.client.schedule_many([(timedelta(0), "c"), (timedelta(0), "d")], queue="q")
         assert stack.run_due(worker).outcomes == ["ok", "ok"]
         assert still_ready["c"] == [], "the thread returned: both slots are free again"
 
@@ -162,7 +162,7 @@ def test_a_sync_handler_that_finishes_in_time_keeps_its_own_outcome() -> None:
         raise ValueError("bad input")
 
     with TestStack(now=T0) as stack:
-        stack.client.schedule(0, "x", queue="q", max_attempts=1)
+        stack.client.schedule(timedelta(0), "x", queue="q", max_attempts=1)
         [run] = stack.run_due(worker).runs
         assert (run.outcome, run.result, type(run.error)) == ("failed", "dead", ValueError)
 
@@ -176,7 +176,7 @@ async def test_a_sync_handler_timeout_is_enforced_in_async_tests_without_blockin
         release.wait(30)
 
     with TestStack(now=T0) as stack:
-        stack.client.schedule(0, "x", queue="q")
+        stack.client.schedule(timedelta(0), "x", queue="q")
         ticks = 0
 
         async def count() -> None:
@@ -205,7 +205,7 @@ def test_relative_reschedule_and_requeue_times_follow_the_stack_clock() -> None:
         moved = stack.client.schedule(timedelta(hours=1), "moved", queue="q")
         assert stack.client.reschedule(moved, timedelta(hours=2))
         assert stack.get(moved).run_at == stack.now + timedelta(hours=2)
-        dead = stack.client.schedule(0, "dies", queue="q")
+        dead = stack.client.schedule(timedelta(0), "dies", queue="q")
         stack.run_due(worker)
         assert stack.client.requeue(dead, at=timedelta(minutes=5))
         info = stack.assert_state(dead, "scheduled")

@@ -1,10 +1,11 @@
 """What an operator operation reports when it cannot be done, with the CLI's exit code."""
 from __future__ import annotations
 
+from ...protocol.errors import ZschedError
 from ...protocol.models import JobState
 
 
-class AdminError(Exception):
+class AdminError(ZschedError):
     """An operation could not be done; ``exit_code`` is what the CLI exits with."""
 
     exit_code = 1

@@ -12,7 +12,7 @@ from typing import Any
 
 from ...protocol.ids import decode_id
 from ...protocol.keys import validate_name
-from ...protocol.timeutil import to_ms
+from ...protocol.timeutil import MIN_EPOCH_S, ms_to_datetime, to_ms
 from .errors import BadInput
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -80,6 +80,10 @@ def parse_when(text: str, *, now: float | None = None, name: str = "WHEN") -> in
             if secs >= 1e11:
                 raise BadInput(f"{name} {text!r} looks like epoch milliseconds; expected epoch seconds "
                                f"(e.g. {int(secs) // 1000})")
+            if 0 <= secs < MIN_EPOCH_S:  # a duration given without its "+" and unit
+                when = ms_to_datetime(int(secs * 1000))
+                raise BadInput(f"{name} {text!r} is epoch seconds, i.e. {when:%Y-%m-%dT%H:%M:%SZ}; numbers before 2000 "
+                               f"are refused as likely durations: +{t}s is {t} seconds from now")
             return to_ms(secs, name=name)
     except BadInput:
         raise

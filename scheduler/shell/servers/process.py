@@ -22,13 +22,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol, Self
 
+from ...protocol.errors import ZschedError
+
 STOP_GRACE_S = 5.0
 LOG_TAIL_LINES = 40
 OWNER_FILE = ".zsched-owner"  # in a temp dir: the pid of the Python process that created it
 TMPDIR_ENV = "ZSCHED_TEST_TMPDIR"  # overrides where servers without a given dir make their temp dirs
 
 
-class ServerError(RuntimeError):
+class ServerError(ZschedError, RuntimeError):
     """A server failed to start or answer."""
 
 

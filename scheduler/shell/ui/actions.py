@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ...client import Client
+from ...protocol.codes import Outcome
 from ...protocol.models import JobState
 from .. import admin
 from . import params, views
@@ -121,9 +122,11 @@ def _queue(pause: bool) -> Action:
 
 def _cron(pause: bool) -> Action:
     def run(client: Client, name: str, _f: dict[str, str], _ids: list[str]) -> str:
-        changed = client.pause_cron(name) if pause else client.resume_cron(name)
+        outcome = client.pause_cron(name) if pause else client.resume_cron(name)
+        if outcome is Outcome.NO_CRON:
+            raise admin.NotFound(f"no cron named {name!r}")
         verb = "paused" if pause else "resumed"
-        return f"cron {name} {verb}" if changed else f"cron {name} was already {verb if pause else 'active'}"
+        return f"cron {name} {verb}" if outcome else f"cron {name} was already {verb if pause else 'active'}"
     return run
 
 

@@ -17,6 +17,7 @@ from datetime import datetime
 from zoneinfo import ZoneInfo
 
 from ...protocol.codec import MAX_KEY_BYTES
+from ...protocol.errors import ZschedError
 from ...protocol.ids import ID_CHARS
 from ...protocol.keys import validate_name
 from ...protocol.listing import LIST_STATES, decode_cursor
@@ -32,7 +33,7 @@ _TASK_ID = re.compile(r"[0-9a-f]{12}")  # tasks.RequeueTask ids: secrets.token_h
 _DIGITS = re.compile(r"[0-9]{1,12}")
 
 
-class BadRequest(ValueError):
+class BadRequest(ZschedError, ValueError):
     """An input the console does not accept (a 400 page); the message says which one, what is
     accepted and what was given. A ValueError, so the actions report it as a refusal."""
 

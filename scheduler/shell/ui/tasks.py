@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ...client import Client
+from ...protocol.errors import ZschedError
 from .. import admin
 from .security import audit
 
@@ -54,7 +55,7 @@ class RequeueTask:
         return self.requeued + self.not_dead
 
 
-class Busy(Exception):
+class Busy(ZschedError):
     """A task may not start now (another one runs on the same queue, or too many run)."""
 
 
