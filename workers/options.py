@@ -5,6 +5,7 @@ written (``Worker(...)`` or ``worker.configure(...)``), never later inside a run
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -90,7 +91,7 @@ class WorkerOptions:
     metrics_port: int | None = None
     metrics_host: str = DEFAULT_METRICS_HOST
     idle_sweep: float = DEFAULT_IDLE_SWEEP
-    redis_kwargs: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    redis_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     sharded_pubsub: bool | None = None  # None: sharded exactly on a Redis Cluster (AsyncClient's rule)
     registry_interval: float = DEFAULT_REGISTRY_INTERVAL
 
@@ -120,7 +121,7 @@ class WorkerOptions:
         if self.registry_interval > MAX_INTERVAL_S:
             raise ValueError(f"registry_interval must be at most {MAX_INTERVAL_S:g} seconds, "
                              f"got {self.registry_interval!r}")
-        put("redis_kwargs", MappingProxyType(dict(self.redis_kwargs)))
+        put("redis_options", MappingProxyType(dict(self.redis_options)))
         if self.sharded_pubsub is not None and not isinstance(self.sharded_pubsub, bool):
             raise TypeError(f"sharded_pubsub must be True, False or None (automatic), got {self.sharded_pubsub!r}")
 
@@ -131,3 +132,16 @@ class WorkerOptions:
         if "handler_timeouts" in given:
             given["handler_timeouts"] = {**self.handler_timeouts, **given["handler_timeouts"]}
         return replace(self, **given)
+
+
+def redis_options_arg(redis_options: Mapping[str, Any] | None,
+                      redis_kwargs: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """``redis_kwargs``, the old name of ``redis_options`` (``Client.from_url`` calls it so):
+    still taken, with a DeprecationWarning; both at once is a TypeError."""
+    if redis_kwargs is None:
+        return redis_options
+    if redis_options is not None:
+        raise TypeError("give redis_options or its deprecated old name redis_kwargs, not both")
+    warnings.warn("Worker(redis_kwargs=...) is deprecated: call it redis_options, as Client.from_url does",
+                  DeprecationWarning, stacklevel=3)
+    return redis_kwargs

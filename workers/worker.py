@@ -40,7 +40,7 @@ from .attempt import Attempt
 from .fetch import DoorbellFetch, Fetch, FetchContext
 from .heartbeat import Heartbeats
 from .lifecycle import Lifecycle, supervise
-from .options import WorkerOptions
+from .options import WorkerOptions, redis_options_arg
 from .outbox import DRAIN_TIMEOUT, Outbox
 from .presence import Presence, base_record
 from .registry import Handler, HandlerRegistry, HandlerSpec
@@ -114,7 +114,9 @@ class Worker:
     ``metrics``: optional :class:`~workers.stats.WorkerMetrics` hook. ``metrics_port``: serve
     Prometheus metrics on 127.0.0.1:PORT. ``idle_sweep``: seconds between safety-net sweeps when
     idle (stretched so a sweep costs at most ~16 claims/s with many partitions and queues).
-    ``redis_kwargs``: extra arguments for ``redis.asyncio.Redis.from_url``. ``sharded_pubsub``:
+    ``redis_options``: extra redis-py connection arguments, as for ``Client.from_url`` (the worker
+    takes a URL, not a client: it makes its clients inside its own event loop; ``redis_kwargs`` is
+    the deprecated old name). ``sharded_pubsub``:
     the Redis Cluster layout (the partitions' owners ring the doorbells for the scripts, Redis >=
     7); None (default): exactly when the URL is a Redis Cluster's. It must match the producers'
     and the scheduler replicas' layout, or the worker hears no rings and finds jobs only by its
@@ -143,14 +145,16 @@ class Worker:
         metrics: WorkerMetrics | None = None,
         metrics_port: int | None = None,
         idle_sweep: float = 2.0,
-        redis_kwargs: Mapping[str, Any] | None = None,
+        redis_options: Mapping[str, Any] | None = None,
         fetch: FetchFactory = DoorbellFetch,
         sharded_pubsub: bool | None = None,
         registry_interval: float | None = None,
+        redis_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
+        redis_options = redis_options_arg(redis_options, redis_kwargs)
         # None leaves the first group at its default, as configure() does.
         base = WorkerOptions(tombstone_ttl=tombstone_ttl, max_payload_bytes=max_payload_bytes,
-                             partitions=partitions, idle_sweep=idle_sweep, redis_kwargs=redis_kwargs or {},
+                             partitions=partitions, idle_sweep=idle_sweep, redis_options=redis_options or {},
                              sharded_pubsub=sharded_pubsub).updated(registry_interval=registry_interval)
         self.options: WorkerOptions = base.updated(
             redis_url=redis_url, namespace=namespace, queues=queues, concurrency=concurrency, prefetch=prefetch,
@@ -259,8 +263,8 @@ class Worker:
         return self.options.idle_sweep
 
     @property
-    def redis_kwargs(self) -> Mapping[str, Any]:
-        return self.options.redis_kwargs
+    def redis_options(self) -> Mapping[str, Any]:
+        return self.options.redis_options
 
     @property
     def sharded_pubsub(self) -> bool | None:
@@ -352,7 +356,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         signals = life.install_signals(loop, self.shutdown_grace) if handle_signals else []
         kw: dict[str, Any] = dict(socket_timeout=10.0, socket_connect_timeout=5.0, socket_keepalive=True)
-        kw.update(self.options.redis_kwargs)
+        kw.update(self.options.redis_options)
         redis = async_redis(config.redis_url(self.redis_url), **kw)
         transport = AsyncScriptTransport(redis, WORKER_RETRY)
         crew: _Crew | None = None
@@ -489,3 +493,4 @@ class Worker:
             await asyncio.wait(cancelled, timeout=1.0)
         crew.tasks["heartbeat"].cancel()
         await crew.outbox.drain(crew.tasks["flush"], life)
+

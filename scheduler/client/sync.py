@@ -42,10 +42,16 @@ class Client:
     namespace) on first use or by :meth:`connect`, where a mismatch with an explicit
     ``partitions`` raises :class:`~scheduler.ConfigError`.
 
-    ``cancel``, ``reschedule``, ``requeue`` and ``purge`` return an :class:`~scheduler.Outcome`:
-    truthy only when the job was changed, else the member that says why not (not found, running,
-    dead, not dead, a cron's occurrence). They raise only for bad input (a malformed id) and
-    Redis errors.
+    ``cancel``, ``reschedule``, ``requeue``, ``purge``, ``pause``, ``resume``, ``remove_cron``,
+    ``pause_cron`` and ``resume_cron`` return an :class:`~scheduler.Outcome`: truthy only when
+    something was changed, else the member that says why not (not found, running, dead, not dead,
+    a cron's occurrence, unchanged, no such cron). They raise only for bad input (a malformed id)
+    and Redis errors.
+
+    :class:`~scheduler.AsyncClient` has the same methods, as coroutines, with the same
+    documentation. The one difference: the :attr:`calls` and :attr:`keyspace` properties of this
+    client connect on first use, where the asyncio client's raise before ``await connect()`` (a
+    property cannot await); its methods connect on first use as these do.
     """
 
     def __init__(self, redis_client: SyncRedis, *, namespace: str | None = None, partitions: int | None = None,
@@ -90,8 +96,10 @@ class Client:
     def connect(self) -> Client:
         """Read the namespace's partition count (storing the default for a new namespace), in one
         attempt: a connection error is raised at once. Every other method does this on first use,
-        retried under the client's retry policy like the rest of the call. Idempotent and
-        thread-safe. Raises ConfigError when the count differs from an explicit ``partitions``."""
+        retried under the client's retry policy like the rest of the call (callers with a retry
+        loop of their own, as the scheduler tier and the workers, call this). Idempotent (and
+        thread-safe on the blocking client). Raises ConfigError when the count differs from an
+        explicit ``partitions``."""
         self._connect(NO_RETRY)
         return self
 
@@ -135,7 +143,7 @@ class Client:
         self.redis.close()
 
     def __enter__(self) -> Client:
-        return self
+        return self.connect()  # as ``async with AsyncClient(...)`` does
 
     def __exit__(self, *exc: object) -> None:
         self.close()

@@ -220,7 +220,7 @@ def test_stalls_during_claims_and_acks_run_every_job_exactly_once() -> None:
     with RedisServer() as srv:
         rec = Recorder()
         c = Client.from_url(srv.url, namespace=ns, partitions=parts).connect()
-        w = Worker(srv.url, namespace=ns, concurrency=8, redis_kwargs={"socket_timeout": 0.1}, idle_sweep=0.2)
+        w = Worker(srv.url, namespace=ns, concurrency=8, redis_options={"socket_timeout": 0.1}, idle_sweep=0.2)
 
         @w.handler(q)
         async def handle(job: Any) -> None:

@@ -64,14 +64,14 @@ def outbox(tomb_ms: int = 5000) -> tuple[Outbox, Refusals]:
 
 
 def test_options_normalise_and_stay_immutable() -> None:
-    o = WorkerOptions(queues=["b", "a", "b"], handler_timeouts={"a": 2}, shutdown_grace=0, redis_kwargs={"x": 1})
+    o = WorkerOptions(queues=["b", "a", "b"], handler_timeouts={"a": 2}, shutdown_grace=0, redis_options={"x": 1})
     assert o.queues == ("b", "a")
     assert o.handler_timeouts == {"a": 2.0} and isinstance(o.handler_timeouts["a"], float)
     assert o.shutdown_grace == 0.0 and o.concurrency == 16 and o.metrics_host == "127.0.0.1"
     with pytest.raises(dataclasses.FrozenInstanceError):
         o.concurrency = 3  # type: ignore[misc]
     with pytest.raises(TypeError):
-        o.redis_kwargs["y"] = 2  # type: ignore[index]
+        o.redis_options["y"] = 2  # type: ignore[index]
     assert hash(o) == hash(WorkerOptions(queues=["b", "a"], handler_timeouts={"a": 2}, shutdown_grace=0))
 
 
@@ -642,3 +642,13 @@ def test_an_outage_is_logged_once_and_again_when_a_migration_refusal_turns_into_
             outage.failed(exc)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2 and "migrating" in lines[0] and "restart it" in lines[1], lines
+
+
+def test_the_worker_takes_redis_options_as_the_client_does_and_the_old_name_with_a_warning() -> None:
+    from workers import Worker
+    assert Worker(redis_options={"socket_timeout": 1}).options.redis_options == {"socket_timeout": 1}
+    with pytest.warns(DeprecationWarning, match="call it redis_options"):
+        w = Worker(redis_kwargs={"socket_timeout": 2})
+    assert w.options.redis_options == {"socket_timeout": 2}
+    with pytest.raises(TypeError, match="not both"):
+        Worker(redis_options={}, redis_kwargs={})
