@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
 import signal
 import threading
 from collections.abc import Callable, Coroutine
 from types import FrameType
 from typing import Any, TypeVar
 
+from .protocol import config
 from .protocol.masking import mask_secrets
 
 T = TypeVar("T")
@@ -22,7 +22,7 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     and macOS), unless ``ZSCHED_UVLOOP=0``; None: asyncio's own. uvloop runs the same callbacks
     with less CPU per loop iteration (per claim, tick, notification and handler start), which is
     what bounds the lateness of a busy host."""
-    if os.environ.get("ZSCHED_UVLOOP", "1").strip().lower() in ("0", "false", "no", "off"):
+    if config.switched_off("UVLOOP"):
         return None
     try:
         import uvloop
@@ -121,7 +121,7 @@ def entry_point_logging(level: str | None = None, *, whole_process: bool = False
     only when the application has configured no logging itself (the root logger has no handler),
     so a worker always says that it started and stopped. Either way lines are masked
     (:class:`MaskingFormatter`). ``level``: default ``ZSCHED_LOG_LEVEL``, else INFO."""
-    level = (level or os.environ.get("ZSCHED_LOG_LEVEL") or "INFO").upper()
+    level = config.log_level(level)
     if whole_process:
         logging.basicConfig(level=level, handlers=[_handler()])
         return

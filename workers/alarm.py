@@ -26,6 +26,8 @@ import threading
 import time
 from typing import Any, Protocol
 
+from scheduler.protocol import config
+
 log = logging.getLogger("zsched.worker")
 
 
@@ -215,7 +217,7 @@ class TimerFdAlarm:
 
 def make_alarm(loop: asyncio.AbstractEventLoop) -> Waker:
     """The worker's alarm: a timerfd on Linux, else (or with ``ZSCHED_TIMERFD=0``) a thread."""
-    if os.environ.get("ZSCHED_TIMERFD", "1") != "0":
+    if not config.switched_off("TIMERFD"):
         try:
             return TimerFdAlarm(loop)
         except (OSError, NotImplementedError, RuntimeError) as exc:

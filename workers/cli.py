@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from scheduler.metrics import host_arg, port_arg
+from scheduler.protocol import config
 from scheduler.protocol.errors import ZschedError
 
 from .worker import Worker
@@ -59,7 +60,7 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.Argument
                     "gracefully (a second signal exits at once).")
     p.add_argument("app", metavar="MODULE:ATTR", help="e.g. myapp.tasks:worker (a Worker, or a function returning one)")
     p.add_argument("--redis", metavar="URL", help="Redis URL (default: the Worker's, else ZSCHED_REDIS_URL, "
-                                                   "else redis://127.0.0.1:6379/0)")
+                                                   f"else {config.DEFAULT_REDIS_URL})")
     p.add_argument("--namespace", metavar="NS",
                    help="namespace (default: the Worker's, else ZSCHED_NAMESPACE, else zsched)")
     p.add_argument("--queues", metavar="A,B", type=_csv, help="queues to serve (default: the queues with handlers)")

@@ -21,9 +21,9 @@ DEFAULT_CONCURRENCY = 16
 # default 20 ms lead at up to 1 600 jobs/s per worker
 DEFAULT_PREFETCH = 32
 DEFAULT_SHUTDOWN_GRACE = 30.0
-DEFAULT_TOMBSTONE_TTL = 3600.0
+DEFAULT_TOMBSTONE_TTL = config.DEFAULT_TOMBSTONE_TTL
 DEFAULT_IDLE_SWEEP = 2.0
-DEFAULT_METRICS_HOST = "127.0.0.1"  # loopback unless the operator asks for more
+DEFAULT_METRICS_HOST = config.DEFAULT_METRICS_HOST
 # seconds between refreshes of the worker's registry record (zsched workers); one small script
 # call per interval, and a killed worker drops out of the live list 3 intervals after its last one
 DEFAULT_REGISTRY_INTERVAL = 5.0

@@ -36,6 +36,7 @@ from scheduler.protocol.ids import encode_id
 from scheduler.protocol.transport import AsyncScriptTransport
 from scheduler.runtime import entry_point_logging, loop_name, run, settle_gc
 
+from . import options
 from .attempt import Attempt
 from .fetch import DoorbellFetch, Fetch, FetchContext
 from .heartbeat import Heartbeats
@@ -135,16 +136,16 @@ class Worker:
         *,
         namespace: str | None = None,
         queues: Sequence[str] | None = None,
-        concurrency: int = 16,
+        concurrency: int = options.DEFAULT_CONCURRENCY,
         prefetch: int | None = None,
         handler_timeouts: Mapping[str, float] | None = None,
-        shutdown_grace: float = 30.0,
-        tombstone_ttl: float = 3600.0,
+        shutdown_grace: float = options.DEFAULT_SHUTDOWN_GRACE,
+        tombstone_ttl: float = options.DEFAULT_TOMBSTONE_TTL,
         max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD,
         partitions: int | None = None,
         metrics: WorkerMetrics | None = None,
         metrics_port: int | None = None,
-        idle_sweep: float = 2.0,
+        idle_sweep: float = options.DEFAULT_IDLE_SWEEP,
         redis_options: Mapping[str, Any] | None = None,
         fetch: FetchFactory = DoorbellFetch,
         sharded_pubsub: bool | None = None,

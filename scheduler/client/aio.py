@@ -62,7 +62,8 @@ class AsyncClient:
 
     @twin(Client.__init__)
     def __init__(self, redis_client: AsyncRedis, *, namespace: str | None = None, partitions: int | None = None,
-                 max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD, tombstone_ttl: float = 3600.0,
+                 max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD,
+                 tombstone_ttl: float = config.DEFAULT_TOMBSTONE_TTL,
                  retry: RetryPolicy | None = None, durable: str | None = None, durable_replicas: int = 1,
                  durable_timeout: float = 1.0, sharded_pubsub: bool | None = None) -> None:
         self.redis = redis_client

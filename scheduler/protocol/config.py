@@ -1,7 +1,26 @@
-"""Settings from arguments and the environment (``ZSCHED_*``)."""
+"""Settings from arguments and the environment: every ``ZSCHED_*`` variable zsched's processes
+read, and every default they share, is read and written here once (the servers the tests and
+``zsched dev`` start have a few variables of their own, next to those servers;
+``tests/unit/test_settings_home.py`` holds the rest of the tree to this).
+
+| variable | what | default |
+|---|---|---|
+| ``ZSCHED_REDIS_URL`` | Redis URL of every command and process | :data:`DEFAULT_REDIS_URL` |
+| ``ZSCHED_NAMESPACE`` | namespace | :data:`DEFAULT_NAMESPACE` |
+| ``ZSCHED_PARTITIONS`` | expected partition count | the namespace's (16 for a new one) |
+| ``ZSCHED_ETCD_ENDPOINTS`` | etcd endpoints of the scheduler tier | :data:`DEFAULT_ETCD_ENDPOINTS` |
+| ``ZSCHED_ETCD_CA``, ``ZSCHED_ETCD_CERT``, ``ZSCHED_ETCD_KEY`` | etcd TLS files | none |
+| ``ZSCHED_LEASE_TTL`` | the tier's etcd lease TTL, seconds | ``zsched scheduler``'s |
+| ``ZSCHED_LOG_LEVEL`` | log level | INFO |
+| ``ZSCHED_DEBUG`` | tracebacks for known conditions | off |
+| ``ZSCHED_UI_TOKEN`` | the console's sign-in token | a new one per start |
+| ``ZSCHED_UVLOOP`` | ``0``: asyncio's own event loop | uvloop |
+| ``ZSCHED_TIMERFD`` | ``0``: the workers' alarm thread | a timerfd |
+"""
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 from .connection import check_url
 from .errors import ConfigError
@@ -12,6 +31,11 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_NAMESPACE = "zsched"
 DEFAULT_PARTITIONS = 16
 DEFAULT_ETCD_ENDPOINTS = "127.0.0.1:2379"
+DEFAULT_TOMBSTONE_TTL = 3600.0  # seconds a finished job stays visible to get() (clients, tier, workers)
+DEFAULT_LOG_LEVEL = "INFO"
+REDIS_HELP = f"Redis URL (env ZSCHED_REDIS_URL, default {DEFAULT_REDIS_URL})"
+NAMESPACE_HELP = f"namespace (env ZSCHED_NAMESPACE, default {DEFAULT_NAMESPACE})"
+DEFAULT_METRICS_HOST = "127.0.0.1"  # /metrics on loopback unless the operator asks for more
 
 
 def redis_url(value: str | None = None) -> str:
@@ -72,3 +96,49 @@ def resolve_partitions(stored: bytes | str | None, wanted: int | None, ns: str) 
             f"ZSCHED_PARTITIONS or pass partitions={have}), or a new namespace"
         )
     return have
+
+
+def env(name: str) -> str | None:
+    """The value of the environment variable ``ZSCHED_<name>``, or None when unset or empty."""
+    return os.environ.get(f"ZSCHED_{name}") or None
+
+
+def log_level(value: str | None = None) -> str:
+    """The log level (argument, else ZSCHED_LOG_LEVEL, else INFO), upper-cased."""
+    return (value or env("LOG_LEVEL") or DEFAULT_LOG_LEVEL).upper()
+
+
+def debug() -> bool:
+    """ZSCHED_DEBUG set: tracebacks also for the conditions zsched reports in one line."""
+    return env("DEBUG") is not None
+
+
+def switched_off(name: str) -> bool:
+    """A feature variable (``ZSCHED_UVLOOP``, ``ZSCHED_TIMERFD``) set to 0, false, no or off."""
+    return (env(name) or "").strip().lower() in ("0", "false", "no", "off")
+
+
+def ui_token() -> str | None:
+    """The console's sign-in token from ZSCHED_UI_TOKEN, or None (a new one is made)."""
+    return env("UI_TOKEN")
+
+
+class EtcdTLS(NamedTuple):
+    """The etcd TLS files, as ``EtcdCoordinator.from_endpoints`` takes them; None where unset."""
+
+    ca_cert: str | None
+    cert_cert: str | None
+    cert_key: str | None
+
+
+def etcd_tls() -> EtcdTLS:
+    """The etcd TLS files from ZSCHED_ETCD_CA, ZSCHED_ETCD_CERT and ZSCHED_ETCD_KEY (URLs carry
+    user:password and https; files come from the environment)."""
+    return EtcdTLS(env("ETCD_CA"), env("ETCD_CERT"), env("ETCD_KEY"))
+
+
+def lease_ttl_env() -> str | None:
+    """ZSCHED_LEASE_TTL as given (stripped), or None; ``zsched scheduler`` checks it."""
+    raw = (env("LEASE_TTL") or "").strip()
+    return raw or None
+

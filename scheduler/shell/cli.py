@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from workers import cli as worker_cli
 
+from ..protocol import config
 from ..protocol.masking import mask_secrets
 from ..runtime import entry_point_logging
 from ..tier import cli as tier_cli
@@ -21,9 +22,9 @@ from .servers import watch_lifeline
 def build_parser() -> argparse.ArgumentParser:
     """The ``zsched`` parser with every subcommand; each sets ``func`` (args -> exit code)."""
     parser = argparse.ArgumentParser(prog="zsched", description="zsched: distributed job scheduler")
-    parser.add_argument("--log-level", default=os.environ.get("ZSCHED_LOG_LEVEL", "INFO"),
+    parser.add_argument("--log-level", default=config.log_level(),
                         help="logging level (default INFO; env ZSCHED_LOG_LEVEL)")
-    parser.add_argument("--debug", action="store_true", default=bool(os.environ.get("ZSCHED_DEBUG")),
+    parser.add_argument("--debug", action="store_true", default=config.debug(),
                         help="print the traceback of known errors too (env ZSCHED_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True

@@ -107,8 +107,8 @@ def common_options() -> argparse.ArgumentParser:
     """A parent parser with ``--redis``, ``--namespace`` and ``--json``."""
     c = argparse.ArgumentParser(add_help=False)
     g = c.add_argument_group("connection and output")
-    g.add_argument("--redis", metavar="URL", help="Redis URL (env ZSCHED_REDIS_URL, default redis://127.0.0.1:6379/0)")
-    g.add_argument("--namespace", metavar="NS", help="namespace (env ZSCHED_NAMESPACE, default zsched)")
+    g.add_argument("--redis", metavar="URL", help=config.REDIS_HELP)
+    g.add_argument("--namespace", metavar="NS", help=config.NAMESPACE_HELP)
     g.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     return c
 

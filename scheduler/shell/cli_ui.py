@@ -17,7 +17,6 @@ import contextlib
 import errno
 import functools
 import ipaddress
-import os
 import socket
 import ssl
 import sys
@@ -105,8 +104,8 @@ def add_parsers(sub: SubParsers) -> None:
         epilog="exit codes: 0 stopped by SIGINT/SIGTERM, 1 unknown namespace, 2 bad input (a --host that is not an "
                "address of this machine or does not resolve, a malformed option), 3 Redis unreachable or refusing, "
                "4 the port is in use or needs privileges, a TLS file cannot be read, or the ui packages are missing"))
-    p.add_argument("--redis", metavar="URL", help="Redis URL (env ZSCHED_REDIS_URL, default redis://127.0.0.1:6379/0)")
-    p.add_argument("--namespace", metavar="NS", help="namespace (env ZSCHED_NAMESPACE, default zsched)")
+    p.add_argument("--redis", metavar="URL", help=config.REDIS_HELP)
+    p.add_argument("--namespace", metavar="NS", help=config.NAMESPACE_HELP)
     p.add_argument("--host", default="127.0.0.1", type=_argtype("address", bind_host), metavar="ADDRESS",
                    help="address to bind (default 127.0.0.1; anything else exposes the console to the network: use "
                         "TLS then); a name binds every address it resolves to; :: is IPv6 only")
@@ -246,7 +245,7 @@ def _serve(args: argparse.Namespace, socks: list[socket.socket], etcd: str | Non
         client = admin.open_client(args.redis, args.namespace)
     except admin.AdminError as exc:
         return _fail(str(exc), exc.exit_code)
-    token = os.environ.get("ZSCHED_UI_TOKEN") or new_token()
+    token = config.ui_token() or new_token()
     trusted: tuple[IPNetwork, ...] = tuple(args.trust_proxy)
     cfg = ConsoleConfig(client, token, redis_url=config.redis_url(args.redis), read_only=args.read_only,
                         etcd=etcd, refresh_seconds=args.refresh, allowed_hosts=tuple(args.allowed_host),
@@ -279,7 +278,7 @@ def _serve(args: argparse.Namespace, socks: list[socket.socket], etcd: str | Non
             print(f"zsched ui{ro}: {scheme}://{_shown(args.host)}:{port}/ namespace {client.keyspace.namespace}",
                   flush=True)
             if not args.read_only:
-                shown = token if "ZSCHED_UI_TOKEN" not in os.environ else "from ZSCHED_UI_TOKEN"
+                shown = token if config.ui_token() is None else "from ZSCHED_UI_TOKEN"
                 print(f"zsched ui: actions need the token: {shown}", flush=True)
         await task
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import shutil
 import signal
@@ -104,7 +103,7 @@ class Stack:
             check_etcd_endpoints(args.etcd)
         self.metrics_ports: dict[str, int] = {}
         self.consoles: dict[str, ZschedProc] = {}  # zsched ui
-        self.ui_token = os.environ.get("ZSCHED_UI_TOKEN") or new_token()
+        self.ui_token = config.ui_token() or new_token()
         self.ui_url = ""
         # children stop by themselves once zsched dev is gone, even if it was SIGKILLed
         self.lifeline = Lifeline(grace=STOP_TIMEOUT_S)

@@ -31,6 +31,7 @@ from workers import Worker
 from workers.runner import Poison
 
 from ..client import AsyncClient, Client
+from ..protocol import config
 from ..protocol.errors import ZschedError
 from ..protocol.models import JobInfo, JobState
 from ..protocol.replies import Claimed
@@ -91,7 +92,7 @@ class TestStack(StackAssertions):
 
     def __init__(self, *, redis_url: str | None = None, namespace: str | None = None, partitions: int = 1,
                  now: datetime | float | None = None, seed: int | random.Random | None = 0,
-                 tombstone_ttl: float = 3600.0) -> None:
+                 tombstone_ttl: float = config.DEFAULT_TOMBSTONE_TTL) -> None:
         self.namespace = namespace or f"test-{uuid.uuid4().hex[:12]}"
         self._own_namespace = namespace is None
         self.redis_url = redis_url

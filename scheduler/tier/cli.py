@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 from ..metrics import host_arg, port_arg
 from ..protocol import config
 from .ownership import default_replica_id
 from .process import SchedulerConfig, run_forever
+from .runner import RunnerConfig
 
 DEFAULT_LEASE_TTL = SchedulerConfig.lease_ttl
 MIN_LEASE_TTL = 1.0  # etcd's granularity (see Ownership)
@@ -19,29 +19,32 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser("scheduler", help="run a scheduler replica (owns partitions through etcd leases)",
                        description="Run one scheduler replica. Any number may run; they split the partitions "
                                    "through etcd leases and fire due jobs onto ready lists.")
-    p.add_argument("--redis", help="Redis URL (env ZSCHED_REDIS_URL, default redis://127.0.0.1:6379/0)")
+    p.add_argument("--redis", help=config.REDIS_HELP)
     p.add_argument("--etcd", help="etcd endpoints, comma-separated (env ZSCHED_ETCD_ENDPOINTS, default "
-                                  "127.0.0.1:2379); http://user:password@host:port for etcd auth (a password is "
-                                  "better in the variable: ps shows the command line), https:// for TLS "
+                                  f"{config.DEFAULT_ETCD_ENDPOINTS}); http://user:password@host:port for etcd auth "
+                                  "(a password is better in the variable: ps shows the command line), https:// for TLS "
                                   "(CA and client certificate from the files in ZSCHED_ETCD_CA, ZSCHED_ETCD_CERT, "
                                   "ZSCHED_ETCD_KEY)")
-    p.add_argument("--namespace", help="namespace (env ZSCHED_NAMESPACE, default zsched)")
+    p.add_argument("--namespace", help=config.NAMESPACE_HELP)
     p.add_argument("--partitions", type=int, help="expected partition count (env ZSCHED_PARTITIONS)")
     p.add_argument("--replica-id", help="this replica's name in etcd (default host-pid-random)")
     p.add_argument("--lease-ttl", type=float, metavar="S",
                    help=f"etcd lease TTL in seconds, {MIN_LEASE_TTL:g} to {MAX_LEASE_TTL:g} (env ZSCHED_LEASE_TTL, "
                         f"default {DEFAULT_LEASE_TTL:g}): failover takes about this long")
-    p.add_argument("--batch", type=int, default=1000, help="jobs moved per tick call (default 1000)")
-    p.add_argument("--handoff-lead", type=float, default=20.0, metavar="MS",
-                   help="hand jobs to the workers this many ms before they are due (default 20); the "
+    p.add_argument("--batch", type=int, default=RunnerConfig.batch,
+                   help=f"jobs moved per tick call (default {RunnerConfig.batch})")
+    p.add_argument("--handoff-lead", type=float, default=RunnerConfig.handoff_lead * 1000, metavar="MS",
+                   help=f"hand jobs to the workers this many ms before they are due (default "
+                        f"{RunnerConfig.handoff_lead * 1000:g}); the "
                         "worker starts each at its due time, never before, so the hops in between do "
                         "not make it late. 0: fire at the due time")
-    p.add_argument("--redis-timeout", type=float, default=5.0, metavar="S",
-                   help="socket timeout of a Redis call, seconds (default 5): a reply slower than this is "
+    p.add_argument("--redis-timeout", type=float, default=SchedulerConfig.redis_timeout, metavar="S",
+                   help=f"socket timeout of a Redis call, seconds (default {SchedulerConfig.redis_timeout:g}): "
+                        "a reply slower than this is "
                         "treated as lost and the call retried (ticks are epoch-fenced, so that is safe)")
     p.add_argument("--metrics-port", type=port_arg, metavar="PORT", help="serve Prometheus /metrics on this port")
-    p.add_argument("--metrics-host", type=host_arg, default="127.0.0.1", metavar="ADDR",
-                   help="address for /metrics (default 127.0.0.1)")
+    p.add_argument("--metrics-host", type=host_arg, default=config.DEFAULT_METRICS_HOST, metavar="ADDR",
+                   help=f"address for /metrics (default {config.DEFAULT_METRICS_HOST})")
     p.set_defaults(func=_run)
 
 
@@ -53,7 +56,7 @@ def _lease_ttl(given: float | None) -> float:
     """``--lease-ttl``, else ZSCHED_LEASE_TTL, else the default; checked (read when the command runs,
     so a bad variable stops ``zsched scheduler`` with one line, not every ``zsched`` command)."""
     if given is None:
-        raw = os.environ.get("ZSCHED_LEASE_TTL", "").strip()
+        raw = config.lease_ttl_env() or ""
         try:
             ttl, what = (float(raw) if raw else DEFAULT_LEASE_TTL), f"ZSCHED_LEASE_TTL={raw!r}"
         except ValueError:

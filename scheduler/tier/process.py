@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -56,8 +55,8 @@ class SchedulerConfig:
     replica_id: str = field(default_factory=default_replica_id)
     lease_ttl: float = 5.0
     metrics_port: int | None = None
-    metrics_host: str = "127.0.0.1"
-    tombstone_ttl: float = 3600.0
+    metrics_host: str = config.DEFAULT_METRICS_HOST
+    tombstone_ttl: float = config.DEFAULT_TOMBSTONE_TTL
     redis_timeout: float = 5.0   # socket timeout of every Redis call (a stall longer than this is retried)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     ignore_deadline: bool = False
@@ -89,8 +88,7 @@ class SchedulerProcess:
         self.batcher = TickBatcher(self.transport)  # the partitions' ticks that wake together: one round trip
         # TLS material comes from files named in the environment (URLs carry user:password and https)
         self.coord = coord or EtcdCoordinator.from_endpoints(
-            cfg.etcd_endpoints, ca_cert=os.environ.get("ZSCHED_ETCD_CA") or None,
-            cert_cert=os.environ.get("ZSCHED_ETCD_CERT") or None, cert_key=os.environ.get("ZSCHED_ETCD_KEY") or None)
+            cfg.etcd_endpoints, **config.etcd_tls()._asdict())
         self.runners: dict[int, PartitionRunner] = {}
         self.ringer: BellRinger | None = None  # set once the layout is known (_start)
         # owned partitions whose epoch Redis refuses although etcd says they are ours (epoch
