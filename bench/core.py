@@ -16,6 +16,7 @@ import redis
 
 from bench.common import PAYLOAD, percentiles, redis_server
 from scheduler import Client
+from scheduler.protocol.transitions import ack_call
 from scheduler.testing.transitions import Ops
 
 
@@ -97,11 +98,11 @@ def tombstone(url: str, n: int = 100_000, key_bytes: int = 0, partitions: int = 
             jobs = ops.claim("default", 5000)
             if not jobs:
                 return done
-            by_part: dict[int, list[Any]] = {}
+            by_part: dict[int, list[tuple[bytes, int]]] = {}
             for j in jobs:
-                by_part.setdefault(ops.partition(j.raw_id), []).extend((j.raw_id, j.token))
-            calls = [core.call("ack", p, ttl_ms, *flat[s:s + 1000])
-                     for p, flat in by_part.items() for s in range(0, len(flat), 1000)]
+                by_part.setdefault(ops.partition(j.raw_id), []).append((j.raw_id, j.token))
+            calls = [ack_call(core, p, done_jobs[s:s + 500], ttl_ms)
+                     for p, done_jobs in by_part.items() for s in range(0, len(done_jobs), 500)]
             done += sum(sum(reply) for reply in c.transport.call_many(calls))
 
     # warm-up without tombstones: the in-flight sets' hash tables grow to a batch's size and stay

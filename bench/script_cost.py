@@ -42,11 +42,13 @@ from scheduler.protocol.keys import Keyspace
 from scheduler.protocol.options import JobOptions
 from scheduler.protocol.scripts import LIBRARY_MARKER, library_source, load_scripts, make_script, script_source
 from scheduler.protocol.tick import Retention, tick_call
+from scheduler.protocol.transitions import claim_call
 
 WARM_UP = 200
 EMPTY = "return 1"
 TIMER_GAP_MS = 10_000  # between the tick side's timers: a tick's horizon reaches one of them, never two
 RECEIPT_MS = 30_000    # the claim side's receipt ttl, as workers/fetch.py sends it
+PAST = 1_000_000_000.0  # 2001-09-09: due at once, sent as an absolute run_at (epoch seconds before 2000 are refused)
 
 
 def general_only(name: str = "schedule") -> str:
@@ -195,11 +197,12 @@ def claim_side(calls: int) -> Side:
     opts = JobOptions()
 
     def setup(r: redis.Redis, shas: dict[str, str]) -> None:
-        send(r, shas, builder.prepare([(0, PAYLOAD)] * (WARM_UP + calls), opts)[0])
+        send(r, shas, builder.prepare([(PAST, PAYLOAD)] * (WARM_UP + calls), opts)[0])
 
     def nth(i: int) -> Call:
         prev = f"bench-{i - 1:x}" if i else ""
-        _, keys, args = builder.call("claim", 0, "default", 1, f"bench-{i:x}", RECEIPT_MS, prev, 1)
+        _, keys, args = claim_call(builder, 0, "default", 1, request_id=f"bench-{i:x}", receipt_ms=RECEIPT_MS,
+                                   earlier_request_id=prev, max_due=1)
         return list(keys), list(args)
 
     def check(r: redis.Redis, n: int) -> None:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from scheduler.protocol.calls import Calls
 from scheduler.protocol.connection import is_cluster
 from scheduler.protocol.replies import Claimed, claim_paused, parse_claim
+from scheduler.protocol.transitions import claim_call
 from scheduler.protocol.transport import Call, NodeFailed
 
 from .clock import RedisClock
@@ -289,10 +290,10 @@ class DoorbellFetch(Fetch):
         return plan
 
     def _claim_calls(self, plan: list[Claim]) -> list[Call]:
-        call = self.ctx.calls.call
+        calls = self.ctx.calls
         last = self._last_rid
-        return [call("claim", c.p, c.queue, c.n, c.rid, CLAIM_RECEIPT_MS, last.get((c.queue, c.p), ""), c.handler)
-                for c in plan]
+        return [claim_call(calls, c.p, c.queue, c.n, request_id=c.rid, receipt_ms=CLAIM_RECEIPT_MS,
+                           earlier_request_id=last.get((c.queue, c.p), ""), max_due=c.handler) for c in plan]
 
     async def _claims_lost(self, plan: list[Claim], meta: Meta, exc: BaseException,
                            outage: Outage) -> bool:

@@ -18,6 +18,7 @@ from typing import Any
 from scheduler.protocol.codes import AckCode, FailCode, FailKind, ReleaseCode
 from scheduler.protocol.errors import ScriptArgumentError
 from scheduler.protocol.ids import encode_id
+from scheduler.protocol.transitions import Builder, Failure, ack_call, extend_call, fail_call, release_call
 from scheduler.protocol.transport import Call, NodeFailed
 
 from .attempt import RUNNING, Attempt
@@ -41,7 +42,6 @@ _RELEASED = int(ReleaseCode.RELEASED)
 # for "fail".
 Meta = list[tuple[str, list[Any]]]
 Fail = tuple[Attempt, FailKind, int, bytes]
-CallBuilder = Callable[..., Call]  # Calls.call: (script, partition, *args) -> call
 Refused = Callable[[Attempt, str], None]
 
 
@@ -50,9 +50,8 @@ class Outbox:
     (``Calls.call``), ``tomb_ms`` is the ack's tombstone TTL, and ``on_refused(attempt, what)`` is
     told when Redis refused an outcome because the attempt no longer holds the lease."""
 
-    def __init__(self, call: CallBuilder, tomb_ms: int, on_refused: Refused) -> None:
-        self.call = call
-        self.tomb_ms = tomb_ms
+    def __init__(self, calls: Builder, on_refused: Refused) -> None:
+        self.calls = calls
         self.on_refused = on_refused
         self.acks: defaultdict[int, list[Attempt]] = defaultdict(list)
         self.fails: defaultdict[int, list[Fail]] = defaultdict(list)
@@ -94,35 +93,27 @@ class Outbox:
         self.extends, self.fails, self.acks, self.releases = (defaultdict(list), defaultdict(list),
                                                               defaultdict(list), defaultdict(list))
         self.n = 0
-        call = self.call
+        wire = self.calls
         calls: list[Call] = []
         meta: Meta = []
         for p, runs in ext.items():
             runs = [r for r in runs if r.state == RUNNING and not r.lost]
             for s in range(0, len(runs), CALL_BATCH):
                 chunk = runs[s:s + CALL_BATCH]
-                args: list[Any] = []
-                for r in chunk:
-                    args += (r.raw_id, r.token, 0)
-                calls.append(call("extend", p, *args))
+                calls.append(extend_call(wire, p, [(r.raw_id, r.token) for r in chunk]))
                 meta.append(("extend", chunk))
         for p, items in fails.items():
             for s in range(0, len(items), CALL_BATCH // 2):
                 fchunk = items[s:s + CALL_BATCH // 2]
-                args = []
-                for r, kind, delay, err in fchunk:
-                    args += (r.raw_id, r.token, kind, delay, err)
-                calls.append(call("fail", p, *args))
+                calls.append(fail_call(wire, p, [Failure(r.raw_id, r.token, kind, delay, err)
+                                                 for r, kind, delay, err in fchunk]))
                 meta.append(("fail", fchunk))
         for name, src in (("ack", acks), ("release", rels)):
+            build = ack_call if name == "ack" else release_call
             for p, runs in src.items():
                 for s in range(0, len(runs), CALL_BATCH):
                     chunk = runs[s:s + CALL_BATCH]
-                    args = [self.tomb_ms] if name == "ack" else []
-                    for r in chunk:
-                        args.append(r.raw_id)
-                        args.append(r.token)
-                    calls.append(call(name, p, *args))
+                    calls.append(build(wire, p, [(r.raw_id, r.token) for r in chunk]))
                     meta.append((name, chunk))
         return calls, meta
 

@@ -432,7 +432,7 @@ class Worker:
             send = sender(transport)
             roundtrip = hist.roundtrip if hist is not None else None
             slots = Slots(self.concurrency, self.prefetch)
-            outbox = Outbox(calls.call, calls.tomb_ms, _lease_lost)
+            outbox = Outbox(calls, _lease_lost)
             heartbeats = Heartbeats(self._running, outbox)
             runner = HandlerRunner(
                 loop=loop, specs=self._handlers.for_queues(queues, self.options.handler_timeouts), qstats=self._qstats,

@@ -9,7 +9,7 @@ each partition's ``paused`` hash, which ``claim`` reads (lua/pause.lua, lua/resu
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -21,8 +21,9 @@ from .transport import Call
 if TYPE_CHECKING:
     from .calls import Calls
 
-__all__ = ["PAUSED_PREFIX", "QueuePause", "cron_pause_status", "cron_resume_call", "key_holder", "parse_paused",
-           "paused_field", "paused_queues", "queue_resumed", "time_ms"]
+__all__ = ["PAUSED_PREFIX", "QueuePause", "cron_pause_status", "cron_resume_call", "epoch_reset_call", "key_holder",
+           "migrate_in_call", "migrate_out_call", "parse_paused", "paused_field", "paused_queues", "queue_resumed",
+           "time_ms"]
 
 PAUSED_PREFIX = "paused:"  # {ns}:cfg field paused:QUEUE -> epoch ms when the queue was paused
 
@@ -103,3 +104,25 @@ def cron_resume_call(calls: Calls, name: str, definition: Any, now_ms: int) -> C
 def key_holder(raw: Any) -> str | None:
     """The job id an idempotency key maps to (``HGET key_index(key) key``), or None."""
     return encode_id(raw) if isinstance(raw, bytes) else None
+
+
+# -- operator scripts: epoch reset, partition migration --------------------------------------------
+
+
+def epoch_reset_call(calls: Calls, partition: int, expected_epoch: int) -> Call:
+    """``epoch_reset``: forget ``partition``'s stored ownership epoch if it is still
+    ``expected_epoch`` (``zsched epochs reset``; lua/epoch_reset.lua)."""
+    return calls.call("epoch_reset", partition, expected_epoch)
+
+
+def migrate_out_call(calls: Calls, partition: int, to: int, batch: int, delivered: Sequence[bytes] = ()) -> Call:
+    """``migrate_out``: walk up to ``batch`` entries of ``partition`` into its outbox for the new
+    count ``to``, dropping the entries ``delivered`` by the last round (lua/migrate_out.lua)."""
+    return calls.call("migrate_out", partition, to, batch, *delivered)
+
+
+def migrate_in_call(calls: Calls, partition: int, floor: int, again: int, items: Sequence[Any]) -> Call:
+    """``migrate_in``: take ``items`` (field, entry pairs) into ``partition`` of the new count;
+    ``again`` (1): entries delivered before, looked up so none is taken twice (lua/migrate_in.lua)."""
+    return calls.call("migrate_in", partition, floor, again, *items)
+

@@ -156,9 +156,11 @@ def parse_tick(reply: list[Any]) -> TickReply | EpochRefused:
 
 
 # -- reap ----------------------------------------------------------------------------------------
-def reap_call(calls: Calls, partition: int, epoch: int, batch: int) -> Call:
-    """``reap``: handle up to ``batch`` expired leases of ``partition``."""
-    return calls.call("reap", partition, epoch, batch)
+def reap_call(calls: Calls, partition: int, epoch: int, batch: int, *, past_the_layout_fence: bool = False) -> Call:
+    """``reap``: handle up to ``batch`` expired leases of ``partition``. ``past_the_layout_fence``:
+    for ``zsched migrate-partitions``, which reaps while the namespace's layout is fenced (epoch 0)."""
+    build = calls.call_unfenced if past_the_layout_fence else calls.call
+    return build("reap", partition, epoch, batch)
 
 
 def parse_reap(reply: Sequence[Any]) -> ReapReply | EpochRefused:

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..client import Client
+from ..protocol import control
 from ..protocol.codes import EpochResetCode, code_of
 from . import admin
 from .admin import BadInput
@@ -118,7 +119,7 @@ def reset_epochs(client: Client, expected: dict[int, int]) -> list[ResetOutcome]
     if not parts:
         return []
     calls = client.calls
-    replies = client.transport.call_many([calls.call("epoch_reset", p, expected[p]) for p in parts])
+    replies = client.transport.call_many([control.epoch_reset_call(calls, p, expected[p]) for p in parts])
     out = []
     for p, (code, value) in zip(parts, replies):
         status, now = code_of(EpochResetCode, code, "epoch_reset"), int(value)

@@ -37,9 +37,11 @@ from redis.exceptions import LockError
 from redis.lock import Lock
 
 from ..client import Client
+from ..protocol import control
 from ..protocol.calls import Calls
 from ..protocol.control import parse_paused
 from ..protocol.keys import PARTITION_KEYS, Keyspace, validate_partitions
+from ..protocol.tick import reap_call
 from .admin import AdminError, BadInput, NotFound
 
 BATCH = 2000          # entries one migrate_out call moves (bounded time per script: a few ms)
@@ -190,7 +192,7 @@ class Migration:
         while pending:
             self._renew()
             order = sorted(pending)
-            replies = transport.call_many([calls.call("migrate_out", p, self.to, self.batch, *delivered.get(p, ()))
+            replies = transport.call_many([control.migrate_out_call(calls, p, self.to, self.batch, delivered.get(p, ()))
                                            for p in order])
             delivered = {}
             # per target, entries a first time (no lookups needed) and entries delivered before
@@ -203,7 +205,7 @@ class Migration:
                     f, target, entry = rest[i], int(rest[i + 1]), rest[i + 2]
                     inbox[target, again] += [f, entry]
                     delivered.setdefault(p, []).append(f)
-            plan = [(q, calls.call("migrate_in", q, floor, again, *items[s:s + 2 * DELIVER_CHUNK]))
+            plan = [(q, control.migrate_in_call(calls, q, floor, again, items[s:s + 2 * DELIVER_CHUNK]))
                     for (q, again), items in inbox.items() for s in range(0, len(items), 2 * DELIVER_CHUNK)]
             replies = transport.call_many([call for _, call in plan]) if plan else []
             for (q, _call), (taken, skipped) in zip(plan, replies):
@@ -230,7 +232,7 @@ class Migration:
         deadline = time.monotonic() + self.wait_running
         while busy:
             self._renew()
-            reaps = [calls.call_unfenced("reap", p, 0, REAP_LIMIT) for p in busy]
+            reaps = [reap_call(calls, p, 0, REAP_LIMIT, past_the_layout_fence=True) for p in busy]
             report.reaped += sum(int(r[0]) for r in self.client.transport.call_many(reaps) if int(r[0]) > 0)
             busy = self._running(ks)
             if not busy:

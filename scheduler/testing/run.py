@@ -33,6 +33,8 @@ from ..protocol.codes import AckCode, FailCode, FailKind
 from ..protocol.errors import ZschedError
 from ..protocol.ids import encode_id
 from ..protocol.replies import Claimed, parse_claim
+from ..protocol.transitions import Failure as Fail
+from ..protocol.transitions import ack_call, claim_call, fail_call
 
 CALL_BATCH = 100  # jobs per ack or fail call
 
@@ -248,7 +250,7 @@ class WorkerPass:
         while self.timed_out.running() >= self.batch:
             self.timed_out.wait_for_one()
         free = min(self.batch - self.timed_out.running(), CLAIM_MAX)  # the claim script takes no more
-        replies = self.client.transport.call_many([self.calls.call("claim", p, q, free) for q, p in where])
+        replies = self.client.transport.call_many([claim_call(self.calls, p, q, free) for q, p in where])
         out: list[Claim] = []
         for (q, p), reply in zip(where, replies):
             spec = self.specs[q]
@@ -293,13 +295,13 @@ class WorkerPass:
         for (kind, p), outs in groups.items():
             for s in range(0, len(outs), CALL_BATCH):
                 chunk = outs[s:s + CALL_BATCH]
-                args: list[Any] = [self.tomb_ms] if kind == "ack" else []
-                for o in chunk:
-                    c = o.item.claimed
-                    args += [c.raw_id, c.token]
-                    if o.failure is not None:
-                        args += [o.failure.kind.value, max(0, o.failure.delay_ms), o.failure.error]
-                calls.append(self.calls.call(kind, p, *args))
+                if kind == "ack":
+                    attempts = [(o.item.claimed.raw_id, o.item.claimed.token) for o in chunk]
+                    calls.append(ack_call(self.calls, p, attempts, self.tomb_ms))
+                else:
+                    calls.append(fail_call(self.calls, p, [
+                        Fail(o.item.claimed.raw_id, o.item.claimed.token, o.failure.kind, max(0, o.failure.delay_ms),
+                             o.failure.error) for o in chunk if o.failure is not None]))
                 parts.append(chunk)
         runs: list[Run] = []
         for chunk, reply in zip(parts, self.client.transport.call_many(calls) if calls else []):

@@ -8,15 +8,21 @@ no threads, no handlers, no etcd. Each call is one script call (``tick_all``, ``
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from ..client import Client
 from ..protocol.calls import error_arg
-from ..protocol.codes import EPOCH_REFUSED, AckCode, FailCode, FailKind, ReleaseCode, code_of
+from ..protocol.codes import AckCode, FailCode, FailKind, ReleaseCode, code_of
 from ..protocol.ids import partition_of
 from ..protocol.replies import Claimed, parse_claim
+from ..protocol.tick import NO_RETENTION, EpochRefused, parse_reap, parse_tick, reap_call, tick_call
+from ..protocol.transitions import Attempt, Failure, ack_call, claim_call, extend_call, fail_call, release_call
+from ..protocol.transport import Call
 
 __all__ = ["Ops"]
+
+
+R = TypeVar("R")
 
 
 class Ops:
@@ -41,10 +47,19 @@ class Ops:
         script's ARGV header); returns its raw reply."""
         return self.transport.call(*self.calls.call(name, partition, *args))
 
-    def _fenced(self, name: str, partition: int, epoch: int, *args: Any) -> Any:
-        reply = self.run(name, partition, epoch, *args)
-        if reply[0] == EPOCH_REFUSED:
-            raise AssertionError(f"{name} on partition {partition}: epoch {epoch} refused, the newest is {reply[1]}")
+    def _send(self, call: Call) -> Any:
+        return self.transport.call(*call)
+
+    @staticmethod
+    def _attempt(job: Claimed, token: int | None) -> Attempt:
+        """The attempt to act as: the job's own claim, or ``token`` (a worker whose lease was lost)."""
+        return job.raw_id, job.token if token is None else token
+
+    @staticmethod
+    def _accepted(name: str, partition: int, epoch: int, reply: R | EpochRefused) -> R:
+        if isinstance(reply, EpochRefused):
+            raise AssertionError(f"{name} on partition {partition}: epoch {epoch} refused, "
+                                 f"the newest is {reply.newest_epoch}")
         return reply
 
     def tick_all(self, epoch: int = 0, limit: int = 1000) -> int:
@@ -53,7 +68,8 @@ class Ops:
         moved = 0
         for p in range(self.calls.ks.partitions):
             while True:
-                n = int(self._fenced("tick", p, epoch, limit, self.calls.tomb_ms)[0])
+                call = tick_call(self.calls, p, epoch, limit, {}, NO_RETENTION)
+                n = self._accepted("tick", p, epoch, parse_tick(self._send(call))).moved
                 moved += n
                 if n < limit:
                     break
@@ -62,13 +78,17 @@ class Ops:
     def reap_all(self, epoch: int = 0, limit: int = 1000) -> int:
         """Reap the expired leases of every partition (up to ``limit`` per partition); returns
         how many jobs were reaped. A refused epoch raises AssertionError."""
-        return sum(int(self._fenced("reap", p, epoch, limit)[0]) for p in range(self.calls.ks.partitions))
+        reaped = 0
+        for p in range(self.calls.ks.partitions):
+            reply = parse_reap(self._send(reap_call(self.calls, p, epoch, limit)))
+            reaped += self._accepted("reap", p, epoch, reply).reaped
+        return reaped
 
     def claim(self, queue: str = "default", n: int = 100) -> list[Claimed]:
         """Claim up to ``n`` ready jobs of ``queue``, partition by partition."""
         out: list[Claimed] = []
         for p in range(self.calls.ks.partitions):
-            _, jobs = parse_claim(self.run("claim", p, queue, n - len(out)))
+            _, jobs = parse_claim(self.transport.call(*claim_call(self.calls, p, queue, n - len(out))))
             out.extend(jobs)
             if len(out) >= n:
                 break
@@ -76,8 +96,7 @@ class Ops:
 
     def ack(self, job: Claimed, token: int | None = None) -> AckCode:
         """Acknowledge ``job`` (it finishes as done)."""
-        reply = self.run("ack", self.partition(job.raw_id), self.calls.tomb_ms, job.raw_id,
-                         job.token if token is None else token)
+        reply = self._send(ack_call(self.calls, self.partition(job.raw_id), [self._attempt(job, token)]))
         return code_of(AckCode, reply[0], "ack")
 
     def fail(self, job: Claimed, kind: FailKind | str = FailKind.FAILED, delay_ms: int = 0,
@@ -86,17 +105,18 @@ class Ops:
         :class:`~scheduler.protocol.codes.FailKind` or its letter (``"f"``, ``"r"``, ``"p"``);
         ``delay_ms``: the retry delay."""
         kind = FailKind(kind.encode()) if isinstance(kind, str) else kind
-        reply = self.run("fail", self.partition(job.raw_id), job.raw_id, job.token if token is None else token,
-                         kind.value, delay_ms, error_arg("RuntimeError", msg, "tb"))
+        raw_id, tok = self._attempt(job, token)
+        failure = Failure(raw_id, tok, kind, delay_ms, error_arg("RuntimeError", msg, "tb"))
+        reply = self._send(fail_call(self.calls, self.partition(job.raw_id), [failure]))
         return code_of(FailCode, reply[0], "fail")
 
     def extend(self, job: Claimed, lease_ms: int = 0, token: int | None = None) -> int:
         """Extend ``job``'s lease by ``lease_ms`` (0: the job's own lease); returns the new
         deadline in ms, 0 when refused."""
-        return int(self.run("extend", self.partition(job.raw_id), job.raw_id,
-                            job.token if token is None else token, lease_ms)[0])
+        return int(self._send(extend_call(self.calls, self.partition(job.raw_id), [self._attempt(job, token)],
+                                          lease_ms))[0])
 
     def release(self, job: Claimed) -> ReleaseCode:
         """Hand ``job`` back unrun (ready again, its attempt not counted)."""
-        return code_of(ReleaseCode, self.run("release", self.partition(job.raw_id), job.raw_id, job.token)[0],
-                       "release")
+        reply = self._send(release_call(self.calls, self.partition(job.raw_id), [self._attempt(job, None)]))
+        return code_of(ReleaseCode, reply[0], "release")

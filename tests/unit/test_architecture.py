@@ -216,3 +216,30 @@ def test_every_lua_file_is_a_script_or_part_of_the_library() -> None:
     big = [f"{p.name}: {n}" for p in (ROOT / "lua").glob("*.lua")
            if (n := len(p.read_text("utf-8").splitlines())) > MAX_LINES]
     assert not big, big
+
+
+# -- script calls are built in the protocol layer ----------------------------------------------------
+
+# ``calls.call("claim", p, ...)``: a script's call put together by name, its ARGV layout by hand
+BY_NAME = re.compile(r"""\.call(?:_unfenced)?\(\s*["'](?P<name>[a-z_]+)["']""")
+
+
+def test_no_script_call_is_built_by_name_outside_the_protocol_layer() -> None:
+    """Every script has its typed builder in ``scheduler.protocol`` (calls.py, tick.py,
+    transitions.py, control.py, ...); the clients, tier, workers, testing kit, CLI and benchmarks
+    call those, so a script's ARGV layout is written once, next to its reply parser."""
+    from scheduler.protocol.scripts import SCRIPT_NAMES
+    found = []
+    for path in sorted(p for d in (*PACKAGES, "bench") for p in (ROOT / d).rglob("*.py")):
+        if (ROOT / "scheduler" / "protocol") in path.parents:
+            continue
+        for n, line in enumerate(path.read_text("utf-8").splitlines(), 1):
+            found += [f"{path.relative_to(ROOT)}:{n}: {m['name']}" for m in BY_NAME.finditer(line)
+                      if m["name"] in SCRIPT_NAMES]
+    assert found == []
+
+
+def test_the_by_name_pattern_sees_a_hand_built_call() -> None:
+    assert BY_NAME.search('calls.call("claim", p, q, 5)')["name"] == "claim"  # type: ignore[index]
+    assert BY_NAME.search("self.calls.call_unfenced('ack', p)")["name"] == "ack"  # type: ignore[index]
+    assert BY_NAME.search('self._session.call(op, timeout)') is None

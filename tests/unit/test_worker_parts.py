@@ -30,9 +30,14 @@ from workers.slots import Slots
 # -- helpers --------------------------------------------------------------------------------------
 
 
-def fake_call(name: str, p: int, *args: Any) -> tuple[str, list[str], list[Any]]:
-    """Stands in for Calls.call: the partition in the keys, the arguments as given."""
-    return name, [f"p{p}"], list(args)
+class FakeCalls:
+    """Stands in for a namespace's Calls: the partition in the keys, the arguments as given."""
+
+    def __init__(self, tomb_ms: int) -> None:
+        self.tomb_ms = tomb_ms
+
+    def call(self, name: str, p: int, *args: Any) -> tuple[str, list[str], list[Any]]:
+        return name, [f"p{p}"], list(args)
 
 
 def claimed(n: int = 0, *, record: bool = True, payload: Any = None, attempt: int = 1, max_attempts: int = 3,
@@ -57,7 +62,7 @@ class Refusals:
 
 def outbox(tomb_ms: int = 5000) -> tuple[Outbox, Refusals]:
     refused = Refusals()
-    return Outbox(fake_call, tomb_ms, refused), refused
+    return Outbox(FakeCalls(tomb_ms), refused), refused
 
 
 # -- options --------------------------------------------------------------------------------------
