@@ -48,7 +48,7 @@ WARM_UP = 200
 EMPTY = "return 1"
 TIMER_GAP_MS = 10_000  # between the tick side's timers: a tick's horizon reaches one of them, never two
 RECEIPT_MS = 30_000    # the claim side's receipt ttl, as workers/fetch.py sends it
-PAST = 1_000_000_000.0  # 2001-09-09: due at once, sent as an absolute run_at (epoch seconds before 2000 are refused)
+PAST = 1_000_000_000.0  # 2001-09-09: due at once, sent as an absolute run_at (smaller epoch seconds are refused)
 
 
 def general_only(name: str = "schedule") -> str:

@@ -9,7 +9,15 @@ from typing import Any, TypeVar, Unpack
 from ..protocol import codec, config, control
 from ..protocol import durability as dur
 from ..protocol.calls import Calls, id_list
-from ..protocol.codes import Outcome, cancel_outcome, cron_removed, purge_outcome, requeue_outcomes, reschedule_outcome
+from ..protocol.codes import (
+    Outcome,
+    cancel_outcome,
+    cron_removed,
+    purge_outcome,
+    requeue_outcomes,
+    reschedule_outcome,
+    toggled,
+)
 from ..protocol.connection import AsyncRedis, async_redis, is_cluster
 from ..protocol.cron import CronInfo
 from ..protocol.keys import Keyspace
@@ -316,8 +324,8 @@ class AsyncClient:
         await self._write_config(rate_limit_fields(queue, per_second, burst), "rate")
 
     @twin(Client.clear_rate_limit)
-    async def clear_rate_limit(self, queue: str) -> bool:
-        return bool((await self._write_config(no_rate_limit_fields(queue), "rate"))[0])
+    async def clear_rate_limit(self, queue: str) -> Outcome:
+        return toggled(bool((await self._write_config(no_rate_limit_fields(queue), "rate"))[0]))
 
     @twin(Client.rate_limits)
     async def rate_limits(self) -> dict[str, tuple[float, float]]:

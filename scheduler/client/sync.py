@@ -10,7 +10,15 @@ from typing import Any, Unpack
 from ..protocol import codec, config, control
 from ..protocol import durability as dur
 from ..protocol.calls import Calls, id_list
-from ..protocol.codes import Outcome, cancel_outcome, cron_removed, purge_outcome, requeue_outcomes, reschedule_outcome
+from ..protocol.codes import (
+    Outcome,
+    cancel_outcome,
+    cron_removed,
+    purge_outcome,
+    requeue_outcomes,
+    reschedule_outcome,
+    toggled,
+)
 from ..protocol.connection import SyncRedis, is_cluster, sync_redis
 from ..protocol.cron import CronInfo
 from ..protocol.keys import Keyspace
@@ -43,7 +51,7 @@ class Client:
     ``partitions`` raises :class:`~scheduler.ConfigError`.
 
     ``cancel``, ``reschedule``, ``requeue``, ``purge``, ``pause``, ``resume``, ``remove_cron``,
-    ``pause_cron`` and ``resume_cron`` return an :class:`~scheduler.Outcome`: truthy only when
+    ``pause_cron``, ``resume_cron`` and ``clear_rate_limit`` return an :class:`~scheduler.Outcome`: truthy only when
     something was changed, else the member that says why not (not found, running, dead, not dead,
     a cron's occurrence, unchanged, no such cron). They raise only for bad input (a malformed id)
     and Redis errors.
@@ -388,10 +396,10 @@ class Client:
         (pub/sub), or 5 s at most."""
         self._write_config(rate_limit_fields(queue, per_second, burst), "rate")
 
-    def clear_rate_limit(self, queue: str) -> bool:
-        """Remove a queue's rate limit; jobs it held back are released at once. False when the
-        queue had none."""
-        return bool(self._write_config(no_rate_limit_fields(queue), "rate")[0])
+    def clear_rate_limit(self, queue: str) -> Outcome:
+        """Remove a queue's rate limit; jobs it held back are released at once. ``DONE``, or
+        ``UNCHANGED`` when the queue had none."""
+        return toggled(bool(self._write_config(no_rate_limit_fields(queue), "rate")[0]))
 
     def rate_limits(self) -> dict[str, tuple[float, float]]:
         """Queue -> (jobs per second, burst)."""

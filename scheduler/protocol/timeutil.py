@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 MIN_MS = 0
 MAX_MS = 253402300799999  # 9999-12-31T23:59:59.999Z
-MIN_EPOCH_S = 946684800  # 2000-01-01T00:00:00Z: a job's time given as a smaller number is refused
+MIN_EPOCH_S = 1_000_000_000  # 2001-09-09T01:46:40Z: a job's time given as a smaller number is refused
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 At = datetime | timedelta | int | float
@@ -56,7 +56,7 @@ def to_ms(at: object, *, name: str = "at", now: float | None = None) -> int:
 
 def job_time_ms(at: object, *, name: str = "at", now: float | None = None) -> int:
     """:func:`to_ms` for the time a job runs at (``schedule``, ``reschedule``, ``requeue``), which
-    also refuses epoch seconds before 2000 (:data:`MIN_EPOCH_S`): ``schedule(30, ...)`` meant "in
+    also refuses epoch seconds below 1e9, before 2001-09-09 (:data:`MIN_EPOCH_S`): ``schedule(30, ...)`` meant "in
     30 seconds" and ran at once, being 1970-01-01T00:00:30Z. A duration is a timedelta; "now" is
     ``timedelta(0)``; a datetime is taken whatever its year."""
     ms = to_ms(at, name=name, now=now)
@@ -64,7 +64,7 @@ def job_time_ms(at: object, *, name: str = "at", now: float | None = None) -> in
         what = "timedelta(0) for now" if ms == 0 else \
             f"timedelta(seconds={reprlib.repr(at)}) for \"in {reprlib.repr(at)} seconds\", timedelta(0) for now"
         raise ValueError(f"{name}={reprlib.repr(at)} is epoch seconds, i.e. {ms_to_datetime(ms):%Y-%m-%dT%H:%M:%SZ}; "
-                         f"numbers before 2000 are refused as likely durations: pass {what}")
+                         f"numbers below 1e9 (2001-09-09) are refused as likely durations: pass {what}")
     return ms
 
 

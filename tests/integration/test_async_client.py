@@ -57,7 +57,7 @@ async def test_async_client_crons_and_rate_limits(redis_url: str) -> None:
         assert await c.remove_cron("daily") and await c.crons() == []
         await c.set_rate_limit("q", 10)
         assert await c.rate_limits() == {"q": (10.0, 2.5)}
-        assert await c.clear_rate_limit("q") and await c.rate_limits() == {}
+        assert await c.clear_rate_limit("q") is Outcome.DONE and await c.rate_limits() == {}
 
 
 async def test_async_client_pauses_and_resumes_queues_and_crons_like_the_sync_client(redis_url: str) -> None:

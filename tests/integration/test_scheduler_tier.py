@@ -9,7 +9,7 @@ import time
 import pytest
 import redis
 
-from scheduler import Client, JobState
+from scheduler import Client, JobState, Outcome
 from scheduler.coord import EtcdCoordinator
 from scheduler.protocol.connection import SyncRedis, sync_redis
 from scheduler.testing.transitions import Ops
@@ -237,7 +237,7 @@ async def test_held_jobs_can_be_inspected_cancelled_and_released_by_clearing_the
         assert client.cancel(held[-1])
         assert client.reschedule(held[-2], time.time() + 3600)
         assert client.stats()["slow"]["scheduled"] >= len(held) - 1
-        assert client.clear_rate_limit("slow")
+        assert client.clear_rate_limit("slow") is Outcome.DONE
         deadline = time.monotonic() + 3
         while sum(1 for i in ids if snapshot(r, client).get(i) == "ready") < 48:
             assert time.monotonic() < deadline, "clearing the limit did not release held jobs"
@@ -255,7 +255,7 @@ def test_rate_limit_validation(redis_url: str) -> None:
             client.set_rate_limit("q", bad)
     with pytest.raises(ValueError):
         client.set_rate_limit("bad:queue", 10)
-    assert not client.clear_rate_limit("never-limited")
+    assert client.clear_rate_limit("never-limited") is Outcome.UNCHANGED
 
 
 class RefusingCoordinator(EtcdCoordinator):

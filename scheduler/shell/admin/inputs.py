@@ -82,7 +82,7 @@ def parse_when(text: str, *, now: float | None = None, name: str = "WHEN") -> in
                                f"(e.g. {int(secs) // 1000})")
             if 0 <= secs < MIN_EPOCH_S:  # a duration given without its "+" and unit
                 when = ms_to_datetime(int(secs * 1000))
-                raise BadInput(f"{name} {text!r} is epoch seconds, i.e. {when:%Y-%m-%dT%H:%M:%SZ}; numbers before 2000 "
+                raise BadInput(f"{name} {text!r} is epoch seconds, i.e. {when:%Y-%m-%dT%H:%M:%SZ}; numbers below 1e9 "
                                f"are refused as likely durations: +{t}s is {t} seconds from now")
             return to_ms(secs, name=name)
     except BadInput:
