@@ -9,15 +9,7 @@ from typing import Any, TypeVar, Unpack
 from ..protocol import codec, config, control
 from ..protocol import durability as dur
 from ..protocol.calls import Calls, id_list
-from ..protocol.codes import (
-    Outcome,
-    cancel_outcome,
-    cron_removed,
-    purge_outcome,
-    requeue_outcomes,
-    reschedule_outcome,
-    toggled,
-)
+from ..protocol.codes import Outcome, cancel_outcome, cron_removed, purge_outcome, requeue_outcomes, reschedule_outcome
 from ..protocol.connection import AsyncRedis, async_redis, is_cluster
 from ..protocol.cron import CronInfo
 from ..protocol.keys import Keyspace
@@ -325,7 +317,7 @@ class AsyncClient:
 
     @twin(Client.clear_rate_limit)
     async def clear_rate_limit(self, queue: str) -> Outcome:
-        return toggled(bool((await self._write_config(no_rate_limit_fields(queue), "rate"))[0]))
+        return control.toggled(bool((await self._write_config(no_rate_limit_fields(queue), "rate"))[0]))
 
     @twin(Client.rate_limits)
     async def rate_limits(self) -> dict[str, tuple[float, float]]:

@@ -10,15 +10,7 @@ from typing import Any, Unpack
 from ..protocol import codec, config, control
 from ..protocol import durability as dur
 from ..protocol.calls import Calls, id_list
-from ..protocol.codes import (
-    Outcome,
-    cancel_outcome,
-    cron_removed,
-    purge_outcome,
-    requeue_outcomes,
-    reschedule_outcome,
-    toggled,
-)
+from ..protocol.codes import Outcome, cancel_outcome, cron_removed, purge_outcome, requeue_outcomes, reschedule_outcome
 from ..protocol.connection import SyncRedis, is_cluster, sync_redis
 from ..protocol.cron import CronInfo
 from ..protocol.keys import Keyspace
@@ -399,7 +391,7 @@ class Client:
     def clear_rate_limit(self, queue: str) -> Outcome:
         """Remove a queue's rate limit; jobs it held back are released at once. ``DONE``, or
         ``UNCHANGED`` when the queue had none."""
-        return toggled(bool(self._write_config(no_rate_limit_fields(queue), "rate")[0]))
+        return control.toggled(bool(self._write_config(no_rate_limit_fields(queue), "rate")[0]))
 
     def rate_limits(self) -> dict[str, tuple[float, float]]:
         """Queue -> (jobs per second, burst)."""

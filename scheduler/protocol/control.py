@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PAUSED_PREFIX", "QueuePause", "cron_pause_status", "cron_resume_call", "epoch_reset_call", "key_holder",
            "migrate_in_call", "migrate_out_call", "parse_paused", "paused_field", "paused_queues", "queue_resumed",
-           "time_ms"]
+           "time_ms", "toggled"]
 
 PAUSED_PREFIX = "paused:"  # {ns}:cfg field paused:QUEUE -> epoch ms when the queue was paused
 

@@ -8,6 +8,7 @@ import pytest
 import redis
 
 from scheduler import AsyncClient, Client, ConfigError, JobState, Outcome
+from scheduler.protocol.transitions import claim_call
 from scheduler.testing.transitions import Ops
 from tests.helpers import snapshot
 
@@ -72,7 +73,7 @@ async def test_async_client_pauses_and_resumes_queues_and_crons_like_the_sync_cl
         since = (await c.paused())["q"]
         assert sync.paused() == {"q": since}, "the sync client reads the same pause"
         p = c.calls.locate(jid)[1]
-        reply = await c.transport.call(*c.calls.call("claim", p, "q", 10, "", 0, ""))
+        reply = await c.transport.call(*claim_call(c.calls, p, "q", 10))
         assert claim_paused(reply) == int(since.timestamp() * 1000), "workers get nothing from a paused queue"
         assert await c.resume("q") is Outcome.DONE and await c.resume("q") is Outcome.UNCHANGED
         assert await c.paused() == {} and sync.paused() == {}

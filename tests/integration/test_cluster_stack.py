@@ -117,7 +117,7 @@ async def test_a_batch_with_one_node_down_returns_the_others_replies_at_once(deg
     ks = client.keyspace
     victim, down, up = split(degraded_cluster, ks)
     victim.kill()  # by pid; the cluster stays ok for the others (no full coverage required)
-    calls = [client.calls.call("stats", p) for p in range(ks.partitions)]
+    calls = client.calls.stats_calls()
     slow = RetryPolicy(budget=5.0, attempts=100)
     try:
         t0 = time.monotonic()

@@ -19,6 +19,7 @@ from scheduler import AsyncClient, Client, JobState
 from scheduler.protocol.codec import build_record, decode_tombstone
 from scheduler.protocol.errors import MisfiredAtSchedule
 from scheduler.protocol.ids import decode_id, encode_id, partition_of
+from scheduler.protocol.transitions import ack_call
 from scheduler.shell.cli import main
 from scheduler.testing.transitions import Ops
 from tests.helpers import snapshot, tombstones
@@ -391,11 +392,10 @@ def test_trimming_keeps_up_with_5000_acks_per_second_and_drains(redis_url: str, 
         c.schedule_many([(timedelta(0), i) for i in range(50)])
         jobs = ops.claim("default", 50)
         if acked % 1000 < 500:  # half the acks one job per call, half batched
-            replies = c.transport.call_many([core.call("ack", 0, core.tomb_ms, j.raw_id, j.token) for j in jobs])
+            replies = c.transport.call_many([ack_call(core, 0, [(j.raw_id, j.token)]) for j in jobs])
             acked += sum(x[0] for x in replies)
         else:
-            flat = [x for j in jobs for x in (j.raw_id, j.token)]
-            acked += sum(c.transport.call(*core.call("ack", 0, core.tomb_ms, *flat)))
+            acked += sum(c.transport.call(*ack_call(core, 0, [(j.raw_id, j.token) for j in jobs])))
         sizes.append(r.hlen(fkey))
         ahead = acked / rate - (time.monotonic() - t0)
         if ahead > 0:
@@ -418,8 +418,7 @@ def test_one_tick_asks_again_until_expired_tombstones_are_gone(redis_url: str, r
     for _ in range(3):
         c.schedule_many([(timedelta(0), i) for i in range(1000)])
         jobs = ops.claim("default", 1000)
-        flat = [x for j in jobs for x in (j.raw_id, j.token)]
-        assert sum(c.transport.call(*core.call("ack", 0, core.tomb_ms, *flat))) == 1000
+        assert sum(c.transport.call(*ack_call(core, 0, [(j.raw_id, j.token) for j in jobs]))) == 1000
     fkey = c.keyspace.key(0, "f")
     assert r.hlen(fkey) == 3000
     time.sleep(0.6)

@@ -10,6 +10,7 @@ import pytest
 
 from scheduler import Client, JobState, Outcome
 from scheduler.protocol.replies import claim_paused, parse_claim, parse_stats
+from scheduler.protocol.transitions import claim_call
 from scheduler.shell.servers import scheduler_proc
 from tests.integration.test_worker_support import read_runs, spawn_worker, wait_for, wait_worker_ready, write_app
 from workers.planner import ClaimPlanner, ready_message
@@ -18,7 +19,7 @@ NS = "pausetest"
 
 
 def _claim(client: Client, queue: str, p: int, n: int = 10) -> list[object]:
-    reply = client.transport.call(*client.calls.call("claim", p, queue, n, "", 0, ""))
+    reply = client.transport.call(*claim_call(client.calls, p, queue, n))
     assert isinstance(reply, list)
     return reply
 

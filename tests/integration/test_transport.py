@@ -11,6 +11,7 @@ import redis
 from scheduler import Client, JobOptions
 from scheduler.protocol.replies import parse_claim
 from scheduler.protocol.scripts import SCRIPT_NAMES
+from scheduler.protocol.transitions import claim_call
 from scheduler.protocol.transport import RESEND, RetryPolicy, mark_resend
 from scheduler.testing.transitions import Ops
 from tests.helpers import PAST
@@ -85,16 +86,17 @@ def test_claim_never_hands_out_a_job_that_is_already_running(client: Client, r: 
 def test_a_resent_claim_is_answered_from_its_receipt(client: Client, r: redis.Redis) -> None:
     core = client.calls
     client.schedule_many([(timedelta(0), i) for i in range(5)], queue="q")
-    first = parse_claim(client.transport.call(*core.call("claim", 0, "q", 3, "rid-1", 30_000, "")))[1]
-    again = parse_claim(client.transport.call(*core.call("claim", 0, "q", 3, "rid-1", 30_000, "")))[1]
+    first = parse_claim(client.transport.call(*claim_call(core, 0, "q", 3, request_id="rid-1", receipt_ms=30_000)))[1]
+    again = parse_claim(client.transport.call(*claim_call(core, 0, "q", 3, request_id="rid-1", receipt_ms=30_000)))[1]
     assert [(j.raw_id, j.token) for j in again] == [(j.raw_id, j.token) for j in first]
     assert all(j.record is not None and j.record.attempt == 1 for j in again)
-    other = parse_claim(client.transport.call(*core.call("claim", 0, "q", 3, "rid-2", 30_000, "rid-1")))[1]
+    other = parse_claim(client.transport.call(*claim_call(core, 0, "q", 3, request_id="rid-2", receipt_ms=30_000,
+                                                      earlier_request_id="rid-1")))[1]
     assert len(other) == 2 and not {j.raw_id for j in other} & {j.raw_id for j in first}
     assert not r.exists("{tr:0}:cr:rid-1"), "the next claim drops the receipt of an answered one"
     # a job acked since the claim is not returned by a late re-send of that claim
     Ops(client).ack(other[0])
-    late = parse_claim(client.transport.call(*core.call("claim", 0, "q", 3, "rid-2", 30_000, "")))[1]
+    late = parse_claim(client.transport.call(*claim_call(core, 0, "q", 3, request_id="rid-2", receipt_ms=30_000)))[1]
     assert [j.raw_id for j in late] == [other[1].raw_id]
 
 

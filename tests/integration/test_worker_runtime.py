@@ -17,6 +17,7 @@ import redis
 
 from scheduler import Client, JobState, Outcome
 from scheduler.protocol.ids import decode_id, partition_of
+from scheduler.protocol.tick import reap_call
 from tests.integration.test_worker_support import Recorder, TierStandIn, serving, wait_for
 from workers import Job, PermanentError, Retry, Worker, WorkerStats
 
@@ -141,7 +142,7 @@ async def test_ack_refused_after_lease_lost_is_counted_not_raised(redis_url: str
         p = partition_of(raw, client.keyspace.partitions)
         client.redis.zadd(client.keyspace.key(p, "i"), {raw: 0}, xx=True)
         core = client.calls
-        assert client.transport.call(*core.call("reap", p, 0, 100))[0] == 1
+        assert client.transport.call(*reap_call(core, p, 0, 100))[0] == 1
         await wait_for(lambda: w.stats.acked == 1, 5, what="second attempt acked")
         release_first.set()
         await wait_for(lambda: w.stats.lease_lost == 1, 5, what="refused ack counted")

@@ -20,6 +20,7 @@ from typing import Any
 import redis.asyncio as aredis
 
 from scheduler import AsyncClient
+from scheduler.protocol.tick import NO_RETENTION, reap_call, tick_call
 from scheduler.protocol.transport import AsyncScriptTransport
 from scheduler.shell.servers import ZschedProc
 from workers import Worker
@@ -50,8 +51,8 @@ class TierStandIn:
             parts = range(core.ks.partitions)
             while not self._stopping:
                 try:
-                    calls = [core.call("tick", p, 0, 1000, core.tomb_ms) for p in parts]
-                    calls += [core.call("reap", p, 0, 1000) for p in parts]
+                    calls = [tick_call(core, p, 0, 1000, {}, NO_RETENTION) for p in parts]
+                    calls += [reap_call(core, p, 0, 1000) for p in parts]
                     res = await scripts.call_many(calls)
                     self.reaped += sum(int(x[0]) for x in res[len(parts):])
                 except (OSError, aredis.RedisError) as exc:  # fault tests kill Redis under us
