@@ -46,9 +46,10 @@ Refused = Callable[[Attempt, str], None]
 
 
 class Outbox:
-    """Outcomes waiting for a round trip, per partition. ``call`` builds one script call
-    (``Calls.call``), ``tomb_ms`` is the ack's tombstone TTL, and ``on_refused(attempt, what)`` is
-    told when Redis refused an outcome because the attempt no longer holds the lease."""
+    """Outcomes waiting for a round trip, per partition. ``calls`` (the worker's
+    :class:`~scheduler.protocol.calls.Calls`, with its tombstone TTL for the acks) builds the script
+    calls through :mod:`scheduler.protocol.transitions`, and ``on_refused(attempt, what)`` is told
+    when Redis refused an outcome because the attempt no longer holds the lease."""
 
     def __init__(self, calls: Builder, on_refused: Refused) -> None:
         self.calls = calls

@@ -141,4 +141,3 @@ def lease_ttl_env() -> str | None:
     """ZSCHED_LEASE_TTL as given (stripped), or None; ``zsched scheduler`` checks it."""
     raw = (env("LEASE_TTL") or "").strip()
     return raw or None
-

@@ -28,6 +28,7 @@ class Builder(Protocol):
         """The call of script ``name`` on ``partition`` with ``args`` after the common ones."""
         ...
 
+
 Attempt = tuple[bytes, int]
 """A claimed job: its binary id and the token of its claim."""
 

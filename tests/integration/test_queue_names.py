@@ -10,12 +10,13 @@ import pytest
 import redis
 
 from scheduler import Client, JobOptions
+from scheduler.protocol.tick import Retention, tick_call
 from scheduler.testing.transitions import Ops
 from tests.helpers import PAST, snapshot
 
 
 def _tick(ops: Ops, idle_ms: int, n: int = 1) -> None:
-    calls = [ops.calls.call("tick", 0, 0, 1000, ops.calls.tomb_ms, 0, 0, 0, idle_ms) for _ in range(n)]
+    calls = [tick_call(ops.calls, 0, 0, 1000, {}, Retention(queue_idle_ms=idle_ms)) for _ in range(n)]
     ops.transport.call_many(calls)
 
 
@@ -43,7 +44,7 @@ def test_seventy_thousand_queue_names_over_time_do_not_break_scheduling(redis_ur
         names = [f"q{rnd}-{i}" for i in range(5000)]
         ids = _schedule_to(c, names)
         total += len(ids)
-        cancel = [ops.calls.call("cancel", 0, bytes.fromhex(j), ops.calls.tomb_ms) for j in ids]
+        cancel = [ops.calls.cancel_call(j) for j in ids]
         for s in range(0, len(cancel), 1000):
             c.transport.call_many(cancel[s:s + 1000])
         while r.hlen("{qn:0}:q") > 3 * 1000:  # n:, i:, u: per live name; retire most of this round

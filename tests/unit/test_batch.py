@@ -17,6 +17,7 @@ from scheduler.protocol.keys import PARTITION_KEYS, Keyspace
 from scheduler.protocol.options import JobOptions
 from scheduler.protocol.routing import slot_of
 from scheduler.protocol.scripts import LIBRARY_MARKER, assemble, library_source, load_scripts, strip_comments
+from scheduler.protocol.transitions import claim_call
 
 
 class _Parser(BaseParser):
@@ -141,7 +142,7 @@ def test_the_keys_a_script_does_not_declare_are_named_as_the_keyspace_names_them
         call = calls.prepare_one(timedelta(0), None, None, JobOptions())
         keys = ks.partition_keys(int(call[2][2].split("/")[0]))
         assert call[0] == "schedule" and list(call[1]) == (keys if declare_all else keys[:1])
-        assert list(calls.call("claim", 1, "q")[1]) == ks.partition_keys(1)
+        assert list(claim_call(calls, 1, "q", 1)[1]) == ks.partition_keys(1)
 
 
 def test_scripts_reach_redis_without_their_comments_but_with_every_string_intact() -> None:
