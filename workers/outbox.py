@@ -5,11 +5,19 @@ unless :data:`FLUSH_BIG` are queued; the outcome loop has at most one round trip
 the claim loop takes whatever is queued along with its claims. A round trip that fails puts its
 outcomes back (the jobs keep their leases meanwhile) and marks them uncertain: once re-sent, a
 refusal may mean "already applied".
+
+Retries during an outage back off, but never past a tenth of the shortest lease among the queued
+outcomes (:meth:`Outbox.retry_wait`): the lease of a finished job keeps running while its ack
+waits, so an ack that waits out a long backoff after Redis is back loses the lease and the job
+runs again. A Redis Cluster failover is the case that showed it: every node refuses commands for
+a few seconds, the backoff grew past the 3 s lease of the jobs acked at its start, and they ran
+twice.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -31,6 +39,8 @@ FLUSH_DELAY = 0.001     # outcomes wait this long to share a round trip...
 FLUSH_BIG = 200         # ...unless this many are queued
 CALL_BATCH = 200        # outcomes per script call (bounded work per EVALSHA)
 DRAIN_TIMEOUT = 10.0    # at shutdown, how long to keep trying to deliver outcomes
+RETRY_LEASE_SHARE = 0.1  # during an outage, retry outcomes at least this often, in leases...
+RETRY_FLOOR = 0.01       # ...but not more often than this (seconds)
 
 # Per-job reply codes of ack, fail and release (extend replies the new deadline, 0 if refused),
 # as plain ints: these comparisons run once per job, and an enum member lookup costs more.
@@ -140,6 +150,16 @@ class Outbox:
                     self.releases[r.p].append(r)
                     self.n += 1
 
+    def retry_wait(self, backoff: float) -> float:
+        """How long to wait before sending the queued outcomes again: ``backoff`` (the outage's),
+        but at most :data:`RETRY_LEASE_SHARE` of the shortest lease among them, so that once Redis
+        is back they are delivered while their jobs still hold their leases. Runs only after a
+        failed round trip, so its walk over the queue costs nothing on the happy path."""
+        shortest = min((r.lease_s for q in (self.acks, self.extends, self.releases) for rs in q.values() for r in rs),
+                       default=math.inf)
+        shortest = min(shortest, min((f[0].lease_s for fs in self.fails.values() for f in fs), default=math.inf))
+        return min(backoff, max(RETRY_FLOOR, shortest * RETRY_LEASE_SHARE))
+
     def apply(self, meta: Meta, results: Sequence[Any]) -> NodeFailed | None:
         """Take the replies of a round trip: count what Redis did, report refusals, and queue
         again the outcomes of a call that failed as a whole (a script error, or its Redis Cluster
@@ -230,14 +250,14 @@ class Outbox:
                 self.flushing = False
                 if life.stopping and life.drain_deadline < time.monotonic():
                     return
-                await asyncio.sleep(outage.failed(exc))
+                await asyncio.sleep(self.retry_wait(outage.failed(exc)))
                 continue
             self.flushing = False
             node_down = self.apply(meta, results)
             if node_down is None:
                 outage.ok()
             else:  # one cluster node failed, the others' outcomes went through: wait, then again
-                await asyncio.sleep(outage.failed(node_down))
+                await asyncio.sleep(self.retry_wait(outage.failed(node_down)))
 
     async def drain(self, flusher: asyncio.Task[Any], life: Lifecycle) -> None:
         """At shutdown: keep the outcome loop (``flusher``) busy until everything queued was

@@ -285,6 +285,65 @@ def test_outbox_drops_a_call_whose_arguments_redis_refused_instead_of_retrying_i
     assert "ack of 1 job(s) refused by Redis and not sent again" in caplog.text and "ZSCHED_ARG ack" in caplog.text
 
 
+def test_outbox_retry_wait_is_the_backoff_bounded_by_a_tenth_of_the_shortest_queued_lease() -> None:
+    import workers.outbox as outbox_mod
+
+    box, _ = outbox()
+    assert box.retry_wait(4.0) == 4.0, "nothing queued: the outage's backoff"
+    box.ack(attempt(1, lease_ms=30_000))
+    assert box.retry_wait(4.0) == pytest.approx(3.0)
+    box.fail(attempt(2, lease_ms=3_000), FailKind.RETRY, 0, b"e")
+    assert box.retry_wait(4.0) == pytest.approx(0.3) and box.retry_wait(0.05) == 0.05
+    box.extend(attempt(3, lease_ms=100))
+    assert box.retry_wait(4.0) == pytest.approx(0.01)
+    box.release(attempt(4, lease_ms=1))
+    assert box.retry_wait(4.0) == outbox_mod.RETRY_FLOOR, "a 1 ms lease: the floor, not a busy loop"
+
+
+def test_outbox_delivers_an_ack_within_a_tenth_of_its_lease_after_a_long_outage(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redis refuses every round trip for a while (a cluster failover: CLUSTERDOWN on every node),
+    then answers. The outage's backoff doubles up to 5 s; the outcome loop must not sleep that
+    long while a finished job's 3 s lease runs out, or the job runs again once Redis is back."""
+    import workers.outbox as outbox_mod
+
+    box, _ = outbox()
+    a = attempt(1, lease_ms=3000)
+    box.ack(a)
+    waits: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(delay: float) -> None:
+        waits.append(delay)
+        await real_sleep(0)
+
+    sent = 0
+
+    async def send(calls: Any, lane: str) -> list[Any]:
+        nonlocal sent
+        sent += 1
+        if sent <= 12:  # 12 refusals: the backoff alone would reach its 5 s cap
+            raise ConnectionError("CLUSTERDOWN The cluster is down")
+        return [[1]]
+
+    async def main() -> None:
+        monkeypatch.setattr(outbox_mod.asyncio, "sleep", sleep)
+        task = asyncio.create_task(box.run(send, Lifecycle(), None))
+        try:
+            for _ in range(1000):
+                if a.stats.acked:
+                    break
+                await real_sleep(0)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+    assert a.stats.acked == 1 and sent == 13
+    retries = [w for w in waits if w != outbox_mod.FLUSH_DELAY]
+    assert len(retries) == 12 and max(retries) <= 0.3 + 1e-9, retries
+
+
 # -- heartbeats -----------------------------------------------------------------------------------
 
 
