@@ -13,6 +13,9 @@
 -- visited per job acked (sweep_after_tombstones), so trimming keeps up with any ack rate.
 -- Arguments: tested inline (a worker acks every job: no call or closure for a good ack), named
 -- through arg when the test failed. The two lists go together.
+-- Uses: COMMON, ID_LEN, K_C, K_G, K_I, K_J, K_L, MAX_INT, MAX_MS, arg, bump, flush_bumps, jget,
+--       now_ms, queue_name, rec_qidx, refusal, release_key, sweep_after_tombstones, tombstone,
+--       touch_queue
 local A = ARGV
 local ttl = tonumber(A[4] or '')
 local good = COMMON and #KEYS == 14 and ttl and ttl >= 0 and ttl <= MAX_MS and ttl % 1 == 0 and #A >= 6 and #A % 2 == 0

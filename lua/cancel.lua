@@ -8,6 +8,8 @@
 -- replace the cron instead: a cron always has exactly one pending occurrence).
 -- Invariants: a cancelled job is in no live structure, its idempotency key is free, and with
 -- ttl > 0 a 'cancelled' summary in 'f' answers get() (due time, attempts, queue, key, last error).
+-- Uses: COMMON, ID_LEN, MAX_MS, PREFIX, arg, cancel_job, cron_name_of, find_timer, flush_bumps,
+--       jget, layout_fence, now_ms, rec_is_cron, refusal, sweep_after_tombstones
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local id, ttl = arg('id', 4), arg('int', 5, 'tombstone_ttl_ms', 0, MAX_MS)
 arg('at_most', 5)

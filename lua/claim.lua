@@ -35,6 +35,10 @@
 -- after Redis lost recent writes. An id that is already running (a duplicate ready entry: only
 -- a bug or a hand edit makes one) is dropped from the list, never handed out twice. A job over
 -- the due limit (ARGV 9) leaves the list only to go back to the same place in the same script.
+-- Uses: BATCH_LIMIT_MAX, CHAN, COMMON, ID_LEN, K_C, K_D, K_E, K_G, K_I, K_J, K_L, MAX_INT,
+--       NAME_MAX, NAME_PATTERN, PART, PREFIX, arg, bump, error_blob, flush_bumps, fmt, jget, jval,
+--       layout_fence, multi, next_tokens, rec_attempt, rec_opts, rec_valid, rec_with_attempt,
+--       refusal, ring, u48
 local RECEIPT_MAX_MS = 86400000 -- a day: a receipt answers re-sends after a lost reply, seconds later
 -- Arguments: tested inline, with the values the script uses (a good call pays for no closure or
 -- call: _lib_args.lua "Argument checks"); when the test fails, the same rules again through arg, which

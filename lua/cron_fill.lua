@@ -13,6 +13,8 @@
 --          caller recomputes); {1, pending id} otherwise.
 -- Invariants: never creates a second pending occurrence, nor one for a paused cron; occurrences already in the table are
 -- not duplicated (only later ones are appended).
+-- Uses: COMMON, MAX_INT, PREFIX, arg, check_epoch, cron_schedule, flush_bumps, layout_fence, p48,
+--       refusal, u48
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local epoch, name = arg('int', 4, 'epoch', 0, MAX_INT), arg('name', 5, 'name')
 local ver, n = ARGV[6], arg('int', 7, 'count', 1, MAX_INT)

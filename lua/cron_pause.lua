@@ -10,6 +10,7 @@
 -- occurrences, and its hash holds 'paused' (ms); cron_fill refuses to schedule for a paused cron, so
 -- neither a tick nor an owner's cron sweep creates one. An occurrence already running finishes.
 -- Idempotent: a paused cron is left as it is.
+-- Uses: COMMON, MAX_MS, PREFIX, arg, cancel_job, flush_bumps, fmt, layout_fence, now_ms, refusal
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local name, ttl = arg('name', 4, 'name'), arg('int', 5, 'tombstone_ttl_ms', 0, MAX_MS)
 arg('at_most', 5)

@@ -11,6 +11,7 @@
 -- Invariants: afterwards a resumed cron has exactly one pending occurrence (the first pair) and the
 -- rest as its table; occurrences between the pause and now are neither run nor counted as missed
 -- (the pause was the operator's decision). Idempotent: a re-send finds the cron not paused.
+-- Uses: COMMON, MAX_INT, PREFIX, arg, cron_schedule, flush_bumps, layout_fence, p48, refusal
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local name, n = arg('name', 4, 'name'), arg('int', 5, 'count', 1, MAX_INT)
 if n and #ARGV ~= 5 + 2 * n then arg('refuse', 'ARGV', 'count', '5 + 2 x ARGV[5] (the occurrences)', #ARGV) end

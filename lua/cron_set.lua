@@ -16,6 +16,8 @@
 -- Invariants: afterwards the cron has exactly one pending occurrence (the first pair); a replaced
 -- cron's pending occurrence is cancelled first (unless it is already running: it finishes); a
 -- paused cron that is replaced is active again.
+-- Uses: COMMON, MAX_INT, MAX_MS, PREFIX, arg, cancel_job, cron_schedule, flush_bumps, fmt,
+--       layout_fence, now_ms, p48, record_problem, refusal
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local name, queue, def, head, tail = arg('name', 4, 'name'), arg('name', 5, 'queue'), ARGV[6], ARGV[7], ARGV[8]
 local m = def and string.byte(def, 1) -- a msgpack map: fixmap 0x80-0x8f, map 16 0xde, map 32 0xdf

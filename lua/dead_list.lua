@@ -7,6 +7,7 @@
 --   neither '' nor a queue name, a limit or scan outside 1 to 2^53 - 1, more arguments.
 -- Invariants: read-only (no key is written); scans at most ARGV[6] entries of 'd', so the cost
 --             of a call is bounded whatever the number of dead jobs.
+-- Uses: COMMON, K_D, K_E, MAX_INT, arg, fmt, jget, layout_fence, queue_name, rec_qidx, refusal
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local want, limit, scan = arg('name', 4, 'queue', true), arg('int', 5, 'limit', 1, MAX_INT), arg('int', 6, 'scan', 1, MAX_INT)
 arg('at_most', 6)

@@ -16,6 +16,7 @@
 -- With 0 stored the next owner's tick re-establishes its epoch. Safe even if a stale replica
 -- ticks first: tick pops and pushes due timers in one script, so two ticking replicas can only
 -- contend for jobs, never fire one twice.
+-- Uses: CHAN, COMMON, K_META, MAX_INT, PART, arg, publish, refusal
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local expected = arg('int', 4, 'expected_epoch', 0, MAX_INT)
 arg('at_most', 4)

@@ -9,6 +9,7 @@
 -- Invariants: only the current token holder can extend; a refused extend changes nothing.
 -- Arguments: tested inline (heartbeats extend every running job), named through arg when the test
 -- failed. The two lists go together.
+-- Uses: COMMON, ID_LEN, K_I, K_L, MAX_INT, arg, jget, now_ms, rec_opts, refusal
 local MAX_LEASE_MS = 604800000 -- options.MAX_LEASE_S
 local A = ARGV
 local good = COMMON and #KEYS == 14 and #A >= 6 and #A % 3 == 0

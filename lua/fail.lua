@@ -15,6 +15,9 @@
 -- dead job's idempotency key is free again.
 -- Arguments: tested inline (a worker fails every job whose handler raised), named through arg
 -- when the test failed. The two lists go together.
+-- Uses: COMMON, ID_LEN, K_C, K_D, K_E, K_G, K_I, K_L, MAX_INT, MAX_MS, arg, bump, fmt, head_score,
+--       jget, now_ms, place, queue_name, rec_attempt, rec_max, rec_qidx, refusal, release_key,
+--       settle
 local ERROR_MAX = 16386
 local A = ARGV
 local good = COMMON and #KEYS == 14 and #A >= 8 and (#A - 3) % 5 == 0

@@ -17,6 +17,8 @@
 --   not 15 bytes.
 -- Invariants: read-only (no key is written); every job state is read in this one atomic call,
 --             so a job moving meanwhile is seen in exactly one state.
+-- Uses: COMMON, ID_LEN, K_D, K_E, K_F, K_I, K_L, K_X, PREFIX, arg, find_timer, fmt, jget,
+--       layout_fence, queue_name, rec_qidx, refusal, u16, u48
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 arg('groups', 4, 'job ids', 1, 1)
 for b = 4, #ARGV do arg('id', b) end

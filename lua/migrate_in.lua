@@ -19,6 +19,10 @@
 -- Invariants: a job enters exactly the state it left (timer with its score, ready list, held
 --   set, dead set, or a finished summary) with its record's queue index translated to this
 --   partition's; a keyed job takes its idempotency key along; gauges follow the job.
+-- Re-send flag: ARGV[5]
+-- Uses: COMMON, ID_LEN, K_D, K_E, K_F, K_G, K_I, K_J, K_K, K_META, KEY_MAX, MAX_INT, MAX_MS,
+--       NAME_MAX, NAME_PATTERN, PREFIX, arg, bump, flag, fmt, head_score, job_exists, jval, multi,
+--       p16, push_ready, put_timer, queue_index, refusal, settle
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local seq_floor, check = arg('int', 4, 'cron_sequence', 0, MAX_INT), arg('flag', 5, 'check')
 arg('groups', 6, '(field, entry) pairs', 2, 0)

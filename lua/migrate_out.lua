@@ -26,6 +26,9 @@
 -- Entries: t {'t', score, queue, record, error, key}; r {'r', due, queue, record, error, key};
 --   h {'h', score, queue, record, error, key, due}; d {'d', score, queue, record, error, due};
 --   f {'f', summary, queue}; c {'c', fields (flat HGETALL)}. error/key: '' when none.
+-- Uses: COMMON, ID_LEN, K_D, K_E, K_F, K_G, K_J, K_K, K_META, K_Q, K_T, MAX_INT, NAME_MAX, PART,
+--       PREFIX, arg, bump, flush_bumps, fmt, jget, multi, queue_name, rec_opts, rec_qidx,
+--       rec_valid, refusal, remove_timer, u16, u32
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local N, budget = arg('int', 4, 'partitions', 1, 4096), arg('int', 5, 'budget', 1, MAX_INT)
 local delivered = {}

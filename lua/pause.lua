@@ -9,6 +9,7 @@
 -- Invariants: no job changes state. tick keeps moving due jobs to 'r:QUEUE'; claim (lua/claim.lua)
 -- hands none of them out while the flag is set, and answers {now_us, since} so workers stop asking
 -- until resume publishes on the queue's ready channel. Idempotent (HSETNX): a re-send changes nothing.
+-- Uses: COMMON, MAX_MS, PREFIX, arg, fmt, layout_fence, refusal
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local queue, since = arg('name', 4, 'queue'), arg('int', 5, 'since_ms', 0, MAX_MS)
 arg('at_most', 5)

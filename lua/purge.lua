@@ -7,6 +7,8 @@
 --   outside 1-5000 or more arguments, with 'ids' no id or an id that is not 15 bytes.
 -- Returns: the number of jobs purged.
 -- Invariants: only dead jobs are touched; their body, error and idempotency key go with them.
+-- Uses: BATCH_LIMIT_MAX, COMMON, K_C, K_D, K_E, K_G, K_J, MAX_MS, arg, bump, flush_bumps, fmt,
+--       jget, layout_fence, queue_name, rec_qidx, refusal, release_key
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local mode = ARGV[4]
 if mode ~= 'ids' and mode ~= 'older' then arg('refuse', 4, 'mode', "'ids' or 'older'", mode) end

@@ -12,6 +12,7 @@
 -- of the tokens in proportion to its demand among partitions that asked in the last 2 s (at least
 -- 1 token when one is available), so a herd spread over many partitions drains oldest-first per
 -- partition and fairly across partitions at the configured rate.
+-- Uses: MAX_INT, NAME_MAX, arg, fmt, refusal
 local key = KEYS[1]
 if #KEYS ~= 1 or not string.find(key, '^{[A-Za-z0-9][A-Za-z0-9_.%-]*}:rl:[A-Za-z0-9][A-Za-z0-9_.%-]*$') or
     #string.match(key, '^{(.-)}') > NAME_MAX or #string.match(key, ':rl:(.*)$') > NAME_MAX then

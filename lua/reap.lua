@@ -10,6 +10,9 @@
 -- ready list; or, when its attempts are spent, it goes to 'd' with a LeaseExpired error (and its
 -- idempotency key is free again).
 -- Bounded by the batch limit.
+-- Uses: BATCH_LIMIT_MAX, COMMON, K_C, K_D, K_E, K_G, K_I, K_J, K_L, MAX_INT, arg, bump,
+--       check_epoch, error_blob, flush_bumps, fmt, jget, jval, layout_fence, now_ms, publish_ready,
+--       push_ready, queue_name, rec_attempt, rec_max, rec_qidx, refusal, release_key
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local epoch, limit = arg('int', 4, 'epoch', 0, MAX_INT), arg('int', 5, 'batch', 1, BATCH_LIMIT_MAX)
 arg('at_most', 5)

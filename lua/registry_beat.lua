@@ -21,6 +21,7 @@
 -- allowed) after the last beat of any worker: never under a live record, and nothing is left
 -- behind once every worker of the namespace is gone.
 -- Idempotent: a re-send writes the same record with a later clock.
+-- Uses: arg, now_ms, refusal, registry_keys, registry_prune
 registry_keys()
 local id, rec = ARGV[1], ARGV[2]
 if not id or #id < 1 or #id > 200 then arg('refuse', 1, 'worker id', 'a worker id of 1-200 bytes', id) end

@@ -8,6 +8,7 @@
 --   arguments.
 -- Returns: 1 when the worker's record was removed, 0 when there was none.
 -- Invariants: the id leaves both keys at once; O(log N). Idempotent: a re-send finds nothing.
+-- Uses: arg, refusal, registry_keys
 registry_keys()
 local id = ARGV[1]
 if not id or #id < 1 or #id > 200 then arg('refuse', 1, 'worker id', 'a worker id of 1-200 bytes', id) end

@@ -13,6 +13,7 @@
 --          without a record (only a hand edit makes one) is left out.
 -- Invariants: writes only the deletion of dead records, bounded by ARGV[1] (the rest go on the
 -- next call); reads O(live workers), never anything per job or per partition.
+-- Uses: arg, now_ms, refusal, registry_keys, registry_prune
 registry_keys()
 local prune = arg('int', 1, 'prune', 0, 1000)
 arg('at_most', 1)

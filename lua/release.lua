@@ -9,6 +9,8 @@
 -- Invariants: the job leaves 'i'/'l' and goes to the front of its ready list with attempt - 1.
 -- Arguments: tested inline (a worker that stops releases every job it holds), named through arg
 -- when the test failed. The two lists go together.
+-- Uses: COMMON, ID_LEN, K_C, K_G, K_I, K_J, K_L, MAX_INT, arg, bump, flush_bumps, jget, jval,
+--       publish_ready, push_ready, queue_name, rec_attempt, rec_qidx, rec_with_attempt, refusal
 local A = ARGV
 local good = COMMON and #KEYS == 14 and #A >= 5 and #A % 2 == 1
 for b = 4, good and #A or 0, 2 do

@@ -11,6 +11,8 @@
 -- Invariants: the job leaves 'd' and enters exactly one of 't' or its ready list. Its last error
 -- stays readable until it succeeds. It takes its idempotency key back if no other live job holds
 -- it (the key was freed when it died).
+-- Uses: COMMON, K_C, K_D, K_G, K_K, arg, bump, head_score, jget, layout_fence, now_ms, place,
+--       queue_name, rec_opts, rec_qidx, rec_with_attempt, refusal, settle
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local now = now_ms()
 local at = arg('at', 4, 'run_at', now)

@@ -8,6 +8,9 @@
 --   that range, more arguments.
 -- Returns: 1 moved; 0 no live job with that id; -1 running; -2 dead (use requeue).
 -- Invariants: the job keeps its id, attempts and payload and is in exactly one state after.
+-- Uses: COMMON, ID_LEN, K_C, K_D, K_G, K_I, K_J, arg, bump, find_timer, flush_bumps, head_score,
+--       jget, layout_fence, now_ms, place, publish_ready, queue_name, rec_qidx, refusal,
+--       remove_timer, unlink_waiting, wake_scheduler
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local now = now_ms()
 local id, at = arg('id', 4), arg('at', 5, 'run_at', now)

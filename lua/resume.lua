@@ -8,6 +8,7 @@
 -- _lib.lua), so a worker that stopped asking because of the pause claims the jobs that waited in
 -- 'r:QUEUE' at once; a lost ring costs latency only (workers re-probe paused partitions on their
 -- safety-net sweep). Idempotent: a re-send changes nothing.
+-- Uses: COMMON, PART, PREFIX, arg, layout_fence, now_ms, refusal, ring
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local queue = arg('name', 4, 'queue')
 arg('at_most', 4)

@@ -45,6 +45,11 @@
 -- general path below; anything else (a refusal, a new queue name, a job already due, a time whose
 -- id must be noted in 'm') falls through to the general path before any write, which names a
 -- refused argument. tests/integration/test_schedule_fast_path.py compares the two.
+-- Re-send flag: ARGV[7]
+-- Uses: BATCH_MAX, COMMON, ID_LEN, K_C, K_G, K_J, K_K, K_M, K_T, KEY_MAX, MAX_MS, NAME_MAX,
+--       NAME_PATTERN, PART, PREFIX, arg, bump, flag, flush_bumps, fmt, head_score, job_exists,
+--       jval, layout_fence, multi, now_ms, p16, queue_index, rec_opts, record_problem, refusal,
+--       release_key, ring, sweep_after_tombstones, tombstone, touch_queue, u48, wake_scheduler
 local RELATIVE_SLACK_MS = 250 -- see the use of arg('at') below
 local A = ARGV -- a local: each ARGV[i] would otherwise look the global up
 if A[6] == '1' and A[7] == '0' and A[10] == '' and A[11] == nil and (#KEYS == 1 or #KEYS == 14) then

@@ -6,6 +6,8 @@
 --          queues (flat queue/since-ms list, lua/pause.lua)}.
 -- Refuses (ZSCHED_ARG; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, more arguments.
 -- Invariants: read-only (no key is written); O(queues) work, never O(jobs).
+-- Uses: COMMON, K_C, K_D, K_G, K_I, K_META, K_Q, K_T, PREFIX, arg, head_score, layout_fence,
+--       refusal
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 if not arg('at_most', 3) then return refusal end
 do local refused = layout_fence(); if refused then return refused end end

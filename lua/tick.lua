@@ -48,6 +48,11 @@
 -- Rings (ring() in _lib.lua) the bell of each queue whose ready list received jobs, once, off a
 -- cluster (not a queue paused in this partition); on a cluster it names those queues in the reply
 -- instead (see Returns).
+-- Uses: BATCH_LIMIT_MAX, CHAN, COMMON, ID_LEN, K_C, K_D, K_E, K_G, K_J, K_M, K_META, K_T, MAX_INT,
+--       MAX_MS, NAME_MAX, NAME_PATTERN, PART, PREFIX, arg, bump, check_epoch, cron_advance,
+--       error_blob, flag, flush_bumps, fmt, head_score, jget, jval, layout_fence, multi, now_ms,
+--       p48, paused_here, queue_name, rec_is_cron, rec_opts, rec_qidx, rec_valid, refusal,
+--       release_key, retire_queues, ring, tombstone, trim_dead, trim_tombstones, u16, u32
 local FIRING_SWEEP_MS = 1000
 -- Fast path: the common tick of a busy partition, which the tier sends on all but about one tick
 -- per second per partition (housekeeping 0, no rate-limited queue, no retention pass): due jobs,

@@ -28,7 +28,7 @@ from redis.exceptions import (
 
 from .codes import script_error
 from .errors import ZschedError
-from .scripts import Script
+from .scripts import Script, resend_flag_args
 
 _hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
 try:  # redis[hiredis] is a dependency; its C packer is what the hot paths use
@@ -76,7 +76,9 @@ RESEND: dict[str, str] = {
     # finds nothing, a second read prunes what the first left
     "registry_beat": "safe", "registry_leave": "safe", "registry_read": "safe",
 }
-RESEND_FLAG: dict[str, int] = {"schedule": 6, "migrate_in": 4}  # 0-based index into args (ARGV[index + 1]) of the flag
+# Per "flag" script, the 0-based index into its args (ARGV[index + 1]) of the flag that
+# mark_resend sets: read from the script's own "-- Re-send flag: ARGV[N]" header line.
+RESEND_FLAG: dict[str, int] = resend_flag_args()
 
 # Error replies that mean the command was not executed: safe to send again after a pause.
 # NOREPLICAS (min-replicas-to-write not met) is raised at a script's first write, before it wrote.

@@ -1,6 +1,15 @@
 """Lua script loader: reads ``lua/*.lua`` from the installed package and prepends the library
 helpers each script uses. Scripts are run by :mod:`scheduler.protocol.transport` (EVALSHA, with
-NOSCRIPT recovery and retries)."""
+NOSCRIPT recovery and retries).
+
+Linking is explicit: each script's header names the library definitions it uses on a ``-- Uses:``
+line (helpers, constants, key names; wrapped onto indented comment lines), and the loader takes
+those, with what they use in turn, into the script. The line is checked against the code: a
+script that uses a library name its header does not list, or lists one it does not use, fails to
+load with a message naming both (:func:`check_uses`), so the header cannot drift. A script that
+Python sends again after a lost reply with a flag set says where the flag is on a
+``-- Re-send flag: ARGV[N]`` line (:func:`resend_flag_args`), which the transport reads instead of
+keeping the offset in a literal."""
 from __future__ import annotations
 
 import hashlib
@@ -19,6 +28,11 @@ SCRIPT_NAMES = (
 
 # The helper library, in definition order (a helper is defined before the helpers that use it).
 LIBRARY = ("_lib_args.lua", "_lib.lua", "_lib_finish.lua", "_lib_cron.lua")
+
+
+USES_TAG = "-- Uses:"
+RESEND_TAG = re.compile(r"^-- Re-send flag: ARGV\[(\d+)\]")
+_CONTINUED = re.compile(r"^--\s{3,}([A-Za-z_][A-Za-z0-9_]*(?:,\s*[A-Za-z_][A-Za-z0-9_]*)*,?)\s*$")
 
 
 @dataclass(frozen=True)
@@ -100,9 +114,9 @@ before it (a fast path that returns early, as in lua/schedule.lua) runs before R
 helper closures it does not use itself: the few it uses (and what they use) go above it."""
 
 
-def _needed(chunks: list[tuple[set[str], str]], text: str) -> set[int]:
-    """The library chunks ``text`` uses, transitively."""
-    needed = _names_used(text)
+def _needed(chunks: list[tuple[set[str], str]], text: str, roots: set[str] | None = None) -> set[int]:
+    """The library chunks ``text`` uses (or the names ``roots``), with what they use, transitively."""
+    needed = set(roots) if roots is not None else _names_used(text)
     keep: set[int] = set()
     changed = True
     while changed:
@@ -115,8 +129,60 @@ def _needed(chunks: list[tuple[set[str], str]], text: str) -> set[int]:
     return keep
 
 
-def assemble(lib: str, body: str) -> str:
-    """The script as sent to Redis: only the library definitions the body needs (transitively), in
+def declared_uses(body: str) -> set[str] | None:
+    """The names on a script's ``-- Uses:`` line and its indented continuation lines, or None
+    when it has none."""
+    lines = body.splitlines()
+    for i, line in enumerate(lines):
+        if not line.startswith(USES_TAG):
+            continue
+        text = line[len(USES_TAG):]
+        for more in lines[i + 1:]:
+            m = _CONTINUED.match(more)
+            if not m:
+                break
+            text += "," + m.group(1)
+        return {n.strip() for n in text.split(",") if n.strip()}
+    return None
+
+
+def library_names(lib: str) -> set[str]:
+    """Every name the library defines at top level."""
+    return set().union(*(names for names, _ in _lib_chunks(lib)))
+
+
+def check_uses(name: str, lib: str, body: str) -> set[str]:
+    """The library names script ``name`` declares on its ``-- Uses:`` line, checked against those
+    its code uses (comments left out): a ValueError names the script, what it uses but does not
+    declare, and what it declares but does not use (or the library does not define)."""
+    declared = declared_uses(body)
+    if declared is None:
+        raise ValueError(f"lua/{name}.lua has no '{USES_TAG}' line naming the library definitions it uses")
+    defined = library_names(lib)
+    used = _names_used(body) & defined
+    missing, extra = used - declared, declared - used
+    if missing or extra:
+        raise ValueError(f"lua/{name}.lua: its '{USES_TAG}' line does not match its code: used but not listed "
+                         f"{sorted(missing)}, listed but not used {sorted(extra)} (the library defines "
+                         f"{len(defined)} names in {', '.join(LIBRARY)})")
+    return declared
+
+
+def resend_flag_args() -> dict[str, int]:
+    """Per script with a ``-- Re-send flag: ARGV[N]`` header line: the 0-based index of that flag
+    in the call's arguments (``N - 1``), which :func:`~.batch.mark_resend` sets to 1."""
+    out: dict[str, int] = {}
+    for name in SCRIPT_NAMES:
+        for line in script_source(name).splitlines():
+            m = RESEND_TAG.match(line)
+            if m:
+                out[name] = int(m.group(1)) - 1
+    return out
+
+
+def assemble(lib: str, body: str, uses: set[str] | None = None) -> str:
+    """The script as sent to Redis: only the library definitions the body needs (``uses``, its
+    header's declared names, else those its code names; with what they use in turn), in
     library order, then the body. Redis runs the whole chunk on every call, so unused helpers would
     cost every EVALSHA a few microseconds. A body with a :data:`LIBRARY_MARKER` line gets the
     definitions at that line, except those the lines before it use: those come first."""
@@ -129,7 +195,7 @@ def assemble(lib: str, body: str) -> str:
     if marks:
         prelude, body = "".join(lines[:marks[0]]), "".join(lines[marks[0] + 1:])
     early = _needed(chunks, prelude)
-    late = _needed(chunks, prelude + body) - early
+    late = _needed(chunks, prelude + body, uses) - early
     first = [text for i, (_, text) in enumerate(chunks) if i in early]
     parts = [text for i, (_, text) in enumerate(chunks) if i in late]
     return "".join(t + "\n" for t in first) + prelude + "\n".join(parts) + "\n" + body
@@ -147,11 +213,11 @@ def script_source(name: str) -> str:
 
 
 def make_script(name: str, lib: str, body: str) -> Script:
-    """``body`` assembled with ``lib``, without comments, with its SHA1. Its first line names it
-    (``SCRIPT``): the argument checks of lua/_lib.lua say which script refused a call."""
+    """``body`` assembled with ``lib`` (its ``-- Uses:`` line checked), without comments, with its
+    SHA1. Its first line names it (``SCRIPT``): the argument checks of lua/_lib.lua say which script refused a call."""
     if not _IDENT.fullmatch(name):
         raise ValueError(f"script name {name!r} is not an identifier")
-    src = strip_comments(f"local SCRIPT = '{name}'\n" + assemble(lib, body))
+    src = strip_comments(f"local SCRIPT = '{name}'\n" + assemble(lib, body, check_uses(name, lib, body)))
     return Script(name, src, hashlib.sha1(src.encode("utf-8")).hexdigest())
 
 

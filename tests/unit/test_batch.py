@@ -11,12 +11,23 @@ import pytest
 from redis._parsers.base import BaseParser
 from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError
 
-from scheduler.protocol.batch import NO_TAIL, Batch, any_ran, merge_tails, not_run
+from scheduler.protocol.batch import NO_TAIL, RESEND, RESEND_FLAG, Batch, any_ran, merge_tails, not_run
 from scheduler.protocol.calls import Calls
 from scheduler.protocol.keys import PARTITION_KEYS, Keyspace
 from scheduler.protocol.options import JobOptions
 from scheduler.protocol.routing import slot_of
-from scheduler.protocol.scripts import LIBRARY_MARKER, assemble, library_source, load_scripts, strip_comments
+from scheduler.protocol.scripts import (
+    LIBRARY_MARKER,
+    SCRIPT_NAMES,
+    assemble,
+    check_uses,
+    declared_uses,
+    library_source,
+    load_scripts,
+    make_script,
+    script_source,
+    strip_comments,
+)
 from scheduler.protocol.transitions import claim_call
 
 
@@ -157,3 +168,51 @@ def test_scripts_reach_redis_without_their_comments_but_with_every_string_intact
     assert strip_comments(src) == "local s = 'a -- b' .. \"c -- d\"\nlocal e = 'it\\'s -- kept'\nreturn s\n"
     for script in load_scripts().values():
         assert "\n--" not in script.source and not script.source.startswith("--"), script.name
+
+
+# -- explicit linking -----------------------------------------------------------------------------
+
+
+LINK_LIB = "\n".join(["local K_X = 'x'", "local function base() return K_X end",
+                      "local function helper() return base() end", "local function spare() return 2 end"])
+
+
+def test_a_script_gets_the_library_names_its_uses_line_lists_with_what_those_use() -> None:
+    body = "-- demo\n-- Uses: helper\nreturn helper()"
+    assert declared_uses(body) == {"helper"}
+    script = make_script("demo", LINK_LIB, body).source
+    assert "local function helper" in script and "local function base" in script and "K_X" in script
+    assert "spare" not in script and "Uses" not in script  # comments are stripped before loading
+
+
+def test_a_uses_line_wraps_onto_indented_comment_lines() -> None:
+    body = "-- Uses: a, b,\n--       c, d\n--   e\n-- Returns: x, y\nreturn 1"
+    assert declared_uses(body) == {"a", "b", "c", "d", "e"}
+    assert declared_uses("return 1") is None
+
+
+@pytest.mark.parametrize("body, match", [
+    ("return helper()", "has no '-- Uses:' line"),
+    ("-- Uses: base\nreturn helper() .. base()", r"used but not listed \['helper'\], listed but not used \[\]"),
+    ("-- Uses: helper, spare\nreturn helper()", r"used but not listed \[\], listed but not used \['spare'\]"),
+    ("-- Uses: helper, nowhere\nreturn helper()", r"listed but not used \['nowhere'\]"),
+])
+def test_a_script_whose_uses_line_does_not_match_its_code_fails_to_load_naming_the_difference(
+        body: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match) as e:
+        make_script("demo", LINK_LIB, body)
+    assert "lua/demo.lua" in str(e.value)
+
+
+def test_every_shipped_script_lists_exactly_the_library_names_it_uses() -> None:
+    lib = library_source()
+    for name in SCRIPT_NAMES:
+        assert check_uses(name, lib, script_source(name)), name
+
+
+def test_the_resend_flags_come_from_the_script_headers_and_match_the_resend_table() -> None:
+    assert RESEND_FLAG == {"schedule": 6, "migrate_in": 4}
+    assert set(RESEND_FLAG) == {name for name, how in RESEND.items() if how == "flag"}
+    for name, i in RESEND_FLAG.items():  # the ARGV description in the header names the flag there
+        header = script_source(name).split("\n-- Uses:")[0]
+        assert re.search(rf"\b{i + 1} [a-z-]*(?:re-send|check) flag", header), (name, i)
