@@ -611,7 +611,7 @@ def micro(n: int = 5000, reps: int = 3) -> dict[str, Any]:
 
     from scheduler.protocol.connection import async_redis
     from scheduler.protocol.scripts import Script
-    from scheduler.protocol.transport import AsyncScriptTransport, RetryPolicy
+    from scheduler.protocol.transport import AsyncScriptTransport, RedisRetry
 
     src = "return 1"
     sha = hashlib.sha1(src.encode()).hexdigest()
@@ -638,7 +638,7 @@ def micro(n: int = 5000, reps: int = 3) -> dict[str, Any]:
     async def main(url: str) -> dict[str, Any]:
         r = async_redis(url, socket_timeout=10.0)
         await r.script_load(src)
-        tr = AsyncScriptTransport(r, RetryPolicy(budget=0.5, attempts=4))
+        tr = AsyncScriptTransport(r, RedisRetry(budget=0.5, attempts=4))
         tr.scripts = {"ack": Script("ack", src, sha), "claim": Script("claim", src, sha)}
         conn = r.connection_pool.make_connection()
         await conn.connect()

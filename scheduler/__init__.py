@@ -26,11 +26,24 @@ from .protocol.errors import (
 from .protocol.models import JobError, JobInfo, JobState
 from .protocol.options import JobOptions
 from .protocol.timeutil import At
-from .protocol.transport import RetryPolicy
+from .protocol.transport import RedisRetry
 
 __all__ = [
     "At", "AsyncClient", "Client", "ConfigError", "CronInfo", "DurabilityError", "DurabilityTimeout",
     "DurabilityUnsupported", "JobError", "JobInfo", "JobOptions", "JobState", "LayoutChanged",
-    "MisfiredAtSchedule", "Outcome", "PayloadError", "RetryPolicy", "ScriptArgumentError", "ScriptError",
+    "MisfiredAtSchedule", "Outcome", "PayloadError", "RedisRetry", "ScriptArgumentError", "ScriptError",
     "ZschedError",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # RetryPolicy was renamed RedisRetry: it retries round trips to Redis, and sat beside the
+    # handler's workers.Retry (run the job again), which it is not. The old name works, with a
+    # DeprecationWarning, until the next minor version.
+    if name == "RetryPolicy":
+        import warnings
+
+        warnings.warn("scheduler.RetryPolicy is now scheduler.RedisRetry (the retries of round trips to Redis); "
+                      "the old name goes in the next minor version", DeprecationWarning, stacklevel=2)
+        return RedisRetry
+    raise AttributeError(f"module 'scheduler' has no attribute {name!r}")

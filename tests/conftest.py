@@ -1,4 +1,4 @@
-"""Shared fixtures: real redis-server and etcd processes (tests/servers.py: the shared
+"""Shared fixtures: real redis-server and etcd processes (tests/support/servers.py: the shared
 ``scheduler.shell.servers`` classes with fault injection)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from scheduler.shell.servers import etcd_delete_all, etcd_revoke_all_leases
-from tests.helpers import BACKENDS
-from tests.servers import ClusterServer, ClusterSet, EtcdCluster, EtcdServer, RedisServer, SentinelSet
+from tests.support.helpers import BACKENDS
+from tests.support.servers import ClusterServer, ClusterSet, EtcdCluster, EtcdServer, RedisServer, SentinelSet
 
 
 def _revive(server: RedisServer | EtcdServer) -> None:
@@ -127,7 +127,7 @@ def backend_url(request: pytest.FixtureRequest) -> str:
     """A flushed Redis URL of the backend the test is parametrized with: ``"single"`` (the session
     redis-server, ``redis_url``; also the default when the test is not parametrized) or
     ``"cluster"`` (the session 3-master cluster, ``redis_cluster_url``). Run a test on both with
-    ``tests.helpers.on_both_backends`` (``parametrize("backend_url", BACKENDS, indirect=True)``);
+    ``tests.support.helpers.on_both_backends`` (``parametrize("backend_url", BACKENDS, indirect=True)``);
     build clients with ``scheduler.protocol.connection.sync_redis``/``async_redis``, which follow
     the URL's scheme."""
     kind = getattr(request, "param", "single")

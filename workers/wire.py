@@ -17,7 +17,7 @@ from redis.exceptions import RedisError
 
 from scheduler.protocol.errors import LayoutChanged, failure_kind
 from scheduler.protocol.masking import mask_secrets
-from scheduler.protocol.transport import AsyncScriptTransport, Call, RetryPolicy
+from scheduler.protocol.transport import AsyncScriptTransport, Call, RedisRetry
 
 log = logging.getLogger("zsched.worker")
 
@@ -27,7 +27,7 @@ REDIS_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 # progress): outcomes and claims that may have run are never re-sent by the transport; the
 # worker's own loops re-send them knowing a refusal may then mean "already applied" (see
 # Attempt.uncertain, and the claim receipts of the fetch strategy).
-WORKER_RETRY = RetryPolicy(budget=0.5, attempts=4)
+WORKER_RETRY = RedisRetry(budget=0.5, attempts=4)
 
 # One round trip: script calls and a lane name -> one reply (or exception object) per call.
 Send = Callable[[Sequence[Call], str], Awaitable[list[Any]]]

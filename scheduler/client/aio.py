@@ -17,7 +17,7 @@ from ..protocol.models import JobInfo, JobState
 from ..protocol.options import JobOptionFields, JobOptions, with_overrides
 from ..protocol.replies import merge_stats, parse_stats
 from ..protocol.timeutil import At
-from ..protocol.transport import NO_RETRY, TRANSIENT, AsyncScriptTransport, RetryPolicy
+from ..protocol.transport import NO_RETRY, TRANSIENT, AsyncScriptTransport, RedisRetry
 from .layout import follows_layout_async
 from .options import UNSET, ClientOptions, info_server_command, resolve_sharded_pubsub, socket_timeout
 from .settings import (
@@ -64,7 +64,7 @@ class AsyncClient:
     def __init__(self, redis_client: AsyncRedis, *, namespace: str | None = None, partitions: int | None = None,
                  max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD,
                  tombstone_ttl: float = config.DEFAULT_TOMBSTONE_TTL,
-                 retry: RetryPolicy | None = None, durable: str | None = None, durable_replicas: int = 1,
+                 retry: RedisRetry | None = None, durable: str | None = None, durable_replicas: int = 1,
                  durable_timeout: float = 1.0, sharded_pubsub: bool | None = None) -> None:
         self.redis = redis_client
         self._opts = ClientOptions(namespace=namespace, partitions=partitions, max_payload_bytes=max_payload_bytes,
@@ -92,7 +92,7 @@ class AsyncClient:
         self._calls = None
         return (await self._connect(self._opts.retry)).ks.partitions
 
-    async def _connect(self, retry: RetryPolicy) -> Calls:
+    async def _connect(self, retry: RedisRetry) -> Calls:
         if self._calls is None:
             delays = retry.delays()
             while True:

@@ -9,7 +9,7 @@ from ..protocol import durability as dur
 from ..protocol.calls import Calls, tombstone_ms
 from ..protocol.connection import is_cluster
 from ..protocol.keys import Keyspace
-from ..protocol.transport import DEFAULT_RETRY, RetryPolicy
+from ..protocol.transport import DEFAULT_RETRY, RedisRetry
 
 UNSET: Any = object()
 """Default of ``durable=`` on ``schedule``/``schedule_many``: the client's own setting (None is a
@@ -62,7 +62,7 @@ class ClientOptions:
     partition count is read (:meth:`partition_commands`, :meth:`calls`)."""
 
     def __init__(self, *, namespace: str | None, partitions: int | None, max_payload_bytes: int,
-                 tombstone_ttl: float, retry: RetryPolicy | None, durable: str | None, durable_replicas: int,
+                 tombstone_ttl: float, retry: RedisRetry | None, durable: str | None, durable_replicas: int,
                  durable_timeout: float, socket_timeout: float | None = None, sharded: bool = False,
                  cluster: bool = True) -> None:
         self.namespace = config.namespace(namespace)

@@ -18,7 +18,7 @@ from ..protocol.models import JobInfo, JobState
 from ..protocol.options import JobOptionFields, JobOptions, with_overrides
 from ..protocol.replies import merge_stats, parse_stats
 from ..protocol.timeutil import At
-from ..protocol.transport import NO_RETRY, TRANSIENT, RetryPolicy, ScriptTransport
+from ..protocol.transport import NO_RETRY, TRANSIENT, RedisRetry, ScriptTransport
 from .layout import follows_layout
 from .options import UNSET, ClientOptions, info_server_command, resolve_sharded_pubsub, socket_timeout
 from .settings import (
@@ -57,7 +57,7 @@ class Client:
     def __init__(self, redis_client: SyncRedis, *, namespace: str | None = None, partitions: int | None = None,
                  max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD,
                  tombstone_ttl: float = config.DEFAULT_TOMBSTONE_TTL,
-                 retry: RetryPolicy | None = None, durable: str | None = None, durable_replicas: int = 1,
+                 retry: RedisRetry | None = None, durable: str | None = None, durable_replicas: int = 1,
                  durable_timeout: float = 1.0, sharded_pubsub: bool | None = None) -> None:
         """``namespace`` (default ZSCHED_NAMESPACE or ``zsched``); ``partitions``: expected count
         (default: the namespace's, 16 for a new one). ``max_payload_bytes``: largest payload
@@ -111,7 +111,7 @@ class Client:
             self._calls = None
         return self._connect(self._opts.retry).ks.partitions
 
-    def _connect(self, retry: RetryPolicy) -> Calls:
+    def _connect(self, retry: RedisRetry) -> Calls:
         with self._connecting:
             if self._calls is None:
                 delays = retry.delays()

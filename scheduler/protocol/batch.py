@@ -92,8 +92,10 @@ MAX_REDIRECTS = 16
 
 
 @dataclass(frozen=True)
-class RetryPolicy:
-    """How long and how often a call is retried after a transient failure.
+class RedisRetry:
+    """How long and how often a round trip to Redis is retried after a transient failure (a
+    connection error, a timeout, a reply meaning "not run"). Not a job's retry: a handler asks
+    for that with ``workers.Retry``, and a job's own backoff is a :class:`~.options.JobOptions`.
 
     Delays are full jitter: uniform in [0, min(cap, base * 2**n)], so clients that failed together
     come back spread out. ``budget`` bounds the total time spent retrying (the call then raises
@@ -106,7 +108,7 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if self.attempts < 1 or self.budget < 0 or self.base <= 0 or self.cap < self.base:
-            raise ValueError(f"invalid RetryPolicy {self!r}: need attempts >= 1, budget >= 0, 0 < base <= cap")
+            raise ValueError(f"invalid RedisRetry {self!r}: need attempts >= 1, budget >= 0, 0 < base <= cap")
 
     def delays(self) -> Iterator[float]:
         """Sleep before each retry; ends when the attempts or the time budget are spent."""
@@ -119,8 +121,8 @@ class RetryPolicy:
             yield min(d, left)
 
 
-DEFAULT_RETRY = RetryPolicy()
-NO_RETRY = RetryPolicy(attempts=1, budget=0)
+DEFAULT_RETRY = RedisRetry()
+NO_RETRY = RedisRetry(attempts=1, budget=0)
 
 
 def not_run(exc: BaseException) -> bool:

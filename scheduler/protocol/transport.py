@@ -12,7 +12,7 @@ sends script calls through :class:`ScriptTransport` or :class:`AsyncScriptTransp
   read in order; an error reply of one call does not hide the others'.
 * **NOSCRIPT recovery in one place**: a call refused with NOSCRIPT did not run; the script is
   loaded on the same connection and only the refused calls are sent again.
-* **Retries in one place** (:class:`RetryPolicy`): connection errors, timeouts and replies that
+* **Retries in one place** (:class:`RedisRetry`): connection errors, timeouts and replies that
   mean "not executed" (LOADING, BUSY, MASTERDOWN, READONLY after a failover, NOREPLICAS) are retried with
   capped, fully jittered exponential backoff within a time budget. A call that may have run (the
   connection failed after it was written) is re-sent only when its script is safe to run twice,
@@ -48,7 +48,7 @@ from .batch import (
     Batch,
     Call,
     NodeFailed,
-    RetryPolicy,
+    RedisRetry,
     any_ran,
     finish,
     is_noscript,
@@ -65,7 +65,7 @@ from .scripts import load_scripts
 from .transport_async import AsyncScriptTransport
 
 __all__ = ["DEFAULT_RETRY", "NO_RETRY", "RESEND", "RESEND_FLAG", "TRANSIENT", "AsyncScriptTransport", "Call",
-           "NodeFailed", "RetryPolicy", "ScriptTransport", "mark_resend", "resend_safe"]
+           "NodeFailed", "RedisRetry", "ScriptTransport", "mark_resend", "resend_safe"]
 
 
 class _Checkout:
@@ -102,9 +102,9 @@ class ScriptTransport:
     connection goes back to the pool when the thread ends or a call on it fails, so the number
     of connections follows the number of live threads, and a Redis restart costs one reconnect.
 
-    ``retry``: the default :class:`RetryPolicy` of every call (a call may pass its own)."""
+    ``retry``: the default :class:`RedisRetry` of every call (a call may pass its own)."""
 
-    def __init__(self, redis: Any, retry: RetryPolicy = DEFAULT_RETRY) -> None:
+    def __init__(self, redis: Any, retry: RedisRetry = DEFAULT_RETRY) -> None:
         self.redis = redis
         self.retry = retry
         self.scripts = load_scripts()
@@ -141,7 +141,7 @@ class ScriptTransport:
         self._local.held = None
 
     def call(self, name: str, keys: Sequence[Any], args: Sequence[Any], *,
-             retry: RetryPolicy | None = None, resend: bool = True) -> Any:
+             retry: RedisRetry | None = None, resend: bool = True) -> Any:
         """Run one script; returns its reply, raises its error reply or the transport error.
 
         The first attempt takes a short path (one command, no batch book-keeping): producers call
@@ -181,7 +181,7 @@ class ScriptTransport:
             self._broken(held)
             raise
 
-    def call_many(self, calls: Sequence[Call], *, retry: RetryPolicy | None = None, resend: bool = True,
+    def call_many(self, calls: Sequence[Call], *, retry: RedisRetry | None = None, resend: bool = True,
                   raise_on_error: bool = True, then: Sequence[Any] | None = None) -> list[Any]:
         """Run several script calls in one round trip; replies in order. With
         ``raise_on_error=False`` an error reply comes back as the exception object in its place,

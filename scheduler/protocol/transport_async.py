@@ -16,7 +16,7 @@ from .batch import (
     TRANSIENT,
     Batch,
     Call,
-    RetryPolicy,
+    RedisRetry,
     any_ran,
     finish,
     is_noscript,
@@ -37,7 +37,7 @@ class AsyncScriptTransport:
     probe, book-keeping) on every round trip. The connection goes back to the pool when a call
     on it fails or :meth:`close` is called."""
 
-    def __init__(self, redis: Any, retry: RetryPolicy = DEFAULT_RETRY) -> None:
+    def __init__(self, redis: Any, retry: RedisRetry = DEFAULT_RETRY) -> None:
         self.redis = redis
         self.retry = retry
         self.scripts = load_scripts()
@@ -56,11 +56,11 @@ class AsyncScriptTransport:
         return await checkout(self.redis.connection_pool, conn)
 
     async def call(self, name: str, keys: Sequence[Any], args: Sequence[Any], *,
-                   retry: RetryPolicy | None = None, resend: bool = True) -> Any:
+                   retry: RedisRetry | None = None, resend: bool = True) -> Any:
         """Run one script; returns its reply, raises its error reply or the transport error."""
         return (await self.call_many([(name, keys, args)], retry=retry, resend=resend))[0]
 
-    async def call_many(self, calls: Sequence[Call], *, retry: RetryPolicy | None = None, resend: bool = True,
+    async def call_many(self, calls: Sequence[Call], *, retry: RedisRetry | None = None, resend: bool = True,
                         raise_on_error: bool = True, then: Sequence[Any] | None = None,
                         lane: str | None = None) -> list[Any]:
         """See :meth:`ScriptTransport.call_many`; ``lane``: see the class docstring (ignored on a

@@ -26,7 +26,7 @@ from ..protocol.masking import mask_secrets
 from ..protocol.pubsub import ChannelsPending, Subscription, subscription
 from ..protocol.replies import parse_stats
 from ..protocol.tick import Retention
-from ..protocol.transport import AsyncScriptTransport, RetryPolicy
+from ..protocol.transport import AsyncScriptTransport, RedisRetry
 from ..runtime import loop_name, run, settle_gc, stop_signals
 from .bells import BellRinger
 from .coalesce import TickBatcher
@@ -37,7 +37,7 @@ from .worker_registry import RegistryExport
 
 log = logging.getLogger("zsched.scheduler")
 
-TIER_RETRY = RetryPolicy(budget=0.5, attempts=4)
+TIER_RETRY = RedisRetry(budget=0.5, attempts=4)
 
 
 @dataclass

@@ -34,7 +34,7 @@ import traceback
 from scheduler.shell.servers import HOST, ServerError, encode_command, read_reply
 from tests.chaos.history import Fault, JsonlWriter
 from tests.chaos.stack import Stack
-from tests.servers import RedisServer
+from tests.support.servers import RedisServer
 
 
 def replicating(port: int, timeout_ms: int = 200) -> bool:

@@ -21,7 +21,7 @@ from scheduler.protocol.errors import DurabilityTimeout
 from scheduler.protocol.ids import decode_id, run_at_of
 from scheduler.shell.servers import ZschedProc
 from tests.chaos.history import Call, Final, JsonlWriter, Params
-from tests.servers import EtcdCluster, SentinelSet
+from tests.support.servers import EtcdCluster, SentinelSet
 
 QUEUE = "chaos"
 

@@ -3,7 +3,7 @@ two ``zsched scheduler`` replicas and two ``zsched worker`` processes on a clust
 threads, and the evidence.
 
 * **runs**: the workers' handler logs every START/END with the job id, attempt and time
-  (``tests.integration.test_worker_support``), read back as :class:`Runs`;
+  (``tests.support.workers``), read back as :class:`Runs`;
 * **fire times**: *probe* jobs on a queue no worker serves stay in their ready lists, where
   :class:`ProbeWatcher` sees each one appear (each group of partitions read by its own thread, so
   a partition whose node is down does not hide the others). A job's id carries its run_at, so a
@@ -28,9 +28,9 @@ from scheduler.protocol.keys import Keyspace
 from scheduler.shell.servers import ZschedProc, scheduler_proc
 from tests.fault.test_scheduler_faults import keys_by_partition
 from tests.fault.test_sentinel_failover import Call, metric, tails
-from tests.integration.test_worker_support import read_runs, spawn_worker, write_app
-from tests.procs import wait_until
-from tests.servers import ClusterServer, ClusterSet
+from tests.support.servers import ClusterServer, ClusterSet
+from tests.support.waits import wait_until
+from tests.support.workers import read_runs, spawn_worker, write_app
 
 PARTS = 12
 PROBE = "probe"        # a queue no worker serves: its fired jobs stay in ready, for ProbeWatcher

@@ -38,9 +38,9 @@ from tests.fault.cluster_load import (
     run_at,
 )
 from tests.fault.test_sentinel_failover import tails
-from tests.helpers import snapshot
-from tests.procs import wait_until
-from tests.servers import ClusterSet
+from tests.support.helpers import snapshot
+from tests.support.servers import ClusterSet
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.fault
 

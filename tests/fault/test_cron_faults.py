@@ -12,8 +12,8 @@ from scheduler.coord import EtcdCoordinator
 from scheduler.protocol.ids import encode_id, partition_for_key
 from scheduler.shell.servers import scheduler_proc
 from scheduler.testing.transitions import Ops
-from tests.helpers import snapshot
-from tests.procs import wait_until
+from tests.support.helpers import snapshot
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.fault
 NS = "cronfault"

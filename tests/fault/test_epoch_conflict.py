@@ -32,8 +32,8 @@ from scheduler.protocol.ids import partition_for_key
 from scheduler.protocol.keys import Keyspace
 from scheduler.shell.servers import ServerError, ZschedProc, etcd_put, etcd_request, scheduler_proc
 from tests.fault.test_scheduler_faults import etcd_owners, owned_by, tails, wait_settled
-from tests.procs import wait_until
-from tests.servers import EtcdServer, RedisServer
+from tests.support.servers import EtcdServer, RedisServer
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.fault
 

@@ -1,7 +1,7 @@
 """Redis faults under the producer clients and the worker: restarts, stalls longer than the client
 timeout, lost writes. Every component recovers without a restart, and nothing runs twice.
 
-Real redis-server processes (tests/servers.py): kill -9 and restart on the same port, a busy
+Real redis-server processes (tests/support/servers.py): kill -9 and restart on the same port, a busy
 script stalling the server, SAVE + SHUTDOWN NOSAVE for a real rollback of acknowledged writes.
 """
 from __future__ import annotations
@@ -18,15 +18,16 @@ import redis
 
 from scheduler import AsyncClient, Client
 from scheduler.protocol.options import JobOptions
-from scheduler.protocol.transport import RetryPolicy
+from scheduler.protocol.transport import RedisRetry
 from scheduler.testing.transitions import Ops
-from tests.integration.test_worker_support import Recorder, TierStandIn, serving, wait_for
-from tests.servers import RedisServer
+from tests.support.servers import RedisServer
+from tests.support.waits import wait_for
+from tests.support.workers import Recorder, TierStandIn, serving
 from workers import Worker
 
 pytestmark = pytest.mark.fault
 
-FAST_FAIL = RetryPolicy(budget=0.05, attempts=2)
+FAST_FAIL = RedisRetry(budget=0.05, attempts=2)
 
 
 LATER = timedelta(minutes=5)
@@ -290,7 +291,7 @@ async def test_the_whole_stack_recovers_from_a_redis_restart_without_a_restart_o
     start it again on the same port: every component carries on (same processes), jobs scheduled
     after the restart run once each, and acknowledged jobs persisted by AOF run too."""
     from scheduler.shell.servers import scheduler_proc
-    from tests.integration.test_worker_support import read_runs, spawn_worker, wait_worker_ready, write_app
+    from tests.support.workers import read_runs, spawn_worker, wait_worker_ready, write_app
 
     ns = "rstack"
     with RedisServer(aof=aof) as srv:
@@ -339,7 +340,7 @@ async def test_stalls_longer_than_every_timeout_do_not_wedge_the_tier_or_the_wor
     """A real `zsched scheduler` and a real worker, both with a 100 ms Redis timeout, while Redis
     stalls for 400 ms again and again: they keep firing and running, every job once, none early."""
     from scheduler.shell.servers import scheduler_proc
-    from tests.integration.test_worker_support import read_runs, spawn_worker, wait_worker_ready, write_app
+    from tests.support.workers import read_runs, spawn_worker, wait_worker_ready, write_app
 
     ns, n = "stier", 200
     with RedisServer() as srv:

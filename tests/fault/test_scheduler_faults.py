@@ -38,9 +38,10 @@ from scheduler.protocol.ids import decode_id, encode_id, partition_for_key, part
 from scheduler.protocol.keys import PARTITION_KEYS, Keyspace
 from scheduler.shell.servers import ServerError, ZschedProc, etcd_request, free_port, scheduler_proc
 from scheduler.tier.runner import RunnerConfig
-from tests.helpers import on_both_backends, snapshot
-from tests.procs import REPO, wait_until
-from tests.servers import EtcdCluster, EtcdServer, RedisServer
+from tests.support.helpers import on_both_backends, snapshot
+from tests.support.paths import REPO
+from tests.support.servers import EtcdCluster, EtcdServer, RedisServer
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.fault
 

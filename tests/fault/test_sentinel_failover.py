@@ -42,9 +42,9 @@ from scheduler import Client
 from scheduler.protocol.errors import DurabilityTimeout
 from scheduler.protocol.ids import decode_id, run_at_of
 from scheduler.shell.servers import HOST, ServerError, ZschedProc, scheduler_proc
-from tests.integration.test_worker_support import read_runs, spawn_worker, write_app
-from tests.procs import wait_until
-from tests.servers import EtcdServer, RedisServer, SentinelSet
+from tests.support.servers import EtcdServer, RedisServer, SentinelSet
+from tests.support.waits import wait_until
+from tests.support.workers import read_runs, spawn_worker, write_app
 
 pytestmark = pytest.mark.fault
 

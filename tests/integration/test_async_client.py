@@ -10,7 +10,7 @@ import redis
 from scheduler import AsyncClient, Client, ConfigError, JobState, Outcome
 from scheduler.protocol.transitions import claim_call
 from scheduler.testing.transitions import Ops
-from tests.helpers import snapshot
+from tests.support.helpers import snapshot
 
 
 async def test_async_client_full_cycle(redis_url: str) -> None:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from scheduler.shell.servers import die_with_parent, free_port
-from tests.devstack_util import start_time, wait_gone
+from tests.support.devstack import start_time, wait_gone
 
 BOUND = 10.0  # seconds for the children of a killed parent to be gone (it is "they stop", not a benchmark)
 

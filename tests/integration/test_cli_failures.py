@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 
 from scheduler.protocol.connection import sync_redis
-from scheduler.shell.servers import etcd_request, free_port, wait_for
-from tests.servers import EtcdServer
+from scheduler.shell.servers import etcd_request, free_port
+from tests.support.servers import EtcdServer
+from tests.support.waits import wait_until
 
 ZSCHED = [sys.executable, "-m", "scheduler"]
 USER, PASSWORD = "zsched17", "s3cret-pw"
@@ -228,8 +229,8 @@ def test_scheduler_with_wrong_etcd_credentials_says_so_and_right_ones_work(redis
         proc = subprocess.Popen([*ZSCHED, "scheduler", "--redis", redis_url, "--namespace", "etcdauth"],
                                 stdout=f, stderr=subprocess.STDOUT, env=right)
     try:
-        wait_for(lambda: "partition 0: acquired" in log.read_text(), DEADLINE,
-                 lambda: f"the scheduler to take partitions:\n{log.read_text()[-2000:]}")
+        wait_until(lambda: "partition 0: acquired" in log.read_text(), DEADLINE,
+                   what=lambda: f"the scheduler to take partitions:\n{log.read_text()[-2000:]}")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(DEADLINE) == 0, log.read_text()[-2000:]
     finally:

@@ -24,7 +24,7 @@ from scheduler.shell import admin
 from scheduler.shell.cli import main
 from scheduler.shell.servers import etcd_put, free_port
 from scheduler.testing.transitions import Ops
-from tests.helpers import on_both_backends, snapshot
+from tests.support.helpers import on_both_backends, snapshot
 
 NS = "cli"
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,8 +27,8 @@ from scheduler import Client
 from scheduler.protocol.codes import FailKind
 from scheduler.shell.servers import free_port
 from scheduler.testing.transitions import Ops
-from tests.devstack_util import processes_mentioning
-from tests.servers import EtcdServer
+from tests.support.devstack import processes_mentioning
+from tests.support.servers import EtcdServer
 
 STOP_BOUND = 6.0  # seconds from the signal to the exit
 PHASE_BOUND = 30.0  # seconds to reach the phase under test (start-ups overlap on a busy machine)

@@ -1,5 +1,5 @@
 """Proves the Redis Cluster harness: ``scheduler.shell.servers.ClusterSet`` (formation, slots,
-online resharding) and the fault helpers of ``tests/servers.py`` (kill -9 of a master), against
+online resharding) and the fault helpers of ``tests/support/servers.py`` (kill -9 of a master), against
 redis-py's ``RedisCluster``, which follows MOVED and ASK."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import pytest
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
-from scheduler.shell.servers import CLUSTER_SLOTS, ServerError, parse_cluster_nodes, slot_of, wait_for
-from tests.servers import ClusterServer, ClusterSet
+from scheduler.shell.servers import CLUSTER_SLOTS, ServerError, parse_cluster_nodes, slot_of
+from tests.support.servers import ClusterServer, ClusterSet
+from tests.support.waits import wait_until
 
 MEASURED: dict[str, float] = {}  # printed with -s: the figures the harness is tuned for
 
@@ -266,7 +267,7 @@ def test_killed_master_without_replica_fails_the_cluster_until_it_rejoins(
     victim = c.node_for_key("{dead}")
     slots, other = c.slots_of(victim), next(m for m in c.masters() if m is not victim)
     victim.kill()  # no replica: its slots are served by nobody, so the whole cluster refuses
-    wait_for(lambda: other.cluster_info(0.5)["cluster_state"] == "fail", 30, "the cluster to notice")
+    wait_until(lambda: other.cluster_info(0.5)["cluster_state"] == "fail", 30, what="the cluster to notice")
     with pytest.raises(ServerError, match="to be ok"):
         c.wait_ok(timeout=0.2)
     assert c.restart_node(victim) is victim  # same ports and nodes.conf: its slots again, no data

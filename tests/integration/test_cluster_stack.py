@@ -3,7 +3,7 @@ server, a master that is down does not hold back the others, an unreachable clus
 reach Redis".
 
 The cluster tests of the whole stack under faults are in tests/fault/test_cluster_faults.py; the
-end-to-end tests run on both backends (``tests.helpers.on_both_backends``)."""
+end-to-end tests run on both backends (``tests.support.helpers.on_both_backends``)."""
 from __future__ import annotations
 
 import asyncio
@@ -19,12 +19,12 @@ from scheduler import AsyncClient, Client, JobState
 from scheduler.protocol.errors import DurabilityUnsupported
 from scheduler.protocol.ids import partition_for_key
 from scheduler.protocol.keys import Keyspace
-from scheduler.protocol.transport import NodeFailed, RetryPolicy
+from scheduler.protocol.transport import NodeFailed, RedisRetry
 from scheduler.shell.cli import main
 from scheduler.shell.servers import free_port
-from scheduler.shell.servers import wait_for as wait_sync
-from tests.integration.test_worker_support import serving, wait_for
-from tests.servers import ClusterServer, ClusterSet
+from tests.support.servers import ClusterServer, ClusterSet
+from tests.support.waits import wait_for, wait_until
+from tests.support.workers import serving
 from workers import Job, Worker
 
 LATER = 3600.0  # seconds ahead: nothing fires during the test
@@ -41,7 +41,7 @@ def manual_failover(cluster: ClusterSet, master: ClusterServer) -> ClusterServer
     that slot's calls to the old master, which now answers ``MOVED``."""
     replica = cluster.replicas_of(master)[0]
     replica.command("CLUSTER", "FAILOVER")
-    wait_sync(lambda: replica.myself().is_master and not master.myself().is_master, 15, "the manual failover")
+    wait_until(lambda: replica.myself().is_master and not master.myself().is_master, 15, what="the manual failover")
     cluster.wait_ok()
     return replica
 
@@ -118,7 +118,7 @@ async def test_a_batch_with_one_node_down_returns_the_others_replies_at_once(deg
     victim, down, up = split(degraded_cluster, ks)
     victim.kill()  # by pid; the cluster stays ok for the others (no full coverage required)
     calls = client.calls.stats_calls()
-    slow = RetryPolicy(budget=5.0, attempts=100)
+    slow = RedisRetry(budget=5.0, attempts=100)
     try:
         t0 = time.monotonic()
         replies = await client.transport.call_many(calls, raise_on_error=False, retry=slow)
@@ -127,7 +127,7 @@ async def test_a_batch_with_one_node_down_returns_the_others_replies_at_once(deg
         assert not any(isinstance(replies[p], Exception) for p in up), replies
         assert took < 2.0, f"waited {took:.2f}s for a node that is down (retry budget 5 s)"
         with pytest.raises(RedisConnectionError):
-            await client.transport.call_many(calls, retry=RetryPolicy(budget=0.2, attempts=3))
+            await client.transport.call_many(calls, retry=RedisRetry(budget=0.2, attempts=3))
     finally:
         await client.close()
 

@@ -15,8 +15,9 @@ import redis
 from scheduler import AsyncClient, Client, ConfigError
 from scheduler.protocol.transport import NO_RETRY
 from scheduler.shell.cli import main
-from scheduler.shell.servers import free_port, wait_for
-from tests.servers import RedisServer, SentinelServer
+from scheduler.shell.servers import free_port
+from tests.support.servers import RedisServer, SentinelServer
+from tests.support.waits import wait_until
 
 CONNECT_TIMEOUT = 1.0
 # Long enough that a handshake waiting for the socket timeout (the old behaviour) is plain to see,
@@ -125,7 +126,7 @@ async def test_a_master_the_sentinels_name_but_that_is_down_is_named_as_their_ma
 async def test_a_master_the_sentinels_report_down_is_named_with_their_verdict(
         lone_sentinel: tuple[SentinelServer, int], capsys: pytest.CaptureFixture[str]) -> None:
     s, master = lone_sentinel
-    wait_for(lambda: "s_down" in s.master_info().get("flags", ""), 10, lambda: f"{s!r} to judge the master down")
+    wait_until(lambda: "s_down" in s.master_info().get("flags", ""), 10, what=lambda: f"{s!r} to judge the master down")
     url = f"redis+sentinel://127.0.0.1:{s.port}/mymaster"
     pattern = (rf"no sentinel named a usable master 'mymaster': 127\.0\.0\.1:{s.port} reports the master down "
                rf"\(127\.0\.0\.1:{master}, flags [a-z_,]*s_down[a-z_,]*\)")

@@ -12,7 +12,7 @@ from scheduler import Client, ConfigError, JobState, Outcome, PayloadError
 from scheduler.protocol.errors import MisfiredAtSchedule
 from scheduler.protocol.ids import decode_id, encode_id, partition_of
 from scheduler.testing.transitions import Ops
-from tests.helpers import snapshot
+from tests.support.helpers import snapshot
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from scheduler import Client, JobOptions, JobState, ScriptArgumentError
 from scheduler.protocol.connection import SyncRedis, sync_redis
 from scheduler.protocol.ids import partition_for_key
 from scheduler.testing.transitions import Ops
-from tests.helpers import on_both_backends, snapshot
 from tests.integration.test_scheduler_tier import settled, start_replica, stop_replica
+from tests.support.helpers import on_both_backends, snapshot
 
 NS = "tier"  # the replicas of test_scheduler_tier use this namespace
 
@@ -153,7 +153,8 @@ def test_invalid_crons_write_nothing(redis_url: str, kwargs: dict, words: str) -
 
 
 async def test_handler_sees_the_nominal_time_of_a_cron_occurrence(redis_url: str, etcd_endpoint: str) -> None:
-    from tests.integration.test_worker_support import serving, wait_for
+    from tests.support.waits import wait_for
+    from tests.support.workers import serving
     from workers import Worker
     client = Client.from_url(redis_url, namespace=NS, partitions=4).connect()
     seen = []

@@ -13,8 +13,8 @@ import redis
 from scheduler import Client, JobState
 from scheduler.protocol.calls import error_arg
 from scheduler.testing.transitions import Ops
-from tests.helpers import snapshot
 from tests.integration.test_scheduler_tier import NS, settled, start_replica, stop_replica
+from tests.support.helpers import snapshot
 
 
 def kill(client: Client, ops: Ops, n: int, queue: str = "q", key: str | None = None) -> list[str]:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.devstack_util import processes_mentioning
+from tests.support.devstack import processes_mentioning
 
 
 def test_dev_stack_runs_the_demo_and_leaves_no_process_behind(tmp_path: Path) -> None:
@@ -60,7 +60,7 @@ def test_dev_stack_keeps_a_redis_password_out_of_banners_logs_and_child_command_
     import signal
     import time
 
-    from tests.servers import RedisServer
+    from tests.support.servers import RedisServer
 
     secret = "s3cr3t-Pw"
     home = tmp_path / "zs"

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from scheduler import Client
-from tests.devstack_util import children_of, still_alive, wait_gone
+from tests.support.devstack import children_of, still_alive, wait_gone
 from workers.outbox import DRAIN_TIMEOUT
 
 UP_BOUND = 90.0  # seconds for a stack to serve (several start-ups may overlap on a busy machine)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from scheduler import Client
 from scheduler.shell.cli import build_parser
-from scheduler.shell.servers import free_port, wait_for
+from scheduler.shell.servers import free_port
+from tests.support.waits import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -115,7 +116,7 @@ def test_the_worker_examples_of_the_docs_start_and_stop_on_sigterm(redis_url: st
                 procs[name] = (subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
                                                 env=_zsched_env(tmp_path)), log)
         for name, (proc, log) in procs.items():
-            wait_for(_logged_or_ended(proc, log, pattern), 30, f"{name} to log {serving!r}")
+            wait_until(_logged_or_ended(proc, log, pattern), 30, what=f"{name} to log {serving!r}")
             assert re.search(pattern, log.read_text()), f"{name}: no {serving!r} in:\n{log.read_text()[-2000:]}"
         for proc, _log in procs.values():
             proc.send_signal(signal.SIGTERM)

@@ -19,7 +19,8 @@ from scheduler.protocol import bells
 from scheduler.protocol.ids import decode_id, partition_of
 from scheduler.protocol.keys import Keyspace
 from scheduler.shell.servers import RedisServer
-from tests.integration.test_worker_support import serving, wait_for
+from tests.support.waits import wait_for
+from tests.support.workers import serving
 from workers import Job, Worker
 from workers.doorbell import Doorbell
 from workers.fetch import DoorbellFetch, FetchContext

@@ -11,7 +11,7 @@ import pytest
 
 from scheduler import AsyncClient, Client
 from scheduler.protocol.errors import DurabilityTimeout, DurabilityUnsupported
-from tests.servers import RedisServer
+from tests.support.servers import RedisServer
 
 LATER = timedelta(minutes=5)
 

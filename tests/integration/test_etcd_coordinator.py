@@ -1,4 +1,4 @@
-"""EtcdCoordinator against real etcd processes (tests/servers.py fixtures).
+"""EtcdCoordinator against real etcd processes (tests/support/servers.py fixtures).
 
 Covers leases (grant/keepalive/expiry/revoke), the claim/fence transactions,
 watches (put, delete, lease-expiry delete, resume across an etcd restart,
@@ -28,7 +28,7 @@ from scheduler.coord import (
     parse_endpoints,
 )
 from scheduler.shell.servers import etcd_request, free_port
-from tests.servers import EtcdCluster, EtcdServer
+from tests.support.servers import EtcdCluster, EtcdServer
 
 # --------------------------------------------------------------------------- helpers
 

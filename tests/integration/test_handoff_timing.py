@@ -14,8 +14,9 @@ import pytest
 from scheduler import Client
 from scheduler.protocol.ids import decode_id, run_at_of
 from scheduler.shell.servers import scheduler_proc
-from tests.helpers import on_both_backends
-from tests.integration.test_worker_support import read_runs, spawn_worker, wait_for, wait_worker_ready, write_app
+from tests.support.helpers import on_both_backends
+from tests.support.waits import wait_for
+from tests.support.workers import read_runs, spawn_worker, wait_worker_ready, write_app
 from workers import Job, Worker
 from workers.clock import RedisClock
 

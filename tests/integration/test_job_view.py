@@ -22,7 +22,7 @@ from scheduler.protocol.ids import decode_id, encode_id, partition_of
 from scheduler.protocol.transitions import ack_call
 from scheduler.shell.cli import main
 from scheduler.testing.transitions import Ops
-from tests.helpers import snapshot, tombstones
+from tests.support.helpers import snapshot, tombstones
 
 UTC = UTC
 RECORD = build_record(b"\xc0", max_attempts=1, created_s=0)  # a record the re-sent schedule calls below carry

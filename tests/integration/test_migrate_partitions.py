@@ -23,8 +23,9 @@ from scheduler.shell.admin import BadInput
 from scheduler.shell.migrate import Migration, NotFinished, read_state
 from scheduler.shell.servers import scheduler_proc
 from scheduler.testing.transitions import Ops
-from tests.helpers import on_both_backends, snapshot, tombstones
-from tests.integration.test_worker_support import read_runs, spawn_worker, wait_for, wait_worker_ready, write_app
+from tests.support.helpers import on_both_backends, snapshot, tombstones
+from tests.support.waits import wait_for
+from tests.support.workers import read_runs, spawn_worker, wait_worker_ready, write_app
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -12,7 +12,7 @@ import redis
 from scheduler import Client, JobOptions
 from scheduler.protocol.tick import Retention, tick_call
 from scheduler.testing.transitions import Ops
-from tests.helpers import PAST, snapshot
+from tests.support.helpers import PAST, snapshot
 
 
 def _tick(ops: Ops, idle_ms: int, n: int = 1) -> None:

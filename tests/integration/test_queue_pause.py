@@ -12,7 +12,8 @@ from scheduler import Client, JobState, Outcome
 from scheduler.protocol.replies import claim_paused, parse_claim, parse_stats
 from scheduler.protocol.transitions import claim_call
 from scheduler.shell.servers import scheduler_proc
-from tests.integration.test_worker_support import read_runs, spawn_worker, wait_for, wait_worker_ready, write_app
+from tests.support.waits import wait_for
+from tests.support.workers import read_runs, spawn_worker, wait_worker_ready, write_app
 from workers.planner import ClaimPlanner, ready_message
 
 NS = "pausetest"

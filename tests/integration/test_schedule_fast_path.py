@@ -24,7 +24,7 @@ from scheduler import Client
 from scheduler.protocol.keys import Keyspace
 from scheduler.protocol.options import JobOptions
 from scheduler.protocol.scripts import load_scripts
-from tests.helpers import namespace_state
+from tests.support.helpers import namespace_state
 
 PARTITIONS = 4
 
@@ -91,7 +91,7 @@ class Pair:
         raise AssertionError("the end-of-step message did not come back within 10 s")
 
     def state(self, ns: str) -> dict[str, Any]:
-        """The namespace's keys and doorbells (tests/helpers.py), with the times two calls made
+        """The namespace's keys and doorbells (tests/support/helpers.py), with the times two calls made
         microseconds apart differ in (TIME) normalised: a run_at resolved by the script's own clock
         ("ESTrDELTA" far from the estimate) is noted in 'm' and is the timer's score, so the two
         calls may be a millisecond apart."""

@@ -14,7 +14,7 @@ from scheduler.coord import EtcdCoordinator
 from scheduler.protocol.connection import SyncRedis, sync_redis
 from scheduler.testing.transitions import Ops
 from scheduler.tier import SchedulerConfig, SchedulerProcess
-from tests.helpers import on_both_backends, snapshot
+from tests.support.helpers import on_both_backends, snapshot
 
 NS = "tier"
 

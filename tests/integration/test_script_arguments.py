@@ -8,7 +8,7 @@ NaN/inf, negative, huge and overlong value; then a few combinations, an extra ar
 KEYS. Whenever the reply is an error, DEBUG DIGEST must be unchanged and the error must be the
 argument check's ``ZSCHED_ARG <script> ...``; a value that is no number where the script takes a
 decimal integer must be refused, naming its position. Whenever a call succeeds, the namespace must
-still hold every invariant (tests.helpers.snapshot; every record decodes and names a queue, every
+still hold every invariant (tests.support.helpers.snapshot; every record decodes and names a queue, every
 idempotency key names a live job with that key, every cron is whole), and it is restored (FLUSHALL
 + RESTORE) before the next call. The calls are pipelined, each followed by DEBUG DIGEST; only a call
 that changed the data costs a restore. Uses only what the scripts and redis-py offer, so it runs
@@ -34,8 +34,8 @@ from scheduler.protocol.registry import beat_call, leave_call, read_call
 from scheduler.protocol.scripts import load_scripts
 from scheduler.protocol.tick import Retention, ratelimit_call, tick_call
 from scheduler.testing.transitions import Ops
-from tests.helpers import PAST, snapshot
-from tests.servers import RedisServer
+from tests.support.helpers import PAST, snapshot
+from tests.support.servers import RedisServer
 
 BAD = ["", "nan", "inf", "-1", "1e309", "1.5", "x" * 10_240, "9" * 400, "\0\xff{}:|", "-9007199254740993"]
 NOT_A_NUMBER = ("nan", "inf", "-1", "1e309", "x" * 10_240)  # refused wherever a decimal integer is taken

@@ -33,8 +33,9 @@ import pytest
 from scheduler import Client
 from scheduler.protocol.connection import sync_redis
 from scheduler.shell.cli import build_parser, main
-from scheduler.shell.servers import etcd_request, free_port, wait_for
-from tests.servers import EtcdServer, RedisServer
+from scheduler.shell.servers import etcd_request, free_port
+from tests.support.servers import EtcdServer, RedisServer
+from tests.support.waits import wait_until
 
 ZSCHED = [sys.executable, "-m", "scheduler"]
 NS = "secrets"
@@ -307,8 +308,8 @@ def _finish(run: Run) -> str | None:
     assert proc is not None
     try:
         if run.wait_for:
-            wait_for(lambda: run.wait_for in run.log.read_text() or proc.poll() is not None, DEADLINE,
-                     lambda: f"{run.name}: {run.wait_for!r}")
+            wait_until(lambda: run.wait_for in run.log.read_text() or proc.poll() is not None, DEADLINE,
+                       what=lambda: f"{run.name}: {run.wait_for!r}")
             if proc.poll() is not None:
                 return f"{run.name}: exited {proc.returncode} before {run.wait_for!r}:\n{run.log.read_text()[-2000:]}"
             if run.page:  # the port it picked (--port 0), from its start-up line
@@ -373,9 +374,9 @@ def test_dev_keeps_redis_and_etcd_passwords_out_of_its_output_logs_and_child_com
                                  "--redis", targets.redis("ok"), "--etcd", targets.etcd("ok"), "--home", str(home),
                                  "--namespace", NS], stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
-        wait_for(lambda: re.search(r"^  scheduler-1 +\d+:", log.read_text(), re.M) is not None
+        wait_until(lambda: re.search(r"^  scheduler-1 +\d+:", log.read_text(), re.M) is not None
                  or proc.poll() is not None, DEADLINE,
-                 lambda: f"the dev view to show an owner:\n{log.read_text()[-2000:]}")
+                   what=lambda: f"the dev view to show an owner:\n{log.read_text()[-2000:]}")
         assert proc.poll() is None, log.read_text()[-3000:]
         token = re.search(r"actions need the token (\S+)\)", log.read_text())
         assert token is not None, log.read_text()[-3000:]

@@ -1,4 +1,4 @@
-"""Proves the real-server harness in tests/servers.py and the conftest fixtures."""
+"""Proves the real-server harness in tests/support/servers.py and the conftest fixtures."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import redis
 from redis.sentinel import Sentinel
 
 from scheduler.shell.servers import ServerError, etcd_get, etcd_put, etcd_request, free_ports
-from tests.servers import EtcdCluster, EtcdServer, RedisServer, SentinelSet
+from tests.support.servers import EtcdCluster, EtcdServer, RedisServer, SentinelSet
 
 
 def _wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:

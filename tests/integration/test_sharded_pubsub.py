@@ -24,7 +24,8 @@ from scheduler.protocol.tick import TickReply, parse_tick
 from scheduler.shell.servers.cluster import slot_of
 from scheduler.testing.transitions import Ops
 from scheduler.tier import SchedulerConfig, SchedulerProcess
-from tests.integration.test_worker_support import serving, wait_for
+from tests.support.waits import wait_for, wait_until
+from tests.support.workers import serving
 from workers import Job, Worker
 from workers.fetch import DoorbellFetch, FetchContext
 
@@ -99,7 +100,7 @@ def test_scripts_and_clients_spublish_on_the_partitions_channels(redis_url: str)
             ticks = [parse_tick(ops.run("tick", q, 0, 100, client.calls.tomb_ms)) for q in range(PARTS)]
             return [t for t in ticks if isinstance(t, TickReply) and t.moved]
 
-        fired = wait_sync(tick_each, 3)
+        fired = wait_until(tick_each, 3, what="a tick that fires")
         assert [t.to_ring for t in fired] == [["q"]]
         # resume: "P:resume" for the owner to ring
         client.pause("q")
@@ -136,12 +137,6 @@ def test_plain_layout_rings_the_bell_and_publishes_no_ready_message(redis_url: s
     client.close()
 
 
-def wait_sync(cond: Callable[[], Any], timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (v := cond()):
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
-    return v
 
 
 # --------------------------------------------------------------------------- worker

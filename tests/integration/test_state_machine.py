@@ -14,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from scheduler import Client
 from scheduler.protocol.ids import encode_id
 from scheduler.testing.transitions import Ops
-from tests.helpers import snapshot, tombstones
+from tests.support.helpers import snapshot, tombstones
 
 TERMINAL = "terminal"
 

@@ -24,7 +24,7 @@ from scheduler import Client
 from scheduler.protocol.keys import Keyspace
 from scheduler.protocol.options import JobOptions
 from scheduler.protocol.scripts import load_scripts
-from tests.helpers import namespace_state
+from tests.support.helpers import namespace_state
 
 PARTITIONS = 2
 HOUR_MS = 3_600_000
@@ -94,7 +94,7 @@ class Pair:
                                              housekeeping], sharded=sharded)
 
     def state(self, ns: str) -> dict[str, Any]:
-        """The namespace's keys and doorbells (tests/helpers.py), the tombstone sweep's time too."""
+        """The namespace's keys and doorbells (tests/support/helpers.py), the tombstone sweep's time too."""
         def meta(name: str, h: dict[bytes, bytes]) -> dict[bytes, bytes]:
             return {**h, b"tsw": b"<ms>"} if name.endswith(":meta") and b"tsw" in h else h
         return namespace_state(self.r, ns, hash_fix=meta)

@@ -10,7 +10,7 @@ import pytest
 
 from scheduler import Client, JobState
 from scheduler.shell.servers import free_port
-from tests.servers import RedisServer
+from tests.support.servers import RedisServer
 
 
 def make_certs(d: Path) -> tuple[Path, Path, Path]:
@@ -52,7 +52,8 @@ def test_tls_with_an_untrusted_certificate_is_refused(tls_redis) -> None:
 
 
 async def test_worker_over_tls(tls_redis) -> None:
-    from tests.integration.test_worker_support import serving, wait_for
+    from tests.support.waits import wait_for
+    from tests.support.workers import serving
     from workers import Worker
     url, _ = tls_redis
     c = Client.from_url(url, namespace="tls", partitions=2).connect()

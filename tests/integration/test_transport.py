@@ -12,9 +12,9 @@ from scheduler import Client, JobOptions
 from scheduler.protocol.replies import parse_claim
 from scheduler.protocol.scripts import SCRIPT_NAMES
 from scheduler.protocol.transitions import claim_call
-from scheduler.protocol.transport import RESEND, RetryPolicy, mark_resend
+from scheduler.protocol.transport import RESEND, RedisRetry, mark_resend
 from scheduler.testing.transitions import Ops
-from tests.helpers import PAST
+from tests.support.helpers import PAST
 
 LATER = timedelta(minutes=5)
 
@@ -117,17 +117,17 @@ def test_fences_are_above_the_server_clock_in_microseconds(client: Client, r: re
 
 
 def test_retry_policy_is_bounded_by_attempts_and_time() -> None:
-    assert list(RetryPolicy(attempts=1).delays()) == []
-    d = list(RetryPolicy(attempts=5, budget=100, base=0.01, cap=0.02).delays())
+    assert list(RedisRetry(attempts=1).delays()) == []
+    d = list(RedisRetry(attempts=5, budget=100, base=0.01, cap=0.02).delays())
     assert len(d) == 4 and all(0 <= x <= 0.02 for x in d)
     t0 = time.monotonic()
     n = 0
-    for x in RetryPolicy(attempts=1000, budget=0.2, base=0.05, cap=0.05).delays():
+    for x in RedisRetry(attempts=1000, budget=0.2, base=0.05, cap=0.05).delays():
         time.sleep(x)
         n += 1
     assert time.monotonic() - t0 < 0.4 and n < 1000
     with pytest.raises(ValueError):
-        RetryPolicy(attempts=0)
+        RedisRetry(attempts=0)
 
 
 def test_a_read_only_refusal_is_retried_until_the_server_takes_writes_again() -> None:
@@ -140,11 +140,11 @@ def test_a_read_only_refusal_is_retried_until_the_server_takes_writes_again() ->
 
     with RedisServer() as srv:
         c = Client.from_url(srv.url, namespace="ro", partitions=1,
-                            retry=RetryPolicy(budget=10.0, attempts=200, base=0.02, cap=0.1)).connect()
+                            retry=RedisRetry(budget=10.0, attempts=200, base=0.02, cap=0.1)).connect()
         try:
             srv.command("REPLICAOF", "127.0.0.1", "1")  # a replica of nothing: every write is refused
             with pytest.raises(redis.exceptions.ReadOnlyError):
-                Client.from_url(srv.url, namespace="ro", retry=RetryPolicy(attempts=1, budget=0)).schedule(LATER, 1)
+                Client.from_url(srv.url, namespace="ro", retry=RedisRetry(attempts=1, budget=0)).schedule(LATER, 1)
             promote = threading.Timer(0.5, srv.command, ("REPLICAOF", "NO", "ONE"))
             promote.start()
             t = time.monotonic()

@@ -17,7 +17,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 from scheduler import Client, JobState
 from scheduler.shell.servers import ZschedProc, scheduler_proc, ui_proc
 from scheduler.shell.servers.ports import free_port
-from tests.procs import wait_until
+from tests.support.waits import wait_until
 
 NS = "uibrowser"
 TOKEN = "browser-token-42"

@@ -22,8 +22,8 @@ import pytest
 from scheduler import Client
 from scheduler.shell.servers import ZschedProc, free_port, ui_proc
 from tests.integration.test_tls import make_certs
-from tests.procs import wait_until
-from tests.uikit import TOKEN, namespace_client
+from tests.support.ui import TOKEN, namespace_client
+from tests.support.waits import wait_until
 
 NS = "uicommand"
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}

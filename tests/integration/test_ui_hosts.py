@@ -10,7 +10,7 @@ import pytest
 
 from scheduler import Client, JobState
 from scheduler.testing.transitions import Ops
-from tests.uikit import console, csrf, login, namespace_client
+from tests.support.ui import console, csrf, login, namespace_client
 
 NS = "uihosts"
 SECRET = "4111-SECRET"

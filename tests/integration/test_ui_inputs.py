@@ -14,7 +14,7 @@ import pytest
 
 from scheduler import Client
 from scheduler.protocol.listing import encode_cursor
-from tests.uikit import console, csrf, login, namespace_client
+from tests.support.ui import console, csrf, login, namespace_client
 
 NS = "uiinputs"
 OTHER_LISTING = encode_cursor("scheduled", "other", 0, b"")

@@ -18,7 +18,7 @@ from starlette.testclient import TestClient
 from scheduler import Client, JobState
 from scheduler.protocol.replies import parse_stats
 from scheduler.shell.ui.security import SESSION_COOKIE, SESSION_SECONDS, ConsoleAuth, RedisSessions
-from tests.uikit import TOKEN, console, csrf, login, namespace_client
+from tests.support.ui import TOKEN, console, csrf, login, namespace_client
 
 NS = "uiroutes"
 HOUR = timedelta(hours=1)

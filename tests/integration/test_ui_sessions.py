@@ -18,9 +18,9 @@ from starlette.testclient import TestClient
 from scheduler import Client, JobState
 from scheduler.shell.ui.hosts import LOOPBACK_PROXIES, parse_networks
 from scheduler.shell.ui.security import SECURE_SESSION_COOKIE, SESSION_COOKIE, SESSION_SECONDS
-from tests.helpers import on_both_backends
-from tests.procs import wait_until
-from tests.uikit import BASE, TOKEN, console, csrf, login, namespace_client
+from tests.support.helpers import on_both_backends
+from tests.support.ui import BASE, TOKEN, console, csrf, login, namespace_client
+from tests.support.waits import wait_until
 
 NS = "uisessions"
 

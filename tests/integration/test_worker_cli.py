@@ -14,14 +14,8 @@ from pathlib import Path
 import pytest
 
 from scheduler import Client, JobState
-from tests.integration.test_worker_support import (
-    TierStandIn,
-    read_runs,
-    spawn_worker,
-    wait_for,
-    wait_worker_ready,
-    write_app,
-)
+from tests.support.waits import wait_for
+from tests.support.workers import TierStandIn, read_runs, spawn_worker, wait_worker_ready, write_app
 
 
 @pytest.fixture

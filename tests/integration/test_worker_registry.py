@@ -38,8 +38,9 @@ from scheduler.protocol.routing import slot_of
 from scheduler.protocol.transport import ScriptTransport
 from scheduler.shell.cli import main
 from scheduler.tier import SchedulerConfig, SchedulerProcess
-from tests.integration.test_worker_support import serving, spawn_worker, wait_for, write_app
-from tests.servers import RedisServer
+from tests.support.servers import RedisServer
+from tests.support.waits import wait_for
+from tests.support.workers import serving, spawn_worker, write_app
 from workers import Job, Worker
 
 NS = "reg"

@@ -18,7 +18,8 @@ import redis
 from scheduler import Client, JobState, Outcome
 from scheduler.protocol.ids import decode_id, partition_of
 from scheduler.protocol.tick import reap_call
-from tests.integration.test_worker_support import Recorder, TierStandIn, serving, wait_for
+from tests.support.waits import wait_for
+from tests.support.workers import Recorder, TierStandIn, serving
 from workers import Job, PermanentError, Retry, Worker, WorkerStats
 
 

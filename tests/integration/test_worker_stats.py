@@ -11,7 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler import Client
 from scheduler.shell.servers.ports import free_port
-from tests.integration.test_worker_support import serving, wait_for
+from tests.support.waits import wait_for
+from tests.support.workers import serving
 from workers import Job, Worker
 
 

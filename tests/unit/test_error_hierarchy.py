@@ -69,3 +69,12 @@ def test_each_keeps_its_standard_base_for_callers_that_catch_by_kind() -> None:
     from scheduler.shell.servers.process import ServerError
     assert issubclass(NodeFailed, redis.ConnectionError) and issubclass(SubscriptionLost, redis.ConnectionError)
     assert issubclass(BadInput, ValueError) and issubclass(ServerError, RuntimeError)
+
+
+def test_retry_policy_is_now_redis_retry_and_the_old_name_warns() -> None:
+    assert "RedisRetry" in scheduler.__all__ and "RetryPolicy" not in scheduler.__all__
+    with pytest.warns(DeprecationWarning, match="RetryPolicy is now scheduler.RedisRetry"):
+        old = scheduler.RetryPolicy  # type: ignore[attr-defined]
+    assert old is scheduler.RedisRetry
+    with pytest.raises(AttributeError):
+        scheduler.NoSuchName  # type: ignore[attr-defined]  # noqa: B018

@@ -15,7 +15,7 @@ One place that runs them, for ``zsched dev``, the tests and the benchmarks:
   (servers get the kernel's parent-death signal instead: :func:`die_with_parent`).
 
 Everything listens on 127.0.0.1 only.  Fault injection (SIGSTOP, busy scripts, rollbacks, role
-swaps) is not here: it lives with the tests (``tests/faults.py``, ``tests/servers.py``).
+swaps) is not here: it lives with the tests (``tests/support/faults.py``, ``tests/support/servers.py``).
 """
 
 from .cluster import CLUSTER_SLOTS, ClusterServer, ClusterSet, NodeLine, parse_cluster_nodes, slot_of

@@ -15,7 +15,7 @@ Tuning, so that a failover is over in a few seconds (measured here: 2-3 s from k
 - ``cluster-port``: the bus gets its own free port (port + 10000 may be taken or ephemeral).
 
 Every node binds 127.0.0.1 only, in its own temp dir removed by ``stop()``.  Killing nodes, pauses
-and stalls are fault injection and live in ``tests/servers.py``.
+and stalls are fault injection and live in ``tests/support/servers.py``.
 """
 
 from __future__ import annotations

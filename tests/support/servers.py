@@ -3,7 +3,7 @@
 Starting, stopping, ports, temp dirs and cleanup are the shared module's; what is here only breaks
 things, on purpose:
 
-- every server: ``pause()``/``resume()`` (SIGSTOP, :class:`tests.faults.Pausable`); ``kill()`` and
+- every server: ``pause()``/``resume()`` (SIGSTOP, :class:`tests.support.faults.Pausable`); ``kill()`` and
   ``restart()`` (with ``aof=True`` Redis data survives a kill -9) are the shared ones;
 - ``RedisServer.stall(ms)`` (a busy Lua script: every other client waits), ``save_point()`` +
   ``crash_to_save_point()`` (a real rollback of acknowledged writes);
@@ -20,8 +20,9 @@ import subprocess
 from typing import Self
 
 from scheduler.shell import servers
-from scheduler.shell.servers import HOST, ServerError, wait_for
-from tests.faults import Pausable, RedisStall
+from scheduler.shell.servers import HOST, ServerError
+from tests.support.faults import Pausable, RedisStall
+from tests.support.waits import wait_until
 
 __all__ = [
     "ClusterServer",
@@ -107,7 +108,7 @@ class RedisServer(Pausable, servers.RedisServer):
                 and any(aof_dir.glob("*.manifest"))
             )
 
-        wait_for(aof_on, timeout, f"AOF rewrite after the rollback of {self!r}")
+        wait_until(aof_on, timeout, what=f"AOF rewrite after the rollback of {self!r}")
         if self.info("persistence").get("aof_last_bgrewrite_status") != "ok":
             raise ServerError(f"AOF rewrite failed on {self!r}; log tail:\n{self.log_tail()}")
         return self
@@ -216,5 +217,5 @@ class ClusterSet(servers.ClusterSet):
             last[:] = self.problems() if promoted else ["no replica promoted yet"]
             return not last
 
-        wait_for(taken_over, timeout, lambda: f"a replica of {master!r} to take over: {last}", 0.05)
+        wait_until(taken_over, timeout, 0.05, lambda: f"a replica of {master!r} to take over: {last}")
         return promoted[0]

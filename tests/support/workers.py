@@ -1,4 +1,4 @@
-"""Helpers shared by the worker tests (this module holds no tests).
+"""Helpers shared by the worker tests.
 
 ``TierStandIn`` is a *test stand-in for the scheduler tier*: it calls the ``tick`` and ``reap``
 scripts on every partition in a loop (epoch 0 = unfenced), so worker tests can use timers,
@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import textwrap
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from scheduler import AsyncClient
 from scheduler.protocol.tick import NO_RETENTION, reap_call, tick_call
 from scheduler.protocol.transport import AsyncScriptTransport
 from scheduler.shell.servers import ZschedProc
+from tests.support.waits import wait_for
 from workers import Worker
 
 log = logging.getLogger("tests.worker")
@@ -100,21 +100,6 @@ async def serving(*workers: Worker, ready: bool = True) -> AsyncIterator[list[as
             if not t.done():
                 t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def wait_for(cond: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01,
-                   what: str = "condition") -> Any:
-    """Poll ``cond`` (sync or async) until truthy; returns its value or fails with ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if inspect.isawaitable(v):
-            v = await v
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(interval)
 
 
 @dataclass

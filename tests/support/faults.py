@@ -3,9 +3,9 @@
 - :class:`Pausable`: ``pause()``/``resume()`` a process with SIGSTOP/SIGCONT (it keeps its sockets
   but answers nothing);
 - :class:`RedisStall`: a busy Lua script that holds a redis-server's command loop for a while
-  (every other client waits, nothing is lost), started by ``tests.servers.RedisServer.stall()``.
+  (every other client waits, nothing is lost), started by ``tests.support.servers.RedisServer.stall()``.
 
-The servers the tests use (``tests/servers.py``) are the shared classes with these added.
+The servers the tests use (``tests/support/servers.py``) are the shared classes with these added.
 """
 
 from __future__ import annotations
