@@ -59,10 +59,9 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.Argument
                     "path). Options given here override the Worker's own settings. SIGTERM/SIGINT stop "
                     "gracefully (a second signal exits at once).")
     p.add_argument("app", metavar="MODULE:ATTR", help="e.g. myapp.tasks:worker (a Worker, or a function returning one)")
-    p.add_argument("--redis", metavar="URL", help="Redis URL (default: the Worker's, else ZSCHED_REDIS_URL, "
-                                                   f"else {config.DEFAULT_REDIS_URL})")
-    p.add_argument("--namespace", metavar="NS",
-                   help="namespace (default: the Worker's, else ZSCHED_NAMESPACE, else zsched)")
+    config.add_connection_options(
+        p, redis_help=f"Redis URL (default: the Worker's, else ZSCHED_REDIS_URL, else {config.DEFAULT_REDIS_URL})",
+        namespace_help=f"namespace (default: the Worker's, else ZSCHED_NAMESPACE, else {config.DEFAULT_NAMESPACE})")
     p.add_argument("--queues", metavar="A,B", type=_csv, help="queues to serve (default: the queues with handlers)")
     p.add_argument("--concurrency", metavar="N", type=_positive_int, help="handlers running at once (default 16)")
     p.add_argument("--prefetch", metavar="N", type=_count,

@@ -20,7 +20,7 @@ read, and every default they share, is read and written here once (the servers t
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from .connection import check_url
 from .errors import ConfigError
@@ -36,6 +36,20 @@ DEFAULT_LOG_LEVEL = "INFO"
 REDIS_HELP = f"Redis URL (env ZSCHED_REDIS_URL, default {DEFAULT_REDIS_URL})"
 NAMESPACE_HELP = f"namespace (env ZSCHED_NAMESPACE, default {DEFAULT_NAMESPACE})"
 DEFAULT_METRICS_HOST = "127.0.0.1"  # /metrics on loopback unless the operator asks for more
+
+
+class Options(Protocol):
+    """An argparse parser or argument group: what :func:`add_connection_options` adds to."""
+
+    def add_argument(self, *names: str, **kw: Any) -> Any: ...
+
+
+def add_connection_options(p: Options, *, redis_help: str = REDIS_HELP, namespace_help: str = NAMESPACE_HELP) -> None:
+    """``--redis URL`` and ``--namespace NS``, the options every zsched command takes, declared
+    here once (a command whose defaults come from elsewhere, the worker's from its Worker object,
+    says so in its own help). Both are read through :func:`redis_url` and :func:`namespace`."""
+    p.add_argument("--redis", metavar="URL", help=redis_help)
+    p.add_argument("--namespace", metavar="NS", help=namespace_help)
 
 
 def redis_url(value: str | None = None) -> str:

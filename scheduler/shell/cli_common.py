@@ -107,8 +107,7 @@ def common_options() -> argparse.ArgumentParser:
     """A parent parser with ``--redis``, ``--namespace`` and ``--json``."""
     c = argparse.ArgumentParser(add_help=False)
     g = c.add_argument_group("connection and output")
-    g.add_argument("--redis", metavar="URL", help=config.REDIS_HELP)
-    g.add_argument("--namespace", metavar="NS", help=config.NAMESPACE_HELP)
+    config.add_connection_options(g)
     g.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     return c
 

@@ -104,8 +104,7 @@ def add_parsers(sub: SubParsers) -> None:
         epilog="exit codes: 0 stopped by SIGINT/SIGTERM, 1 unknown namespace, 2 bad input (a --host that is not an "
                "address of this machine or does not resolve, a malformed option), 3 Redis unreachable or refusing, "
                "4 the port is in use or needs privileges, a TLS file cannot be read, or the ui packages are missing"))
-    p.add_argument("--redis", metavar="URL", help=config.REDIS_HELP)
-    p.add_argument("--namespace", metavar="NS", help=config.NAMESPACE_HELP)
+    config.add_connection_options(p)
     p.add_argument("--host", default="127.0.0.1", type=_argtype("address", bind_host), metavar="ADDRESS",
                    help="address to bind (default 127.0.0.1; anything else exposes the console to the network: use "
                         "TLS then); a name binds every address it resolves to; :: is IPv6 only")

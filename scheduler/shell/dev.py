@@ -45,7 +45,6 @@ from .servers import (
 )
 from .ui.security import new_token
 
-NS_DEFAULT = "zsched"
 STOP_TIMEOUT_S = 35.0  # per child: longer than a worker's default shutdown grace (30 s) for its running jobs
 # what redis-server and etcd get when zsched dev dies (even by SIGKILL): both stop cleanly on it
 # (Redis flushes its AOF), and there is no one left to send a SIGKILL later
@@ -61,9 +60,9 @@ def add_parser(sub: SubParsers) -> None:
                    help="no demo producer or demo workers: the stack for your own producer and workers")
     p.add_argument("--worker", metavar="MODULE:ATTR", action="append", default=[],
                    help="run 2 workers of this Worker too (repeatable); with the demo, replaces the demo workers")
-    p.add_argument("--redis", metavar="URL", help="use this Redis instead of starting one")
+    config.add_connection_options(p, redis_help="use this Redis instead of starting one",
+                                  namespace_help=f"namespace (default {config.DEFAULT_NAMESPACE})")
     p.add_argument("--etcd", metavar="ENDPOINTS", help="use this etcd instead of starting one")
-    p.add_argument("--namespace", default=None, help=f"namespace (default {NS_DEFAULT})")
     p.add_argument("--replicas", type=int, default=3, help="scheduler replicas (default 3)")
     p.add_argument("--workers", type=int, default=2, help="worker processes per worker app (default 2)")
     p.add_argument("--home", default=".zsched", help="data and logs directory (default ./.zsched)")

@@ -19,13 +19,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser("scheduler", help="run a scheduler replica (owns partitions through etcd leases)",
                        description="Run one scheduler replica. Any number may run; they split the partitions "
                                    "through etcd leases and fire due jobs onto ready lists.")
-    p.add_argument("--redis", help=config.REDIS_HELP)
+    config.add_connection_options(p)
     p.add_argument("--etcd", help="etcd endpoints, comma-separated (env ZSCHED_ETCD_ENDPOINTS, default "
                                   f"{config.DEFAULT_ETCD_ENDPOINTS}); http://user:password@host:port for etcd auth "
                                   "(a password is better in the variable: ps shows the command line), https:// for TLS "
                                   "(CA and client certificate from the files in ZSCHED_ETCD_CA, ZSCHED_ETCD_CERT, "
                                   "ZSCHED_ETCD_KEY)")
-    p.add_argument("--namespace", help=config.NAMESPACE_HELP)
     p.add_argument("--partitions", type=int, help="expected partition count (env ZSCHED_PARTITIONS)")
     p.add_argument("--replica-id", help="this replica's name in etcd (default host-pid-random)")
     p.add_argument("--lease-ttl", type=float, metavar="S",

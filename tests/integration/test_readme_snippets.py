@@ -29,12 +29,13 @@ def test_readme_snippets_run_in_order_against_a_redis_server(redis_url: str, mon
 
 
 def test_readme_snippet_defaults_to_the_dev_stack_url() -> None:
+    from scheduler.protocol import config
     from scheduler.shell import dev
 
     first = python_blocks(ROOT / "README.md")[0]
     assert 'os.environ.get("ZSCHED_REDIS_URL", "redis://127.0.0.1:16379/0")' in first
     assert "pick_port(16379)" in Path(dev.__file__).read_text("utf-8"), "the dev stack's redis port moved"
-    assert f'namespace="{dev.NS_DEFAULT}"' in first
+    assert f'namespace="{config.DEFAULT_NAMESPACE}"' in first
 
 
 @pytest.mark.parametrize("n", range(len(python_blocks(ROOT / "docs" / "testing.md"))))

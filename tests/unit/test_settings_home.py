@@ -68,3 +68,27 @@ def test_the_shared_defaults_are_written_once() -> None:
     tomb = [f"{p.relative_to(ROOT)}:{n}" for p in sources() if p != HOME
             for n, line in enumerate(p.read_text().splitlines(), 1) if literal.search(line)]
     assert tomb == [], "the tombstone TTL's default is config.DEFAULT_TOMBSTONE_TTL"
+
+
+def test_the_connection_options_are_declared_once_and_every_command_takes_them() -> None:
+    """``--redis`` and ``--namespace`` are added by ``config.add_connection_options`` alone, and
+    every zsched command that talks to Redis has them."""
+    declared = [f"{p.relative_to(ROOT)}:{n}" for p in sources() if p != HOME
+                for n, line in enumerate(p.read_text().splitlines(), 1)
+                if re.search(r"""add_argument\(\s*["']--(redis|namespace)["']""", line)]
+    assert declared == [], "declare them with config.add_connection_options"
+    import argparse
+
+    from scheduler.shell.cli import build_parser
+
+    def leaves(parser: argparse.ArgumentParser, path: str) -> list[tuple[str, argparse.ArgumentParser]]:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]  # noqa: SLF001
+        if not subs:
+            return [(path, parser)]
+        return [leaf for name, sub in subs[0].choices.items() for leaf in leaves(sub, f"{path} {name}")]
+
+    commands = leaves(build_parser(), "zsched")
+    assert len(commands) > 20
+    for name, cmd in commands:
+        opts = {o for a in cmd._actions for o in a.option_strings}  # noqa: SLF001
+        assert {"--redis", "--namespace"} <= opts, name
