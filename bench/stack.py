@@ -17,7 +17,7 @@ from typing import Any
 from bench.common import cpu_seconds
 from scheduler import Client
 from scheduler.metrics import bucket_quantile, scrape_histogram
-from scheduler.protocol.connection import sync_redis
+from scheduler.redisio.connection import sync_redis
 from scheduler.shell.servers import ClusterSet, EtcdServer, RedisServer, ZschedProc, scheduler_proc
 
 NS = "bench"

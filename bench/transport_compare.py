@@ -609,9 +609,9 @@ def micro(n: int = 5000, reps: int = 3) -> dict[str, Any]:
     from hiredis import pack_command
     from redis.exceptions import ResponseError
 
-    from scheduler.protocol.connection import async_redis
     from scheduler.protocol.scripts import Script
-    from scheduler.protocol.transport import AsyncScriptTransport, RedisRetry
+    from scheduler.redisio.connection import async_redis
+    from scheduler.redisio.transport import AsyncScriptTransport, RedisRetry
 
     src = "return 1"
     sha = hashlib.sha1(src.encode()).hexdigest()

@@ -26,7 +26,7 @@ from .protocol.errors import (
 from .protocol.models import JobError, JobInfo, JobState
 from .protocol.options import JobOptions
 from .protocol.timeutil import At
-from .protocol.transport import RedisRetry
+from .redisio.transport import RedisRetry
 
 __all__ = [
     "At", "AsyncClient", "Client", "ConfigError", "CronInfo", "DurabilityError", "DurabilityTimeout",

@@ -128,7 +128,7 @@ def backend_url(request: pytest.FixtureRequest) -> str:
     redis-server, ``redis_url``; also the default when the test is not parametrized) or
     ``"cluster"`` (the session 3-master cluster, ``redis_cluster_url``). Run a test on both with
     ``tests.support.helpers.on_both_backends`` (``parametrize("backend_url", BACKENDS, indirect=True)``);
-    build clients with ``scheduler.protocol.connection.sync_redis``/``async_redis``, which follow
+    build clients with ``scheduler.redisio.connection.sync_redis``/``async_redis``, which follow
     the URL's scheme."""
     kind = getattr(request, "param", "single")
     if kind not in BACKENDS:

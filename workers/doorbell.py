@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from scheduler.protocol import bells
-from scheduler.protocol.connection import is_cluster
 from scheduler.protocol.keys import Keyspace
-from scheduler.protocol.transport_async import checkout, drop_and_release
+from scheduler.redisio.connection import is_cluster
+from scheduler.redisio.transport_async import checkout, drop_and_release
 
 BELL_WAIT = 2.0  # seconds one BZPOPMIN waits before it is sent again (below any socket timeout we set)
 

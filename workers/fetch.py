@@ -34,11 +34,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from scheduler.protocol.call import Call
 from scheduler.protocol.calls import Calls
-from scheduler.protocol.connection import is_cluster
 from scheduler.protocol.replies import Claimed, claim_paused, parse_claim
 from scheduler.protocol.transitions import claim_call
-from scheduler.protocol.transport import Call, NodeFailed
+from scheduler.redisio.connection import is_cluster
+from scheduler.redisio.errors import REDIS_ERRORS
+from scheduler.redisio.transport import NodeFailed
 
 from .clock import RedisClock
 from .doorbell import Doorbell
@@ -46,7 +48,7 @@ from .lifecycle import Lifecycle
 from .outbox import Meta, Outbox
 from .planner import ClaimPlanner, ready_message
 from .slots import Slots
-from .wire import REDIS_ERRORS, Outage, Send
+from .wire import Outage, Send
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

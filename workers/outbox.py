@@ -23,15 +23,17 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from scheduler.protocol.call import Call
 from scheduler.protocol.codes import AckCode, FailCode, FailKind, ReleaseCode
 from scheduler.protocol.errors import ScriptArgumentError
 from scheduler.protocol.ids import encode_id
 from scheduler.protocol.transitions import Builder, Failure, ack_call, extend_call, fail_call, release_call
-from scheduler.protocol.transport import Call, NodeFailed
+from scheduler.redisio.errors import REDIS_ERRORS
+from scheduler.redisio.transport import NodeFailed
 
 from .attempt import RUNNING, Attempt
 from .lifecycle import Lifecycle
-from .wire import REDIS_ERRORS, Outage, Send
+from .wire import Outage, Send
 
 log = logging.getLogger("zsched.worker")
 

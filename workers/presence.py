@@ -20,7 +20,6 @@ from dataclasses import replace
 
 from redis.exceptions import ResponseError
 
-from scheduler.protocol.batch import not_run
 from scheduler.protocol.keys import Keyspace
 from scheduler.protocol.masking import mask_secrets
 from scheduler.protocol.registry import (
@@ -32,12 +31,14 @@ from scheduler.protocol.registry import (
     new_worker_id,
     zsched_version,
 )
-from scheduler.protocol.transport import AsyncScriptTransport
+from scheduler.redisio.batch import not_run
+from scheduler.redisio.errors import REDIS_ERRORS
+from scheduler.redisio.transport import AsyncScriptTransport
 
 from .attempt import Attempt
 from .lifecycle import Lifecycle, supervise
 from .stats import WorkerStats
-from .wire import REDIS_ERRORS, Outage
+from .wire import Outage
 
 log = logging.getLogger("zsched.worker")
 

@@ -6,23 +6,20 @@ worker: each loop logs once per outage (:class:`Outage`) and retries with capped
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from redis.exceptions import RedisError
-
+from scheduler.protocol.call import Call
 from scheduler.protocol.errors import LayoutChanged, failure_kind
 from scheduler.protocol.masking import mask_secrets
-from scheduler.protocol.transport import AsyncScriptTransport, Call, RedisRetry
+from scheduler.redisio.transport import AsyncScriptTransport, RedisRetry
 
 log = logging.getLogger("zsched.worker")
 
 BACKOFF_BASE, BACKOFF_CAP = 0.05, 5.0
-REDIS_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 # The transport retries only before a call reaches Redis (connect failures, a restart in
 # progress): outcomes and claims that may have run are never re-sent by the transport; the
 # worker's own loops re-send them knowing a refusal may then mean "already applied" (see

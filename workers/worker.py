@@ -31,9 +31,10 @@ from scheduler.client import AsyncClient
 from scheduler.metrics import metrics_url
 from scheduler.protocol import codec, config
 from scheduler.protocol.calls import Calls
-from scheduler.protocol.connection import async_redis, permanent_failure
 from scheduler.protocol.ids import encode_id
-from scheduler.protocol.transport import AsyncScriptTransport
+from scheduler.redisio.connection import async_redis, permanent_failure
+from scheduler.redisio.errors import REDIS_ERRORS
+from scheduler.redisio.transport import AsyncScriptTransport
 from scheduler.runtime import entry_point_logging, loop_name, run, settle_gc
 
 from . import options
@@ -48,7 +49,7 @@ from .registry import Handler, HandlerRegistry, HandlerSpec
 from .runner import HandlerRunner, ThreadCount
 from .slots import Slots
 from .stats import PrometheusHistograms, Tee, WorkerMetrics, WorkerStats, start_metrics_server
-from .wire import REDIS_ERRORS, WORKER_RETRY, Outage, sender
+from .wire import WORKER_RETRY, Outage, sender
 
 log = logging.getLogger("zsched.worker")
 

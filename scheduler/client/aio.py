@@ -10,14 +10,14 @@ from ..protocol import codec, config, control
 from ..protocol import durability as dur
 from ..protocol.calls import Calls, id_list
 from ..protocol.codes import Outcome, cancel_outcome, cron_removed, purge_outcome, requeue_outcomes, reschedule_outcome
-from ..protocol.connection import AsyncRedis, async_redis, is_cluster
 from ..protocol.cron import CronInfo
 from ..protocol.keys import Keyspace
 from ..protocol.models import JobInfo, JobState
 from ..protocol.options import JobOptionFields, JobOptions, with_overrides
 from ..protocol.replies import merge_stats, parse_stats
 from ..protocol.timeutil import At
-from ..protocol.transport import NO_RETRY, TRANSIENT, AsyncScriptTransport, RedisRetry
+from ..redisio.connection import AsyncRedis, async_redis, is_cluster
+from ..redisio.transport import NO_RETRY, TRANSIENT, AsyncScriptTransport, RedisRetry
 from .layout import follows_layout_async
 from .options import UNSET, ClientOptions, info_server_command, resolve_sharded_pubsub, socket_timeout
 from .settings import (

@@ -7,9 +7,9 @@ from typing import Any
 from ..protocol import config
 from ..protocol import durability as dur
 from ..protocol.calls import Calls, tombstone_ms
-from ..protocol.connection import is_cluster
 from ..protocol.keys import Keyspace
-from ..protocol.transport import DEFAULT_RETRY, RedisRetry
+from ..redisio.connection import is_cluster
+from ..redisio.transport import DEFAULT_RETRY, RedisRetry
 
 UNSET: Any = object()
 """Default of ``durable=`` on ``schedule``/``schedule_many``: the client's own setting (None is a

@@ -11,14 +11,14 @@ from ..protocol import codec, config, control
 from ..protocol import durability as dur
 from ..protocol.calls import Calls, id_list
 from ..protocol.codes import Outcome, cancel_outcome, cron_removed, purge_outcome, requeue_outcomes, reschedule_outcome
-from ..protocol.connection import SyncRedis, is_cluster, sync_redis
 from ..protocol.cron import CronInfo
 from ..protocol.keys import Keyspace
 from ..protocol.models import JobInfo, JobState
 from ..protocol.options import JobOptionFields, JobOptions, with_overrides
 from ..protocol.replies import merge_stats, parse_stats
 from ..protocol.timeutil import At
-from ..protocol.transport import NO_RETRY, TRANSIENT, RedisRetry, ScriptTransport
+from ..redisio.connection import SyncRedis, is_cluster, sync_redis
+from ..redisio.transport import NO_RETRY, TRANSIENT, RedisRetry, ScriptTransport
 from .layout import follows_layout
 from .options import UNSET, ClientOptions, info_server_command, resolve_sharded_pubsub, socket_timeout
 from .settings import (
@@ -63,7 +63,7 @@ class Client:
         (default: the namespace's, 16 for a new one). ``max_payload_bytes``: largest payload
         accepted. ``tombstone_ttl``: seconds a finished job stays visible to ``get()``.
         ``retry``: how long and how often calls are retried when Redis is unreachable or a reply
-        is lost (default: :data:`~scheduler.protocol.transport.DEFAULT_RETRY`, up to 10 s).
+        is lost (default: :data:`~scheduler.redisio.transport.DEFAULT_RETRY`, up to 10 s).
         ``durable``: default durability of ``schedule``/``schedule_many`` (None, ``"replica"``,
         ``"fsync"``), waiting for ``durable_replicas`` replicas up to ``durable_timeout`` seconds.
         ``sharded_pubsub``: publish and subscribe to wake-ups with Redis 7 sharded pub/sub
@@ -89,7 +89,7 @@ class Client:
                  **kwargs: Any) -> Client:
         """A client for a URL (default ZSCHED_REDIS_URL): ``redis://``, ``rediss://`` (TLS),
         ``unix://`` or ``redis+sentinel://host:port[,host:port...]/MASTER[/db]`` (see
-        :mod:`scheduler.protocol.connection`); user:password@ for ACL. ``redis_options``: extra
+        :mod:`scheduler.redisio.connection`); user:password@ for ACL. ``redis_options``: extra
         redis-py connection arguments (e.g. ``socket_timeout``). Other arguments as for the
         constructor; nothing is sent yet."""
         return cls(sync_redis(config.redis_url(url), **(redis_options or {})), **kwargs)

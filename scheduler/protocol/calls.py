@@ -19,6 +19,7 @@ from typing import Any
 import msgpack
 
 from . import codec
+from .call import Call
 from .codec import build_record, finite_number, pack_payload, split_template
 from .codes import Outcome, requeue_outcomes
 from .cron import LOOKAHEAD, MAX_JITTER_S, CronInfo, occurrences, validate_expression, validate_tz, with_jitter
@@ -30,7 +31,6 @@ from .models import JobInfo, JobState
 from .options import MISFIRE_POLICIES, JobOptions
 from .replies import ScheduleReply, dead_list_infos, inspect_infos, job_info, parse_schedule
 from .timeutil import MAX_MS, At, job_time_ms, ms_to_datetime
-from .transport import Call
 
 # LIST_* (listing.py) and MISFIRE_POLICIES (options.py) are re-exported: the CLI's argument
 # choices are imported from here.

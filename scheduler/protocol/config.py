@@ -22,10 +22,10 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple, Protocol
 
-from .connection import check_url
 from .errors import ConfigError
 from .etcd_endpoints import check_etcd_endpoints
 from .keys import validate_name, validate_partitions
+from .urls import check_url
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_NAMESPACE = "zsched"
@@ -55,7 +55,7 @@ def add_connection_options(p: Options, *, redis_help: str = REDIS_HELP, namespac
 def redis_url(value: str | None = None) -> str:
     """The Redis URL to use (argument, else ZSCHED_REDIS_URL, else the local default), checked:
     redis://, rediss://, unix://, redis+sentinel:// / rediss+sentinel:// or redis+cluster:// /
-    rediss+cluster:// (see scheduler.protocol.connection)."""
+    rediss+cluster:// (see scheduler.protocol.urls)."""
     url = value or os.environ.get("ZSCHED_REDIS_URL") or DEFAULT_REDIS_URL
     return check_url(url)
 

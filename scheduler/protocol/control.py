@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from .call import Call
 from .codes import Outcome, cron_pause_status, toggled
 from .ids import encode_id
 from .keys import validate_name
-from .transport import Call
 
 if TYPE_CHECKING:
     from .calls import Calls

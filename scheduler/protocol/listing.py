@@ -4,17 +4,28 @@ from __future__ import annotations
 
 import base64
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from .call import Call
 from .ids import ID_BYTES
-from .keys import validate_name
+from .keys import Keyspace, validate_name
 from .models import JobInfo, JobState
 from .replies import list_page
 from .timeutil import to_ms
-from .transport import Call
 
-if TYPE_CHECKING:
-    from .calls import Calls
+
+class Lister(Protocol):
+    """What a listing needs of a namespace's :class:`~.calls.Calls` (which passes itself): its
+    keyspace, payload limit and raw ``call``. A protocol, so this module does not import calls.py,
+    which imports it."""
+
+    ks: Keyspace
+    max_payload: int
+
+    def call(self, name: str, partition: int, *args: Any) -> Call:
+        """The call of script ``name`` on ``partition`` with ``args`` after the common ones."""
+        ...
+
 
 LIST_STATES = ("scheduled", "ready", "running", "dead")  # what jobs() can list
 LIST_MAX_LIMIT = 1000
@@ -99,7 +110,7 @@ class ListWalk:
         jobs, cursor = walk.result()
     """
 
-    def __init__(self, calls: Calls, queue: str, state: str | JobState, limit: int, cursor: str | None,
+    def __init__(self, calls: Lister, queue: str, state: str | JobState, limit: int, cursor: str | None,
                  run_at: tuple[Any, Any] = (None, None)) -> None:
         validate_name("queue", queue)
         st = state.value if isinstance(state, JobState) else state

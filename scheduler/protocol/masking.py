@@ -18,7 +18,7 @@ Users do not always percent-encode their passwords, so the password ends at the 
 its URL (``redis://u:p@ss/w?rd@host`` hides ``p@ss/w?rd``), and a comma-separated list starts a
 new member only after a ``,`` that follows an ``@``'s host. Too much hidden in odd cases is the
 price: a password must never show, a host name may. Whitespace ends a URL, so a URL or endpoint
-list with whitespace in it is refused where it is read (:func:`~scheduler.protocol.connection.check_url`,
+list with whitespace in it is refused where it is read (:func:`~scheduler.protocol.urls.check_url`,
 :func:`~scheduler.protocol.etcd_endpoints.parse_endpoints`), without showing it.
 """
 from __future__ import annotations

@@ -35,7 +35,7 @@ from typing import Any
 
 import msgpack
 
-from .batch import Call
+from .call import Call
 from .errors import ZschedError
 from .keys import Keyspace
 

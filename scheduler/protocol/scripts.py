@@ -1,5 +1,5 @@
 """Lua script loader: reads ``lua/*.lua`` from the installed package and prepends the library
-helpers each script uses. Scripts are run by :mod:`scheduler.protocol.transport` (EVALSHA, with
+helpers each script uses. Scripts are run by :mod:`scheduler.redisio.transport` (EVALSHA, with
 NOSCRIPT recovery and retries).
 
 Linking is explicit: each script's header names the library definitions it uses on a ``-- Uses:``

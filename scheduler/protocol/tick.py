@@ -19,10 +19,10 @@ from typing import Any, NamedTuple
 
 import msgpack
 
+from .call import Call
 from .calls import Calls
 from .codes import EPOCH_REFUSED, CronFillCode
 from .keys import Keyspace
-from .transport import Call
 
 # Bytes per entry of a cron's packed occurrence tables ('times', 'fires'): big-endian ms (p48/u48
 # in lua/_lib.lua).

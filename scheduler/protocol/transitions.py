@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, NamedTuple, Protocol
 
+from .call import Call
 from .codes import FailKind
-from .transport import Call
 
 
 class Builder(Protocol):

@@ -22,10 +22,10 @@ from redis.sentinel import MasterNotFoundError
 from ..coord import CoordinationError, CoordinatorUnavailable
 from ..metrics import CannotListen, PortInUse
 from ..protocol import config
-from ..protocol.connection import permanent_failure
-from ..protocol.connectors import ClusterUnreachable
 from ..protocol.errors import LayoutChanged
 from ..protocol.masking import mask_secrets
+from ..redisio.connection import permanent_failure
+from ..redisio.connectors import ClusterUnreachable
 from .admin import AdminError
 
 EXIT_OK = 0

@@ -110,7 +110,7 @@ class TestStack(StackAssertions):
         else:
             if now is not None:
                 raise TimeTravelUnavailable(self._no_time_travel("start at now=..."))
-            from ..protocol.connection import sync_redis
+            from ..redisio.connection import sync_redis
             self.redis = sync_redis(redis_url)
         self.client = Client(self.redis, namespace=self.namespace, partitions=partitions,
                              tombstone_ttl=tombstone_ttl).connect()
@@ -321,7 +321,7 @@ class TestStack(StackAssertions):
         if self._aclient is None:
             redis = fake_async_redis(self._server) if self._server is not None else None
             if redis is None:
-                from ..protocol.connection import async_redis
+                from ..redisio.connection import async_redis
                 assert self.redis_url is not None
                 redis = async_redis(self.redis_url)
             self._aclient = await AsyncClient(redis, namespace=self.namespace, partitions=self.partitions,

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..client import Client, parse_dead_retention, parse_queue_idle, parse_rate_limits
+from ..protocol.call import Call
 from ..protocol.tick import (
     CRON_FIELDS,
     EpochRefused,
@@ -31,7 +32,6 @@ from ..protocol.tick import (
     reap_call,
     tick_call,
 )
-from ..protocol.transport import Call
 from ..tier.limits import TokenLedger, retention_args
 from ..tier.runner import plan_occurrences
 

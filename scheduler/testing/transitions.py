@@ -11,13 +11,13 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from ..client import Client
+from ..protocol.call import Call
 from ..protocol.calls import error_arg
 from ..protocol.codes import AckCode, FailCode, FailKind, ReleaseCode, code_of
 from ..protocol.ids import partition_of
 from ..protocol.replies import Claimed, parse_claim
 from ..protocol.tick import NO_RETENTION, EpochRefused, parse_reap, parse_tick, reap_call, tick_call
 from ..protocol.transitions import Attempt, Failure, ack_call, claim_call, extend_call, fail_call, release_call
-from ..protocol.transport import Call
 
 __all__ = ["Ops"]
 

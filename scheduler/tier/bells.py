@@ -15,7 +15,7 @@ from typing import Any
 
 from ..protocol import bells
 from ..protocol.keys import Keyspace
-from .runner import REDIS_ERRORS
+from ..redisio.errors import REDIS_ERRORS
 
 log = logging.getLogger("zsched.scheduler")
 

@@ -16,7 +16,8 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from ..protocol.transport import AsyncScriptTransport, Call
+from ..protocol.call import Call
+from ..redisio.transport import AsyncScriptTransport
 
 GRID_S = 0.010
 """The step of the grid the runners' wake-ups are aligned to, at most half the hand-off lead: a job

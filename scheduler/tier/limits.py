@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..protocol.call import Call
 from ..protocol.keys import Keyspace
 from ..protocol.tick import QueueTokens, Retention, parse_ratelimit, ratelimit_call
-from ..protocol.transport import Call
 
 __all__ = ["TokenLedger", "retention_args"]
 

@@ -21,18 +21,19 @@ from ..client import AsyncClient, parse_dead_retention, parse_queue_idle, parse_
 from ..coord import Coordinator, CoordinatorUnavailable, EtcdCoordinator
 from ..metrics import PartitionStatsCollector, SchedulerMetrics, WorkerRegistryCollector, metrics_url, serve
 from ..protocol import config
-from ..protocol.connection import async_redis, permanent_failure
 from ..protocol.masking import mask_secrets
-from ..protocol.pubsub import ChannelsPending, Subscription, subscription
 from ..protocol.replies import parse_stats
 from ..protocol.tick import Retention
-from ..protocol.transport import AsyncScriptTransport, RedisRetry
+from ..redisio.connection import async_redis, permanent_failure
+from ..redisio.errors import REDIS_ERRORS
+from ..redisio.pubsub import ChannelsPending, Subscription, subscription
+from ..redisio.transport import AsyncScriptTransport, RedisRetry
 from ..runtime import loop_name, run, settle_gc, stop_signals
 from .bells import BellRinger
 from .coalesce import TickBatcher
 from .limits import retention_args
 from .ownership import Ownership, default_replica_id
-from .runner import REDIS_ERRORS, PartitionRunner, RunnerConfig
+from .runner import PartitionRunner, RunnerConfig
 from .worker_registry import RegistryExport
 
 log = logging.getLogger("zsched.scheduler")

@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 from zoneinfo import ZoneInfo
 
-from redis.exceptions import RedisError
-
 from ..metrics import SchedulerMetrics
 from ..protocol.calls import Calls
 from ..protocol.cron import LOOKAHEAD, occurrences, with_jitter
@@ -49,7 +47,8 @@ from ..protocol.tick import (
     reap_call,
     tick_call,
 )
-from ..protocol.transport import AsyncScriptTransport
+from ..redisio.errors import REDIS_ERRORS
+from ..redisio.transport import AsyncScriptTransport
 from .coalesce import TickBatcher, aligned_sleep
 from .limits import TokenLedger
 
@@ -58,9 +57,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("zsched.scheduler")
 
-# Any Redis failure, not only lost connections: a READONLY old master after a failover, OOM, a
-# script error. A firing loop must log, back off and retry on all of them, never end silently.
-REDIS_ERRORS = (RedisError, ConnectionError, OSError)
 INITIAL_BACKOFF = 0.05  # seconds before the first retry after a failed step (then doubling)
 # Housekeeping (tick with housekeeping=1: queue-name retirement, the dead-letter retention pass, the
 # search for held jobs of queues no longer rate-limited) runs on one tick per this many seconds per

@@ -16,12 +16,12 @@ from collections.abc import Callable
 from redis.exceptions import ResponseError
 
 from ..metrics import WorkerRegistryCollector
-from ..protocol.batch import not_run
 from ..protocol.keys import Keyspace
 from ..protocol.masking import mask_secrets
 from ..protocol.registry import parse_read, read_call
-from ..protocol.transport import AsyncScriptTransport
-from .runner import REDIS_ERRORS
+from ..redisio.batch import not_run
+from ..redisio.errors import REDIS_ERRORS
+from ..redisio.transport import AsyncScriptTransport
 
 log = logging.getLogger("zsched.scheduler")
 

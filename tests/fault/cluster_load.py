@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scheduler import Client
-from scheduler.protocol.connection import sync_redis
 from scheduler.protocol.ids import decode_id, encode_id, partition_of, run_at_of
 from scheduler.protocol.keys import Keyspace
+from scheduler.redisio.connection import sync_redis
 from scheduler.shell.servers import ZschedProc, scheduler_proc
 from tests.fault.test_scheduler_faults import keys_by_partition
 from tests.fault.test_sentinel_failover import Call, metric, tails

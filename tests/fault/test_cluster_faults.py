@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from scheduler import Client
-from scheduler.protocol.connection import sync_redis
 from scheduler.protocol.errors import DurabilityTimeout
+from scheduler.redisio.connection import sync_redis
 from tests.fault.cluster_load import (
     DURABLE_TIMEOUT,
     HANDOFF_LEAD,

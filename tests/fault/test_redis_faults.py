@@ -18,7 +18,7 @@ import redis
 
 from scheduler import AsyncClient, Client
 from scheduler.protocol.options import JobOptions
-from scheduler.protocol.transport import RedisRetry
+from scheduler.redisio.transport import RedisRetry
 from scheduler.testing.transitions import Ops
 from tests.support.servers import RedisServer
 from tests.support.waits import wait_for

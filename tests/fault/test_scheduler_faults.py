@@ -33,9 +33,9 @@ import pytest
 import redis
 
 from scheduler import Client, JobState
-from scheduler.protocol.connection import SyncRedis, sync_redis
 from scheduler.protocol.ids import decode_id, encode_id, partition_for_key, partition_of, run_at_of
 from scheduler.protocol.keys import PARTITION_KEYS, Keyspace
+from scheduler.redisio.connection import SyncRedis, sync_redis
 from scheduler.shell.servers import ServerError, ZschedProc, etcd_request, free_port, scheduler_proc
 from scheduler.tier.runner import RunnerConfig
 from tests.support.helpers import on_both_backends, snapshot

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.protocol.connection import sync_redis
+from scheduler.redisio.connection import sync_redis
 from scheduler.shell.servers import etcd_request, free_port
 from tests.support.servers import EtcdServer
 from tests.support.waits import wait_until

@@ -19,7 +19,7 @@ import pytest
 
 from scheduler import Client, JobState
 from scheduler.protocol.calls import error_arg
-from scheduler.protocol.connection import SyncRedis, sync_redis
+from scheduler.redisio.connection import SyncRedis, sync_redis
 from scheduler.shell import admin
 from scheduler.shell.cli import main
 from scheduler.shell.servers import etcd_put, free_port

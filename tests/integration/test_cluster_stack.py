@@ -19,7 +19,7 @@ from scheduler import AsyncClient, Client, JobState
 from scheduler.protocol.errors import DurabilityUnsupported
 from scheduler.protocol.ids import partition_for_key
 from scheduler.protocol.keys import Keyspace
-from scheduler.protocol.transport import NodeFailed, RedisRetry
+from scheduler.redisio.transport import NodeFailed, RedisRetry
 from scheduler.shell.cli import main
 from scheduler.shell.servers import free_port
 from tests.support.servers import ClusterServer, ClusterSet

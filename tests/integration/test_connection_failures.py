@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from scheduler import AsyncClient, Client, ConfigError
-from scheduler.protocol.transport import NO_RETRY
+from scheduler.redisio.transport import NO_RETRY
 from scheduler.shell.cli import main
 from scheduler.shell.servers import free_port
 from tests.support.servers import RedisServer, SentinelServer

@@ -9,8 +9,8 @@ import pytest
 import redis
 
 from scheduler import Client, JobOptions, JobState, ScriptArgumentError
-from scheduler.protocol.connection import SyncRedis, sync_redis
 from scheduler.protocol.ids import partition_for_key
+from scheduler.redisio.connection import SyncRedis, sync_redis
 from scheduler.testing.transitions import Ops
 from tests.integration.test_scheduler_tier import settled, start_replica, stop_replica
 from tests.support.helpers import on_both_backends, snapshot

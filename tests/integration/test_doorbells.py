@@ -18,13 +18,13 @@ from scheduler import Client
 from scheduler.protocol import bells
 from scheduler.protocol.ids import decode_id, partition_of
 from scheduler.protocol.keys import Keyspace
+from scheduler.redisio.errors import REDIS_ERRORS
 from scheduler.shell.servers import RedisServer
 from tests.support.waits import wait_for
 from tests.support.workers import serving
 from workers import Job, Worker
 from workers.doorbell import Doorbell
 from workers.fetch import DoorbellFetch, FetchContext
-from workers.wire import REDIS_ERRORS
 
 NS = "bells"
 WORKERS = 4

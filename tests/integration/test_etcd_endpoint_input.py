@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.protocol.connection import sync_redis
+from scheduler.redisio.connection import sync_redis
 from scheduler.shell.cli import build_parser, main
 from scheduler.shell.cli_ui import missing_ui_packages
 

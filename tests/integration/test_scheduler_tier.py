@@ -11,7 +11,7 @@ import redis
 
 from scheduler import Client, JobState, Outcome
 from scheduler.coord import EtcdCoordinator
-from scheduler.protocol.connection import SyncRedis, sync_redis
+from scheduler.redisio.connection import SyncRedis, sync_redis
 from scheduler.testing.transitions import Ops
 from scheduler.tier import SchedulerConfig, SchedulerProcess
 from tests.support.helpers import on_both_backends, snapshot

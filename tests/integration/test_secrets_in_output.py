@@ -31,7 +31,7 @@ from urllib.parse import quote
 import pytest
 
 from scheduler import Client
-from scheduler.protocol.connection import sync_redis
+from scheduler.redisio.connection import sync_redis
 from scheduler.shell.cli import build_parser, main
 from scheduler.shell.servers import etcd_request, free_port
 from tests.support.servers import EtcdServer, RedisServer

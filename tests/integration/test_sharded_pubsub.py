@@ -17,10 +17,10 @@ from typing import Any
 import redis
 
 from scheduler import Client, JobState
-from scheduler.protocol.connection import async_redis, sync_redis
 from scheduler.protocol.ids import decode_id, partition_for_key, partition_of
-from scheduler.protocol.pubsub import subscription
 from scheduler.protocol.tick import TickReply, parse_tick
+from scheduler.redisio.connection import async_redis, sync_redis
+from scheduler.redisio.pubsub import subscription
 from scheduler.shell.servers.cluster import slot_of
 from scheduler.testing.transitions import Ops
 from scheduler.tier import SchedulerConfig, SchedulerProcess

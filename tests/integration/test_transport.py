@@ -12,7 +12,7 @@ from scheduler import Client, JobOptions
 from scheduler.protocol.replies import parse_claim
 from scheduler.protocol.scripts import SCRIPT_NAMES
 from scheduler.protocol.transitions import claim_call
-from scheduler.protocol.transport import RESEND, RedisRetry, mark_resend
+from scheduler.redisio.transport import RESEND, RedisRetry, mark_resend
 from scheduler.testing.transitions import Ops
 from tests.support.helpers import PAST
 

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from scheduler import Client
-from scheduler.protocol.connection import sync_redis
 from scheduler.protocol.keys import Keyspace
 from scheduler.protocol.registry import (
     PRUNE_PER_BEAT,
@@ -34,8 +33,9 @@ from scheduler.protocol.registry import (
     read_call,
     zsched_version,
 )
-from scheduler.protocol.routing import slot_of
-from scheduler.protocol.transport import ScriptTransport
+from scheduler.redisio.connection import sync_redis
+from scheduler.redisio.routing import slot_of
+from scheduler.redisio.transport import ScriptTransport
 from scheduler.shell.cli import main
 from scheduler.tier import SchedulerConfig, SchedulerProcess
 from tests.support.servers import RedisServer

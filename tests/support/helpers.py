@@ -10,8 +10,8 @@ import pytest
 
 from scheduler import Client
 from scheduler.protocol.codec import TOMBSTONE_HEADER, decode_tombstone
-from scheduler.protocol.connection import SyncRedis
 from scheduler.protocol.ids import ID_BYTES, encode_id, partition_of
+from scheduler.redisio.connection import SyncRedis
 
 PAST = 1_000_000_000.0
 """An absolute time long gone (2001-09-09T01:46:40Z, epoch seconds): a job due at once, sent as an

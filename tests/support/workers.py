@@ -20,7 +20,7 @@ import redis.asyncio as aredis
 
 from scheduler import AsyncClient
 from scheduler.protocol.tick import NO_RETENTION, reap_call, tick_call
-from scheduler.protocol.transport import AsyncScriptTransport
+from scheduler.redisio.transport import AsyncScriptTransport
 from scheduler.shell.servers import ZschedProc
 from tests.support.waits import wait_for
 from workers import Worker

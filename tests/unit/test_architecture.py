@@ -3,7 +3,10 @@ modules stay small, and every declared dependency is used.
 
 The layers (docs/architecture.md, "Code map"), bottom up:
 
-- ``scheduler.protocol``: key layout, record bytes, ids, scripts and their typed calls/replies;
+- ``scheduler.protocol``: the wire format, pure (no redis-py, no I/O): key layout, record bytes,
+  ids, URLs, scripts and their typed calls/replies;
+- ``scheduler.redisio``: the Redis I/O around it: connections, the script transports, routing,
+  pub/sub;
 - support: ``scheduler.coord`` (etcd), ``scheduler.metrics``, ``scheduler.runtime``;
 - ``scheduler.client``: the producer clients;
 - ``scheduler.tier`` and ``workers`` (neither imports the other);
@@ -30,14 +33,17 @@ MAX_LINES = 500
 # layer of a module -> the layers it may import (its own included)
 ALLOWED: dict[str, set[str]] = {
     "protocol": {"protocol"},
-    "support": {"protocol", "support"},
-    "client": {"protocol", "client"},
-    "tier": {"protocol", "support", "client", "tier"},
-    "workers": {"protocol", "support", "client", "workers"},
-    "testing": {"protocol", "support", "client", "tier", "workers", "testing"},
-    "shell": {"protocol", "support", "client", "tier", "workers", "testing", "shell", "package"},
-    "package": {"protocol", "client", "shell", "package"},  # scheduler/__init__.py, __main__.py
+    "redisio": {"protocol", "redisio"},
+    "support": {"protocol", "redisio", "support"},
+    "client": {"protocol", "redisio", "client"},
+    "tier": {"protocol", "redisio", "support", "client", "tier"},
+    "workers": {"protocol", "redisio", "support", "client", "workers"},
+    "testing": {"protocol", "redisio", "support", "client", "tier", "workers", "testing"},
+    "shell": {"protocol", "redisio", "support", "client", "tier", "workers", "testing", "shell", "package"},
+    "package": {"protocol", "redisio", "client", "shell", "package"},  # scheduler/__init__.py, __main__.py
 }
+# Third-party packages that do I/O, which the pure wire layer never imports (a test below)
+IO_PACKAGES = {"redis", "hiredis", "etcd3aio", "grpc", "socket", "asyncio", "psycopg", "prometheus_client"}
 
 
 def layer_of(module: str) -> str:
@@ -49,7 +55,7 @@ def layer_of(module: str) -> str:
     sub = parts[1]
     if sub in ("coord", "metrics", "runtime"):
         return "support"
-    if sub in ("protocol", "client", "tier", "testing", "shell"):
+    if sub in ("protocol", "redisio", "client", "tier", "testing", "shell"):
         return sub
     raise AssertionError(f"module {module} is in no layer: add it to tests/unit/test_architecture.py")
 
@@ -104,6 +110,19 @@ def test_every_layer_imports_only_the_layers_below_it() -> None:
                 if theirs not in ALLOWED[mine]:
                     bad.append(f"{path.relative_to(ROOT)}:{line}: {mine} layer imports {t} ({theirs} layer)")
     assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_the_wire_layer_is_pure() -> None:
+    """``scheduler.protocol`` imports no redis-py and nothing else that does I/O (``scheduler.redisio``
+    is excluded by the layering above): it can be used, and tested, without a server."""
+    bad = []
+    for module, path in modules():
+        if layer_of(module) != "protocol":
+            continue
+        for target, _names, line in imports_of(module, path):
+            if target.split(".")[0] in IO_PACKAGES:
+                bad.append(f"{path.relative_to(ROOT)}:{line}: imports {target}")
+    assert not bad, "the wire layer does I/O (move it to scheduler/redisio):\n" + "\n".join(bad)
 
 
 def test_benchmarks_do_not_import_the_tests() -> None:
@@ -243,3 +262,28 @@ def test_the_by_name_pattern_sees_a_hand_built_call() -> None:
     assert BY_NAME.search('calls.call("claim", p, q, 5)')["name"] == "claim"  # type: ignore[index]
     assert BY_NAME.search("self.calls.call_unfenced('ack', p)")["name"] == "ack"  # type: ignore[index]
     assert BY_NAME.search('self._session.call(op, timeout)') is None
+
+
+def test_no_import_circles() -> None:
+    """No module imports itself through others, not even for type checking only: a circle means
+    two modules are one concern, or a shared part wants its own module."""
+    mods = dict(modules())
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for module, path in mods.items():
+        for target, names, _line in imports_of(module, path):
+            if not ours(target):
+                continue
+            named = [f"{target}.{n}" for n in names if f"{target}.{n}" in mods]
+            graph[module] |= set(named or ([target] if target in mods else [])) - {module}
+    circles = []
+    for start in graph:  # a depth-first walk from each module, back to it
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, trail = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    circles.append(" -> ".join([*trail, start]))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*trail, nxt]))
+    assert not circles, "import circles:\n" + "\n".join(sorted(circles))

@@ -1,4 +1,4 @@
-"""The rules a script batch follows in flight (scheduler/protocol/batch.py): which error replies
+"""The rules a script batch follows in flight (scheduler/redisio/batch.py): which error replies
 mean "not run", how redirects and NOSCRIPT keep a call pending, how replies of several cluster
 nodes to the command sent after a batch (WAIT) become one."""
 from __future__ import annotations
@@ -11,11 +11,9 @@ import pytest
 from redis._parsers.base import BaseParser
 from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError
 
-from scheduler.protocol.batch import NO_TAIL, RESEND, RESEND_FLAG, Batch, any_ran, merge_tails, not_run
 from scheduler.protocol.calls import Calls
 from scheduler.protocol.keys import PARTITION_KEYS, Keyspace
 from scheduler.protocol.options import JobOptions
-from scheduler.protocol.routing import slot_of
 from scheduler.protocol.scripts import (
     LIBRARY_MARKER,
     SCRIPT_NAMES,
@@ -29,6 +27,8 @@ from scheduler.protocol.scripts import (
     strip_comments,
 )
 from scheduler.protocol.transitions import claim_call
+from scheduler.redisio.batch import NO_TAIL, RESEND, RESEND_FLAG, Batch, any_ran, merge_tails, not_run
+from scheduler.redisio.routing import slot_of
 
 
 class _Parser(BaseParser):

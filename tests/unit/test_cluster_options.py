@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 from scheduler import AsyncClient
-from scheduler.protocol.connection import async_redis
 from scheduler.protocol.durability import require_waitaof
 from scheduler.protocol.errors import DurabilityUnsupported
+from scheduler.redisio.connection import async_redis
 from workers import Worker
 from workers.options import WorkerOptions
 

@@ -4,14 +4,9 @@ from __future__ import annotations
 import pytest
 
 from scheduler.protocol import config
-from scheduler.protocol.connection import (
-    async_redis,
-    is_cluster,
-    parse_cluster_url,
-    parse_sentinel_url,
-    sync_redis,
-)
 from scheduler.protocol.errors import ConfigError
+from scheduler.protocol.urls import parse_cluster_url, parse_sentinel_url
+from scheduler.redisio.connection import async_redis, is_cluster, sync_redis
 
 
 def test_sentinel_url_with_several_sentinels_master_and_db() -> None:

@@ -43,8 +43,8 @@ EXCEPTIONS = exception_classes()
 
 def test_the_walk_finds_the_exceptions_of_every_layer() -> None:
     for name in ("scheduler.coord.api.CoordinationError", "scheduler.shell.admin.errors.AdminError",
-                 "scheduler.shell.servers.process.ServerError", "scheduler.protocol.batch.NodeFailed",
-                 "scheduler.protocol.pubsub.SubscriptionLost", *STEERING):
+                 "scheduler.shell.servers.process.ServerError", "scheduler.redisio.batch.NodeFailed",
+                 "scheduler.redisio.pubsub.SubscriptionLost", *STEERING):
         assert name in EXCEPTIONS
 
 
@@ -63,8 +63,8 @@ def test_the_handlers_steering_exceptions_stay_outside_it(name: str) -> None:
 def test_each_keeps_its_standard_base_for_callers_that_catch_by_kind() -> None:
     import redis
 
-    from scheduler.protocol.batch import NodeFailed
-    from scheduler.protocol.pubsub import SubscriptionLost
+    from scheduler.redisio.batch import NodeFailed
+    from scheduler.redisio.pubsub import SubscriptionLost
     from scheduler.shell.admin.errors import BadInput
     from scheduler.shell.servers.process import ServerError
     assert issubclass(NodeFailed, redis.ConnectionError) and issubclass(SubscriptionLost, redis.ConnectionError)

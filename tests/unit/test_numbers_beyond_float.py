@@ -12,8 +12,8 @@ import pytest
 
 from scheduler import Client, JobOptions
 from scheduler.client.settings import rate_limit_fields, retention_fields
-from scheduler.protocol.connection import sync_redis
 from scheduler.protocol.timeutil import to_ms
+from scheduler.redisio.connection import sync_redis
 from workers import Retry
 from workers.options import WorkerOptions
 

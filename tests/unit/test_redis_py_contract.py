@@ -69,7 +69,7 @@ def callable_without_arguments(fn: Callable[..., Any]) -> None:
 @pytest.mark.parametrize("conn", [sconnection.AbstractConnection, aconnection.AbstractConnection],
                          ids=["blocking", "asyncio"])
 def test_connections_keep_the_raw_round_trip_the_transports_use(conn: type) -> None:
-    """protocol/transport.py, transport_async.py, batch.py ``pack``, workers/doorbell.py: pack
+    """redisio/transport.py, transport_async.py, batch.py ``pack``, workers/doorbell.py: pack
     once, send without the per-command health check, read the replies in order, close a
     connection whose reply may be half read."""
     takes(conn.send_packed_command, "command", "check_health")
@@ -77,7 +77,7 @@ def test_connections_keep_the_raw_round_trip_the_transports_use(conn: type) -> N
     takes(conn.read_response, "disable_decoding")
     for name in ("pack_command", "pack_commands", "connect", "disconnect", "can_read"):
         assert callable(getattr(conn, name, None)), f"{conn.__qualname__}.{name} is gone"
-    assert callable(getattr(hiredis, "pack_command", None)), "hiredis.pack_command (protocol/batch.py) is gone"
+    assert callable(getattr(hiredis, "pack_command", None)), "hiredis.pack_command (redisio/batch.py) is gone"
 
 
 def test_the_blocking_pool_probe_and_the_asyncio_close_take_their_arguments() -> None:
@@ -100,8 +100,8 @@ def test_pools_hand_out_and_take_back_connections(pool: type) -> None:
 
 @pytest.mark.parametrize("mod", [scluster, acluster], ids=["blocking", "asyncio"])
 def test_the_cluster_slot_map_can_be_read_and_updated(mod: Any) -> None:
-    """protocol/routing.py: route each call by its slot, follow MOVED/ASK, re-read the map after a
-    node failed; protocol/pubsub.py: a channel's node."""
+    """redisio/routing.py: route each call by its slot, follow MOVED/ASK, re-read the map after a
+    node failed; redisio/pubsub.py: a channel's node."""
     nm = mod.NodesManager
     takes(nm.get_node_from_slot, "slot")
     takes(nm.get_node, "node_name")
@@ -118,7 +118,7 @@ def test_the_cluster_slot_map_can_be_read_and_updated(mod: Any) -> None:
 
 
 def test_the_connection_hooks_the_connectors_override_are_still_called() -> None:
-    """protocol/connectors.py: ``TLSConnection._connect`` bounds the TLS handshake by the connect
+    """redisio/connectors.py: ``TLSConnection._connect`` bounds the TLS handshake by the connect
     timeout; ``_host_error`` names a Sentinel master in connection errors. A hook redis-py stops
     calling would be overridden for nothing, silently."""
     assert "self._connect()" in inspect.getsource(sconnection.AbstractConnection.connect_check_health)

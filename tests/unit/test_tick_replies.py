@@ -35,7 +35,7 @@ from scheduler.protocol.tick import (
     reap_call,
     tick_call,
 )
-from scheduler.protocol.transport import ScriptTransport
+from scheduler.redisio.transport import ScriptTransport
 
 NS = "tk"
 

@@ -58,7 +58,6 @@ from .output import (
     job_doc,
     job_row_doc,
     jsonable,
-    stats_doc,
     table,
     to_json,
 )
@@ -70,6 +69,7 @@ from .stats import (
     read_owner_leases,
     read_owner_records,
     read_owners,
+    stats_doc,
 )
 from .workers import listed, queue_summary, read_registry, worker_doc, worker_state, workers_doc
 

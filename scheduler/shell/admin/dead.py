@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from ...client import Client
+from ...protocol.call import Call
 from ...protocol.ids import encode_id
 from ...protocol.models import JobInfo, JobState
 from ...protocol.timeutil import MAX_MS
-from ...protocol.transport import Call
 from .errors import BadInput
 from .jobs import redis_now_ms
 from .output import error_text

@@ -9,10 +9,10 @@ from typing import Any
 from ...client import Client
 from ...protocol import config
 from ...protocol.codes import Outcome
-from ...protocol.connection import sync_redis
 from ...protocol.keys import Keyspace
 from ...protocol.masking import mask_secrets
 from ...protocol.models import JobInfo, JobState
+from ...redisio.connection import sync_redis
 from .errors import AdminError, BadInput, NotFound, WrongState
 
 

@@ -6,14 +6,10 @@ import base64
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...protocol.models import JobError, JobInfo
-
-if TYPE_CHECKING:  # stats imports the registry reader, which formats times with this module
-    from .stats import StatsReport
 
 
 def error_text(err: JobError | None) -> str:
@@ -189,27 +185,6 @@ def dead_row_doc(info: JobInfo) -> dict[str, Any]:
     return {"id": info.id, "queue": info.queue, "attempts": info.attempts, "max_attempts": info.max_attempts,
             "died_at": iso(info.died_at), "error_type": info.last_error.type if info.last_error else None,
             "error": first_line(str(info.last_error)) if info.last_error else None}
-
-
-def stats_doc(rep: StatsReport) -> dict[str, Any]:
-    return {
-        "namespace": rep.namespace,
-        "now": iso(rep.now_ms),
-        "partition_count": len(rep.partitions),
-        "queues": rep.queues,
-        "totals": rep.totals,
-        "owners_source": rep.owners_source,
-        "owners_error": rep.owners_error,
-        "partitions": [
-            {"partition": ps.partition, "owner": ps.owner, "epoch": ps.epoch,
-             "earliest_due": iso(ps.earliest_due_ms), "earliest_due_ms": ps.earliest_due_ms,
-             "scheduled": ps.scheduled, "ready": ps.ready, "running": ps.running, "dead": ps.dead}
-            for ps in rep.partitions
-        ],
-        "workers": {q: asdict(w) for q, w in rep.workers.items()},
-        "workers_error": rep.workers_error,
-        "without_workers": [{"queue": q, "ready": n} for q, n in rep.without_workers()],
-    }
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, right: Iterable[int] = ()) -> str:

@@ -3,7 +3,8 @@ owners from etcd."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from ...client import Client
 from ...protocol.masking import mask_secrets
@@ -11,6 +12,7 @@ from ...protocol.registry import QueueWorkers
 from ...protocol.replies import merge_stats, parse_stats
 from .errors import Refused
 from .jobs import redis_now_ms
+from .output import iso
 from .workers import read_registry
 
 _STATES = ("scheduled", "ready", "running", "dead")
@@ -131,3 +133,25 @@ def collect_stats(client: Client, *, etcd_endpoints: str | None = None, etcd_tim
     except Refused as exc:  # an ACL user without the registry keys: the counts still stand
         rep.workers_error = mask_secrets(str(exc))
     return rep
+
+
+def stats_doc(rep: StatsReport) -> dict[str, Any]:
+    """The report as one JSON document (``zsched stats --json``)."""
+    return {
+        "namespace": rep.namespace,
+        "now": iso(rep.now_ms),
+        "partition_count": len(rep.partitions),
+        "queues": rep.queues,
+        "totals": rep.totals,
+        "owners_source": rep.owners_source,
+        "owners_error": rep.owners_error,
+        "partitions": [
+            {"partition": ps.partition, "owner": ps.owner, "epoch": ps.epoch,
+             "earliest_due": iso(ps.earliest_due_ms), "earliest_due_ms": ps.earliest_due_ms,
+             "scheduled": ps.scheduled, "ready": ps.ready, "running": ps.running, "dead": ps.dead}
+            for ps in rep.partitions
+        ],
+        "workers": {q: asdict(w) for q, w in rep.workers.items()},
+        "workers_error": rep.workers_error,
+        "without_workers": [{"queue": q, "ready": n} for q, n in rep.without_workers()],
+    }

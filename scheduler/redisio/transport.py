@@ -37,6 +37,9 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, RedisClusterException, ResponseError
 
+from ..protocol.call import Call
+from ..protocol.codes import script_error
+from ..protocol.scripts import load_scripts
 from .batch import (
     DEFAULT_RETRY,
     MAX_REDIRECTS,
@@ -46,7 +49,6 @@ from .batch import (
     RESEND_FLAG,
     TRANSIENT,
     Batch,
-    Call,
     NodeFailed,
     RedisRetry,
     any_ran,
@@ -58,10 +60,8 @@ from .batch import (
     pack,
     resend_safe,
 )
-from .codes import script_error
 from .connection import is_cluster
 from .routing import SyncRoutes, isolate_failed
-from .scripts import load_scripts
 from .transport_async import AsyncScriptTransport
 
 __all__ = ["DEFAULT_RETRY", "NO_RETRY", "RESEND", "RESEND_FLAG", "TRANSIENT", "AsyncScriptTransport", "Call",

@@ -9,13 +9,14 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, RedisClusterException, ResponseError
 
+from ..protocol.call import Call
+from ..protocol.scripts import load_scripts
 from .batch import (
     DEFAULT_RETRY,
     MAX_REDIRECTS,
     NO_TAIL,
     TRANSIENT,
     Batch,
-    Call,
     RedisRetry,
     any_ran,
     finish,
@@ -25,7 +26,6 @@ from .batch import (
 )
 from .connection import is_cluster
 from .routing import AsyncRoutes, isolate_failed
-from .scripts import load_scripts
 
 
 class AsyncScriptTransport:

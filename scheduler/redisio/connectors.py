@@ -13,7 +13,7 @@
   :class:`ClusterUnreachable` (both ``redis.ConnectionError``) with a message naming each address,
   and :class:`NotACluster` (a ConfigError) when the nodes answer but are no cluster.
 
-:mod:`scheduler.protocol.connection` builds every client from these.
+:mod:`scheduler.redisio.connection` builds every client from these.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import redis.asyncio.sentinel as asentinel
 import redis.sentinel as sentinel
 from redis.exceptions import RedisClusterException, ResponseError
 
-from .errors import ConfigError, ZschedError
+from ..protocol.errors import ConfigError, ZschedError
 
 Address = tuple[str, int]
 

@@ -31,8 +31,8 @@ from typing import Any
 from redis.exceptions import AskError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from ..protocol.errors import ZschedError
 from .connection import is_cluster
-from .errors import ZschedError
 
 # sharded message types -> the plain ones the listeners handle
 _PLAIN_TYPE = {"smessage": "message", "ssubscribe": "subscribe", "sunsubscribe": "unsubscribe"}

@@ -26,9 +26,10 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from .codes import script_error
-from .errors import ZschedError
-from .scripts import Script, resend_flag_args
+from ..protocol.call import Call
+from ..protocol.codes import script_error
+from ..protocol.errors import ZschedError
+from ..protocol.scripts import Script, resend_flag_args
 
 _hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
 try:  # redis[hiredis] is a dependency; its C packer is what the hot paths use
@@ -44,8 +45,6 @@ def pack(conn: Any, cmds: list[tuple[Any, ...]]) -> Any:
         return conn.pack_commands(cmds)
     return [b"".join([_hiredis_pack(c) for c in cmds])]
 
-Call = tuple[str, Sequence[Any], Sequence[Any]]
-"""A script call: (script name, keys, args)."""
 
 # -- retry safety -------------------------------------------------------------------------------
 # What happens when a script call is sent twice (the first reply was lost):
