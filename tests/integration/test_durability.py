@@ -22,10 +22,15 @@ def _role_ready(master: RedisServer) -> bool:
     return "connected_slaves:1" in text and "state=online" in text
 
 
+# A master starts a replica's full sync at once, not after waiting repl-diskless-sync-delay (5 s by
+# default) for more replicas: each test here would otherwise spend 5 s on setup.
+MASTER_ARGS = ["--repl-diskless-sync-delay", "0"]
+
+
 @pytest.fixture
 def pair() -> Iterator[tuple[RedisServer, RedisServer]]:
     """A master and one replica (asynchronous replication, as Redis does by default)."""
-    with RedisServer() as master:
+    with RedisServer(extra_args=MASTER_ARGS) as master:
         with RedisServer(extra_args=["--replicaof", "127.0.0.1", str(master.port)]) as replica:
             deadline = time.monotonic() + 15
             # online, and acknowledging steadily: for about a second after its first sync a replica
@@ -170,7 +175,7 @@ def test_a_master_refusing_writes_for_want_of_replicas_is_waited_for_not_failed(
     means the script wrote nothing, so the call is retried and succeeds once a replica is back."""
     import threading
 
-    with RedisServer() as master:
+    with RedisServer(extra_args=MASTER_ARGS) as master:
         c = Client.from_url(master.url, namespace="norep", partitions=1).connect()  # creates the namespace
         master.command("CONFIG", "SET", "min-replicas-to-write", "1")
         result: dict[str, object] = {}
