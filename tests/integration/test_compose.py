@@ -14,12 +14,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support.waits import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
@@ -238,21 +239,21 @@ def test_demo_producer_command_schedules_jobs(compose: dict[str, Any], redis_url
     proc = subprocess.Popen([sys.executable, *entry[1:]], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, cwd="/")
     try:
-        deadline = time.monotonic() + 15
         total = 0
-        while time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.5)
-            try:
-                c = Client.from_url(redis_url, namespace=ns)
-            except Exception:
-                continue
+
+        def produced_or_exited() -> bool:
+            nonlocal total
+            if proc.poll() is not None:
+                return True
+            c = Client.from_url(redis_url, namespace=ns)
             try:
                 stats = c.stats()
             finally:
                 c.close()
             total = sum(sum(s.values()) for s in stats.values())
-            if total >= 50 and "emails" in stats:
-                break
+            return total >= 50 and "emails" in stats
+
+        wait_until(produced_or_exited, 15, 0.1, what=lambda: f"the producer to schedule 50 jobs ({total} so far)")
         assert proc.poll() is None, f"producer exited: {proc.communicate()[0][-2000:]!r}"
         assert total >= 50, f"producer scheduled only {total} jobs"
     finally:

@@ -103,8 +103,7 @@ async def test_worker_killed_mid_job_is_rerun_once_by_the_real_scheduler_tier(
         assert [r[2] for r in runs] == [1, 2], "ran once more, as attempt 2"
         assert runs[1][4] - t_kill < 1.0 + 2.0, "reaped by the scheduler tier soon after the lease expired"
         assert sorted(r[1] for r in read_runs(tmp_path) if r[0] == "START" and r[1] in others) == sorted(others)
-        time.sleep(0.5)
-        assert client.get(slow).state is JobState.DONE
+        await wait_for(lambda: client.get(slow).state is JobState.DONE, 5, what="the rerun's ack")
         rescuer.stop()
     finally:
         for p in (victim, replica):

@@ -23,6 +23,7 @@ from scheduler.protocol.transitions import ack_call
 from scheduler.shell.cli import main
 from scheduler.testing.transitions import Ops
 from tests.support.helpers import snapshot, tombstones
+from tests.support.waits import wait_until_time
 
 UTC = UTC
 RECORD = build_record(b"\xc0", max_attempts=1, created_s=0)  # a record the re-sent schedule calls below carry
@@ -189,7 +190,7 @@ def test_misfired_at_tick_time_also_after_a_retry(client: Client, ops: Ops, r: r
     retried = client.schedule(time.time() - 0.05, "r", queue="m", misfire="skip", misfire_grace=0.3, max_attempts=3)
     assert ops.fail(claim_one(ops, retried, "m"), delay_ms=20, msg="again") == 1
     retry_due = client.get(retried).run_at
-    time.sleep(0.5)
+    wait_until_time(retry_due.timestamp() + 0.3 + 0.02)  # both past their misfire grace, neither ticked yet
     ops.tick_all()
     info = client.get(jid)
     assert info.state is JobState.MISFIRED and abs(info.run_at.timestamp() - at) < 0.002
@@ -419,9 +420,10 @@ def test_one_tick_asks_again_until_expired_tombstones_are_gone(redis_url: str, r
         c.schedule_many([(timedelta(0), i) for i in range(1000)])
         jobs = ops.claim("default", 1000)
         assert sum(c.transport.call(*ack_call(core, 0, [(j.raw_id, j.token) for j in jobs]))) == 1000
+    t_acked = time.time()
     fkey = c.keyspace.key(0, "f")
     assert r.hlen(fkey) == 3000
-    time.sleep(0.6)
+    wait_until_time(t_acked + 0.5 + 0.02)  # every tombstone past its 0.5 s TTL
     first = ops.run("tick", 0, 0, 1000, core.tomb_ms)
     assert first[0] == 1000, "expired tombstones left: the tick asks to be called again"
     assert r.hlen(fkey) < 3000

@@ -24,7 +24,7 @@ from scheduler.shell.migrate import Migration, NotFinished, read_state
 from scheduler.shell.servers import scheduler_proc
 from scheduler.testing.transitions import Ops
 from tests.support.helpers import on_both_backends, snapshot, tombstones
-from tests.support.waits import wait_for
+from tests.support.waits import wait_for, wait_until
 from tests.support.workers import read_runs, spawn_worker, wait_worker_ready, write_app
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -197,9 +197,12 @@ def test_running_jobs_finish_where_they_run_and_their_retry_moves(redis_url: str
     running = ops.claim("w", 40)
     assert len(running) == 40
     result: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: result.update(report=Migration(c, 5, wait_running=30).run()))
+    said: list[str] = []
+    t = threading.Thread(target=lambda: result.update(report=Migration(c, 5, wait_running=30,
+                                                                       progress=said.append).run()))
     t.start()
-    time.sleep(0.5)
+    wait_until(lambda: any("40 job(s) still running" in line for line in said), 10,
+               what=lambda: f"the migration to say it waits for the running jobs: {said}")
     assert t.is_alive(), "the migration must wait for the running jobs"
     for i, job in enumerate(running):  # ack/fail are outside the fence
         assert int(ops.ack(job) if i % 2 else ops.fail(job, "f", delay_ms=600_000)) == 1

@@ -15,6 +15,7 @@ from scheduler.redisio.connection import SyncRedis, sync_redis
 from scheduler.testing.transitions import Ops
 from scheduler.tier import SchedulerConfig, SchedulerProcess
 from tests.support.helpers import on_both_backends, snapshot
+from tests.support.waits import wait_for
 
 NS = "tier"
 
@@ -78,10 +79,9 @@ async def test_due_jobs_fire_once_on_time(redis_url: str, etcd_endpoint: str) ->
         await settled(etcd_endpoint, [p for p, _ in procs], 8)
         t0 = time.time() + 0.5
         ids = client.schedule_many([(t0 + i * 0.002, i) for i in range(500)])
-        await asyncio.sleep(1.6)
-        st = snapshot(redis.Redis.from_url(redis_url), client)
-        assert all(st[i] == "ready" for i in ids)
         r = redis.Redis.from_url(redis_url)
+        await wait_for(lambda: all(s == "ready" for s in map(snapshot(r, client).get, ids)), 5,
+                       what="every job fired onto its ready list")
         fired = sum(int(r.hget(client.keyspace.key(p, "c"), "fired:default") or 0) for p in range(8))
         assert fired == 500, "each job fired exactly once"
         lateness = [v for p, _ in procs for v in _hist_samples(p)]
@@ -163,14 +163,11 @@ async def test_frozen_replica_cannot_fire_a_partition_that_moved(redis_url: str,
     try:
         # b takes both partitions (a's lease expired) and fires with a newer epoch; a keeps trying
         ids = client.schedule_many([(time.time() + 0.2, i) for i in range(50)])
-        deadline = time.monotonic() + 5
-        while a.metrics.epoch_refusals.labels("a")._value.get() < 1 or a.runners:
-            assert time.monotonic() < deadline, "stale replica was not fenced off"
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)
-        st = snapshot(redis.Redis.from_url(redis_url), client)
-        assert all(st[i] == "ready" for i in ids)
+        await wait_for(lambda: a.metrics.epoch_refusals.labels("a")._value.get() >= 1 and not a.runners, 5,
+                       what="the stale replica to be fenced off")
         r = redis.Redis.from_url(redis_url)
+        await wait_for(lambda: all(s == "ready" for s in map(snapshot(r, client).get, ids)), 5,
+                       what="replica b to fire every job")
         assert sum(int(r.hget(client.keyspace.key(p, "c"), "fired:default") or 0) for p in range(2)) == 50
     finally:
         await stop_replica(b, b_task)
@@ -228,7 +225,8 @@ async def test_held_jobs_can_be_inspected_cancelled_and_released_by_clearing_the
     try:
         await settled(etcd_endpoint, [proc], 2)
         ids = client.schedule_many([(time.time() + 0.1, i) for i in range(50)], queue="slow")
-        await asyncio.sleep(1.0)
+        # the limit lets the burst through and holds the rest
+        await wait_for(lambda: "ready" in map(snapshot(r, client).get, ids), 5, what="the burst to fire")
         st = snapshot(r, client)
         held = [i for i in ids if st[i] == "scheduled"]
         assert 40 <= len(held) <= 49

@@ -57,3 +57,10 @@ async def wait_for(cond: Callable[[], Any], timeout: float = TIMEOUT, interval: 
             return v
         deadline.check()
         await asyncio.sleep(interval)
+
+
+def wait_until_time(t: float) -> None:
+    """Let the wall clock pass ``t`` (epoch seconds): for a deadline the test itself set (a grace
+    period, a TTL, a lease) that only time ends. Sleeps as long as that takes, no longer."""
+    while (left := t - time.time()) > 0:
+        time.sleep(left)

@@ -38,6 +38,7 @@ class TierStandIn:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self.reaped = 0
+        self.passes = 0  # round trips that went through
         self.errors = 0
         self.last_error: BaseException | None = None
 
@@ -55,6 +56,7 @@ class TierStandIn:
                     calls += [reap_call(core, p, 0, 1000) for p in parts]
                     res = await scripts.call_many(calls)
                     self.reaped += sum(int(x[0]) for x in res[len(parts):])
+                    self.passes += 1
                 except (OSError, aredis.RedisError) as exc:  # fault tests kill Redis under us
                     if not self.errors or type(exc) is not type(self.last_error):
                         log.warning("tier stand-in: %s: %s", type(exc).__name__, exc)
@@ -63,6 +65,11 @@ class TierStandIn:
                 await asyncio.sleep(self.interval)
         finally:
             await r.aclose()
+
+    async def passed(self, what: str = "the tier stand-in to tick and reap once more") -> None:
+        """Wait until a whole pass (tick and reap of every partition) began and ended after now."""
+        n = self.passes
+        await wait_for(lambda: self.passes >= n + 2, 5, what=what)
 
     async def __aenter__(self) -> TierStandIn:
         self._task = asyncio.create_task(self._loop())
