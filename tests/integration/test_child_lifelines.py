@@ -37,7 +37,7 @@ launcher.start()
 launcher.join()
 sleeper = subprocess.Popen(die_with_parent(["sleep", "600"], signal.SIGTERM))
 print(kids["worker"].pid, sleeper.pid, flush=True)
-time.sleep(600)
+threading.Event().wait()  # until the test kills this process
 """
 
 

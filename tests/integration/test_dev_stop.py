@@ -48,7 +48,7 @@ worker = Worker(queues=["slow"])
 
 @worker.handler("slow")
 async def slow(job):
-    await asyncio.sleep(600)
+    await asyncio.Event().wait()  # runs until the worker is killed
 '''
 
 
@@ -273,7 +273,7 @@ def test_dev_refuses_to_share_its_home_with_processes_of_an_earlier_run(tmp_path
     home = tmp_path / "zs"
     (home / "logs").mkdir(parents=True)
     log = home / "logs" / "scheduler-1.log"
-    sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+    sleeper = [sys.executable, "-c", "import signal; signal.pause()"]  # until it is killed
     with open(log, "ab") as w, open(log, "rb") as r:  # in sessions of their own, as zsched dev's children are
         writer = subprocess.Popen(sleeper, stdout=w, stderr=w, start_new_session=True)
         reader = subprocess.Popen(sleeper, stdin=r, start_new_session=True)

@@ -3,6 +3,7 @@ says the job may exist; ``fsync`` is refused clearly, before writing, where WAIT
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -12,6 +13,7 @@ import pytest
 from scheduler import AsyncClient, Client
 from scheduler.protocol.errors import DurabilityTimeout, DurabilityUnsupported
 from tests.support.servers import RedisServer
+from tests.support.waits import wait_until
 
 LATER = timedelta(minutes=5)
 
@@ -186,9 +188,14 @@ def test_a_master_refusing_writes_for_want_of_replicas_is_waited_for_not_failed(
             except Exception as exc:  # noqa: BLE001 - asserted below
                 result["error"] = exc
 
+        def refusals() -> int:
+            stat = master.command("INFO", "errorstats")
+            m = re.search(rb"errorstat_NOREPLICAS:count=(\d+)", stat if isinstance(stat, bytes) else str(stat).encode())
+            return int(m.group(1)) if m else 0
+
         t = threading.Thread(target=produce)
         t.start()
-        time.sleep(0.5)
+        wait_until(lambda: refusals() >= 2, 5, what="the master to refuse the call twice (NOREPLICAS)")
         assert t.is_alive(), f"the call did not wait: {result}"
         with RedisServer(extra_args=["--replicaof", "127.0.0.1", str(master.port)]):
             t.join(15)

@@ -29,6 +29,7 @@ from scheduler.coord import (
 )
 from scheduler.shell.servers import etcd_request, free_port
 from tests.support.servers import EtcdCluster, EtcdServer
+from tests.support.waits import wait_for
 
 # --------------------------------------------------------------------------- helpers
 
@@ -500,8 +501,7 @@ async def test_user_password_in_endpoint(caplog: pytest.LogCaptureFixture) -> No
                 await asyncio.sleep(2.5)
                 with caplog.at_level("INFO", logger="scheduler.coord.etcd"):
                     w2 = Watcher(coord, "zs/auth/", rev + 1)
-                    await asyncio.sleep(0.5)
-                assert "logging in again" in caplog.text
+                    await wait_for(lambda: "logging in again" in caplog.text, 5, what="the watch to log in again")
                 assert (await coord.get("zs/auth/k")).value == b"v"  # type: ignore[union-attr]
                 rev2 = await coord.put("zs/auth/k", b"v2")
                 for watcher in (w, w2):

@@ -234,7 +234,7 @@ async def test_handler_timeout_counts_as_failure(redis_url: str, client: Client)
     @w.handler("default", timeout=0.2)
     async def slow(job: Job) -> None:
         attempts.append(job.attempt)
-        await asyncio.sleep(5)
+        await asyncio.Event().wait()  # until its 0.2 s timeout cancels it
 
     @w.handler("sync")
     def slow_sync(job: Job) -> None:

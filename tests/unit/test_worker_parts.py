@@ -462,7 +462,7 @@ async def test_runner_reports_a_timeout_as_a_failure() -> None:
     reg = HandlerRegistry()
 
     async def slow(job: Job) -> None:
-        await asyncio.sleep(10)
+        await asyncio.Event().wait()  # until the timeout cancels it
 
     reg.register("q", slow, timeout=0.02)
     runner, box, _ = make_runner(reg)
