@@ -37,6 +37,7 @@ import pytest
 from scheduler import Client
 from scheduler.shell.servers import free_port
 from tests.integration.test_compose import load_yaml
+from tests.support.waits import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -335,9 +336,9 @@ class Prometheus:
     log: Path
     up_at: float = 0.0  # monotonic time every target was first scraped
 
-    def settle_deadline(self, seconds: float) -> float:
-        """Wait for data at most until ``seconds`` after the targets came up."""
-        return max(time.monotonic(), self.up_at + seconds)
+    def time_left(self, seconds: float) -> float:
+        """How long to wait for data: until ``seconds`` after the targets came up."""
+        return max(0.0, self.up_at + seconds - time.monotonic())
 
     def get(self, path: str, **params: str | list[str]) -> Any:
         q = urllib.parse.urlencode(params, doseq=True)
@@ -399,15 +400,15 @@ def prometheus(dev_stack: DevStack, tmp_path_factory: pytest.TempPathFactory) ->
             assert time.monotonic() < deadline, f"prometheus not ready:\n{prom.log_tail()}"
             time.sleep(0.2)
         # every target scraped successfully
-        deadline = time.monotonic() + 30
-        while True:
+        down: list[Any] = []
+
+        def targets_up() -> bool:
             active = prom.get("/api/v1/targets")["data"]["activeTargets"]
-            down = [(t["scrapeUrl"], t["health"], t.get("lastError")) for t in active if t["health"] != "up"]
-            if active and not down:
-                prom.up_at = time.monotonic()
-                break
-            assert time.monotonic() < deadline, f"targets not up: {down}\n{dev_stack.output()}"
-            time.sleep(0.5)
+            down[:] = [(t["scrapeUrl"], t["health"], t.get("lastError")) for t in active if t["health"] != "up"]
+            return bool(active) and not down
+
+        wait_until(targets_up, 30, 0.2, what=lambda: f"every target to be up: {down}\n{dev_stack.output()}")
+        prom.up_at = time.monotonic()
         yield prom
     finally:
         if proc.poll() is None:
@@ -463,27 +464,27 @@ def _evaluate_all(prom: Prometheus) -> list[str]:
 def test_every_panel_query_returns_data(prometheus: Prometheus, dev_stack: DevStack) -> None:
     """Retried until every query returns series (rates need two scrapes, histograms their first
     observations), at most SETTLE_TIMEOUT_S; then the remaining problems fail the test."""
-    deadline = prometheus.settle_deadline(SETTLE_TIMEOUT_S)
-    while True:
-        problems = _evaluate_all(prometheus)
-        if not problems or time.monotonic() > deadline:
-            break
-        time.sleep(2)
-    assert not problems, (f"{len(problems)} panel queries failed or returned nothing:\n" + "\n".join(problems))
+    problems: list[str] = []
+
+    def all_answer() -> bool:
+        problems[:] = _evaluate_all(prometheus)
+        return not problems
+
+    wait_until(all_answer, prometheus.time_left(SETTLE_TIMEOUT_S), 1, what=lambda: (
+        f"every panel query to return data: {len(problems)} failed or returned nothing:\n" + "\n".join(problems)))
 
 
 def test_variables_resolve(prometheus: Prometheus) -> None:
-    deadline = prometheus.settle_deadline(20)
-    while True:
-        problems = []
-        for path in DASHBOARDS:
-            for v in variables(load_dashboard(path)):
-                if not label_values(prometheus, variable_query(v)):
-                    problems.append(f"{path.name}: ${v['name']} = {variable_query(v)} has no values")
-        if not problems or time.monotonic() > deadline:
-            break
-        time.sleep(1)
-    assert not problems, "\n".join(problems)
+    problems: list[str] = []
+
+    def resolved() -> bool:
+        problems[:] = [f"{path.name}: ${v['name']} = {variable_query(v)} has no values"
+                       for path in DASHBOARDS for v in variables(load_dashboard(path))
+                       if not label_values(prometheus, variable_query(v))]
+        return not problems
+
+    wait_until(resolved, prometheus.time_left(20), 0.5,
+               what=lambda: "every variable to resolve:\n" + "\n".join(problems))
 
 
 def test_queries_and_alerts_name_only_exported_metrics(prometheus: Prometheus) -> None:
@@ -497,28 +498,30 @@ def test_queries_and_alerts_name_only_exported_metrics(prometheus: Prometheus) -
         for rule in group["rules"]:
             for n in metric_names(str(rule["expr"])):
                 used.setdefault(n, set()).add(f"alerts.yml {rule.get('alert') or rule.get('record')}")
-    deadline = prometheus.settle_deadline(20)
-    while True:
+    unknown: dict[str, list[str]] = {}
+
+    def all_exported() -> bool:
         known = _known_metrics(prometheus)
-        unknown = {n: sorted(w) for n, w in used.items() if n not in known}
-        if not unknown or time.monotonic() > deadline:
-            break
-        time.sleep(1)
-    assert not unknown, "metrics not exported by the running stack:\n" + "\n".join(
-        f"  {n}: {', '.join(w)}" for n, w in sorted(unknown.items()))
+        unknown.clear()
+        unknown.update({n: sorted(w) for n, w in used.items() if n not in known})
+        return not unknown
+
+    wait_until(all_exported, prometheus.time_left(20), 0.5, what=lambda: (
+        "every metric named to be exported; not exported by the running stack:\n"
+        + "\n".join(f"  {n}: {', '.join(w)}" for n, w in sorted(unknown.items()))))
 
 
 def test_alert_rules_evaluate(prometheus: Prometheus) -> None:
     expected = {r["alert"] for g in load_yaml(ALERTS)["groups"] for r in g["rules"] if "alert" in r}
-    deadline = time.monotonic() + 15
-    while True:
-        groups = prometheus.get("/api/v1/rules")["data"]["groups"]
-        rules = {r["name"]: r for g in groups for r in g["rules"]}
-        pending = [n for n, r in rules.items() if r.get("health") == "unknown"]
-        if set(rules) >= expected and not pending or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    assert set(rules) >= expected, f"rules not loaded: {expected - set(rules)}"
+    rules: dict[str, Any] = {}
+
+    def evaluated() -> bool:
+        rules.clear()
+        rules.update({r["name"]: r for g in prometheus.get("/api/v1/rules")["data"]["groups"] for r in g["rules"]})
+        return set(rules) >= expected and not any(r.get("health") == "unknown" for r in rules.values())
+
+    wait_until(evaluated, 15, 0.2,
+               what=lambda: f"every rule to be loaded and evaluated: missing {expected - set(rules)}")
     bad = {n: (r.get("health"), r.get("lastError")) for n, r in rules.items() if r.get("health") != "ok"}
     assert not bad, f"alert rules that do not evaluate: {bad}"
 
@@ -547,18 +550,27 @@ def test_the_no_worker_alert_names_a_queue_with_ready_jobs_and_no_live_worker(
     def both_workers(served: dict[str, float]) -> bool:  # zsched dev runs 2 demo workers: both registered
         return bool(served) and all(n == 2 for n in served.values())
 
-    deadline = prometheus.settle_deadline(30)
-    while not both_workers(served := by_queue("max by (queue) (zsched_workers)")) and time.monotonic() < deadline:
-        time.sleep(1)
-    assert both_workers(served), served
+    served: dict[str, float] = {}
+
+    def registered() -> bool:
+        served.clear()
+        served.update(by_queue("max by (queue) (zsched_workers)"))
+        return both_workers(served)
+
+    wait_until(registered, prometheus.time_left(30), 0.5, what=lambda: f"both demo workers in zsched_workers: {served}")
     client = Client.from_url(dev_stack.env["ZSCHED_REDIS_URL"], namespace=dev_stack.env["ZSCHED_NAMESPACE"]).connect()
     try:
         # due now: ready at once
         client.schedule_many([(timedelta(0), {"n": i}) for i in range(3)], queue="zz-unserved")
     finally:
         client.close()
-    deadline = time.monotonic() + 30
     # all 3 once every replica owning one of their partitions has refreshed its depths (every 2 s)
-    while (firing := by_queue(str(rule["expr"]))).get("zz-unserved") != 3 and time.monotonic() < deadline:
-        time.sleep(1)
-    assert firing.get("zz-unserved") == 3 and not set(firing) & set(served), firing
+    firing: dict[str, float] = {}
+
+    def fires() -> bool:
+        firing.clear()
+        firing.update(by_queue(str(rule["expr"])))
+        return firing.get("zz-unserved") == 3
+
+    wait_until(fires, 30, 0.5, what=lambda: f"the alert to name zz-unserved with 3 ready jobs: {firing}")
+    assert not set(firing) & set(served), firing
