@@ -27,6 +27,12 @@ def owners(etcd: str) -> dict[int, str]:
     return asyncio.run(read())
 
 
+def fired(r: redis.Redis, client: Client, queue: str) -> int:
+    """How many jobs of ``queue`` the tier fired so far (the partitions' event counters)."""
+    keys = [client.keyspace.key(p, "c") for p in range(client.keyspace.partitions)]
+    return sum(int(r.hget(k, f"fired:{queue}") or 0) for k in keys)
+
+
 def pending_occurrences(r: redis.Redis, client: Client, name: str) -> list[str]:
     return [jid for jid, st in snapshot(r, client).items()
             if st == "scheduled" and (client.get(jid).key or "").startswith(f"cron:{name}:")]
@@ -44,14 +50,15 @@ def test_kill_9_of_the_owner_at_fire_time_leaves_exactly_one_next_occurrence(red
         part = partition_for_key("beat", 4)
         victim = owners(etcd_endpoint)[part]
         survivor = "b" if victim == "a" else "a"
-        time.sleep(2.2)
+        wait_until(lambda: fired(r, client, "beat") >= 2, 5, what="two occurrences before the kill")
         # kill the owner right at a second boundary, when the occurrence fires
         now = time.time()
         time.sleep(1 - (now % 1) + 0.0005)
         procs[victim].kill()
         assert len(pending_occurrences(r, client, "beat")) == 1, "exactly one pending occurrence right after the kill"
         wait_until(lambda: owners(etcd_endpoint).get(part) == survivor, 6, what="survivor takes the partition")
-        time.sleep(2.5)
+        after = fired(r, client, "beat")
+        wait_until(lambda: fired(r, client, "beat") >= after + 2, 5, what="the survivor to fire two occurrences")
         assert len(pending_occurrences(r, client, "beat")) == 1
         runs = Ops(client).claim("beat", 1000)
         nominals = [j.record.cron_nominal_ms for j in runs]

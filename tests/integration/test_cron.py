@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from datetime import timedelta
 
@@ -14,6 +15,7 @@ from scheduler.redisio.connection import SyncRedis, sync_redis
 from scheduler.testing.transitions import Ops
 from tests.integration.test_scheduler_tier import settled, start_replica, stop_replica
 from tests.support.helpers import on_both_backends, snapshot
+from tests.support.waits import wait_for, wait_for_time
 
 NS = "tier"  # the replicas of test_scheduler_tier use this namespace
 
@@ -26,6 +28,12 @@ def cron_jobs(r: SyncRedis, client: Client, name: str) -> dict[str, str]:
         if info.key and info.key.startswith(f"cron:{name}:"):
             out[jid] = state
     return out
+
+
+def fired_count(r: redis.Redis, client: Client, queue: str) -> int:
+    """How many jobs of ``queue`` the tier fired so far (the partitions' event counters)."""
+    keys = [client.keyspace.key(p, "c") for p in range(client.keyspace.partitions)]
+    return sum(int(r.hget(k, f"fired:{queue}") or 0) for k in keys)
 
 
 def fired_occurrences(client: Client, queue: str) -> list:
@@ -65,7 +73,9 @@ async def test_outage_across_three_occurrences_run_late_coalesces_skip_drops(red
     r = redis.Redis.from_url(redis_url)
     client.add_cron("late", "* * * * * *", "L", queue="late")
     client.add_cron("skip", "* * * * * *", "S", queue="skip", misfire="skip", misfire_grace=0.3)
-    await asyncio.sleep(3.6)  # no scheduler tier: at least 3 occurrences pass unfired
+    t_added = time.time()
+    # no scheduler tier: 3 occurrences (each second) pass unfired, past skip's grace
+    await wait_for_time(math.ceil(t_added) + 2 + 0.3 + 0.05)
     proc, task = await start_replica(redis_url, etcd_endpoint, "solo")
     try:
         await settled(etcd_endpoint, [proc], 4)
@@ -83,7 +93,10 @@ async def test_outage_across_three_occurrences_run_late_coalesces_skip_drops(red
         assert early_skips == [], "skip fires none of the missed occurrences"
         misfired = sum(int(r.hget(client.keyspace.key(p, "c"), "misfired:skip") or 0) for p in range(4))
         assert misfired >= 3
-        await asyncio.sleep(2.2)  # both resume on schedule
+        late0, skip0 = fired_count(r, client, "late"), fired_count(r, client, "skip")
+        await wait_for(lambda: (fired_count(r, client, "late") >= late0 + 2
+                                and fired_count(r, client, "skip") >= skip0 + 2),
+                       5, what="both crons to fire twice more, on schedule")
         late_runs = fired_occurrences(client, "late")
         skip_runs = fired_occurrences(client, "skip")
         assert len(late_runs) >= 2 and len(skip_runs) >= 2
@@ -103,7 +116,7 @@ async def test_exhausted_occurrence_table_is_refilled_by_the_owner(redis_url: st
     proc, task = await start_replica(redis_url, etcd_endpoint, "solo")
     try:
         await settled(etcd_endpoint, [proc], 4)
-        await asyncio.sleep(2.5)
+        await wait_for(lambda: fired_count(r, client, "short") >= 2, 5, what="the cron to fire twice")
         runs = fired_occurrences(client, "short")
         assert len(runs) >= 2, "the cron kept firing after its table ran out"
         assert len(r.hget(ck, "times")) // 6 >= 16
@@ -153,7 +166,6 @@ def test_invalid_crons_write_nothing(redis_url: str, kwargs: dict, words: str) -
 
 
 async def test_handler_sees_the_nominal_time_of_a_cron_occurrence(redis_url: str, etcd_endpoint: str) -> None:
-    from tests.support.waits import wait_for
     from tests.support.workers import serving
     from workers import Worker
     client = Client.from_url(redis_url, namespace=NS, partitions=4).connect()

@@ -64,3 +64,9 @@ def wait_until_time(t: float) -> None:
     period, a TTL, a lease) that only time ends. Sleeps as long as that takes, no longer."""
     while (left := t - time.time()) > 0:
         time.sleep(left)
+
+
+async def wait_for_time(t: float) -> None:
+    """:func:`wait_until_time` for asyncio: the event loop runs meanwhile."""
+    while (left := t - time.time()) > 0:
+        await asyncio.sleep(left)
