@@ -114,6 +114,12 @@ def partition(job_id: str, partitions: int) -> int:
     return partition_of(decode_id(job_id), partitions)
 
 
+def readonly_refusals(srv: RedisServer) -> int:
+    """How many commands ``srv`` refused with READONLY so far (INFO errorstats)."""
+    m = re.search(r"errorstat_READONLY:count=(\d+)", srv.command("INFO", "errorstats").decode())
+    return int(m.group(1)) if m else 0
+
+
 class FireWatcher:
     """Polls every ready list (pipelined) every ``interval`` s and records when each id first shows up.
 
@@ -314,7 +320,7 @@ def test_kill9_partitions_fail_over_within_ttl_plus_1s(backend_url: str, etcd_en
         wait_settled(etcd_endpoint, ns, procs, ["a", "b"], parts)
         ids = schedule_stream(client, time.time() + 0.3, 300, 0.02, "k9")  # due over the next ~6.3 s
         watcher.start()
-        time.sleep(1.2)
+        wait_until(lambda: len(watcher.first_seen) >= 40, 5, what="jobs firing on both replicas before the kill")
         victim, survivor = procs[1], procs[0]
         victim_parts = owned_by(etcd_owners(etcd_endpoint, ns), "b")
         assert len(victim_parts) == parts // 2
@@ -388,7 +394,7 @@ def test_sigstop_past_ttl_then_sigcont_never_double_fires(redis_url: str, etcd_e
         # jobs due continuously on every partition while B is frozen and after it resumes
         ids = schedule_stream(client, time.time() + 0.3, 200, 0.04, "st")  # ~8 s
         watcher.start()
-        time.sleep(0.8)
+        wait_until(lambda: len(watcher.first_seen) >= 10, 5, what="jobs firing before B is frozen")
         t_stop = time.time()
         b.signal(signal.SIGSTOP)
         try:
@@ -403,7 +409,8 @@ def test_sigstop_past_ttl_then_sigcont_never_double_fires(redis_url: str, etcd_e
             monitor = StaleEpochMonitor(redis_port(redis_url), ns, {before[p][1]: p for p in b_parts})
             # more jobs, in B's old partitions, due while B is still frozen and right after it resumes
             extra = schedule_stream(client, time.time() + 0.2, 40, 0.02, "st-x", b_parts)
-            time.sleep(0.5)
+            wait_until(lambda: sum(i in watcher.first_seen for i in extra) >= 10, 5,
+                       what="A to fire jobs of B's old partitions while B is frozen")
         finally:
             b.signal(signal.SIGCONT)
         t_cont = time.time()
@@ -518,7 +525,7 @@ def test_adding_replicas_rebalances_without_a_gap(redis_url: str, etcd_endpoint:
         wait_settled(etcd_endpoint, ns, procs, ["a"], parts)
         ids = schedule_stream(client, time.time() + 0.2, 600, 0.01, "rb")  # every 10 ms for 6 s
         watcher.start()
-        time.sleep(0.8)
+        wait_until(lambda: len(watcher.first_seen) >= 50, 5, what="jobs firing before replicas join")
         t_join = time.time()
         procs += start_replicas(redis_url, etcd_endpoint, ns, ["b", "c"], ttl)
         own = wait_settled(etcd_endpoint, ns, procs, ["a", "b", "c"], parts, timeout=10.0)
@@ -563,7 +570,7 @@ def test_etcd_leader_killed_firing_continues(redis_url: str, etcd_cluster: EtcdC
         before = wait_settled(eps, ns, procs, ["a", "b"], parts)
         ids = schedule_stream(client, time.time() + 0.5, 350, 0.02, "cl")  # every 20 ms for 7 s
         watcher.start()
-        time.sleep(1.0)
+        wait_until(lambda: len(watcher.first_seen) >= 20, 5, what="jobs firing before the etcd leader is killed")
         assert etcd_cluster.leader() is leader
         t_kill = time.time()
         leader.kill()
@@ -762,7 +769,10 @@ def test_redis_refusing_writes_briefly_does_not_stop_partitions_for_good(fresh_r
         time.sleep(max(0.0, t0 - time.time()))
         try:
             fresh_redis.command("REPLICAOF", "127.0.0.1", str(free_port()))
-            time.sleep(1.0)
+            # the replica's ticks are refused (its transport retries for 0.5 s, then its loop logs the
+            # error and backs off) until the replica has said so
+            wait_until(lambda: readonly_refusals(fresh_redis) >= 3 and "ReadOnly" in a.output(), 5,
+                       what=lambda: f"ticks refused with READONLY, and logged{tails(a)}")
         finally:
             fresh_redis.command("REPLICAOF", "NO", "ONE")
         t_ok = time.time()
