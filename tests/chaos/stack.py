@@ -204,7 +204,7 @@ class Stack:
                 err = None
             except Exception as exc:  # noqa: BLE001
                 err = f"{type(exc).__name__}: {exc}"
-                time.sleep(0.5)
+                time.sleep(0.25)
                 continue
             q = stats.get(QUEUE, {})
             if not any(q.get(k, 0) for k in ("scheduled", "ready", "running")):

@@ -39,6 +39,7 @@ from tests.chaos.checker import check, windows_summary
 from tests.chaos.history import Params, load, read_calls, read_runs, write_final
 from tests.chaos.nemesis import Nemesis
 from tests.chaos.stack import Stack
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.fault
 
@@ -58,7 +59,9 @@ def test_chaos_short(capsys: pytest.CaptureFixture[str]) -> None:
     try:
         stack.start()
         stack.start_producers()
-        time.sleep(2.0)  # a steady state before the first fault
+        # a steady state before the first fault: jobs run
+        wait_until(lambda: sum(r.end is not None for r in read_runs(hist)) >= 100, 30,
+                   what="100 jobs to run before the first fault")
         nemesis = Nemesis(stack, SEED, SECONDS)
         nemesis.start()
         nemesis.join(SECONDS + 300)
@@ -67,7 +70,10 @@ def test_chaos_short(capsys: pytest.CaptureFixture[str]) -> None:
             nemesis.halt()
         elif nemesis.error:
             problems.append(f"nemesis: {nemesis.error}")
-        time.sleep(3.0)  # jobs keep coming after the heal: the healed stack must take them
+        # jobs keep coming after the heal: the healed stack must take them
+        t_healed = time.time()
+        wait_until(lambda: sum(r.start > t_healed and r.end is not None for r in read_runs(hist)) >= 150, 60,
+                   what="150 jobs to run after the heal")
         stack.stop_producers()
         final = stack.quiesce(timeout=60.0 + SECONDS / 20)
         ids = sorted({c.id for c in read_calls(hist) if c.id} | {r.id for r in read_runs(hist)})

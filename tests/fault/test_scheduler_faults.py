@@ -702,7 +702,7 @@ def test_redis_down_and_back_replica_survives_and_fires(fresh_redis: RedisServer
         client.close()
         t_kill = time.time()
         fresh_redis.kill()
-        time.sleep(2.0)
+        time.sleep(2.0)  # the outage: Redis stays down this long
         assert a.alive, f"replica died while Redis was down{tails(a)}"
         assert "Redis call failed" in a.output(), f"no clear error while Redis is down{tails(a)}"
         fresh_redis.restart()

@@ -84,7 +84,7 @@ async def test_redis_crash_outcomes_are_delivered_after_restart(tmp_path: Path) 
             await wait_for(lambda: ran, 5, what="job to start")
             srv.kill()
             gate.set()  # the handler returns while Redis is down: the ack cannot be delivered
-            await asyncio.sleep(0.7)
+            await asyncio.sleep(0.7)  # the outage lasts a while: no ack can get through meanwhile
             assert w.stats.acked == 0 and w.serving
             srv.restart()
             await wait_for(lambda: w.stats.acked == 1, 10, what="ack delivered after restart")

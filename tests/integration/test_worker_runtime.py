@@ -352,7 +352,7 @@ async def test_idle_worker_is_quiet_and_picks_up_fast(redis_url: str, client: Cl
     async with serving(w):
         await asyncio.sleep(0.3)
         before = _total_calls(client.redis)
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # the measurement window: commands an idle worker sends in a second
         idle_calls = _total_calls(client.redis) - before - 1  # minus our INFO
         lat = []
         for _ in range(25):
