@@ -13,6 +13,7 @@ from typing import Any
 
 from scheduler.metrics import check_host, check_port
 from scheduler.protocol import codec, config
+from scheduler.protocol.calls import tombstone_ms
 from scheduler.protocol.keys import validate_name
 from scheduler.protocol.registry import MAX_INTERVAL_S
 
@@ -21,7 +22,6 @@ DEFAULT_CONCURRENCY = 16
 # default 20 ms lead at up to 1 600 jobs/s per worker
 DEFAULT_PREFETCH = 32
 DEFAULT_SHUTDOWN_GRACE = 30.0
-DEFAULT_TOMBSTONE_TTL = config.DEFAULT_TOMBSTONE_TTL
 DEFAULT_IDLE_SWEEP = 2.0
 DEFAULT_METRICS_HOST = config.DEFAULT_METRICS_HOST
 # seconds between refreshes of the worker's registry record (zsched workers); one small script
@@ -85,7 +85,7 @@ class WorkerOptions:
     prefetch: int = DEFAULT_PREFETCH
     handler_timeouts: Mapping[str, float] = field(default_factory=dict, hash=False)
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
-    tombstone_ttl: float = DEFAULT_TOMBSTONE_TTL
+    tombstone_ttl: float | None = None  # deprecated: the namespace's (Client.set_tombstone_ttl)
     max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD
     partitions: int | None = None
     metrics_port: int | None = None
@@ -114,7 +114,12 @@ class WorkerOptions:
         put("handler_timeouts", _timeouts(self.handler_timeouts))
         put("shutdown_grace", _grace(self.shutdown_grace))
         put("metrics_port", None if self.metrics_port is None else check_port(self.metrics_port))
-        put("tombstone_ttl", float(self.tombstone_ttl))
+        if self.tombstone_ttl is not None:
+            put("tombstone_ttl", float(tombstone_ms(self.tombstone_ttl)) / 1000)
+            warnings.warn("Worker(tombstone_ttl=) is deprecated: how long finished jobs stay visible is a namespace "
+                          "setting now (Client.set_tombstone_ttl(seconds), 'zsched namespace tombstone-ttl'); given "
+                          "here it still overrides the namespace's for this worker's acks", DeprecationWarning,
+                          stacklevel=4)
         put("max_payload_bytes", _payload_limit(self.max_payload_bytes))
         put("idle_sweep", float(check_positive("idle_sweep", self.idle_sweep)))
         put("registry_interval", float(check_positive("registry_interval", self.registry_interval)))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -30,10 +31,8 @@ from typing import Any
 from scheduler.client import AsyncClient
 from scheduler.metrics import metrics_url
 from scheduler.protocol import codec, config
-from scheduler.protocol.calls import Calls
 from scheduler.protocol.ids import encode_id
-from scheduler.redisio.connection import async_redis, permanent_failure
-from scheduler.redisio.errors import REDIS_ERRORS
+from scheduler.redisio.connection import async_redis
 from scheduler.redisio.transport import AsyncScriptTransport
 from scheduler.runtime import entry_point_logging, loop_name, run, settle_gc
 
@@ -42,6 +41,7 @@ from .attempt import Attempt
 from .fetch import DoorbellFetch, Fetch, FetchContext
 from .heartbeat import Heartbeats
 from .lifecycle import Lifecycle, supervise
+from .namespace import connect, follow_settings
 from .options import WorkerOptions, redis_options_arg
 from .outbox import DRAIN_TIMEOUT, Outbox
 from .presence import Presence, base_record
@@ -49,7 +49,7 @@ from .registry import Handler, HandlerRegistry, HandlerSpec
 from .runner import HandlerRunner, ThreadCount
 from .slots import Slots
 from .stats import PrometheusHistograms, Tee, WorkerMetrics, WorkerStats, start_metrics_server
-from .wire import WORKER_RETRY, Outage, sender
+from .wire import WORKER_RETRY, sender
 
 log = logging.getLogger("zsched.worker")
 
@@ -112,7 +112,8 @@ class Worker:
     into free handler slots. ``handler_timeouts``: seconds per queue
     (overrides ``@handler(timeout=...)``); a timeout counts as a failure. ``shutdown_grace``:
     seconds running handlers get to finish after the first SIGTERM/SIGINT before their jobs are
-    handed back. ``tombstone_ttl``: seconds a finished job stays visible as ``done``.
+    handed back. ``tombstone_ttl``: deprecated (the namespace's is followed:
+    ``Client.set_tombstone_ttl``); given, it overrides it for this worker's acks.
     ``metrics``: optional :class:`~workers.stats.WorkerMetrics` hook. ``metrics_port``: serve
     Prometheus metrics on 127.0.0.1:PORT. ``idle_sweep``: seconds between safety-net sweeps when
     idle (stretched so a sweep costs at most ~16 claims/s with many partitions and queues).
@@ -141,7 +142,7 @@ class Worker:
         prefetch: int | None = None,
         handler_timeouts: Mapping[str, float] | None = None,
         shutdown_grace: float = options.DEFAULT_SHUTDOWN_GRACE,
-        tombstone_ttl: float = options.DEFAULT_TOMBSTONE_TTL,
+        tombstone_ttl: float | None = None,
         max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD,
         partitions: int | None = None,
         metrics: WorkerMetrics | None = None,
@@ -241,7 +242,7 @@ class Worker:
         return self.options.shutdown_grace
 
     @property
-    def tombstone_ttl(self) -> float:
+    def tombstone_ttl(self) -> float | None:
         return self.options.tombstone_ttl
 
     @property
@@ -365,11 +366,11 @@ class Worker:
         failed_to_start = False
         try:
             try:
-                calls = await self._connect(redis, life)
-                if calls is None:
+                if (client := await connect(redis, self.options, life)) is None:
                     return  # stopped while waiting for Redis
+                calls = client.calls
                 presence = self._presence = Presence(calls.ks, transport, record, self._running, self._qstats, life)
-                crew = self._assemble(loop, queues, calls, redis, transport, life, presence)
+                crew = self._assemble(loop, queues, client, redis, transport, life, presence)
             except Exception:
                 failed_to_start = True  # bad credentials, the metrics port taken...: its error says it all
                 raise
@@ -407,27 +408,10 @@ class Worker:
                 log.warning("queue %r has no handler on this worker: its jobs will be dead-lettered as NoHandler", q)
         return queues
 
-    async def _connect(self, redis: Any, life: Lifecycle) -> Calls | None:
-        """Resolve the namespace's partition count (retrying while Redis is down); None if stopped."""
-        outage = Outage("startup")
-        while True:
-            try:
-                client = AsyncClient(redis, namespace=self.namespace, partitions=self.partitions,
-                                     max_payload_bytes=self.max_payload_bytes, tombstone_ttl=self.tombstone_ttl,
-                                     sharded_pubsub=self.sharded_pubsub)
-                await client.connect()
-                break
-            except REDIS_ERRORS as exc:
-                if permanent_failure(exc):  # bad credentials, a TLS file missing: retrying cannot help
-                    raise
-                if await life.wait_stop(outage.failed(exc)):
-                    return None
-        outage.ok()
-        return client.calls
-
-    def _assemble(self, loop: asyncio.AbstractEventLoop, queues: list[str], calls: Calls, redis: Any,
+    def _assemble(self, loop: asyncio.AbstractEventLoop, queues: list[str], client: AsyncClient, redis: Any,
                   transport: AsyncScriptTransport, life: Lifecycle, presence: Presence) -> _Crew:
         """Make the parts of this serve() and start their loops."""
+        calls = client.calls
         hook, hist, server = self._export_metrics(calls.ks.namespace, queues)
         try:
             send = sender(transport)
@@ -450,7 +434,7 @@ class Worker:
                 await outbox.run(send, life, roundtrip)
 
             loops = (("doorbell", fetch.listen_loop), ("claim", fetch.claim_loop), ("flush", flush),
-                     ("heartbeat", heartbeats.run))
+                     ("heartbeat", heartbeats.run), ("settings", functools.partial(follow_settings, client)))
             tasks = {name: loop.create_task(supervise(name, fn)) for name, fn in loops}
             presence.start()
             return _Crew(slots, outbox, runner, fetch, tasks, server, presence)

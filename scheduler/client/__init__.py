@@ -17,6 +17,7 @@ from .settings import (
     parse_dead_retention,
     parse_queue_idle,
     parse_rate_limits,
+    parse_tombstone_ttl,
     queue_idle_field,
     retention_fields,
     validate_rate,
@@ -25,5 +26,6 @@ from .sync import Client
 
 __all__ = [
     "AsyncClient", "Client", "JobOptions", "Outcome", "config_commands", "parse_dead_retention",
-    "parse_queue_idle", "parse_rate_limits", "queue_idle_field", "retention_fields", "validate_rate",
+    "parse_queue_idle", "parse_rate_limits", "parse_tombstone_ttl", "queue_idle_field", "retention_fields",
+    "validate_rate",
 ]

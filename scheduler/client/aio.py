@@ -28,9 +28,11 @@ from .settings import (
     parse_dead_retention,
     parse_queue_idle,
     parse_rate_limits,
+    parse_tombstone_ttl,
     queue_idle_field,
     rate_limit_fields,
     retention_fields,
+    tombstone_ttl_fields,
 )
 from .sync import Client
 
@@ -63,7 +65,7 @@ class AsyncClient:
     @twin(Client.__init__)
     def __init__(self, redis_client: AsyncRedis, *, namespace: str | None = None, partitions: int | None = None,
                  max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD,
-                 tombstone_ttl: float = config.DEFAULT_TOMBSTONE_TTL,
+                 tombstone_ttl: float | None = None,
                  retry: RedisRetry | None = None, durable: str | None = None, durable_replicas: int = 1,
                  durable_timeout: float = 1.0, sharded_pubsub: bool | None = None) -> None:
         self.redis = redis_client
@@ -341,6 +343,22 @@ class AsyncClient:
     async def queue_retirement(self) -> float | None:
         calls = await self._connected()
         return parse_queue_idle(await self.redis.hgetall(calls.ks.config_key))
+
+    @twin(Client.set_tombstone_ttl)
+    async def set_tombstone_ttl(self, ttl: float) -> None:
+        calls = await self._connected()
+        await self._write_config(tombstone_ttl_fields(ttl), "tombstones")
+        self._opts.use_tombstone_ttl(calls, float(ttl))
+
+    @twin(Client.tombstone_ttl)
+    async def tombstone_ttl(self) -> float:
+        calls = await self._connected()
+        return parse_tombstone_ttl(await self.redis.hgetall(calls.ks.config_key))
+
+    @twin(Client.reload_settings)
+    async def reload_settings(self) -> bool:
+        calls = await self._connected()
+        return self._opts.use_tombstone_ttl(calls, parse_tombstone_ttl(await self.redis.hgetall(calls.ks.config_key)))
 
     async def _write_config(self, fields: dict[str, str | None], what: str) -> list[Any]:
         calls = await self._connected()

@@ -2,6 +2,7 @@
 durable a write must be before ``schedule`` returns."""
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from ..protocol import config
@@ -10,6 +11,7 @@ from ..protocol.calls import Calls, tombstone_ms
 from ..protocol.keys import Keyspace
 from ..redisio.connection import is_cluster
 from ..redisio.transport import DEFAULT_RETRY, RedisRetry
+from .settings import TOMBSTONE_TTL_FIELD, stored_tombstone_ttl
 
 UNSET: Any = object()
 """Default of ``durable=`` on ``schedule``/``schedule_many``: the client's own setting (None is a
@@ -62,24 +64,29 @@ class ClientOptions:
     partition count is read (:meth:`partition_commands`, :meth:`calls`)."""
 
     def __init__(self, *, namespace: str | None, partitions: int | None, max_payload_bytes: int,
-                 tombstone_ttl: float, retry: RedisRetry | None, durable: str | None, durable_replicas: int,
+                 tombstone_ttl: float | None, retry: RedisRetry | None, durable: str | None, durable_replicas: int,
                  durable_timeout: float, socket_timeout: float | None = None, sharded: bool = False,
                  cluster: bool = True) -> None:
         self.namespace = config.namespace(namespace)
         self.partitions = config.partitions(partitions)
         self.max_payload_bytes = payload_limit(max_payload_bytes)
-        self.tombstone_ttl = tombstone_ttl
+        # A process's own tombstone TTL (deprecated: the namespace's, set_tombstone_ttl, is read
+        # at connect); checked now so a bad value fails at construction, not at connect.
+        self.own_tombstone_ttl = tombstone_ttl
+        if tombstone_ttl is not None:
+            tombstone_ms(tombstone_ttl)
+            warnings.warn("tombstone_ttl= is deprecated: how long finished jobs stay visible is a namespace setting "
+                          "now; set it once with Client.set_tombstone_ttl(seconds) or 'zsched namespace "
+                          "tombstone-ttl SECONDS' (given here it still overrides the namespace's for this process)",
+                          DeprecationWarning, stacklevel=4)
         self.cluster = cluster  # the Redis is a cluster: every script declares every key it writes
-        tomb_ms = tombstone_ms(tombstone_ttl)
         self.retry = retry or DEFAULT_RETRY
         self.durable_replicas = durable_replicas
         self.durable_timeout = durable_timeout
         self.socket_timeout = socket_timeout
         self.sharded = sharded  # the pub/sub layout of the Keyspace (see resolve_sharded_pubsub())
         self.durable = self._check(dur.resolve(durable, durable_replicas, durable_timeout))
-        # A re-sent schedule recognises its jobs by id, finished ones by their tombstone: re-send
-        # only while tombstones outlive the retry window by a wide margin.
-        self.resend_schedule = tomb_ms >= 2000 * self.retry.budget
+        self.resend_schedule = False  # set from the tombstone TTL in use (use_tombstone_ttl)
         self.waitaof_checked = False  # durable="fsync": the server was checked for WAITAOF once
 
     def partition_commands(self, pipe: Any) -> None:
@@ -88,13 +95,28 @@ class ClientOptions:
         cfg = Keyspace(self.namespace, 1).config_key
         pipe.hsetnx(cfg, "partitions", self.partitions or config.DEFAULT_PARTITIONS)
         pipe.hget(cfg, "partitions")
+        pipe.hget(cfg, TOMBSTONE_TTL_FIELD)
 
     def calls(self, replies: list[Any]) -> Calls:
-        """The namespace's call builder from the replies of :meth:`partition_commands`;
-        ConfigError when the stored count differs from an explicit ``partitions``."""
+        """The namespace's call builder from the replies of :meth:`partition_commands`, with the
+        namespace's tombstone TTL (or the process's own, deprecated); ConfigError when the stored
+        count differs from an explicit ``partitions``."""
         count = config.resolve_partitions(replies[1], self.partitions, self.namespace)
-        return Calls(Keyspace(self.namespace, count, sharded=self.sharded), max_payload_bytes=self.max_payload_bytes,
-                     tombstone_ttl=self.tombstone_ttl, declare_all_keys=self.cluster)
+        calls = Calls(Keyspace(self.namespace, count, sharded=self.sharded), max_payload_bytes=self.max_payload_bytes,
+                      tombstone_ttl=config.DEFAULT_TOMBSTONE_TTL, declare_all_keys=self.cluster)
+        self.use_tombstone_ttl(calls, stored_tombstone_ttl(replies[2]))
+        return calls
+
+    def use_tombstone_ttl(self, calls: Calls, namespace_ttl: float) -> bool:
+        """Build ``calls`` with the namespace's tombstone TTL (unless this process set its own);
+        True when that changed it."""
+        ttl = namespace_ttl if self.own_tombstone_ttl is None else self.own_tombstone_ttl
+        ms = tombstone_ms(ttl)
+        # A re-sent schedule recognises its jobs by id, finished ones by their tombstone: re-send
+        # only while tombstones outlive the retry window by a wide margin.
+        self.resend_schedule = ms >= 2000 * self.retry.budget
+        changed, calls.tomb_ms = calls.tomb_ms != ms, ms
+        return changed
 
     def _check(self, d: dur.Durability | None) -> dur.Durability | None:
         t = self.socket_timeout

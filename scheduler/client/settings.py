@@ -1,11 +1,14 @@
 """Namespace-wide settings kept in the config hash ``{ns}:cfg``: rate limits, dead-letter
-retention and queue retirement. The clients write them (checked here); the scheduler tier reads
-them back with the ``parse_*`` functions and is told of a change on the config channel."""
+retention, queue retirement and how long finished jobs stay visible (the tombstone TTL). The
+clients write them (checked here); the scheduler tier reads them back with the ``parse_*``
+functions and is told of a change on the config channel."""
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from ..protocol import config
+from ..protocol.calls import tombstone_ms
 from ..protocol.codec import finite_number
 from ..protocol.keys import Keyspace, validate_name
 
@@ -96,6 +99,30 @@ def parse_queue_idle(cfg: Mapping[Any, Any]) -> float | None:
     except ValueError:
         ms = DEFAULT_QUEUE_IDLE * 1000
     return ms / 1000.0 if ms > 0 else None
+
+
+TOMBSTONE_TTL_FIELD = "tomb:ttl_ms"
+
+
+def tombstone_ttl_fields(ttl: object) -> dict[str, str | None]:
+    """Validate a tombstone TTL (seconds, 0 = keep no tombstone); the config field to write."""
+    return {TOMBSTONE_TTL_FIELD: str(tombstone_ms(ttl))}
+
+
+def parse_tombstone_ttl(cfg: Mapping[Any, Any]) -> float:
+    """The namespace's tombstone TTL in seconds (:data:`~scheduler.protocol.config.DEFAULT_TOMBSTONE_TTL`
+    when unset or unreadable)."""
+    raw = cfg.get(TOMBSTONE_TTL_FIELD.encode(), cfg.get(TOMBSTONE_TTL_FIELD))
+    return stored_tombstone_ttl(raw)
+
+
+def stored_tombstone_ttl(raw: object) -> float:
+    """The tombstone TTL (seconds) from the stored field's value (bytes, str or None)."""
+    try:
+        ms = int(raw) if raw is not None else -1  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        ms = -1
+    return ms / 1000.0 if ms >= 0 else config.DEFAULT_TOMBSTONE_TTL
 
 
 def config_commands(pipe: Any, ks: Keyspace, fields: Mapping[str, str | None], what: str) -> None:

@@ -29,9 +29,11 @@ from .settings import (
     parse_dead_retention,
     parse_queue_idle,
     parse_rate_limits,
+    parse_tombstone_ttl,
     queue_idle_field,
     rate_limit_fields,
     retention_fields,
+    tombstone_ttl_fields,
 )
 
 
@@ -56,12 +58,14 @@ class Client:
 
     def __init__(self, redis_client: SyncRedis, *, namespace: str | None = None, partitions: int | None = None,
                  max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD,
-                 tombstone_ttl: float = config.DEFAULT_TOMBSTONE_TTL,
+                 tombstone_ttl: float | None = None,
                  retry: RedisRetry | None = None, durable: str | None = None, durable_replicas: int = 1,
                  durable_timeout: float = 1.0, sharded_pubsub: bool | None = None) -> None:
         """``namespace`` (default ZSCHED_NAMESPACE or ``zsched``); ``partitions``: expected count
         (default: the namespace's, 16 for a new one). ``max_payload_bytes``: largest payload
-        accepted. ``tombstone_ttl``: seconds a finished job stays visible to ``get()``.
+        accepted. ``tombstone_ttl``: deprecated; how long a finished job stays visible to
+        ``get()`` is a namespace setting now (:meth:`set_tombstone_ttl`), read at connect; given
+        here, it overrides the namespace's for this client alone (with a DeprecationWarning).
         ``retry``: how long and how often calls are retried when Redis is unreachable or a reply
         is lost (default: :data:`~scheduler.redisio.transport.DEFAULT_RETRY`, up to 10 s).
         ``durable``: default durability of ``schedule``/``schedule_many`` (None, ``"replica"``,
@@ -420,6 +424,28 @@ class Client:
     def queue_retirement(self) -> float | None:
         """Seconds after which an empty, idle queue name is retired; None = never."""
         return parse_queue_idle(self.redis.hgetall(self.keyspace.config_key))
+
+    def set_tombstone_ttl(self, ttl: float) -> None:
+        """How long a finished job (done, cancelled, misfired) stays visible to ``get()``, in
+        seconds (0: not at all; default 1 h), for the whole namespace. Stored with the namespace
+        like its partition count: this client uses it at once, the scheduler tier within a moment
+        (pub/sub, 5 s at most), workers within 5 s, other producers when they connect or call
+        :meth:`reload_settings`. Each tombstone costs about 100 B of Redis memory: at thousands of
+        jobs per second a shorter TTL saves memory; below twice the client's retry budget a
+        producer no longer re-sends a ``schedule`` whose reply was lost."""
+        self._write_config(tombstone_ttl_fields(ttl), "tombstones")
+        self._opts.use_tombstone_ttl(self.calls, float(ttl))
+
+    def tombstone_ttl(self) -> float:
+        """The namespace's tombstone TTL in seconds, as set with :meth:`set_tombstone_ttl`."""
+        return parse_tombstone_ttl(self.redis.hgetall(self.keyspace.config_key))
+
+    def reload_settings(self) -> bool:
+        """Read again the namespace settings this client applies itself (the tombstone TTL);
+        True when one changed. Workers do this every few seconds, the scheduler tier on every
+        change; a long-lived producer may call it, or reconnect."""
+        calls = self.calls
+        return self._opts.use_tombstone_ttl(calls, parse_tombstone_ttl(self.redis.hgetall(calls.ks.config_key)))
 
     def _write_config(self, fields: dict[str, str | None], what: str) -> list[Any]:
         pipe = self.redis.pipeline(transaction=True)

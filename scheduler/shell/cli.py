@@ -13,7 +13,19 @@ from ..protocol import config
 from ..protocol.masking import mask_secrets
 from ..runtime import entry_point_logging
 from ..tier import cli as tier_cli
-from . import cli_cron, cli_dead, cli_epochs, cli_jobs, cli_migrate, cli_queue, cli_stats, cli_ui, cli_workers, dev
+from . import (
+    cli_cron,
+    cli_dead,
+    cli_epochs,
+    cli_jobs,
+    cli_migrate,
+    cli_namespace,
+    cli_queue,
+    cli_stats,
+    cli_ui,
+    cli_workers,
+    dev,
+)
 from .cli_common import patch_errors
 from .cli_errors import explain, interrupt_on_sigterm, interrupted_line
 from .servers import watch_lifeline
@@ -32,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker_cli.add_parser(sub)
     dev.add_parser(sub)
     # in --help order
-    for module in (cli_jobs, cli_dead, cli_stats, cli_workers, cli_queue, cli_cron, cli_epochs, cli_migrate, cli_ui):
+    for module in (cli_jobs, cli_dead, cli_stats, cli_workers, cli_queue, cli_cron, cli_namespace, cli_epochs,
+                   cli_migrate, cli_ui):
         module.add_parsers(sub)
     for command in (parser, *sub.choices.values()):  # scheduler, worker, dev: argparse's errors as ours too
         patch_errors(command)

@@ -225,7 +225,8 @@ class WorkerPass:
         self.fire = fire
         self.rng = rng
         self.max_runs = max_runs
-        self.tomb_ms = tombstone_ms(worker.tombstone_ttl)
+        # the namespace's tombstone TTL, or the worker's own (deprecated)
+        self.tomb_ms = client.calls.tomb_ms if worker.tombstone_ttl is None else tombstone_ms(worker.tombstone_ttl)
         self.max_payload = worker.max_payload_bytes
         self.batch = worker.concurrency
         self.timed_out = timed_out if timed_out is not None else TimedOutThreads()

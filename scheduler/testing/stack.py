@@ -31,7 +31,6 @@ from workers import Worker
 from workers.runner import Poison
 
 from ..client import AsyncClient, Client
-from ..protocol import config
 from ..protocol.errors import ZschedError
 from ..protocol.models import JobInfo, JobState
 from ..protocol.replies import Claimed
@@ -85,14 +84,15 @@ class TestStack(StackAssertions):
     only slower; pass 4 or 16 to test code that spreads work over partitions). ``seed``: seeds the
     retry backoff's jitter (an int or a ``random.Random``), so a test sees the same delays on
     every run.
-    ``tombstone_ttl``: seconds finished jobs stay visible to ``get()``, for the client.
+    ``tombstone_ttl``: seconds finished jobs stay visible to ``get()``: set as the stack's
+    namespace's setting (``Client.set_tombstone_ttl``); default, the namespace's (1 h).
     """
 
     __test__ = False  # a class named Test* is not a pytest test class
 
     def __init__(self, *, redis_url: str | None = None, namespace: str | None = None, partitions: int = 1,
                  now: datetime | float | None = None, seed: int | random.Random | None = 0,
-                 tombstone_ttl: float = config.DEFAULT_TOMBSTONE_TTL) -> None:
+                 tombstone_ttl: float | None = None) -> None:
         self.namespace = namespace or f"test-{uuid.uuid4().hex[:12]}"
         self._own_namespace = namespace is None
         self.redis_url = redis_url
@@ -112,8 +112,9 @@ class TestStack(StackAssertions):
                 raise TimeTravelUnavailable(self._no_time_travel("start at now=..."))
             from ..redisio.connection import sync_redis
             self.redis = sync_redis(redis_url)
-        self.client = Client(self.redis, namespace=self.namespace, partitions=partitions,
-                             tombstone_ttl=tombstone_ttl).connect()
+        self.client = Client(self.redis, namespace=self.namespace, partitions=partitions).connect()
+        if tombstone_ttl is not None:
+            self.client.set_tombstone_ttl(tombstone_ttl)
         """The producer client of the stack's namespace: pass it to the code under test."""
         self.ops = Ops(self.client)
         """The raw transitions (claim, ack, fail, extend, release, tick, reap) for tests that act
@@ -324,8 +325,7 @@ class TestStack(StackAssertions):
                 from ..redisio.connection import async_redis
                 assert self.redis_url is not None
                 redis = async_redis(self.redis_url)
-            self._aclient = await AsyncClient(redis, namespace=self.namespace, partitions=self.partitions,
-                                              tombstone_ttl=self.tombstone_ttl).connect()
+            self._aclient = await AsyncClient(redis, namespace=self.namespace, partitions=self.partitions).connect()
             self._teach_clock(self._aclient)
         return self._aclient
 

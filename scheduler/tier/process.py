@@ -57,7 +57,7 @@ class SchedulerConfig:
     lease_ttl: float = 5.0
     metrics_port: int | None = None
     metrics_host: str = config.DEFAULT_METRICS_HOST
-    tombstone_ttl: float = config.DEFAULT_TOMBSTONE_TTL
+    tombstone_ttl: float | None = None  # deprecated: the namespace's (Client.set_tombstone_ttl) is followed
     redis_timeout: float = 5.0   # socket timeout of every Redis call (a stall longer than this is retried)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     ignore_deadline: bool = False
@@ -325,14 +325,20 @@ class SchedulerProcess:
                  "attempt(s) over %.1fs; firing resumed", p, epoch, refused, seconds)
 
     async def _load_config(self) -> None:
-        """Rate limits and dead-letter retention from the namespace config (set with
-        Client.set_rate_limit / Client.set_dead_retention)."""
+        """Rate limits, dead-letter retention and the tombstone TTL from the namespace config (set
+        with Client.set_rate_limit / set_dead_retention / set_tombstone_ttl)."""
         try:
             # bytes: the tier's connection does not decode replies
             cfg = cast("dict[bytes, bytes]", await self.redis.hgetall(self.client.keyspace.config_key))
         except REDIS_ERRORS as exc:
             log.warning("cannot read the namespace config (%s); keeping the last known one", exc)
             return
+        try:
+            if await self.client.reload_settings():
+                log.info("tombstone TTL now %g s", self.client.calls.tomb_ms / 1000)
+        except REDIS_ERRORS as exc:
+            log.warning("cannot read the namespace's tombstone TTL (%s); keeping %g s", exc,
+                        self.client.calls.tomb_ms / 1000)
         retention = parse_dead_retention(cfg)
         if retention != self.dead_retention:
             log.info("dead-letter retention now max_dead=%s dead_ttl=%s", *retention)

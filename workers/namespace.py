@@ -1,0 +1,59 @@
+"""The worker's view of its namespace: the connection that reads its partition count and
+settings at start (retrying while Redis is down), and the loop that follows the settings a worker
+applies itself, the tombstone TTL its acks pass (``Client.set_tombstone_ttl``): read again every
+:data:`SETTINGS_INTERVAL` seconds, one small read per worker whatever its load, so a change
+reaches every worker within that interval."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import warnings
+from typing import Any
+
+from scheduler.client import AsyncClient
+from scheduler.redisio.connection import permanent_failure
+from scheduler.redisio.errors import REDIS_ERRORS
+
+from .lifecycle import Lifecycle
+from .options import WorkerOptions
+from .wire import Outage
+
+log = logging.getLogger("zsched.worker")
+
+SETTINGS_INTERVAL = 5.0  # seconds between two reads of the namespace settings
+
+
+async def connect(redis: Any, options: WorkerOptions, life: Lifecycle) -> AsyncClient | None:
+    """A client of the namespace, connected (its partition count and settings read), or None when
+    the worker was stopped while Redis was unreachable. Bad credentials or a missing TLS file
+    raise at once: retrying cannot help."""
+    outage = Outage("startup")
+    while True:
+        try:
+            with warnings.catch_warnings(action="ignore", category=DeprecationWarning):  # WorkerOptions said it
+                client = AsyncClient(redis, namespace=options.namespace, partitions=options.partitions,
+                                     max_payload_bytes=options.max_payload_bytes, tombstone_ttl=options.tombstone_ttl,
+                                     sharded_pubsub=options.sharded_pubsub)
+            await client.connect()
+            break
+        except REDIS_ERRORS as exc:
+            if permanent_failure(exc):
+                raise
+            if await life.wait_stop(outage.failed(exc)):
+                return None
+    outage.ok()
+    return client
+
+
+async def follow_settings(client: AsyncClient, interval: float | None = None) -> None:
+    """Until cancelled: read the settings every ``interval`` seconds and apply a change to
+    ``client.calls`` (which the worker's outbox builds its acks with); ``interval`` defaults to
+    :data:`SETTINGS_INTERVAL`, read when the loop starts."""
+    every = SETTINGS_INTERVAL if interval is None else interval
+    while True:
+        await asyncio.sleep(every)
+        try:
+            if await client.reload_settings():
+                log.info("tombstone TTL now %g s (the namespace's setting)", client.calls.tomb_ms / 1000)
+        except REDIS_ERRORS:
+            pass  # the claim and outcome loops log the outage; the last known TTL stays meanwhile
