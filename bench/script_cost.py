@@ -40,7 +40,14 @@ from bench.common import PAYLOAD, emit, machine
 from scheduler.protocol.calls import Calls
 from scheduler.protocol.keys import Keyspace
 from scheduler.protocol.options import JobOptions
-from scheduler.protocol.scripts import LIBRARY_MARKER, library_source, load_scripts, make_script, script_source
+from scheduler.protocol.scripts import (
+    LIBRARY_MARKER,
+    library_source,
+    load_scripts,
+    make_script,
+    restate_uses,
+    script_source,
+)
 from scheduler.protocol.tick import Retention, tick_call
 from scheduler.protocol.transitions import claim_call
 
@@ -58,7 +65,8 @@ def general_only(name: str = "schedule") -> str:
     lines = script_source(name).splitlines(keepends=True)
     start = next(i for i, line in enumerate(lines) if line.startswith(("local A = ARGV", "if ARGV[6] == '1'")))
     mark = next(i for i, line in enumerate(lines) if line.strip() == LIBRARY_MARKER)
-    return make_script(name, library_source(), "".join(lines[:start] + lines[mark + 1:])).source
+    lib = library_source()
+    return make_script(name, lib, restate_uses(lib, "".join(lines[:start] + lines[mark + 1:]))).source
 
 
 def free_port() -> int:

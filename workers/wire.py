@@ -19,7 +19,12 @@ from scheduler.redisio.transport import AsyncScriptTransport, RedisRetry
 
 log = logging.getLogger("zsched.worker")
 
-BACKOFF_BASE, BACKOFF_CAP = 0.05, 5.0
+# A worker's loops retry from 50 ms, doubling, at most a second apart (jittered: 0.5-1 s): after
+# an outage ends (a restart, a failover) the worker claims and hears its bells again within about
+# a second. With a 5 s cap a Redis Cluster failover left jobs on the healthy masters waiting up
+# to 4 s after the cluster was back. A second apart, even a thousand workers retry at about
+# 1 300 connection attempts/s: nothing a recovering Redis notices.
+BACKOFF_BASE, BACKOFF_CAP = 0.05, 1.0
 # The transport retries only before a call reaches Redis (connect failures, a restart in
 # progress): outcomes and claims that may have run are never re-sent by the transport; the
 # worker's own loops re-send them knowing a refusal may then mean "already applied" (see

@@ -168,6 +168,25 @@ def check_uses(name: str, lib: str, body: str) -> set[str]:
     return declared
 
 
+def restate_uses(lib: str, body: str) -> str:
+    """``body`` with its ``-- Uses:`` line (and continuation lines) replaced by one naming the
+    library names its code uses now: for a variant a tool derives from a script (the general path
+    alone of ``bench.script_cost.general_only``), whose code no longer uses all the original's."""
+    lines = body.splitlines(keepends=True)
+    out: list[str] = []
+    skipping = False
+    for line in lines:
+        if line.startswith(USES_TAG):
+            skipping = True
+            continue
+        if skipping and _CONTINUED.match(line):
+            continue
+        skipping = False
+        out.append(line)
+    used = sorted(_names_used("".join(out)) & library_names(lib))
+    return f"{USES_TAG} {', '.join(used)}\n" + "".join(out)
+
+
 def resend_flag_args() -> dict[str, int]:
     """Per script with a ``-- Re-send flag: ARGV[N]`` header line: the 0-based index of that flag
     in the call's arguments (``N - 1``), which :func:`~.batch.mark_resend` sets to 1."""

@@ -55,6 +55,7 @@ REQUIRED: dict[str, list[str]] = {
     "job list": ["--queue", "q", "--state", "scheduled"],
     "dead list": [], "dead show": [JOB], "dead requeue": [JOB], "dead purge": [JOB], "dead retention": [],
     "stats": [], "workers": [], "queue pause": ["q"], "queue resume": ["q"], "queue list": [],
+    "namespace settings": [], "namespace tombstone-ttl": [],
     "cron add": ["nightly", "0 9 * * *", "--queue", "q"], "cron list": [], "cron remove": ["nightly"],
     "cron pause": ["nightly"], "cron resume": ["nightly"],
     "epochs show": [], "epochs reset": ["--partition", "0", "--yes"], "migrate-partitions": ["--to", "4"],

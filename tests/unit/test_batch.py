@@ -23,6 +23,7 @@ from scheduler.protocol.scripts import (
     library_source,
     load_scripts,
     make_script,
+    restate_uses,
     script_source,
     strip_comments,
 )
@@ -216,3 +217,12 @@ def test_the_resend_flags_come_from_the_script_headers_and_match_the_resend_tabl
     for name, i in RESEND_FLAG.items():  # the ARGV description in the header names the flag there
         header = script_source(name).split("\n-- Uses:")[0]
         assert re.search(rf"\b{i + 1} [a-z-]*(?:re-send|check) flag", header), (name, i)
+
+
+def test_a_variant_of_a_script_gets_its_uses_line_restated_from_its_code() -> None:
+    body = "-- Uses: helper, spare\n--       base\nreturn helper()"
+    with pytest.raises(ValueError, match="listed but not used"):
+        make_script("demo", LINK_LIB, body)
+    restated = restate_uses(LINK_LIB, body)
+    assert declared_uses(restated) == {"helper"} and "spare" not in restated
+    assert "local function helper" in make_script("demo", LINK_LIB, restated).source

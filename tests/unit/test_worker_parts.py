@@ -303,7 +303,7 @@ def test_outbox_retry_wait_is_the_backoff_bounded_by_a_tenth_of_the_shortest_que
 def test_outbox_delivers_an_ack_within_a_tenth_of_its_lease_after_a_long_outage(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Redis refuses every round trip for a while (a cluster failover: CLUSTERDOWN on every node),
-    then answers. The outage's backoff doubles up to 5 s; the outcome loop must not sleep that
+    then answers. The outage's backoff doubles up to 1 s; the outcome loop must not sleep that
     long while a finished job's 3 s lease runs out, or the job runs again once Redis is back."""
     import workers.outbox as outbox_mod
 
@@ -322,7 +322,7 @@ def test_outbox_delivers_an_ack_within_a_tenth_of_its_lease_after_a_long_outage(
     async def send(calls: Any, lane: str) -> list[Any]:
         nonlocal sent
         sent += 1
-        if sent <= 12:  # 12 refusals: the backoff alone would reach its 5 s cap
+        if sent <= 12:  # 12 refusals: the backoff alone would reach its 1 s cap
             raise ConnectionError("CLUSTERDOWN The cluster is down")
         return [[1]]
 
@@ -706,6 +706,15 @@ def test_an_outage_is_logged_once_and_again_when_a_migration_refusal_turns_into_
             outage.failed(exc)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2 and "migrating" in lines[0] and "restart it" in lines[1], lines
+
+
+def test_a_worker_loop_backs_off_from_50_ms_to_at_most_a_second_apart() -> None:
+    from workers.wire import BACKOFF_CAP, Outage
+
+    outage = Outage("claim")
+    waits = [outage.failed(OSError("refused")) for _ in range(30)]
+    assert 0.025 <= waits[0] <= 0.05 and max(waits) <= BACKOFF_CAP == 1.0
+    assert min(waits[10:]) >= 0.5, "jittered between half the cap and the cap once it is reached"
 
 
 def test_the_worker_takes_redis_options_as_the_client_does_and_the_old_name_with_a_warning() -> None:
