@@ -179,7 +179,7 @@ class EtcdCoordinator:
             resp = await c.lease.grant(seconds, timeout=t)
             return int(resp.ID)
 
-        return await self._session.call("grant", op, timeout)
+        return await self._session.run("grant", op, timeout)
 
     async def keepalive_once(self, lease_id: int, *, timeout: float | None = None) -> float:
         """Refresh ``lease_id`` once and return the TTL etcd granted, in seconds.
@@ -202,7 +202,7 @@ class EtcdCoordinator:
             finally:
                 call.cancel()
 
-        ttl = await self._session.call("keepalive", op, timeout)
+        ttl = await self._session.run("keepalive", op, timeout)
         if ttl <= 0:
             raise LeaseLost(lease_id, "keepalive answered TTL <= 0")
         return float(ttl)
@@ -218,7 +218,7 @@ class EtcdCoordinator:
             await c.lease.revoke(lease_id, timeout=t)
 
         with contextlib.suppress(LeaseLost):
-            await self._session.call("revoke", op, timeout)
+            await self._session.run("revoke", op, timeout)
 
     # ------------------------------------------------------------------ kv
 
@@ -234,7 +234,7 @@ class EtcdCoordinator:
             resp = await c.kv.put(key_bytes(key), value, lease=lease or 0, timeout=t)
             return int(resp.header.revision)
 
-        return await self._session.call("put", op, timeout, lease=lease)
+        return await self._session.run("put", op, timeout, lease=lease)
 
     async def claim_if_absent(
         self, key: str, value: bytes, lease: int, *, timeout: float | None = None
@@ -283,7 +283,7 @@ class EtcdCoordinator:
                 return _kv(ranged[0])
             return None  # held by another lease (the Else-get is atomic with the compare)
 
-        return await self._session.call("claim_if_absent", op, timeout, lease=lease)
+        return await self._session.run("claim_if_absent", op, timeout, lease=lease)
 
     async def delete_if(self, key: str, create_revision: int, *, timeout: float | None = None) -> bool:
         """Delete ``key`` only if it still has ``create_revision``; one transaction.
@@ -306,7 +306,7 @@ class EtcdCoordinator:
             )
             return bool(resp.succeeded)
 
-        return await self._session.call("delete_if", op, timeout)
+        return await self._session.run("delete_if", op, timeout)
 
     async def get(self, key: str, *, timeout: float | None = None) -> KV | None:
         """Linearizable read of one key; ``None`` if absent."""
@@ -316,7 +316,7 @@ class EtcdCoordinator:
             resp = await c.kv.get(key_bytes(key), timeout=t)
             return _kv(resp.kvs[0]) if resp.kvs else None
 
-        return await self._session.call("get", op, timeout)
+        return await self._session.run("get", op, timeout)
 
     async def get_prefix(self, prefix: str, *, timeout: float | None = None) -> tuple[list[KV], int]:
         """Linearizable read of every key under ``prefix`` (sorted by key).
@@ -332,7 +332,7 @@ class EtcdCoordinator:
             resp = await c.kv.get(p, range_end=prefix_range_end(p), timeout=t)
             return [_kv(kv) for kv in resp.kvs], int(resp.header.revision)
 
-        return await self._session.call("get_prefix", op, timeout)
+        return await self._session.run("get_prefix", op, timeout)
 
     # ------------------------------------------------------------------ watch
 

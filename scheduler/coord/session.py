@@ -214,7 +214,7 @@ class EtcdSession:
                 if self._user is not None:
                     await self.authenticate(budget)
                 if verify:
-                    await self.call("connect", _ping, timeout)
+                    await self.run("connect", _ping, timeout)
             except BaseException:
                 self._client = None
                 await client.close()
@@ -286,7 +286,7 @@ class EtcdSession:
             f"(endpoints: {', '.join(self.endpoints)}; last error: {describe(exc)}). {ENV_HINT}"
         )
 
-    async def call(
+    async def run(
         self,
         op_name: str,
         op: Callable[[Etcd3Client, float], Awaitable[T]],

@@ -94,8 +94,8 @@ async def test_async_client_pauses_and_resumes_queues_and_crons_like_the_sync_cl
         assert await c.resume_cron("every-minute") is Outcome.UNCHANGED
         [info] = await c.crons()
         assert info.paused is None and info.next_fire is not None and info.next_fire.timestamp() > time.time() - 1
-        for call in (c.pause_cron, c.resume_cron, c.remove_cron):
-            assert await call("nope") is Outcome.NO_CRON
+        for act in (c.pause_cron, c.resume_cron, c.remove_cron):
+            assert await act("nope") is Outcome.NO_CRON
     snapshot(redis.Redis.from_url(redis_url), sync)
 
 

@@ -22,7 +22,7 @@ from scheduler.protocol.ids import decode_id, encode_id, partition_of
 from scheduler.protocol.transitions import ack_call
 from scheduler.shell.cli import main
 from scheduler.testing.transitions import Ops
-from tests.support.helpers import snapshot, tombstones
+from tests.support.helpers import raw_call, snapshot, tombstones
 from tests.support.waits import wait_until_time
 
 UTC = UTC
@@ -451,7 +451,7 @@ def test_legacy_tombstones_are_read_and_drained(client: Client, r: redis.Redis, 
     assert r.zrange(xkey, 0, -1) == [live_raw + b"c"]
     assert client.get(old) is None
     # a re-sent schedule still recognises a job with a legacy tombstone
-    resend = client.calls.call("schedule", 0, "default", client.calls.tomb_ms, 1, 1, live_raw + RECORD, 0, "")
+    resend = raw_call(client.calls, "schedule", 0, "default", client.calls.tomb_ms, 1, 1, live_raw + RECORD, 0, "")
     reply = client.transport.call(*resend)
     assert reply[-1] == live_raw and client.get(encode_id(live_raw)).state is JobState.CANCELLED
 
@@ -461,7 +461,7 @@ def test_resent_schedule_recognises_a_finished_job_by_its_summary(client: Client
     assert ops.ack(claim_one(ops, jid)) == 1
     raw = decode_id(jid)
     p = partition_of(raw, client.keyspace.partitions)
-    call = client.calls.call("schedule", p, "default", client.calls.tomb_ms, 1, 1, raw + RECORD, 0, "")
+    call = raw_call(client.calls, "schedule", p, "default", client.calls.tomb_ms, 1, 1, raw + RECORD, 0, "")
     client.transport.call(*call)
     assert client.get(jid).state is JobState.DONE and snapshot(r, client) == {}
 

@@ -34,7 +34,7 @@ from scheduler.protocol.registry import beat_call, leave_call, read_call
 from scheduler.protocol.scripts import load_scripts
 from scheduler.protocol.tick import Retention, ratelimit_call, tick_call
 from scheduler.testing.transitions import Ops
-from tests.support.helpers import PAST, snapshot
+from tests.support.helpers import PAST, raw_call, snapshot
 from tests.support.servers import RedisServer
 
 BAD = ["", "nan", "inf", "-1", "1e309", "1.5", "x" * 10_240, "9" * 400, "\0\xff{}:|", "-9007199254740993"]
@@ -109,19 +109,19 @@ def baseline(client: Client, st: dict[str, Any]) -> list[Call]:
     later_ms = int(later * 1000)
     now_ms = int(time.time() * 1000)
 
-    def call(label: str, built: tuple[str, Any, Any]) -> Call:
+    def good(label: str, built: tuple[str, Any, Any]) -> Call:
         return Call(label, built[0], list(built[1]), list(built[2]), good=True)
 
     def on0(name: str, *args: Any) -> Call:
-        return call(name, c.call(name, 0, *args))
+        return good(name, raw_call(c, name, 0, *args))
 
     entry = msgpack.packb(["t", later_ms, "q", build_record(b"\xc0", max_attempts=1, created_s=0), "", ""],
                           use_bin_type=False)  # as Redis's cmsgpack packs it (migrate_out)
     return [
-        call("schedule", c.prepare_one(later, {"p": 1}, None, JobOptions(queue="q"))),
-        call("schedule 3 jobs", c.prepare([(later, 1), (timedelta(hours=2), 2, "key-3"), (PAST, 3)],
+        good("schedule", c.prepare_one(later, {"p": 1}, None, JobOptions(queue="q"))),
+        good("schedule 3 jobs", c.prepare([(later, 1), (timedelta(hours=2), 2, "key-3"), (PAST, 3)],
                                           JobOptions(queue="q", lease=90))[0][0]),
-        call("tick", tick_call(c, 0, 0, 1000, {"rl": 0}, Retention(86_400_000, 100, 86_400_000), 20)),
+        good("tick", tick_call(c, 0, 0, 1000, {"rl": 0}, Retention(86_400_000, 100, 86_400_000), 20)),
         on0("reap", 0, 100),
         on0("claim", "q", 1, "rid-1", 30_000, "", 1),
         on0("ack", ttl, job.raw_id, job.token),
@@ -132,7 +132,7 @@ def baseline(client: Client, st: dict[str, Any]) -> list[Call]:
         on0("reschedule", sched, later_ms),
         on0("requeue", 0, dead),
         on0("purge", "ids", 0, dead),
-        call("purge older", c.purge_older_call(0, now_ms, 10)),
+        good("purge older", c.purge_older_call(0, now_ms, 10)),
         on0("inspect", sched, dead),
         on0("stats"),
         on0("dead_list", "", 10, 100),
@@ -142,15 +142,15 @@ def baseline(client: Client, st: dict[str, Any]) -> list[Call]:
         on0("cron_remove", "yearly", ttl),
         on0("cron_pause", "yearly", ttl),
         on0("cron_fill", 0, "yearly", st["version"], 1, later_ms + 86_400_000, later_ms + 86_400_000),
-        call("cron_resume", c.cron_resume_call("sleepy", st["sleepy"], now_ms)),
-        call("cron_set", c.cron_set_call("fresh", "0 0 1 1 *", {"x": 1}, "UTC", JobOptions(queue="cq"))),
+        good("cron_resume", c.cron_resume_call("sleepy", st["sleepy"], now_ms)),
+        good("cron_set", c.cron_set_call("fresh", "0 0 1 1 *", {"x": 1}, "UTC", JobOptions(queue="cq"))),
         on0("epoch_reset", 0),
         on0("migrate_out", 1, 100),
         on0("migrate_in", 0, 1, b"j" + bytes(range(1, 16)), entry),
-        call("ratelimit", ratelimit_call(client.keyspace, "rl", 10, 5, 0, 3, 0)),
-        call("registry_beat", beat_call(client.keyspace, "host-1-abcd", b"\x80", 5.0)),
-        call("registry_read", read_call(client.keyspace)),
-        call("registry_leave", leave_call(client.keyspace, "host-1-abcd")),
+        good("ratelimit", ratelimit_call(client.keyspace, "rl", 10, 5, 0, 3, 0)),
+        good("registry_beat", beat_call(client.keyspace, "host-1-abcd", b"\x80", 5.0)),
+        good("registry_read", read_call(client.keyspace)),
+        good("registry_leave", leave_call(client.keyspace, "host-1-abcd")),
     ]
 
 
@@ -302,6 +302,6 @@ def test_a_batch_whose_fifth_run_at_is_bad_writes_none_of_its_jobs(world: tuple[
 
 def test_a_claim_with_a_bad_receipt_ttl_takes_no_job(world: tuple[Client, redis.Redis, list[Call]]) -> None:
     client, r, _ = world
-    _, keys, args = client.calls.call("claim", 0, "q", 5, "rid-nan", "nan", "", 5)
+    _, keys, args = raw_call(client.calls, "claim", 0, "q", 5, "rid-nan", "nan", "", 5)  # a NaN receipt
     assert run(r, client, [Call("claim, receipt ttl nan", "claim", list(keys), list(args), 7)]) == []
     assert r.llen(client.keyspace.ready(0, "q")) > 0, "the ready jobs it would have taken are still there"

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from scheduler import Client
+from scheduler.protocol.calls import Calls
 from scheduler.protocol.codec import TOMBSTONE_HEADER, decode_tombstone
 from scheduler.protocol.ids import ID_BYTES, encode_id, partition_of
 from scheduler.redisio.connection import SyncRedis
@@ -148,3 +149,12 @@ def namespace_state(r: Any, ns: str,
         else:
             out[name] = (kind, r.dump(raw))
     return out
+
+
+def raw_call(calls: Calls, name: str, partition: int, *args: Any) -> tuple[str, list[str], list[Any]]:
+    """Script ``name``'s call on ``partition`` with its ARGV (after the common ones) put together by
+    hand: only for what the typed builders of :mod:`scheduler.protocol` refuse to make (an argument
+    malformed on purpose, a hand-made record re-sent). Every other call in a test uses its
+    script's builder, as production code must (tests/unit/test_architecture.py)."""
+    name, keys, argv = calls.call(name, partition, *args)
+    return name, list(keys), list(argv)

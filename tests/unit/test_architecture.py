@@ -245,12 +245,14 @@ BY_NAME = re.compile(r"""\.call(?:_unfenced)?\(\s*["'](?P<name>[a-z_]+)["']""")
 
 def test_no_script_call_is_built_by_name_outside_the_protocol_layer() -> None:
     """Every script has its typed builder in ``scheduler.protocol`` (calls.py, tick.py,
-    transitions.py, control.py, ...); the clients, tier, workers, testing kit, CLI and benchmarks
-    call those, so a script's ARGV layout is written once, next to its reply parser."""
+    transitions.py, control.py, ...); the clients, tier, workers, testing kit, CLI, benchmarks and
+    tests call those, so a script's ARGV layout is written once, next to its reply parser. A test
+    that must send what no builder makes (an argument malformed on purpose) says so with
+    ``tests.support.helpers.raw_call``."""
     from scheduler.protocol.scripts import SCRIPT_NAMES
     found = []
-    for path in sorted(p for d in (*PACKAGES, "bench") for p in (ROOT / d).rglob("*.py")):
-        if (ROOT / "scheduler" / "protocol") in path.parents:
+    for path in sorted(p for d in (*PACKAGES, "bench", "tests") for p in (ROOT / d).rglob("*.py")):
+        if (ROOT / "scheduler" / "protocol") in path.parents or path == Path(__file__):
             continue
         for n, line in enumerate(path.read_text("utf-8").splitlines(), 1):
             found += [f"{path.relative_to(ROOT)}:{n}: {m['name']}" for m in BY_NAME.finditer(line)

@@ -18,6 +18,7 @@ from scheduler.protocol import calls, codec, cron, listing, options, timeutil
 from scheduler.protocol.codes import script_error
 from scheduler.protocol.keys import validate_name
 from scheduler.protocol.scripts import SCRIPT_NAMES
+from tests.support.helpers import raw_call
 
 LUA = Path(__file__).resolve().parents[2] / "lua"
 
@@ -108,7 +109,7 @@ def client() -> Client:
 def test_on_fakeredis_a_bad_argument_is_refused_by_name_and_writes_nothing(client: Client) -> None:
     client.schedule(timedelta(seconds=60), "x", queue="q")
     before = {k: client.redis.dump(k) for k in client.redis.keys()}
-    name, keys, args = client.calls.call("claim", 0, "q", 5, "rid-1", "nan", "", 5)
+    name, keys, args = raw_call(client.calls, "claim", 0, "q", 5, "rid-1", "nan", "", 5)  # a NaN receipt
     with pytest.raises(ScriptArgumentError, match=r"claim refused ARGV\[7\] receipt_ttl_ms") as err:
         client.transport.call(name, keys, args)
     assert err.value.argument == "ARGV[7]"
