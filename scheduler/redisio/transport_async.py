@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from redis.exceptions import NoScriptError, RedisClusterException, ResponseError
+from redis.exceptions import ConnectionError, NoScriptError, RedisClusterException, ResponseError
 
 from ..protocol.call import Call
 from ..protocol.scripts import load_scripts
@@ -182,17 +182,24 @@ class AsyncScriptTransport:
             raise
         try:
             tail = await self._roundtrip(conn, batch, then, idx)
-        except TRANSIENT as exc:
+        except (*TRANSIENT, AttributeError) as caught:
+            lost = closed_under_us(conn, caught)
+            if lost is None:  # an AttributeError of a live connection: a bug, not a lost connection
+                await asyncio.shield(_drop(conn))
+                node.release(conn)
+                raise
             await _drop(conn)
             node.release(conn)
             if not (resend and batch.resend_safe(idx)):
                 if not isolate:
-                    raise
-                batch.give_up(idx, exc, written=True)
-                return _Failed(exc, node.name)
+                    if lost is caught:
+                        raise
+                    raise lost from caught
+                batch.give_up(idx, lost, written=True)
+                return _Failed(lost, node.name)
             batch.mark_resent(idx)
             self.resends += 1
-            return _Failed(exc, node.name)
+            return _Failed(lost, node.name)
         except BaseException:
             await asyncio.shield(_drop(conn))
             node.release(conn)
@@ -270,6 +277,19 @@ async def checkout(pool: Any, held: Any | None = None) -> Any:
         await asyncio.shield(drop_and_release(pool, held))
         raise
     return held
+
+
+def closed_under_us(conn: Any, exc: BaseException) -> BaseException | None:
+    """``exc`` as a connection lost in transit: a transport error as it is; an AttributeError of
+    a connection that is no longer connected (redis-py's cluster client closes every connection of
+    a node, those in use too, when a slot-map refresh drops or replaces it: the next write or read
+    meets a missing stream) as a :class:`~redis.exceptions.ConnectionError`; None for any other
+    AttributeError, which is a bug to raise."""
+    if not isinstance(exc, AttributeError):
+        return exc
+    if conn.is_connected:
+        return None
+    return ConnectionError("the connection was closed while in use (the cluster client refreshed its slot map)")
 
 
 async def _drop(conn: Any) -> None:

@@ -226,3 +226,20 @@ def test_a_variant_of_a_script_gets_its_uses_line_restated_from_its_code() -> No
     restated = restate_uses(LINK_LIB, body)
     assert declared_uses(restated) == {"helper"} and "spare" not in restated
     assert "local function helper" in make_script("demo", LINK_LIB, restated).source
+
+
+def test_an_attribute_error_of_a_connection_closed_under_a_round_trip_counts_as_a_lost_connection() -> None:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from scheduler.redisio.transport_async import closed_under_us
+
+    class Conn:
+        def __init__(self, connected: bool) -> None:
+            self.is_connected = connected
+
+    missing = AttributeError("'NoneType' object has no attribute 'writelines'")
+    lost = closed_under_us(Conn(False), missing)
+    assert isinstance(lost, RedisConnectionError) and "closed while in use" in str(lost)
+    assert closed_under_us(Conn(True), missing) is None, "a live connection's AttributeError is a bug: raised"
+    timeout = TimeoutError("read")
+    assert closed_under_us(Conn(True), timeout) is timeout

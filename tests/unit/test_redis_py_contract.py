@@ -80,6 +80,20 @@ def test_connections_keep_the_raw_round_trip_the_transports_use(conn: type) -> N
     assert callable(getattr(hiredis, "pack_command", None)), "hiredis.pack_command (redisio/batch.py) is gone"
 
 
+def test_a_cluster_node_closes_its_connections_in_use_and_a_closed_one_says_so() -> None:
+    """redisio/transport_async.py ``closed_under_us``: ``ClusterNode.disconnect`` (a slot-map
+    refresh that drops or replaces a node) closes every connection of the node, those checked out
+    too, and the next write on one meets a missing stream (an AttributeError, not a
+    ConnectionError); ``is_connected`` is how the transport tells that case from a bug."""
+    from redis.asyncio.cluster import ClusterNode
+
+    src = inspect.getsource(ClusterNode.disconnect)
+    assert "self._connections" in src, "ClusterNode.disconnect no longer closes every connection"
+    assert isinstance(inspect.getattr_static(aconnection.AbstractConnection, "is_connected"), property)
+    conn = aconnection.Connection()
+    assert conn.is_connected is False, "a connection never connected (or closed) reports so"
+
+
 def test_the_blocking_pool_probe_and_the_asyncio_close_take_their_arguments() -> None:
     takes(sconnection.AbstractConnection.can_read, "timeout")  # transport.py: a kept connection's probe
     takes(aconnection.AbstractConnection.disconnect, "nowait")  # transport_async.py ``_drop``
