@@ -70,6 +70,7 @@ from bench.common import PAYLOAD, emit, machine, redis_server
 from bench.stack import Stack, bucket_summary, redis_cpu
 from bench.workloads import DRAIN_CONCURRENCY, records_summary
 from scheduler import Client
+from scheduler.protocol.tick import NO_RETENTION, tick_call
 from scheduler.testing.transitions import Ops
 
 PARTITIONS = 12
@@ -204,7 +205,7 @@ def tick_cost(n: int = 3000) -> dict[str, Any]:
             return statistics.median(script), statistics.median(inner)
 
         def tick() -> None:
-            ops.run("tick", 0, 0, 1000, client.calls.tomb_ms)
+            ops.send(tick_call(ops.calls, 0, 0, 1000, {}, NO_RETENTION))
 
         def one_due() -> None:
             client.schedule_many([(time.time() - 0.001, PAYLOAD)], queue=QUEUE)

@@ -117,18 +117,19 @@ class CronTable:
 
 # -- tick ----------------------------------------------------------------------------------------
 def tick_call(calls: Calls, partition: int, epoch: int, batch: int, tokens: Mapping[str, int],
-              retention: Retention, lead_ms: int = 0, housekeeping: bool = True) -> Call:
+              retention: Retention, lead_ms: int = 0, housekeeping: bool = True, tomb_ms: int | None = None) -> Call:
     """``tick``: fire up to ``batch`` due timers of ``partition``. ``tokens``: for every queue with
     a rate limit (in the order the reply reports them), the tokens granted for this tick.
     ``lead_ms``: also hand off the timers due within this many ms (the workers hold them until
     their due time). ``housekeeping``: also look for held jobs of queues no longer rate-limited
     (the tier asks on about one tick per second; a tick without it, rate limits or ``retention``
-    can take the script's fast path)."""
+    can take the script's fast path). ``tomb_ms``: how long the tombstones of jobs it misfires stay
+    (default the namespace's, ``calls.tomb_ms``)."""
     limited: list[Any] = [len(tokens)]
     for queue, granted in tokens.items():
         limited += [queue, granted]
-    return calls.call("tick", partition, epoch, batch, calls.tomb_ms, *limited, *retention, lead_ms,
-                      1 if housekeeping else 0)
+    return calls.call("tick", partition, epoch, batch, calls.tomb_ms if tomb_ms is None else tomb_ms, *limited,
+                      *retention, lead_ms, 1 if housekeeping else 0)
 
 
 def parse_tick(reply: list[Any]) -> TickReply | EpochRefused:

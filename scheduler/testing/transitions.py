@@ -44,10 +44,13 @@ class Ops:
 
     def run(self, name: str, partition: int, *args: Any) -> Any:
         """Run script ``name`` on ``partition`` with ``args`` after the common arguments (see the
-        script's ARGV header); returns its raw reply."""
+        script's ARGV header); returns its raw reply. Its ARGV written by hand: prefer
+        ``send(...)`` of the script's builder (``tick_call``, ``claim_call``, ...), which the
+        scheduler itself uses."""
         return self.transport.call(*self.calls.call(name, partition, *args))
 
-    def _send(self, call: Call) -> Any:
+    def send(self, call: Call) -> Any:
+        """Send one call built by a script's builder (:mod:`scheduler.protocol`); its raw reply."""
         return self.transport.call(*call)
 
     @staticmethod
@@ -69,7 +72,7 @@ class Ops:
         for p in range(self.calls.ks.partitions):
             while True:
                 call = tick_call(self.calls, p, epoch, limit, {}, NO_RETENTION)
-                n = self._accepted("tick", p, epoch, parse_tick(self._send(call))).moved
+                n = self._accepted("tick", p, epoch, parse_tick(self.send(call))).moved
                 moved += n
                 if n < limit:
                     break
@@ -80,7 +83,7 @@ class Ops:
         how many jobs were reaped. A refused epoch raises AssertionError."""
         reaped = 0
         for p in range(self.calls.ks.partitions):
-            reply = parse_reap(self._send(reap_call(self.calls, p, epoch, limit)))
+            reply = parse_reap(self.send(reap_call(self.calls, p, epoch, limit)))
             reaped += self._accepted("reap", p, epoch, reply).reaped
         return reaped
 
@@ -96,7 +99,7 @@ class Ops:
 
     def ack(self, job: Claimed, token: int | None = None) -> AckCode:
         """Acknowledge ``job`` (it finishes as done)."""
-        reply = self._send(ack_call(self.calls, self.partition(job.raw_id), [self._attempt(job, token)]))
+        reply = self.send(ack_call(self.calls, self.partition(job.raw_id), [self._attempt(job, token)]))
         return code_of(AckCode, reply[0], "ack")
 
     def fail(self, job: Claimed, kind: FailKind | str = FailKind.FAILED, delay_ms: int = 0,
@@ -107,16 +110,16 @@ class Ops:
         kind = FailKind(kind.encode()) if isinstance(kind, str) else kind
         raw_id, tok = self._attempt(job, token)
         failure = Failure(raw_id, tok, kind, delay_ms, error_arg("RuntimeError", msg, "tb"))
-        reply = self._send(fail_call(self.calls, self.partition(job.raw_id), [failure]))
+        reply = self.send(fail_call(self.calls, self.partition(job.raw_id), [failure]))
         return code_of(FailCode, reply[0], "fail")
 
     def extend(self, job: Claimed, lease_ms: int = 0, token: int | None = None) -> int:
         """Extend ``job``'s lease by ``lease_ms`` (0: the job's own lease); returns the new
         deadline in ms, 0 when refused."""
-        return int(self._send(extend_call(self.calls, self.partition(job.raw_id), [self._attempt(job, token)],
+        return int(self.send(extend_call(self.calls, self.partition(job.raw_id), [self._attempt(job, token)],
                                           lease_ms))[0])
 
     def release(self, job: Claimed) -> ReleaseCode:
         """Hand ``job`` back unrun (ready again, its attempt not counted)."""
-        reply = self._send(release_call(self.calls, self.partition(job.raw_id), [self._attempt(job, None)]))
+        reply = self.send(release_call(self.calls, self.partition(job.raw_id), [self._attempt(job, None)]))
         return code_of(ReleaseCode, reply[0], "release")

@@ -15,10 +15,13 @@ import pytest
 import redis
 
 from scheduler import Client, ScriptArgumentError
+from scheduler.protocol.control import epoch_reset_call
 from scheduler.protocol.keys import Keyspace
+from scheduler.protocol.tick import NO_RETENTION, tick_call
 from scheduler.shell.cli import main
 from scheduler.shell.servers import etcd_get, etcd_put, etcd_request, free_port
 from scheduler.testing.transitions import Ops
+from tests.support.helpers import raw_call
 
 NS = "epochs"
 PARTS = 4
@@ -52,7 +55,7 @@ def set_epochs(client: Client, epochs: dict[int, int]) -> None:
     """Raise the stored epochs the way an owner does: a tick with that epoch."""
     ops = Ops(client)
     for p, e in epochs.items():
-        assert ops.run("tick", p, e, 10, 0)[0] == 0
+        assert ops.send(tick_call(ops.calls, p, e, 10, {}, NO_RETENTION, tomb_ms=0))[0] == 0
 
 
 def stored(r: redis.Redis, client: Client) -> list[int]:
@@ -65,18 +68,18 @@ def stored(r: redis.Redis, client: Client) -> list[int]:
 def test_epoch_reset_script_is_a_compare_and_set(client: Client, r: redis.Redis) -> None:
     ops = Ops(client)
     set_epochs(client, {0: 57})
-    assert ops.run("epoch_reset", 0, 56) == [0, 57], "a stale expectation must not reset"
+    assert ops.send(epoch_reset_call(ops.calls, 0, 56)) == [0, 57], "a stale expectation must not reset"
     assert stored(r, client)[0] == 57
-    assert ops.run("epoch_reset", 0, 57) == [1, 57]
+    assert ops.send(epoch_reset_call(ops.calls, 0, 57)) == [1, 57]
     assert stored(r, client)[0] == 0
-    assert ops.run("epoch_reset", 0, 57) == [0, 0], "a second (re-sent) reset changes nothing"
-    assert ops.run("epoch_reset", 1, 0) == [2, 0], "nothing stored: nothing to do"
+    assert ops.send(epoch_reset_call(ops.calls, 0, 57)) == [0, 0], "a second (re-sent) reset changes nothing"
+    assert ops.send(epoch_reset_call(ops.calls, 1, 0)) == [2, 0], "nothing stored: nothing to do"
     # the next owner's tick re-establishes its epoch, and older ones are refused again
-    assert ops.run("tick", 0, 5, 10, 0)[0] == 0
+    assert ops.send(tick_call(ops.calls, 0, 5, 10, {}, NO_RETENTION, tomb_ms=0))[0] == 0
     assert stored(r, client)[0] == 5
-    assert ops.run("tick", 0, 4, 10, 0) == [-1, 5]
+    assert ops.send(tick_call(ops.calls, 0, 4, 10, {}, NO_RETENTION, tomb_ms=0)) == [-1, 5]
     with pytest.raises(ScriptArgumentError, match="expected_epoch: expected an integer from 0"):
-        ops.run("epoch_reset", 0, "abc")
+        ops.send(raw_call(ops.calls, "epoch_reset", 0, "abc"))
     assert stored(r, client)[0] == 5
 
 
@@ -85,7 +88,7 @@ def test_reset_publishes_the_partition_so_backing_off_replicas_retry(client: Cli
     sub = redis.Redis.from_url(redis_url).pubsub(ignore_subscribe_messages=True)
     sub.subscribe(Keyspace(NS, 1).epoch_reset_channel)
     try:
-        assert Ops(client).run("epoch_reset", 2, 9) == [1, 9]
+        assert Ops(client).send(epoch_reset_call(client.calls, 2, 9)) == [1, 9]
         msg = None
         deadline = time.monotonic() + 2
         while msg is None and time.monotonic() < deadline:

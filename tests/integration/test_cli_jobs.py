@@ -19,6 +19,8 @@ import pytest
 
 from scheduler import Client, JobState
 from scheduler.protocol.calls import error_arg
+from scheduler.protocol.codes import FailKind
+from scheduler.protocol.transitions import Failure, fail_call
 from scheduler.redisio.connection import SyncRedis, sync_redis
 from scheduler.shell import admin
 from scheduler.shell.cli import main
@@ -84,8 +86,8 @@ def kill(client: Client, ops: Ops, queue: str = "default", n: int = 1, msg: str 
     jobs = ops.claim(queue, n)
     assert len(jobs) == n
     for j in jobs:
-        assert ops.run("fail", ops.partition(j.raw_id), j.raw_id, j.token, "p", 0,
-                       error_arg("RuntimeError", msg, tb))[0] == 2
+        failure = Failure(j.raw_id, j.token, FailKind.PERMANENT, 0, error_arg("RuntimeError", msg, tb))
+        assert ops.send(fail_call(ops.calls, ops.partition(j.raw_id), [failure]))[0] == 2
     return ids
 
 

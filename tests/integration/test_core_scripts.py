@@ -11,6 +11,8 @@ import redis
 from scheduler import Client, ConfigError, JobState, Outcome, PayloadError
 from scheduler.protocol.errors import MisfiredAtSchedule
 from scheduler.protocol.ids import decode_id, encode_id, partition_of
+from scheduler.protocol.tick import NO_RETENTION, tick_call
+from scheduler.protocol.transitions import claim_call
 from scheduler.testing.transitions import Ops
 from tests.support.helpers import snapshot
 
@@ -103,7 +105,7 @@ def test_tick_moves_due_jobs_in_bounded_batches_and_reports_next_due(client: Cli
     p = 0
     sizes = []
     while True:
-        reply = ops.run("tick", p, 0, 200, 0)
+        reply = ops.send(tick_call(ops.calls, p, 0, 200, {}, NO_RETENTION, tomb_ms=0))
         sizes.append(reply[0])
         if reply[0] < 200:
             break
@@ -111,7 +113,7 @@ def test_tick_moves_due_jobs_in_bounded_batches_and_reports_next_due(client: Cli
     total = ops.tick_all(limit=200)
     st = snapshot(r, client)
     assert all(st[i] == "ready" for i in ids)
-    nxt = ops.run("tick", 0, 0, 200, 0)[1]
+    nxt = ops.send(tick_call(ops.calls, 0, 0, 200, {}, NO_RETENTION, tomb_ms=0))[1]
     later = [j for j, s in st.items() if s == "scheduled"]
     assert len(later) == 1
     assert nxt == -1 or nxt > (now + 3000) * 1000
@@ -444,7 +446,7 @@ def test_claim_takes_due_jobs_only_up_to_its_due_limit_and_leaves_the_rest_in_or
         # consuming end first: ahead0, ahead1, ahead2, due0, due1, due2
 
         def claim(n: int, max_due: int) -> list[str]:
-            _, jobs = parse_claim(ops.run("claim", 0, "default", n, "", 0, "", max_due))
+            _, jobs = parse_claim(ops.send(claim_call(ops.calls, 0, "default", n, max_due=max_due)))
             return [encode_id(j.raw_id) for j in jobs]
 
         assert claim(10, 1) == ahead + due[:1]
@@ -472,7 +474,7 @@ def test_a_firing_tick_sweeps_expired_tombstones_at_most_once_a_second_and_an_id
         c.schedule(time.time() - 1, "due", misfire="run_late")  # already due: lands in ready
         c.schedule(time.time() + 0.02, "soon")
         time.sleep(0.03)
-        assert ops.run("tick", 0, 0, 100, 1)[0] == 1  # fired one job
+        assert ops.send(tick_call(ops.calls, 0, 0, 100, {}, NO_RETENTION, tomb_ms=1))[0] == 1  # fired one job
 
     expired_tombstones(5)
     firing_tick()
@@ -481,7 +483,8 @@ def test_a_firing_tick_sweeps_expired_tombstones_at_most_once_a_second_and_an_id
     time.sleep(0.3)
     firing_tick()
     assert r.hlen("{sw:0}:f") == 5, "a second firing tick within the second leaves them"
-    assert ops.run("tick", 0, 0, 100, 1)[0] == 0 and r.hlen("{sw:0}:f") == 0, "an idle tick sweeps"
+    idle = ops.send(tick_call(ops.calls, 0, 0, 100, {}, NO_RETENTION, tomb_ms=1))
+    assert idle[0] == 0 and r.hlen("{sw:0}:f") == 0, "an idle tick sweeps"
     expired_tombstones(5)
     r.hset("{sw:0}:meta", "tsw", str(int(time.time() * 1000) - 1001))  # a second after the last firing sweep
     firing_tick()

@@ -12,6 +12,9 @@ import redis
 
 from scheduler import Client, JobState
 from scheduler.protocol.calls import error_arg
+from scheduler.protocol.codes import FailKind
+from scheduler.protocol.tick import Retention, tick_call
+from scheduler.protocol.transitions import Failure, fail_call
 from scheduler.testing.transitions import Ops
 from tests.integration.test_scheduler_tier import NS, settled, start_replica, stop_replica
 from tests.support.helpers import snapshot
@@ -24,7 +27,8 @@ def kill(client: Client, ops: Ops, n: int, queue: str = "q", key: str | None = N
     else:
         ids = [client.schedule(timedelta(0), "keyed", queue=queue, key=key)]
     for j in ops.claim(queue, n):
-        assert ops.run("fail", ops.partition(j.raw_id), j.raw_id, j.token, "p", 0, error_arg("E", "boom"))[0] == 2
+        failure = Failure(j.raw_id, j.token, FailKind.PERMANENT, 0, error_arg("E", "boom"))
+        assert ops.send(fail_call(ops.calls, ops.partition(j.raw_id), [failure]))[0] == 2
         time.sleep(0.002)  # distinct death times: "oldest" is well defined
     return ids
 
@@ -34,7 +38,7 @@ def test_tick_drops_the_oldest_past_the_cap_and_reports_them(redis_url: str) -> 
     ops = Ops(c)
     r = redis.Redis.from_url(redis_url)
     ids = kill(c, ops, 10)
-    reply = ops.run("tick", 0, 0, 1000, c.calls.tomb_ms, 0, 0, 3)  # no rate limits; ttl 0, cap 3
+    reply = ops.send(tick_call(ops.calls, 0, 0, 1000, {}, Retention(0, 3)))  # no rate limits; ttl 0, cap 3
     k = int(reply[5])
     dropped = [reply[6 + 2 * i] for i in range(k)]
     assert k == 7 and [bytes.hex(d) for d in dropped] == ids[:7]  # oldest first
@@ -44,7 +48,7 @@ def test_tick_drops_the_oldest_past_the_cap_and_reports_them(redis_url: str) -> 
     assert all(c.get(j) is None for j in ids[:7])
     assert set(snapshot(r, c)) == set(ids[7:])  # bodies and errors went with them: nothing orphaned
     # a second tick finds nothing more to drop
-    assert int(ops.run("tick", 0, 0, 1000, c.calls.tomb_ms, 0, 0, 3)[5]) == 0
+    assert int(ops.send(tick_call(ops.calls, 0, 0, 1000, {}, Retention(0, 3)))[5]) == 0
     c.close()
 
 
@@ -54,7 +58,7 @@ def test_tick_drops_dead_jobs_older_than_the_ttl(redis_url: str) -> None:
     old = kill(c, ops, 4)
     time.sleep(0.2)
     new = kill(c, ops, 2)
-    reply = ops.run("tick", 0, 0, 1000, c.calls.tomb_ms, 0, 150, 0)  # ttl 150 ms, no cap
+    reply = ops.send(tick_call(ops.calls, 0, 0, 1000, {}, Retention(150, 0)))  # ttl 150 ms, no cap
     assert int(reply[5]) == 4
     assert {j.id for j in c.dead(limit=100)} == set(new)
     assert all(c.get(j) is None for j in old)

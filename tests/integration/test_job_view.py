@@ -19,7 +19,8 @@ from scheduler import AsyncClient, Client, JobState
 from scheduler.protocol.codec import build_record, decode_tombstone
 from scheduler.protocol.errors import MisfiredAtSchedule
 from scheduler.protocol.ids import decode_id, encode_id, partition_of
-from scheduler.protocol.transitions import ack_call
+from scheduler.protocol.tick import NO_RETENTION, tick_call
+from scheduler.protocol.transitions import ack_call, claim_call
 from scheduler.shell.cli import main
 from scheduler.testing.transitions import Ops
 from tests.support.helpers import raw_call, snapshot, tombstones
@@ -87,7 +88,7 @@ def test_job_held_by_a_rate_limit_is_scheduled_with_its_due_time(client: Client,
     jid = client.schedule(time.time() + 0.05, "h", queue="slow", max_attempts=2)
     time.sleep(0.1)
     p = client.calls.locate(jid)[1]
-    reply = ops.run("tick", p, 0, 1000, client.calls.tomb_ms, 1, "slow", 0)  # no token for 'slow'
+    reply = ops.send(tick_call(ops.calls, p, 0, 1000, {"slow": 0}, NO_RETENTION))  # no token for 'slow'
     assert reply[4:8] == [b"slow", 0, 1, 1]  # held
     info = client.get(jid)
     assert info.state is JobState.SCHEDULED and info.queue == "slow"
@@ -342,7 +343,7 @@ def test_jobs_ready_paging_survives_claims_between_pages(client: Client, ops: Op
     in_p0 = [j.id for j in first if client.calls.locate(j.id)[1] == 0]
     assert in_p0 == raw_ids[:10], "ready jobs are listed in claim order"
     seen = [j.id for j in first]
-    assert len(ops.run("claim", 0, "fifo", 5)) == 1 + 5 * 5  # claim 5 of the listed ones
+    assert len(ops.send(claim_call(ops.calls, 0, "fifo", 5))) == 1 + 5 * 5  # claim 5 of the listed ones
     while cursor is not None:
         page, cursor = client.jobs(queue="fifo", state="ready", limit=10, cursor=cursor)
         seen += [j.id for j in page]
@@ -424,12 +425,12 @@ def test_one_tick_asks_again_until_expired_tombstones_are_gone(redis_url: str, r
     fkey = c.keyspace.key(0, "f")
     assert r.hlen(fkey) == 3000
     wait_until_time(t_acked + 0.5 + 0.02)  # every tombstone past its 0.5 s TTL
-    first = ops.run("tick", 0, 0, 1000, core.tomb_ms)
+    first = ops.send(tick_call(ops.calls, 0, 0, 1000, {}, NO_RETENTION))
     assert first[0] == 1000, "expired tombstones left: the tick asks to be called again"
     assert r.hlen(fkey) < 3000
     ops.tick_all(limit=1000)
     assert r.hlen(fkey) == 0
-    assert ops.run("tick", 0, 0, 1000, core.tomb_ms)[0] == 0
+    assert ops.send(tick_call(ops.calls, 0, 0, 1000, {}, NO_RETENTION))[0] == 0
     c.close()
 
 
@@ -445,7 +446,7 @@ def test_legacy_tombstones_are_read_and_drained(client: Client, r: redis.Redis, 
     assert info.queue is None and info.run_at is None
     old = encode_id(next(iter(expired))[:15])
     assert client.get(old).state is JobState.DONE  # expired but not trimmed yet
-    first = ops.run("tick", 0, 0, 1000, client.calls.tomb_ms)
+    first = ops.send(tick_call(ops.calls, 0, 0, 1000, {}, NO_RETENTION))
     assert first[0] == 1000 and r.zcard(xkey) == 2001
     ops.tick_all()
     assert r.zrange(xkey, 0, -1) == [live_raw + b"c"]

@@ -11,6 +11,7 @@ import redis
 
 from scheduler import Client, JobState, Outcome
 from scheduler.coord import EtcdCoordinator
+from scheduler.protocol.tick import NO_RETENTION, reap_call, tick_call
 from scheduler.redisio.connection import SyncRedis, sync_redis
 from scheduler.testing.transitions import Ops
 from scheduler.tier import SchedulerConfig, SchedulerProcess
@@ -129,11 +130,11 @@ async def test_earlier_job_wakes_a_sleeping_owner(redis_url: str, etcd_endpoint:
 async def test_stale_epoch_is_refused_by_redis(redis_url: str) -> None:
     client = Client.from_url(redis_url, namespace=NS, partitions=2).connect()
     ops = Ops(client)
-    assert ops.run("tick", 0, 10, 100, 0)[0] == 0
-    assert ops.run("tick", 0, 12, 100, 0)[0] == 0
-    assert ops.run("tick", 0, 11, 100, 0) == [-1, 12]
-    assert ops.run("reap", 0, 11, 100) == [-1, 12]
-    assert ops.run("tick", 1, 11, 100, 0)[0] == 0, "epochs are per partition"
+    assert ops.send(tick_call(ops.calls, 0, 10, 100, {}, NO_RETENTION, tomb_ms=0))[0] == 0
+    assert ops.send(tick_call(ops.calls, 0, 12, 100, {}, NO_RETENTION, tomb_ms=0))[0] == 0
+    assert ops.send(tick_call(ops.calls, 0, 11, 100, {}, NO_RETENTION, tomb_ms=0)) == [-1, 12]
+    assert ops.send(reap_call(ops.calls, 0, 11, 100)) == [-1, 12]
+    assert ops.send(tick_call(ops.calls, 1, 11, 100, {}, NO_RETENTION, tomb_ms=0))[0] == 0, "epochs are per partition"
 
 
 class FlakyCoordinator(EtcdCoordinator):

@@ -82,7 +82,7 @@ def populate(client: Client) -> dict[str, Any]:
     assert client.pause("pq")
     client.schedule_many([(time.time() + 30, i) for i in range(3)], queue="rl")
     # a hand-off lead of a minute makes them due now, and with no token they are held
-    ops.run("tick", 0, 0, 1000, client.calls.tomb_ms, 1, "rl", 0, 0, 0, 0, 60_000)
+    ops.send(tick_call(ops.calls, 0, 0, 1000, {"rl": 0}, Retention(0, 0, 0), lead_ms=60_000))
     client.transport.call(*ratelimit_call(client.keyspace, "rl", 10, 5, 0, 3, 0))
     running = ops.claim("q", 4)
     assert len(running) == 4

@@ -17,8 +17,9 @@ from typing import Any
 import redis
 
 from scheduler import Client, JobState
+from scheduler.protocol.control import epoch_reset_call
 from scheduler.protocol.ids import decode_id, partition_for_key, partition_of
-from scheduler.protocol.tick import TickReply, parse_tick
+from scheduler.protocol.tick import NO_RETENTION, TickReply, parse_tick, tick_call
 from scheduler.redisio.connection import async_redis, sync_redis
 from scheduler.redisio.pubsub import subscription
 from scheduler.shell.servers.cluster import slot_of
@@ -97,7 +98,7 @@ def test_scripts_and_clients_spublish_on_the_partitions_channels(redis_url: str)
         # tick fires it onto the ready list and names the queue in its reply (no message: the
         # caller is the owner, it rings the bell itself)
         def tick_each() -> list[Any]:
-            ticks = [parse_tick(ops.run("tick", q, 0, 100, client.calls.tomb_ms)) for q in range(PARTS)]
+            ticks = [parse_tick(ops.send(tick_call(ops.calls, q, 0, 100, {}, NO_RETENTION))) for q in range(PARTS)]
             return [t for t in ticks if isinstance(t, TickReply) and t.moved]
 
         fired = wait_until(tick_each, 3, what="a tick that fires")
@@ -107,8 +108,8 @@ def test_scripts_and_clients_spublish_on_the_partitions_channels(redis_url: str)
         client.resume("q")
         assert {sub.next()[1] for _ in range(PARTS)} == {f"r {q}:resume q".encode() for q in range(PARTS)}
         # epoch reset (operator repair)
-        assert ops.run("tick", p, 7, 100, client.calls.tomb_ms)[0] == 0
-        assert ops.run("epoch_reset", p, 7)[0] == 1
+        assert ops.send(tick_call(ops.calls, p, 7, 100, {}, NO_RETENTION))[0] == 0
+        assert ops.send(epoch_reset_call(ops.calls, p, 7))[0] == 1
         assert sub.next() == (ks.epoch_reset_channels()[p], str(p).encode())
         # namespace config: SPUBLISH in the slot of {ns}:cfg, in the same MULTI as the write
         client.set_rate_limit("q", 10)
@@ -295,7 +296,7 @@ async def _tier_wakes(url: str, etcd: str, client: Client, sharded: bool | None)
         runner = proc.runners[0]
         runner.retry_now = retried.set  # type: ignore[method-assign]
         epoch = int(redis_meta_epoch(client))
-        assert Ops(client).run("epoch_reset", 0, epoch)[0] == 1
+        assert Ops(client).send(epoch_reset_call(Ops(client).calls, 0, epoch))[0] == 1
         await asyncio.wait_for(retried.wait(), 2)
     finally:
         proc.stop()

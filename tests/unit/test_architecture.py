@@ -239,8 +239,9 @@ def test_every_lua_file_is_a_script_or_part_of_the_library() -> None:
 
 # -- script calls are built in the protocol layer ----------------------------------------------------
 
-# ``calls.call("claim", p, ...)``: a script's call put together by name, its ARGV layout by hand
-BY_NAME = re.compile(r"""\.call(?:_unfenced)?\(\s*["'](?P<name>[a-z_]+)["']""")
+# ``calls.call("claim", p, ...)`` (or the testing kit's ``ops.run("tick", ...)``): a script's call
+# put together by name, its ARGV layout by hand
+BY_NAME = re.compile(r"""\.(?:call|call_unfenced|run)\(\s*["'](?P<name>[a-z_]+)["']""")
 
 
 def test_no_script_call_is_built_by_name_outside_the_protocol_layer() -> None:
@@ -264,6 +265,7 @@ def test_the_by_name_pattern_sees_a_hand_built_call() -> None:
     assert BY_NAME.search('calls.call("claim", p, q, 5)')["name"] == "claim"  # type: ignore[index]
     assert BY_NAME.search("self.calls.call_unfenced('ack', p)")["name"] == "ack"  # type: ignore[index]
     assert BY_NAME.search('self._session.call(op, timeout)') is None
+    assert BY_NAME.search('ops.run("tick", p, 0, 100, 0)')["name"] == "tick"  # type: ignore[index]
 
 
 def test_no_import_circles() -> None:
