@@ -58,6 +58,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("zsched.worker")
 
 CLAIM_RECEIPT_MS = 30_000  # how long Redis keeps a claim's receipt for a re-send after a lost reply
+# How long a claim whose cluster node failed after it was sent keeps its handler slots while it is
+# sent again: a node down longer is failing over (seconds; 15 s with Redis's default node timeout),
+# and slots held that long stall the worker's other partitions (a failover test measured 2.7 s of
+# it). Given up, the claim's jobs, if it ran, are reaped when their leases expire and run then;
+# never twice, since this worker never started them.
+ORPHAN_PATIENCE_S = 0.5
 
 
 
@@ -228,18 +234,28 @@ class DoorbellFetch(Fetch):
 
     def _due_orphans(self) -> list[Claim]:
         """The orphaned claims, once their retry time has come (then they leave the list). Those
-        older than their receipt are given up, their slots freed: a re-send could no longer get
-        their jobs back (those are reaped when their leases expire)."""
+        orphaned more than :data:`ORPHAN_PATIENCE_S` ago are given up first, their slots freed
+        (their jobs, if the claim ran, are reaped when their leases expire)."""
+        if not self._orphans:
+            return []
         now = time.monotonic()
+        keep = now - ORPHAN_PATIENCE_S
+        stale = [c for c in self._orphans if self._orphan_rids[c.rid] < keep]
+        if stale:
+            self._orphans = [c for c in self._orphans if self._orphan_rids[c.rid] >= keep]
+            for c in stale:
+                del self._orphan_rids[c.rid]
+                self.ctx.slots.put_back(c.handler, c.n - c.handler)
+                self.planner.failed(c.queue, c.p)
         if not self._orphans or now < self._orphans_at:
             return []
         due, self._orphans = self._orphans, []
-        keep = now - CLAIM_RECEIPT_MS / 1000
-        for c in [c for c in due if self._orphan_rids[c.rid] < keep]:
-            del self._orphan_rids[c.rid]
-            self.ctx.slots.put_back(c.handler, c.n - c.handler)
-            self.planner.failed(c.queue, c.p)
-        return [c for c in due if c.rid in self._orphan_rids]
+        return due
+
+    def _orphans_next(self) -> float:
+        """When the orphaned claims next need the loop (monotonic): sent again, or given up."""
+        oldest = min(self._orphan_rids[c.rid] for c in self._orphans)
+        return min(self._orphans_at, oldest + ORPHAN_PATIENCE_S)
 
     async def _idle(self, every: float) -> None:
         """Nothing to claim: wait for a wake-up (a ring, a freed slot), or sweep when the
@@ -256,8 +272,8 @@ class DoorbellFetch(Fetch):
                 await self._safety_sweep(every)  # a lost ring costs at most about one sweep period
                 return
             wait = every
-        if self._orphans:  # wake up to send them again
-            wait = max(0.0, min(wait, self._orphans_at - time.monotonic()))
+        if self._orphans:  # wake up to send them again, or to give them up
+            wait = max(0.0, min(wait, self._orphans_next() - time.monotonic()))
         try:
             async with asyncio.timeout(wait):
                 await slots.wake.wait()
@@ -382,6 +398,11 @@ class DoorbellFetch(Fetch):
                 outage.ok()
             except REDIS_ERRORS as exc:
                 swept = False
+                # The bells cannot be heard (Redis, or on a cluster the node that holds their slot,
+                # is down): jobs made ready meanwhile on the nodes still up would wait for the safety
+                # sweep. Claim everywhere at each retry instead (at most a second apart); the claims
+                # of a node that is down fail on their own.
+                self.mark_all()
                 if await ctx.life.wait_stop(outage.failed(exc)):
                     return
                 continue
