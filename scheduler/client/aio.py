@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar, Unpack
 
@@ -356,9 +356,10 @@ class AsyncClient:
         return parse_tombstone_ttl(await self.redis.hgetall(calls.ks.config_key))
 
     @twin(Client.reload_settings)
-    async def reload_settings(self) -> bool:
+    async def reload_settings(self, config: Mapping[Any, Any] | None = None) -> bool:
         calls = await self._connected()
-        return self._opts.use_tombstone_ttl(calls, parse_tombstone_ttl(await self.redis.hgetall(calls.ks.config_key)))
+        cfg = await self.redis.hgetall(calls.ks.config_key) if config is None else config
+        return self._opts.use_tombstone_ttl(calls, parse_tombstone_ttl(cfg))
 
     async def _write_config(self, fields: dict[str, str | None], what: str) -> list[Any]:
         calls = await self._connected()

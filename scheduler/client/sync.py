@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Unpack
 
@@ -440,12 +440,14 @@ class Client:
         """The namespace's tombstone TTL in seconds, as set with :meth:`set_tombstone_ttl`."""
         return parse_tombstone_ttl(self.redis.hgetall(self.keyspace.config_key))
 
-    def reload_settings(self) -> bool:
+    def reload_settings(self, config: Mapping[Any, Any] | None = None) -> bool:
         """Read again the namespace settings this client applies itself (the tombstone TTL);
-        True when one changed. Workers do this every few seconds, the scheduler tier on every
-        change; a long-lived producer may call it, or reconnect."""
+        True when one changed. ``config``: the namespace config hash, when the caller has just
+        read it (the scheduler tier, on every change), so it is not read twice. Workers do this
+        every few seconds; a long-lived producer may call it, or reconnect."""
         calls = self.calls
-        return self._opts.use_tombstone_ttl(calls, parse_tombstone_ttl(self.redis.hgetall(calls.ks.config_key)))
+        cfg = self.redis.hgetall(calls.ks.config_key) if config is None else config
+        return self._opts.use_tombstone_ttl(calls, parse_tombstone_ttl(cfg))
 
     def _write_config(self, fields: dict[str, str | None], what: str) -> list[Any]:
         pipe = self.redis.pipeline(transaction=True)

@@ -333,12 +333,8 @@ class SchedulerProcess:
         except REDIS_ERRORS as exc:
             log.warning("cannot read the namespace config (%s); keeping the last known one", exc)
             return
-        try:
-            if await self.client.reload_settings():
-                log.info("tombstone TTL now %g s", self.client.calls.tomb_ms / 1000)
-        except REDIS_ERRORS as exc:
-            log.warning("cannot read the namespace's tombstone TTL (%s); keeping %g s", exc,
-                        self.client.calls.tomb_ms / 1000)
+        if await self.client.reload_settings(cfg):
+            log.info("tombstone TTL now %g s", self.client.calls.tomb_ms / 1000)
         retention = parse_dead_retention(cfg)
         if retention != self.dead_retention:
             log.info("dead-letter retention now max_dead=%s dead_ttl=%s", *retention)

@@ -52,6 +52,8 @@ async def test_the_async_client_reads_sets_and_reloads_it(redis_url: str) -> Non
         assert c.calls.tomb_ms == config.DEFAULT_TOMBSTONE_TTL * 1000, "a running producer keeps its value..."
         assert await c.reload_settings() is True and c.calls.tomb_ms == 5000, "...until it reloads"
         assert await c.reload_settings() is False
+        assert await c.reload_settings({b"tomb:ttl_ms": b"7000"}) is True and c.calls.tomb_ms == 7000, \
+            "a config the caller has just read is applied, not read again"
         await c.set_tombstone_ttl(0)
         assert sync.tombstone_ttl() == 0 and c.calls.tomb_ms == 0
     sync.close()
