@@ -33,6 +33,10 @@ from tests.support.servers import EtcdServer
 STOP_BOUND = 6.0  # seconds from the signal to the exit
 PHASE_BOUND = 30.0  # seconds to reach the phase under test (start-ups overlap on a busy machine)
 ZSCHED = [sys.executable, "-m", "scheduler"]
+# The paced requeue (1 job/s) must still be running at the signal, sent once both phases are
+# reached: each takes PHASE_BOUND at most, so it lasts longer than both (30 jobs at 5/s ended
+# before the signal on a loaded machine and exited 0).
+REQUEUE_JOBS = int(2 * PHASE_BOUND) + 10
 
 APP = '''\
 from workers import Worker
@@ -222,12 +226,12 @@ def test_one_shot_commands_stop_on_a_signal_and_say_how_to_continue(redis_url: s
                                                                      sig: signal.Signals, code: int) -> None:
     ns_requeue, ns_migrate = f"sigrq{sig.value}", f"sigmg{sig.value}"
     with Client.from_url(redis_url, namespace=ns_requeue, partitions=2).connect() as c:
-        _kill(c, 30)
+        _kill(c, REQUEUE_JOBS)
     with Client.from_url(redis_url, namespace=ns_migrate, partitions=2).connect() as c:
         c.schedule(timedelta(0), {"n": 0}, queue="q")
         assert len(Ops(c).claim("q", 1)) == 1  # a running job: the migration waits for it
     procs = {
-        "requeue": _one_shot(["dead", "requeue", "--all", "--rate", "5", "--redis", redis_url,
+        "requeue": _one_shot(["dead", "requeue", "--all", "--rate", "1", "--redis", redis_url,
                               "--namespace", ns_requeue], tmp_path, "requeue"),
         "migrate": _one_shot(["migrate-partitions", "--to", "4", "--wait-running", "60", "--redis", redis_url,
                               "--namespace", ns_migrate], tmp_path, "migrate"),
@@ -245,7 +249,7 @@ def test_one_shot_commands_stop_on_a_signal_and_say_how_to_continue(redis_url: s
             assert "Traceback" not in log.read_text()
         line = next(x for x in procs["requeue"][1].read_text().splitlines() if x.startswith("zsched:"))
         n = int(re.search(r"(\d+) job\(s\) were requeued", line).group(1))
-        assert 1 <= n < 30 and "run the same command again" in line, line
+        assert 1 <= n < REQUEUE_JOBS and "run the same command again" in line, line
         with Client.from_url(redis_url, namespace=ns_requeue).connect() as c:
             assert c.stats()["q"]["ready"] == n, "the line says how many were requeued"
     finally:
