@@ -4,6 +4,25 @@
 -- (scheduler/protocol/scripts.py) prepends the definitions a script uses (transitively) to it,
 -- so each script is one self-contained EVALSHA.
 --
+-- Linking: the call's context is named once, in the library's top level: the partition's keys
+-- K_T .. K_F (below) and, from ARGV 1-3 (_lib_args.lua), PREFIX, CHAN, PART and LAYOUT. A helper
+-- takes what it reads of them as parameters, keys first (jget(k_j, id), ring(chan, prefix, qname,
+-- member, now)), and the scripts pass the library's names, so a helper's signature says what it
+-- touches and a script's Uses line names every key its helpers touch. It costs nothing: passing
+-- a name is one VM move at the call, and a helper that no longer captures the name is cheaper to
+-- build on every call, whether it runs or not (callgrind, bench.script_cost: schedule's general
+-- path 217 k -> 211 k instructions, a one-job claim 318 k -> 316 k, tick 337 k -> 334 k).
+-- Ambient, each saying so on an "Ambient:" comment line that names what it reads (checked by
+-- tests/unit/test_batch.py): the helpers that find or move a job in any state or remove every
+-- trace of one (job_exists, place, cancel_job, trim_dead, retire_queues, cron_schedule,
+-- cron_advance), where a parameter per key would restate the partition at every call, and the
+-- argument checks (arg, registry_keys), whose work is reading ARGV and KEYS. Constants (ID_LEN,
+-- CHUNK, NAME_MAX, ...) are read where they are. Per-call accumulators stay module-level state,
+-- shared by the helpers that fill and read them: bumps (bump,
+-- flush_bumps), ready_touched (push_ready, publish_ready), qname_cache (queue_name, retire_queues),
+-- tomb_written and tomb_pick (tombstone, sweep_after_tombstones, trim_tombstones). Redis runs the
+-- library afresh on every EVALSHA, so they start empty on every call and hold one partition's values.
+--
 -- schedule declares only KEYS[1], the timer set (it routes the call in a cluster; the other keys
 -- share its hash tag, so its slot), and its partition keys are named here from the prefix: the 13
 -- other declared keys cost a one-job call an eighth of its Redis instructions (callgrind).
@@ -21,16 +40,16 @@ local CHUNK = 2000 -- arguments per variadic call, well under Lua's unpack limit
 -- write, with an error it can act on: re-read the count from {ns}:cfg and plan again (clients
 -- do that themselves), or wait for the migration to finish. Never-migrated namespaces have no
 -- 'layout' field, so the fence costs one HGET.
-local function layout_fence()
-  if LAYOUT == '' then return nil end
-  local l = redis.call('HGET', K_META, 'layout')
-  if l and l ~= LAYOUT then
+local function layout_fence(k_meta, layout)
+  if layout == '' then return nil end
+  local l = redis.call('HGET', k_meta, 'layout')
+  if l and l ~= layout then
     if l == '-' then
       return redis.error_reply('ZSCHED_LAYOUT migrating: zsched migrate-partitions is moving this namespace to a ' ..
         'new partition count; calls are refused until it finishes (see docs/scaling.md)')
     end
     return redis.error_reply('ZSCHED_LAYOUT changed: the namespace now has ' .. l .. ' partitions, this ' ..
-      'process uses ' .. LAYOUT .. ' (zsched migrate-partitions ran); restart it so it reads the new count')
+      'process uses ' .. layout .. ' (zsched migrate-partitions ran); restart it so it reads the new count')
   end
   return nil
 end
@@ -111,8 +130,8 @@ end
 
 -- 'j' values are: due ms (6 bytes, when the job became due: fire time of this attempt) .. record
 local function jval(rec, due) return p48(due) .. rec end
-local function jget(id)
-  local v = redis.call('HGET', K_J, id)
+local function jget(k_j, id)
+  local v = redis.call('HGET', k_j, id)
   if not v then return nil end
   return string.sub(v, 7), u48(v, 1)
 end
@@ -126,11 +145,11 @@ local function id_less(a, b)
   return false
 end
 
-local qname_cache = {}
-local function queue_name(idx)
+local qname_cache = {} -- index -> name, for this call (one partition): see the header
+local function queue_name(k_q, idx)
   local name = qname_cache[idx]
   if name == nil then
-    name = redis.call('HGET', K_Q, 'i:' .. fmt(idx))
+    name = redis.call('HGET', k_q, 'i:' .. fmt(idx))
     qname_cache[idx] = name
   end
   return name -- false when the index is unknown (corrupt record)
@@ -141,28 +160,29 @@ end
 -- its index cools for as long again in PREFIX.."qfree" (score = reusable from) so no record,
 -- summary or counter can still mean the old name, and is reused only once the 65535 fresh
 -- indexes are spent.
-local function queue_index(name)
-  local idx = redis.call('HGET', K_Q, 'n:' .. name)
+local function queue_index(prefix, k_q, name)
+  local idx = redis.call('HGET', k_q, 'n:' .. name)
   if idx then return tonumber(idx) end
-  idx = tonumber(redis.call('HGET', K_Q, 'next') or '0') + 1
+  idx = tonumber(redis.call('HGET', k_q, 'next') or '0') + 1
   if idx > 65535 then -- decided before any write: a script that errors must not have written
     local t = redis.call('TIME')
-    local cooled = redis.call('ZRANGE', PREFIX .. 'qfree', '-inf', t[1] .. '000', 'BYSCORE', 'LIMIT', 0, 1)
+    local cooled = redis.call('ZRANGE', prefix .. 'qfree', '-inf', t[1] .. '000', 'BYSCORE', 'LIMIT', 0, 1)
     if #cooled == 0 then
       error('zsched: 65535 queue names are in use in this partition and none is retired yet; queues are ' ..
             'retired after being empty and idle for the queue retirement time (Client.set_queue_retirement)')
     end
-    redis.call('ZREM', PREFIX .. 'qfree', cooled[1])
+    redis.call('ZREM', prefix .. 'qfree', cooled[1])
     idx = tonumber(cooled[1])
   else
-    redis.call('HSET', K_Q, 'next', fmt(idx))
+    redis.call('HSET', k_q, 'next', fmt(idx))
   end
-  redis.call('HSET', K_Q, 'n:' .. name, idx, 'i:' .. idx, name)
+  redis.call('HSET', k_q, 'n:' .. name, idx, 'i:' .. idx, name)
   return idx
 end
-local function touch_queue(idx, now) redis.call('HSET', K_Q, 'u:' .. fmt(idx), fmt(now)) end
+local function touch_queue(k_q, idx, now) redis.call('HSET', k_q, 'u:' .. fmt(idx), fmt(now)) end
 
--- Counter and gauge increments are summed in Lua and written once per field per call.
+-- Counter and gauge increments are summed in Lua and written once per field per call (the
+-- per-call accumulator 'bumps': see the header).
 local bumps = {}
 local function bump(key, field, n)
   local h = bumps[key]
@@ -184,8 +204,8 @@ local function multi(cmd, key, items)
   end
 end
 
-local function head_score()
-  local h = redis.call('ZRANGE', K_T, '0', '0', 'WITHSCORES')
+local function head_score(k_t)
+  local h = redis.call('ZRANGE', k_t, '0', '0', 'WITHSCORES')
   if h[2] then return tonumber(h[2]) end
   return nil
 end
@@ -193,24 +213,24 @@ end
 -- Find a scheduled job in the timer set without a per-job index: its score is the id's run_at
 -- unless the job moved (then 'm' has it); among equal scores members sort by id bytes, so a
 -- binary search by rank finds it in O(log n).
-local function find_timer(id)
+local function find_timer(k_t, k_m, id)
   if string.len(id) ~= ID_LEN then return nil end
-  local s = redis.call('HGET', K_M, id)
+  local s = redis.call('HGET', k_m, id)
   if s then s = tonumber(s) else s = u48(id, 1) end
   local ss = fmt(s)
-  local n = redis.call('ZCOUNT', K_T, ss, ss)
+  local n = redis.call('ZCOUNT', k_t, ss, ss)
   if n == 0 then return nil end
-  local lo = redis.call('ZCOUNT', K_T, '-inf', '(' .. ss)
+  local lo = redis.call('ZCOUNT', k_t, '-inf', '(' .. ss)
   local hi = lo + n - 1
   if n <= 8 then
-    for _, m in ipairs(redis.call('ZRANGE', K_T, lo, hi)) do
+    for _, m in ipairs(redis.call('ZRANGE', k_t, lo, hi)) do
       if string.sub(m, 1, ID_LEN) == id then return m, s end
     end
     return nil
   end
   while lo <= hi do
     local mid = math.floor((lo + hi) / 2)
-    local m = redis.call('ZRANGE', K_T, mid, mid)[1]
+    local m = redis.call('ZRANGE', k_t, mid, mid)[1]
     local mid_id = string.sub(m, 1, ID_LEN)
     if mid_id == id then return m, s end
     if id_less(mid_id, id) then lo = mid + 1 else hi = mid - 1 end
@@ -219,8 +239,9 @@ local function find_timer(id)
 end
 
 -- Does a job with this id exist in any state, or as a tombstone? (re-sent schedule calls)
+-- Ambient: looks in every state (K_J, K_F, K_X, the timers K_T and K_M), as place and cancel_job.
 local function job_exists(id)
-  if redis.call('HEXISTS', K_J, id) == 1 or redis.call('HEXISTS', K_F, id) == 1 or find_timer(id) then
+  if redis.call('HEXISTS', K_J, id) == 1 or redis.call('HEXISTS', K_F, id) == 1 or find_timer(K_T, K_M, id) then
     return true
   end
   if redis.call('EXISTS', K_X) == 1 then -- legacy tombstones, until tick has drained them
@@ -233,31 +254,32 @@ end
 
 -- Remove a job that has a body in 'j' and is neither running nor dead: it is either in its ready
 -- list or held back by its queue's rate limit ('h:QUEUE'). Returns false if it is in neither.
-local function unlink_waiting(id, q)
-  if redis.call('ZREM', PREFIX .. 'h:' .. q, id) == 1 then
-    bump(K_G, 's:' .. q, -1)
-    bump(K_G, 'h:' .. q, -1)
+local function unlink_waiting(prefix, k_g, id, q)
+  if redis.call('ZREM', prefix .. 'h:' .. q, id) == 1 then
+    bump(k_g, 's:' .. q, -1)
+    bump(k_g, 'h:' .. q, -1)
     return true
   end
-  return redis.call('LREM', PREFIX .. 'r:' .. q, 1, id) == 1
+  return redis.call('LREM', prefix .. 'r:' .. q, 1, id) == 1
 end
 
-local function remove_timer(id, member)
-  redis.call('ZREM', K_T, member)
-  redis.call('HDEL', K_M, id)
+local function remove_timer(k_t, k_m, id, member)
+  redis.call('ZREM', k_t, member)
+  redis.call('HDEL', k_m, id)
 end
 
 -- Add to the timer set; remember the score in 'm' when it differs from the id's own run_at.
-local function put_timer(id, rec, at)
-  redis.call('ZADD', K_T, at, id .. rec)
-  if at ~= u48(id, 1) then redis.call('HSET', K_M, id, fmt(at)) else redis.call('HDEL', K_M, id) end
+local function put_timer(k_t, k_m, id, rec, at)
+  redis.call('ZADD', k_t, at, id .. rec)
+  if at ~= u48(id, 1) then redis.call('HSET', k_m, id, fmt(at)) else redis.call('HDEL', k_m, id) end
 end
 
--- Sharded pub/sub when CHAN starts with '{' (byte 123; a namespace name never does): SPUBLISH
--- reaches only the node that owns the partition's slot, where PUBLISH would be broadcast over the
--- whole cluster bus. One byte comparison per publish, no extra argument.
-local function publish(channel, msg)
-  redis.call(string.byte(CHAN, 1) == 123 and 'SPUBLISH' or 'PUBLISH', channel, msg)
+-- Sharded pub/sub when the channel prefix 'chan' (CHAN) starts with '{' (byte 123; a namespace
+-- name never does): SPUBLISH reaches only the node that owns the partition's slot, where PUBLISH
+-- would be broadcast over the whole cluster bus. One byte comparison per publish, no extra
+-- argument. Publishes 'msg' on chan .. name.
+local function publish(chan, name, msg)
+  redis.call(string.byte(chan, 1) == 123 and 'SPUBLISH' or 'PUBLISH', chan .. name, msg)
 end
 -- Doorbells: how workers learn of ready jobs (docs/architecture.md "Waking workers"). A queue's
 -- bell is the sorted set "{NS}:bell:QUEUE" (keys.py Keyspace.bell): member "P" (partition P's
@@ -272,73 +294,82 @@ end
 -- "r MEMBER QUEUE" on the partition's wake channel instead, and the partition's owner rings it
 -- (scheduler/tier/process.py); tick reports its queues in its reply and the owner rings those.
 -- A queue paused in this partition (pause.lua) is not rung: its workers would take the ring only to
--- find the queue paused; resume.lua rings "P:resume" (and that ring always goes out).
-local function paused_here(qname) return redis.call('HEXISTS', PREFIX .. 'paused', qname) == 1 end
-local function ring(qname, member, now)
-  if member == PART and paused_here(qname) then return end
-  if string.byte(CHAN, 1) == 123 then
-    redis.call('SPUBLISH', CHAN .. 'wake', 'r ' .. member .. ' ' .. qname)
+-- find the queue paused. ring() looks for the pause in the partition of 'prefix' (PREFIX); resume.lua
+-- rings "P:resume" with prefix false (that ring always goes out).
+local function paused_here(prefix, qname) return redis.call('HEXISTS', prefix .. 'paused', qname) == 1 end
+local function ring(chan, prefix, qname, member, now)
+  if prefix and paused_here(prefix, qname) then return end
+  if string.byte(chan, 1) == 123 then
+    redis.call('SPUBLISH', chan .. 'wake', 'r ' .. member .. ' ' .. qname)
   else
-    redis.call('ZADD', '{' .. string.sub(CHAN, 1, -2) .. '}:bell:' .. qname, 'NX', fmt(now), member)
+    redis.call('ZADD', '{' .. string.sub(chan, 1, -2) .. '}:bell:' .. qname, 'NX', fmt(now), member)
   end
 end
+-- The queues whose ready lists got jobs in this call (a per-call accumulator: see the header),
+-- rung once each at the end by publish_ready.
 local ready_touched = {}
-local function push_ready(id, qname, front)
+local function push_ready(prefix, id, qname, front)
   if front then
-    redis.call('RPUSH', PREFIX .. 'r:' .. qname, id) -- the tail is popped next
+    redis.call('RPUSH', prefix .. 'r:' .. qname, id) -- the tail is popped next
   else
-    redis.call('LPUSH', PREFIX .. 'r:' .. qname, id)
+    redis.call('LPUSH', prefix .. 'r:' .. qname, id)
   end
   ready_touched[qname] = true
 end
-local function publish_ready(now)
+local function publish_ready(chan, prefix, part, now)
   if next(ready_touched) == nil then return end
   now = now or now_ms()
-  for qname in pairs(ready_touched) do ring(qname, PART, now) end
+  for qname in pairs(ready_touched) do ring(chan, prefix, qname, part, now) end
 end
 -- Put a job back to work at 'at': its ready list when due (body in 'j', due = at), else the timer
 -- set (body inside the timer member). Returns 'at' when it went to the timer set, so the caller
 -- can wake the partition's owner if it lands before the earliest timer; nil otherwise.
+-- Ambient: it puts the job in whichever state its time says (K_J and PREFIX's ready list, or K_T
+-- and K_M), with its gauge (K_G): a parameter for each would restate the partition at every call.
 local function place(id, rec, q, at, now)
   if at <= now then
     redis.call('HSET', K_J, id, jval(rec, at))
-    push_ready(id, q, false)
+    push_ready(PREFIX, id, q, false)
     return nil
   end
   redis.call('HDEL', K_J, id)
-  put_timer(id, rec, at)
+  put_timer(K_T, K_M, id, rec, at)
   bump(K_G, 's:' .. q)
   return at
 end
-local function wake_scheduler() publish(CHAN .. 'wake', PART) end
+-- Wake the partition's owner: partition number 'part' (PART) on chan .. 'wake'.
+local function wake_scheduler(chan, part) publish(chan, 'wake', part) end
 -- The end of a script that placed jobs: write the summed counters, tell the workers about ready
 -- jobs, and wake the owner when a timer landed before the partition's earliest one ('head', read
--- before the writes).
-local function settle(earliest, head, now)
+-- before the writes). chan, prefix, part: CHAN, PREFIX, PART.
+local function settle(chan, prefix, part, earliest, head, now)
   flush_bumps()
-  publish_ready(now)
-  if earliest and (head == nil or earliest < head) then wake_scheduler() end
+  publish_ready(chan, prefix, part, now)
+  if earliest and (head == nil or earliest < head) then wake_scheduler(chan, part) end
 end
 -- The worker registry's keys (registry_beat, registry_leave, registry_read): exactly KEYS[1]
 -- "{NS}:workers" and KEYS[2] "{NS}:workers:live" of one namespace NS (keys.py); records the call's
 -- refusal (arg) otherwise, so a direct caller cannot make the registry scripts write elsewhere.
+-- Returns the two keys (the records hash, the liveness set), which the scripts use from here on.
+-- Ambient: KEYS, as it is the check of the call's keys (COMMON is for the partition scripts).
 local function registry_keys()
   local ns = string.match(KEYS[1] or '', '^{([A-Za-z0-9][A-Za-z0-9_.%-]*)}:workers$')
   if #KEYS ~= 2 or not ns or #ns > NAME_MAX or KEYS[2] ~= KEYS[1] .. ':live' then
     arg('refuse', 'KEYS', 'registry keys', '2 keys, "{NAMESPACE}:workers" and "{NAMESPACE}:workers:live"',
       table.concat(KEYS, ' '))
   end
+  return KEYS[1], KEYS[2]
 end
--- The worker registry (scheduler/protocol/registry.py; registry_beat, registry_read): KEYS[1] the
--- records hash "{ns}:workers", KEYS[2] the liveness set "{ns}:workers:live" (id -> ms until which
--- the record counts as live). Deletes up to `limit` records whose time is up (score <= now),
--- longest dead first, from both keys at once; returns how many. O(log N + limit).
-local function registry_prune(now, limit)
+-- The worker registry (scheduler/protocol/registry.py; registry_beat, registry_read): k_records the
+-- hash "{ns}:workers", k_live the liveness set "{ns}:workers:live" (id -> ms until which the record
+-- counts as live): registry_keys's two keys. Deletes up to `limit` records whose time is up (score
+-- <= now), longest dead first, from both keys at once; returns how many. O(log N + limit).
+local function registry_prune(k_records, k_live, now, limit)
   if limit <= 0 then return 0 end
-  local dead = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
+  local dead = redis.call('ZRANGEBYSCORE', k_live, '-inf', now, 'LIMIT', 0, limit)
   if #dead > 0 then
-    redis.call('HDEL', KEYS[1], unpack(dead))
-    redis.call('ZREM', KEYS[2], unpack(dead))
+    redis.call('HDEL', k_records, unpack(dead))
+    redis.call('ZREM', k_live, unpack(dead))
   end
   return #dead
 end

@@ -88,6 +88,7 @@ local refusal = nil -- the call's refusal (an error reply) once a check found a 
 --   at_most n                   at most n arguments
 --   common nkeys                names what COMMON or the count of KEYS found wrong (always refuses)
 --   refuse i name expected got  refuses outright
+-- Ambient: ARGV and KEYS, as it is the check of the call's arguments.
 local function arg(kind, i, name, a, b, c)
   local s = ARGV[i] -- nil for 'ARGV' and 'KEYS'
   local expected

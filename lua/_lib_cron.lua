@@ -26,6 +26,8 @@ local function cron_rewrite(rec, nominal, missed)
   return string.sub(rec, 1, c - 1) .. p48(nominal) .. p16(missed) .. string.sub(rec, c + 8)
 end
 -- Create the cron's pending occurrence (an ordinary job keyed "cron:NAME:NOMINAL").
+-- Ambient: it schedules a job: K_K, K_T, K_M, K_J, K_Q and PREFIX's "qfree", K_G, K_C, K_META's
+-- cronseq, PART (ids of crons stored before 'h' existed), and CHAN to wake the owner.
 local function cron_schedule(ck, name, nominal, fire, missed)
   local c = redis.call('HMGET', ck, 'head', 'tail', 'queue', 'h')
   local key = 'cron:' .. name .. ':' .. fmt(nominal)
@@ -33,8 +35,8 @@ local function cron_schedule(ck, name, nominal, fire, missed)
   if existing then
     -- adopt it only if it really is this cron's occurrence (e.g. created by a tick that died
     -- before recording it); anything else holding the key loses it
-    local member = find_timer(existing)
-    local erec = member and string.sub(member, ID_LEN + 1) or jget(existing)
+    local member = find_timer(K_T, K_M, existing)
+    local erec = member and string.sub(member, ID_LEN + 1) or jget(K_J, existing)
     if erec and rec_is_cron(erec) and cron_name_of(erec) == name then
       redis.call('HSET', ck, 'pending', existing, 'pnom', fmt(nominal))
       return existing
@@ -47,12 +49,12 @@ local function cron_schedule(ck, name, nominal, fire, missed)
   local h = tonumber(c[4] or PART)
   local id = p48(fire) .. p32(h) .. string.char(128 + math.floor(seq / 4294967296) % 128) .. p32(seq % 4294967296)
   local head = c[1]
-  local rec = p16(queue_index(c[3])) .. string.sub(head, 3, 4) .. string.char(string.byte(head, 5) + 4 + 16) ..
-    string.sub(head, 6) .. string.char(#key) .. key .. p48(nominal) .. p16(missed) .. c[2]
+  local rec = p16(queue_index(PREFIX, K_Q, c[3])) .. string.sub(head, 3, 4) ..
+    string.char(string.byte(head, 5) + 4 + 16) .. string.sub(head, 6) .. string.char(#key) .. key .. p48(nominal) .. p16(missed) .. c[2]
   redis.call('HSET', K_K, key, id)
-  local h = head_score()
+  local h = head_score(K_T)
   redis.call('ZADD', K_T, fire, id .. rec)
-  if h == nil or fire < h then wake_scheduler() end
+  if h == nil or fire < h then wake_scheduler(CHAN, PART) end
   bump(K_G, 's:' .. c[3])
   bump(K_C, 'scheduled:' .. c[3])
   redis.call('HSET', ck, 'pending', id, 'pnom', fmt(nominal))
@@ -61,6 +63,7 @@ end
 -- The pending occurrence 'id' fired (or misfired) at 'now': schedule the next future occurrence
 -- from the table. Returns the record to fire (run_late: nominal/missed updated when occurrences
 -- were missed and are coalesced into this run) and whether the runner must refill the table.
+-- Ambient: the cron's hash (PREFIX), K_C, and cron_schedule's keys for the next occurrence.
 local function cron_advance(id, rec, now, skipped)
   local name = cron_name_of(rec)
   if not name then return rec, nil end

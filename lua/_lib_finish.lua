@@ -14,11 +14,12 @@
 -- 28 bytes without key or error: with the 15-byte field that is three 32-byte allocations per
 -- tombstone (field, value, dict entry) plus the bucket array: 106-110 bytes of Redis memory
 -- measured per finished job (bench/core.py tombstone; docs/architecture.md "Tombstones").
+-- k_e, k_f: the partition's errors hash and summaries hash (K_E, K_F).
 local TOMB_ERR_MAX = 160
-local tomb_written, tomb_pick = 0, 0
-local function tombstone(id, letter, now, ttl, rec, due)
-  local err = redis.call('HGET', K_E, id)
-  if err then redis.call('HDEL', K_E, id) end
+local tomb_written, tomb_pick = 0, 0 -- this call's tombstones (per-call accumulators: see _lib.lua)
+local function tombstone(k_e, k_f, id, letter, now, ttl, rec, due)
+  local err = redis.call('HGET', k_e, id)
+  if err then redis.call('HDEL', k_e, id) end
   if ttl <= 0 then return end
   local qidx, a, mx, created, key = 0, 0, 0, 0, nil
   if rec and #rec >= 9 then
@@ -38,32 +39,32 @@ local function tombstone(id, letter, now, ttl, rec, due)
     if n3 then err = string.sub(err, 1, n3 - 1) end
     v = v .. string.sub(err, 1, TOMB_ERR_MAX)
   end
-  redis.call('HSET', K_F, id, v)
+  redis.call('HSET', k_f, id, v)
   tomb_written = tomb_written + 1
   if tomb_written == 1 then tomb_pick = string.byte(id, -1) or 0 end
 end
--- Trim expired summaries: an incremental HSCAN whose cursor is kept in meta 'fcur' visits about
+-- Trim expired summaries of k_f (K_F): an incremental HSCAN whose cursor is kept in k_meta's 'fcur' visits about
 -- 'count' entries from where the previous call stopped and deletes the expired ones, so every
 -- entry is visited once per sweep of the whole hash whatever the finish rate. Returns
 -- (entries visited, entries deleted). (A hash small enough for the listpack encoding is returned
 -- whole: at most hash-max-listpack-entries, 128 by default.)
-local function sweep_tombstones(now, count)
-  local stored = redis.call('HGET', K_META, 'fcur') or '0'
+local function sweep_tombstones(k_meta, k_f, now, count)
+  local stored = redis.call('HGET', k_meta, 'fcur') or '0'
   local start, cur, visited, deleted = stored, stored, 0, 0
   local byte = string.byte
   for _ = 1, 2 do -- from the stored cursor; once more from the start if the hash ended first
-    local r = redis.call('HSCAN', K_F, cur, 'COUNT', fmt(count - visited))
+    local r = redis.call('HSCAN', k_f, cur, 'COUNT', fmt(count - visited))
     local kv, del = r[2], {}
     for i = 2, #kv, 2 do
       local a, b, c, d, e, f = byte(kv[i], 8, 13) -- expires ms, inlined: this loop is the sweep's cost
       if not f or ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f <= now then del[#del + 1] = kv[i - 1] end
     end
-    if #del > 0 then multi('HDEL', K_F, del) end
+    if #del > 0 then multi('HDEL', k_f, del) end
     visited, deleted, cur = visited + #kv / 2, deleted + #del, r[1]
     if cur ~= '0' or start == '0' or visited >= count then break end
     start = '0'
   end
-  if cur ~= stored then redis.call('HSET', K_META, 'fcur', cur) end
+  if cur ~= stored then redis.call('HSET', k_meta, 'fcur', cur) end
   return visited, deleted
 end
 -- Called at the end of every script that writes tombstones at its callers' rate (ack, cancel,
@@ -77,23 +78,25 @@ end
 -- Redis's Lua random generator is deterministic). Below TOMB_SWEEP_MIN entries the owner's ticks
 -- (one per second at least, each sweeping TICK_SWEEP entries) keep up on their own.
 local TOMB_SWEEP_PER_JOB, TOMB_SWEEP_EVERY, TOMB_SWEEP_MIN = 3, 8, 512
-local function sweep_after_tombstones(now)
+local function sweep_after_tombstones(k_meta, k_f, now)
   if tomb_written == 0 then return end
   local count = tomb_written * TOMB_SWEEP_PER_JOB
   if tomb_written < TOMB_SWEEP_EVERY then
     if tomb_pick % TOMB_SWEEP_EVERY ~= 0 then return end
     count = count * TOMB_SWEEP_EVERY
   end
-  if redis.call('HLEN', K_F) > TOMB_SWEEP_MIN then sweep_tombstones(now, count) end
+  if redis.call('HLEN', k_f) > TOMB_SWEEP_MIN then sweep_tombstones(k_meta, k_f, now, count) end
 end
-local function release_key(id, rec)
+-- Free the idempotency key of a job that leaves the live states (k_k: K_K), if it still names it.
+local function release_key(k_k, id, rec)
   local _, _, key = rec_opts(rec)
-  if key and redis.call('HGET', K_K, key) == id then redis.call('HDEL', K_K, key) end
+  if key and redis.call('HGET', k_k, key) == id then redis.call('HDEL', k_k, key) end
 end
 
 -- Dead-letter retention (run by tick): drop dead jobs older than dead_ttl ms and, past max_dead
 -- per partition, the oldest; at most 'limit' per call (bounded work). Returns the dropped ids and
 -- their queues as a flat list, for the caller's log line per job.
+-- Ambient: a dropped job leaves every trace (K_D, K_J, K_E, K_K, its name in K_Q, K_G, K_C).
 local function trim_dead(now, dead_ttl, max_dead, limit)
   local victims, seen = {}, {}
   if dead_ttl > 0 then
@@ -112,11 +115,11 @@ local function trim_dead(now, dead_ttl, max_dead, limit)
   local out = {}
   for _, id in ipairs(victims) do
     redis.call('ZREM', K_D, id)
-    local rec = jget(id)
+    local rec = jget(K_J, id)
     redis.call('HDEL', K_J, id)
     redis.call('HDEL', K_E, id)
-    local q = rec and queue_name(rec_qidx(rec)) or '?'
-    if rec then release_key(id, rec) end
+    local q = rec and queue_name(K_Q, rec_qidx(rec)) or '?'
+    if rec then release_key(K_K, id, rec) end
     bump(K_G, 'd:' .. q, -1)
     bump(K_C, 'dropped:' .. q)
     out[#out + 1] = id; out[#out + 1] = q
@@ -129,6 +132,7 @@ end
 -- running or dead job) and saw no activity for idle_ms. Its gauges and counters go with it.
 local QUEUE_EVENTS = {'scheduled', 'fired', 'acked', 'failed', 'retried', 'dead', 'misfired', 'cancelled',
   'expired', 'requeued', 'purged', 'released', 'rescheduled', 'ratelimited', 'dropped'}
+-- Ambient: a retired name leaves every trace (K_Q, K_G, K_C, PREFIX's lists and "qfree", K_META's cursor).
 local function retire_queues(now, idle_ms, count)
   if idle_ms <= 0 then return 0 end
   local res = redis.call('HSCAN', K_Q, redis.call('HGET', K_META, 'qcur') or '0', 'MATCH', 'n:*', 'COUNT', count)
@@ -138,7 +142,7 @@ local function retire_queues(now, idle_ms, count)
     local name, idx = string.sub(f[i], 3), f[i + 1]
     local used = redis.call('HGET', K_Q, 'u:' .. idx)
     if not used then
-      touch_queue(idx, now) -- a name from before retirement existed: start its clock now
+      touch_queue(K_Q, idx, now) -- a name from before retirement existed: start its clock now
     elseif now - tonumber(used) >= idle_ms then
       local g = redis.call('HMGET', K_G, 's:' .. name, 'a:' .. name, 'd:' .. name, 'h:' .. name)
       local busy = redis.call('LLEN', PREFIX .. 'r:' .. name) > 0 or redis.call('EXISTS', PREFIX .. 'h:' .. name) == 1
@@ -166,38 +170,40 @@ local function error_blob(now, etype, msg) return fmt(now) .. '\0' .. etype .. '
 -- stored counter and the server clock in microseconds, so a counter rolled back by a few writes
 -- still hands out tokens larger than any it handed out before the loss (the clock has moved on).
 -- Returns the first of n consecutive tokens (~1.7e15: exact in a Lua double, below 2^53). 'us': the
--- server clock in microseconds, from the caller's TIME (one TIME less per claim).
-local function next_tokens(n, us)
-  local cur = tonumber(redis.call('HGET', K_META, 'fence') or '0')
+-- server clock in microseconds, from the caller's TIME (one TIME less per claim). The counter is
+-- k_meta's (K_META) 'fence'.
+local function next_tokens(k_meta, n, us)
+  local cur = tonumber(redis.call('HGET', k_meta, 'fence') or '0')
   local base = math.max(cur, us)
-  redis.call('HSET', K_META, 'fence', fmt(base + n))
+  redis.call('HSET', k_meta, 'fence', fmt(base + n))
   return base + 1
 end
 
--- Fencing for the scheduler tier: refuse an epoch older than the newest one seen. 0 = unfenced.
-local function check_epoch(epoch)
+-- Fencing for the scheduler tier: refuse an epoch older than the newest one seen (k_meta's
+-- 'epoch': K_META). 0 = unfenced.
+local function check_epoch(k_meta, epoch)
   if epoch <= 0 then return nil end
-  local cur = tonumber(redis.call('HGET', K_META, 'epoch') or '0')
+  local cur = tonumber(redis.call('HGET', k_meta, 'epoch') or '0')
   if epoch < cur then return cur end
-  if epoch > cur then redis.call('HSET', K_META, 'epoch', fmt(epoch)) end
+  if epoch > cur then redis.call('HSET', k_meta, 'epoch', fmt(epoch)) end
   return nil
 end
 
 -- Tick's share of tombstone trimming (bounded work): sweep TICK_SWEEP summaries (at most the
 -- batch limit; + TOMB_SWEEP_PER_JOB per tombstone this tick wrote), and remove at most 'limit'
--- expired entries of the legacy 'x' zset (tombstones written before summaries existed) so an
+-- expired entries of the legacy 'x' zset k_x (tombstones written before summaries existed) so an
 -- upgraded partition drains it. The writers do most of the sweeping; the ticks' share is a safety
 -- net (about 0.3 ms per tick) and the drain once jobs stop finishing: returns true when more
 -- expired tombstones are likely left (half the sweep or more was expired, or the legacy set has
 -- more), and the caller ticks again at once.
 local TICK_SWEEP = 256
-local function trim_tombstones(now, limit)
+local function trim_tombstones(k_meta, k_f, k_x, now, limit)
   local count = math.min(limit, TICK_SWEEP) + tomb_written * TOMB_SWEEP_PER_JOB
-  local _, deleted = sweep_tombstones(now, count)
+  local _, deleted = sweep_tombstones(k_meta, k_f, now, count)
   local more = deleted * 2 >= count
-  local n = redis.call('ZCOUNT', K_X, '-inf', fmt(now))
+  local n = redis.call('ZCOUNT', k_x, '-inf', fmt(now))
   if n > 0 then
-    redis.call('ZREMRANGEBYRANK', K_X, 0, math.min(n, limit) - 1)
+    redis.call('ZREMRANGEBYRANK', k_x, 0, math.min(n, limit) - 1)
     if n > limit then more = true end
   end
   return more
@@ -205,25 +211,27 @@ end
 
 -- Cancel a scheduled (timer or held) or ready job. Returns 1 cancelled, 0 no live job, -1 running,
 -- -2 dead. Used by cancel, and by the cron scripts to drop a cron's pending occurrence.
+-- Ambient: it finds the job in any state and removes every trace of it: K_T, K_M, K_J, K_I, K_D,
+-- PREFIX's held set or ready list, K_K, K_E, K_F, K_Q, K_G, K_C.
 local function cancel_job(id, now, ttl)
-  local member, due = find_timer(id)
+  local member, due = find_timer(K_T, K_M, id)
   local rec
   if member then
     rec = string.sub(member, ID_LEN + 1)
-    remove_timer(id, member)
-    bump(K_G, 's:' .. (queue_name(rec_qidx(rec)) or '?'), -1)
+    remove_timer(K_T, K_M, id, member)
+    bump(K_G, 's:' .. (queue_name(K_Q, rec_qidx(rec)) or '?'), -1)
   else
-    rec, due = jget(id)
+    rec, due = jget(K_J, id)
     if not rec then return 0 end
     if redis.call('ZSCORE', K_I, id) then return -1 end
     if redis.call('ZSCORE', K_D, id) then return -2 end
-    if not unlink_waiting(id, queue_name(rec_qidx(rec)) or '?') then
+    if not unlink_waiting(PREFIX, K_G, id, queue_name(K_Q, rec_qidx(rec)) or '?') then
       error('zsched: job body without a state (invariant broken) in cancel')
     end
     redis.call('HDEL', K_J, id)
   end
-  release_key(id, rec)
-  tombstone(id, 'c', now, ttl, rec, due) -- also drops its last error
-  bump(K_C, 'cancelled:' .. (queue_name(rec_qidx(rec)) or '?'))
+  release_key(K_K, id, rec)
+  tombstone(K_E, K_F, id, 'c', now, ttl, rec, due) -- also drops its last error
+  bump(K_C, 'cancelled:' .. (queue_name(K_Q, rec_qidx(rec)) or '?'))
   return 1
 end

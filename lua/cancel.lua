@@ -8,15 +8,16 @@
 -- replace the cron instead: a cron always has exactly one pending occurrence).
 -- Invariants: a cancelled job is in no live structure, its idempotency key is free, and with
 -- ttl > 0 a 'cancelled' summary in 'f' answers get() (due time, attempts, queue, key, last error).
--- Uses: COMMON, ID_LEN, MAX_MS, PREFIX, arg, cancel_job, cron_name_of, find_timer, flush_bumps,
---       jget, layout_fence, now_ms, rec_is_cron, refusal, sweep_after_tombstones
+-- Uses: COMMON, ID_LEN, K_F, K_J, K_M, K_META, K_T, LAYOUT, MAX_MS, PREFIX, arg, cancel_job,
+--       cron_name_of, find_timer, flush_bumps, jget, layout_fence, now_ms, rec_is_cron, refusal,
+--       sweep_after_tombstones
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local id, ttl = arg('id', 4), arg('int', 5, 'tombstone_ttl_ms', 0, MAX_MS)
 arg('at_most', 5)
 if refusal then return refusal end
-do local refused = layout_fence(); if refused then return refused end end
-local member = find_timer(id)
-local rec = member and string.sub(member, ID_LEN + 1) or jget(id)
+do local refused = layout_fence(K_META, LAYOUT); if refused then return refused end end
+local member = find_timer(K_T, K_M, id)
+local rec = member and string.sub(member, ID_LEN + 1) or jget(K_J, id)
 if rec and rec_is_cron(rec) then
   local name = cron_name_of(rec)
   if name and redis.call('HGET', PREFIX .. 'cron:' .. name, 'pending') == id then return -3 end
@@ -24,5 +25,5 @@ end
 local now = now_ms()
 local code = cancel_job(id, now, ttl)
 flush_bumps()
-sweep_after_tombstones(now)
+sweep_after_tombstones(K_META, K_F, now)
 return code

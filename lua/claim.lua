@@ -35,10 +35,10 @@
 -- after Redis lost recent writes. An id that is already running (a duplicate ready entry: only
 -- a bug or a hand edit makes one) is dropped from the list, never handed out twice. A job over
 -- the due limit (ARGV 9) leaves the list only to go back to the same place in the same script.
--- Uses: BATCH_LIMIT_MAX, CHAN, COMMON, ID_LEN, K_C, K_D, K_E, K_G, K_I, K_J, K_L, MAX_INT,
---       NAME_MAX, NAME_PATTERN, PART, PREFIX, arg, bump, error_blob, flush_bumps, fmt, jget, jval,
---       layout_fence, multi, next_tokens, rec_attempt, rec_opts, rec_valid, rec_with_attempt,
---       refusal, ring, u48
+-- Uses: BATCH_LIMIT_MAX, CHAN, COMMON, ID_LEN, K_C, K_D, K_E, K_G, K_I, K_J, K_L, K_META, LAYOUT,
+--       MAX_INT, NAME_MAX, NAME_PATTERN, PART, PREFIX, arg, bump, error_blob, flush_bumps, fmt,
+--       jget, jval, layout_fence, multi, next_tokens, rec_attempt, rec_opts, rec_valid,
+--       rec_with_attempt, refusal, ring, u48
 local RECEIPT_MAX_MS = 86400000 -- a day: a receipt answers re-sends after a lost reply, seconds later
 -- Arguments: tested inline, with the values the script uses (a good call pays for no closure or
 -- call: _lib_args.lua "Argument checks"); when the test fails, the same rules again through arg, which
@@ -64,7 +64,7 @@ if not (COMMON and #KEYS == 14 and queue and #queue <= NAME_MAX and string.find(
   arg('at_most', 9)
   return refusal or arg('refuse', 'ARGV', 'arguments', "those of lua/claim.lua's header", #ARGV)
 end
-do local refused = layout_fence(); if refused then return refused end end
+do local refused = layout_fence(K_META, LAYOUT); if refused then return refused end end
 local clock = redis.call('TIME')
 local secs, micros = tonumber(clock[1]), tonumber(clock[2])
 local now = secs * 1000 + math.floor(micros / 1000)
@@ -80,7 +80,7 @@ if receipt then
       local id, token = string.sub(prev, s, s + ID_LEN - 1), string.sub(prev, s + ID_LEN, s + ID_LEN + 15)
       token = fmt(tonumber(token))
       local deadline = redis.call('ZSCORE', K_I, id)
-      local rec, due = jget(id)
+      local rec, due = jget(K_J, id)
       if deadline and rec and redis.call('HGET', K_L, id) == token then
         out[#out + 1] = id; out[#out + 1] = rec; out[#out + 1] = tonumber(token)
         out[#out + 1] = tonumber(deadline); out[#out + 1] = due
@@ -116,14 +116,14 @@ if max_due >= 0 and max_due < #ids then
     local back = {}
     for i = #ids, stop, -1 do back[#back + 1] = ids[i]; ids[i] = nil; recs[i] = nil end
     redis.call('RPUSH', list, unpack(back))
-    if string.byte(CHAN, 1) ~= 123 then ring(queue, PART, now) end
+    if string.byte(CHAN, 1) ~= 123 then ring(CHAN, PREFIX, queue, PART, now) end
     if #ids == 0 then return {now_us} end
     left = false -- rung
   end
 end
-if left and string.byte(CHAN, 1) ~= 123 and redis.call('LLEN', list) > 0 then ring(queue, PART, now) end
+if left and string.byte(CHAN, 1) ~= 123 and redis.call('LLEN', list) > 0 then ring(CHAN, PREFIX, queue, PART, now) end
 local running = redis.call('ZMSCORE', K_I, unpack(ids))
-local base = next_tokens(#ids, us) - 1
+local base = next_tokens(K_META, #ids, us) - 1
 local out, jargs, zargs, largs, kept = {now_us}, {}, {}, {}, {}
 for i, id in ipairs(ids) do
   local v = recs[i]

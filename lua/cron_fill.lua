@@ -13,8 +13,8 @@
 --          caller recomputes); {1, pending id} otherwise.
 -- Invariants: never creates a second pending occurrence, nor one for a paused cron; occurrences already in the table are
 -- not duplicated (only later ones are appended).
--- Uses: COMMON, MAX_INT, PREFIX, arg, check_epoch, cron_schedule, flush_bumps, layout_fence, p48,
---       refusal, u48
+-- Uses: COMMON, K_META, LAYOUT, MAX_INT, PREFIX, arg, check_epoch, cron_schedule, flush_bumps,
+--       layout_fence, p48, refusal, u48
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local epoch, name = arg('int', 4, 'epoch', 0, MAX_INT), arg('name', 5, 'name')
 local ver, n = ARGV[6], arg('int', 7, 'count', 1, MAX_INT)
@@ -22,8 +22,8 @@ arg('int', 6, 'version', 1, MAX_INT)
 if n and #ARGV ~= 7 + 2 * n then arg('refuse', 'ARGV', 'count', '7 + 2 x ARGV[7] (the occurrences)', #ARGV) end
 if n then arg('occurrences', 8, 'occurrence', n) end
 if refusal then return refusal end
-do local refused = layout_fence(); if refused then return refused end end
-local refused = check_epoch(epoch)
+do local refused = layout_fence(K_META, LAYOUT); if refused then return refused end end
+local refused = check_epoch(K_META, epoch)
 if refused then return {-1, refused} end
 local ck = PREFIX .. 'cron:' .. name
 local c = redis.call('HMGET', ck, 'ver', 'pending', 'times', 'fires', 'pnom')

@@ -10,12 +10,13 @@
 -- occurrences, and its hash holds 'paused' (ms); cron_fill refuses to schedule for a paused cron, so
 -- neither a tick nor an owner's cron sweep creates one. An occurrence already running finishes.
 -- Idempotent: a paused cron is left as it is.
--- Uses: COMMON, MAX_MS, PREFIX, arg, cancel_job, flush_bumps, fmt, layout_fence, now_ms, refusal
+-- Uses: COMMON, K_META, LAYOUT, MAX_MS, PREFIX, arg, cancel_job, flush_bumps, fmt, layout_fence,
+--       now_ms, refusal
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local name, ttl = arg('name', 4, 'name'), arg('int', 5, 'tombstone_ttl_ms', 0, MAX_MS)
 arg('at_most', 5)
 if refusal then return refusal end
-do local refused = layout_fence(); if refused then return refused end end
+do local refused = layout_fence(K_META, LAYOUT); if refused then return refused end end
 local ck = PREFIX .. 'cron:' .. name
 if redis.call('EXISTS', ck) == 0 then return {-1, 0} end
 local since = redis.call('HGET', ck, 'paused')

@@ -11,13 +11,14 @@
 -- Invariants: afterwards a resumed cron has exactly one pending occurrence (the first pair) and the
 -- rest as its table; occurrences between the pause and now are neither run nor counted as missed
 -- (the pause was the operator's decision). Idempotent: a re-send finds the cron not paused.
--- Uses: COMMON, MAX_INT, PREFIX, arg, cron_schedule, flush_bumps, layout_fence, p48, refusal
+-- Uses: COMMON, K_META, LAYOUT, MAX_INT, PREFIX, arg, cron_schedule, flush_bumps, layout_fence,
+--       p48, refusal
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local name, n = arg('name', 4, 'name'), arg('int', 5, 'count', 1, MAX_INT)
 if n and #ARGV ~= 5 + 2 * n then arg('refuse', 'ARGV', 'count', '5 + 2 x ARGV[5] (the occurrences)', #ARGV) end
 if n then arg('occurrences', 6, 'occurrence', n) end
 if refusal then return refusal end
-do local refused = layout_fence(); if refused then return refused end end
+do local refused = layout_fence(K_META, LAYOUT); if refused then return refused end end
 local ck = PREFIX .. 'cron:' .. name
 if redis.call('EXISTS', ck) == 0 then return {-1, ''} end
 if not redis.call('HGET', ck, 'paused') then return {0, ''} end

@@ -16,8 +16,8 @@
 -- Invariants: afterwards the cron has exactly one pending occurrence (the first pair); a replaced
 -- cron's pending occurrence is cancelled first (unless it is already running: it finishes); a
 -- paused cron that is replaced is active again.
--- Uses: COMMON, MAX_INT, MAX_MS, PREFIX, arg, cancel_job, cron_schedule, flush_bumps, fmt,
---       layout_fence, now_ms, p48, record_problem, refusal
+-- Uses: COMMON, K_META, LAYOUT, MAX_INT, MAX_MS, PREFIX, arg, cancel_job, cron_schedule,
+--       flush_bumps, fmt, layout_fence, now_ms, p48, record_problem, refusal
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local name, queue, def, head, tail = arg('name', 4, 'name'), arg('name', 5, 'queue'), ARGV[6], ARGV[7], ARGV[8]
 local m = def and string.byte(def, 1) -- a msgpack map: fixmap 0x80-0x8f, map 16 0xde, map 32 0xdf
@@ -37,7 +37,7 @@ local placement = arg('int', 11, 'placement', 0, 4294967295)
 if n and #ARGV ~= 11 + 2 * n then arg('refuse', 'ARGV', 'count', '11 + 2 x ARGV[10] (the occurrences)', #ARGV) end
 if n then arg('occurrences', 12, 'occurrence', n) end
 if refusal then return refusal end
-do local refused = layout_fence(); if refused then return refused end end
+do local refused = layout_fence(K_META, LAYOUT); if refused then return refused end end
 local now = now_ms()
 local ck = PREFIX .. 'cron:' .. name
 local old = redis.call('HGET', ck, 'pending')

@@ -25,5 +25,5 @@ local cur = tonumber(redis.call('HGET', K_META, 'epoch') or '0')
 if cur ~= expected then return {0, cur} end
 if cur == 0 then return {2, 0} end
 redis.call('HSET', K_META, 'epoch', '0')
-publish(CHAN .. 'epoch-reset', PART)
+publish(CHAN, 'epoch-reset', PART)
 return {1, cur}

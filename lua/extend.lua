@@ -9,7 +9,7 @@
 -- Invariants: only the current token holder can extend; a refused extend changes nothing.
 -- Arguments: tested inline (heartbeats extend every running job), named through arg when the test
 -- failed. The two lists go together.
--- Uses: COMMON, ID_LEN, K_I, K_L, MAX_INT, arg, jget, now_ms, rec_opts, refusal
+-- Uses: COMMON, ID_LEN, K_I, K_J, K_L, MAX_INT, arg, jget, now_ms, rec_opts, refusal
 local MAX_LEASE_MS = 604800000 -- options.MAX_LEASE_S
 local A = ARGV
 local good = COMMON and #KEYS == 14 and #A >= 6 and #A % 3 == 0
@@ -30,7 +30,7 @@ local now = now_ms()
 local out = {}
 for b = 4, #ARGV, 3 do
   local id, token, lease = ARGV[b], ARGV[b + 1], tonumber(ARGV[b + 2])
-  local rec = jget(id)
+  local rec = jget(K_J, id)
   if redis.call('HGET', K_L, id) ~= token or not rec then
     out[#out + 1] = 0
   else

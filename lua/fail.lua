@@ -15,9 +15,9 @@
 -- dead job's idempotency key is free again.
 -- Arguments: tested inline (a worker fails every job whose handler raised), named through arg
 -- when the test failed. The two lists go together.
--- Uses: COMMON, ID_LEN, K_C, K_D, K_E, K_G, K_I, K_L, MAX_INT, MAX_MS, arg, bump, fmt, head_score,
---       jget, now_ms, place, queue_name, rec_attempt, rec_max, rec_qidx, refusal, release_key,
---       settle
+-- Uses: CHAN, COMMON, ID_LEN, K_C, K_D, K_E, K_G, K_I, K_J, K_K, K_L, K_Q, K_T, MAX_INT, MAX_MS,
+--       PART, PREFIX, arg, bump, fmt, head_score, jget, now_ms, place, queue_name, rec_attempt,
+--       rec_max, rec_qidx, refusal, release_key, settle
 local ERROR_MAX = 16386
 local A = ARGV
 local good = COMMON and #KEYS == 14 and #A >= 8 and (#A - 3) % 5 == 0
@@ -43,14 +43,14 @@ if not good then
 end
 local now = now_ms()
 local out = {}
-local head, earliest = head_score(), nil
+local head, earliest = head_score(K_T), nil
 for b = 4, #ARGV, 5 do
   local id, token, kind, delay, err = ARGV[b], ARGV[b + 1], ARGV[b + 2], tonumber(ARGV[b + 3]), ARGV[b + 4]
-  local rec = jget(id)
+  local rec = jget(K_J, id)
   if redis.call('HGET', K_L, id) ~= token or not rec then
     out[#out + 1] = 0
   else
-    local q = queue_name(rec_qidx(rec)) or '?'
+    local q = queue_name(K_Q, rec_qidx(rec)) or '?'
     redis.call('ZREM', K_I, id)
     redis.call('HDEL', K_L, id)
     redis.call('HSET', K_E, id, fmt(now) .. '\0' .. err)
@@ -58,7 +58,7 @@ for b = 4, #ARGV, 5 do
     if kind ~= 'r' then bump(K_C, 'failed:' .. q) end
     if kind == 'p' or rec_attempt(rec) >= rec_max(rec) then
       redis.call('ZADD', K_D, now, id)
-      release_key(id, rec)  -- a key names a live job: once dead, scheduling with it makes a new job
+      release_key(K_K, id, rec)  -- a key names a live job: once dead, scheduling with it makes a new job
       bump(K_G, 'd:' .. q)
       bump(K_C, 'dead:' .. q)
       out[#out + 1] = 2
@@ -70,5 +70,5 @@ for b = 4, #ARGV, 5 do
     end
   end
 end
-settle(earliest, head, now)
+settle(CHAN, PREFIX, PART, earliest, head, now)
 return out

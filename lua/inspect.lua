@@ -17,22 +17,22 @@
 --   not 15 bytes.
 -- Invariants: read-only (no key is written); every job state is read in this one atomic call,
 --             so a job moving meanwhile is seen in exactly one state.
--- Uses: COMMON, ID_LEN, K_D, K_E, K_F, K_I, K_L, K_X, PREFIX, arg, find_timer, fmt, jget,
---       layout_fence, queue_name, rec_qidx, refusal, u16, u48
+-- Uses: COMMON, ID_LEN, K_D, K_E, K_F, K_I, K_J, K_L, K_M, K_META, K_Q, K_T, K_X, LAYOUT, PREFIX,
+--       arg, find_timer, fmt, jget, layout_fence, queue_name, rec_qidx, refusal, u16, u48
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 arg('groups', 4, 'job ids', 1, 1)
 for b = 4, #ARGV do arg('id', b) end
 if refusal then return refusal end
-do local refused = layout_fence(); if refused then return refused end end
+do local refused = layout_fence(K_META, LAYOUT); if refused then return refused end end
 local function look(id)
-  local member, s = find_timer(id)
+  local member, s = find_timer(K_T, K_M, id)
   if member then
     local rec = string.sub(member, ID_LEN + 1)
-    return {'scheduled', rec, fmt(s), false, redis.call('HGET', K_E, id), queue_name(rec_qidx(rec)), fmt(s), false}
+    return {'scheduled', rec, fmt(s), false, redis.call('HGET', K_E, id), queue_name(K_Q, rec_qidx(rec)), fmt(s), false}
   end
-  local rec, due = jget(id)
+  local rec, due = jget(K_J, id)
   if rec then
-    local q, err = queue_name(rec_qidx(rec)), redis.call('HGET', K_E, id)
+    local q, err = queue_name(K_Q, rec_qidx(rec)), redis.call('HGET', K_E, id)
     local dl = redis.call('ZSCORE', K_I, id)
     if dl then return {'running', rec, dl, redis.call('HGET', K_L, id), err, q, fmt(due), false} end
     local dd = redis.call('ZSCORE', K_D, id)
@@ -46,7 +46,7 @@ local function look(id)
   local names = {d = 'done', c = 'cancelled', m = 'misfired'}
   local v = redis.call('HGET', K_F, id)
   if v and #v >= 28 and names[string.sub(v, 1, 1)] then
-    return {names[string.sub(v, 1, 1)], false, fmt(u48(v, 8)), false, false, queue_name(u16(v, 14)),
+    return {names[string.sub(v, 1, 1)], false, fmt(u48(v, 8)), false, false, queue_name(K_Q, u16(v, 14)),
             fmt(u48(v, 18)), v}
   end
   if redis.call('EXISTS', K_X) == 1 then

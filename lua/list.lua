@@ -33,8 +33,8 @@
 --   run_at_to that is neither '' nor epoch ms up to 9999-12-31, a run_at range for a state other
 --   than scheduled, more arguments.
 -- Invariants: read-only (no key is written); examines at most ARGV[8] entries per call.
--- Uses: COMMON, ID_LEN, K_D, K_E, K_I, K_J, K_L, K_Q, K_T, MAX_INT, MAX_MS, PREFIX, arg, fmt,
---       id_less, layout_fence, rec_qidx, refusal, u48
+-- Uses: COMMON, ID_LEN, K_D, K_E, K_I, K_J, K_L, K_META, K_Q, K_T, LAYOUT, MAX_INT, MAX_MS, PREFIX,
+--       arg, fmt, id_less, layout_fence, rec_qidx, refusal, u48
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local state, queue, pos = ARGV[4], arg('name', 5, 'queue'), ARGV[7]
 local limit, budget = arg('int', 6, 'limit', 1, 1000), arg('int', 8, 'budget', 1, MAX_INT)
@@ -59,7 +59,7 @@ elseif not pos then
   arg('refuse', 7, 'position', "'' or a position this script returned for this state", pos)
 end
 if refusal then return refusal end
-do local refused = layout_fence(); if refused then return refused end end
+do local refused = layout_fence(K_META, LAYOUT); if refused then return refused end end
 if budget < limit then budget = limit end
 local rmin, rmax = from ~= -1 and fmt(from) or '', to ~= -1 and fmt(to) or ''
 local out = {''}

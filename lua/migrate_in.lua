@@ -20,9 +20,9 @@
 --   set, dead set, or a finished summary) with its record's queue index translated to this
 --   partition's; a keyed job takes its idempotency key along; gauges follow the job.
 -- Re-send flag: ARGV[5]
--- Uses: COMMON, ID_LEN, K_D, K_E, K_F, K_G, K_I, K_J, K_K, K_META, KEY_MAX, MAX_INT, MAX_MS,
---       NAME_MAX, NAME_PATTERN, PREFIX, arg, bump, flag, fmt, head_score, job_exists, jval, multi,
---       p16, push_ready, put_timer, queue_index, refusal, settle
+-- Uses: CHAN, COMMON, ID_LEN, KEY_MAX, K_D, K_E, K_F, K_G, K_I, K_J, K_K, K_M, K_META, K_Q, K_T,
+--       MAX_INT, MAX_MS, NAME_MAX, NAME_PATTERN, PART, PREFIX, arg, bump, flag, fmt, head_score,
+--       job_exists, jval, multi, p16, push_ready, put_timer, queue_index, refusal, settle
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local seq_floor, check = arg('int', 4, 'cron_sequence', 0, MAX_INT), arg('flag', 5, 'check')
 arg('groups', 6, '(field, entry) pairs', 2, 0)
@@ -68,9 +68,9 @@ if seq_floor > tonumber(redis.call('HGET', K_META, 'cronseq') or '0') then
   redis.call('HSET', K_META, 'cronseq', fmt(seq_floor))
 end
 local taken, skipped = 0, 0
-local head = head_score()
+local head = head_score(K_T)
 local earliest = nil
-local function local_rec(rec, qn) return p16(queue_index(qn)) .. string.sub(rec, 3) end
+local function local_rec(rec, qn) return p16(queue_index(PREFIX, K_Q, qn)) .. string.sub(rec, 3) end
 local function put_extras(id, err, key)
   if err ~= '' then redis.call('HSET', K_E, id, err) end
   if key ~= '' then redis.call('HSET', K_K, key, id) end
@@ -94,18 +94,18 @@ for i = 6, #ARGV, 2 do
       skipped = skipped + 1
     elseif kind == 'f' then
       local v = e[2]
-      redis.call('HSET', K_F, id, string.sub(v, 1, 13) .. p16(queue_index(e[3])) .. string.sub(v, 16))
+      redis.call('HSET', K_F, id, string.sub(v, 1, 13) .. p16(queue_index(PREFIX, K_Q, e[3])) .. string.sub(v, 16))
       taken = taken + 1
     else
       local qn, rec = e[3], local_rec(e[4], e[3])
       if kind == 't' then
-        put_timer(id, rec, e[2])
+        put_timer(K_T, K_M, id, rec, e[2])
         bump(K_G, 's:' .. qn)
         if earliest == nil or e[2] < earliest then earliest = e[2] end
         put_extras(id, e[5], e[6])
       elseif kind == 'r' then
         redis.call('HSET', K_J, id, jval(rec, e[2]))
-        push_ready(id, qn, false)
+        push_ready(PREFIX, id, qn, false)
         put_extras(id, e[5], e[6])
       elseif kind == 'h' then
         redis.call('HSET', K_J, id, jval(rec, e[7]))
@@ -124,5 +124,5 @@ for i = 6, #ARGV, 2 do
     end
   end
 end
-settle(earliest, head)
+settle(CHAN, PREFIX, PART, earliest, head)
 return {taken, skipped}

@@ -26,8 +26,8 @@
 -- Entries: t {'t', score, queue, record, error, key}; r {'r', due, queue, record, error, key};
 --   h {'h', score, queue, record, error, key, due}; d {'d', score, queue, record, error, due};
 --   f {'f', summary, queue}; c {'c', fields (flat HGETALL)}. error/key: '' when none.
--- Uses: COMMON, ID_LEN, K_D, K_E, K_F, K_G, K_J, K_K, K_META, K_Q, K_T, MAX_INT, NAME_MAX, PART,
---       PREFIX, arg, bump, flush_bumps, fmt, jget, multi, queue_name, rec_opts, rec_qidx,
+-- Uses: COMMON, ID_LEN, K_D, K_E, K_F, K_G, K_J, K_K, K_M, K_META, K_Q, K_T, MAX_INT, NAME_MAX,
+--       PART, PREFIX, arg, bump, flush_bumps, fmt, jget, multi, queue_name, rec_opts, rec_qidx,
 --       rec_valid, refusal, remove_timer, u16, u32
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local N, budget = arg('int', 4, 'partitions', 1, 4096), arg('int', 5, 'budget', 1, MAX_INT)
@@ -108,19 +108,19 @@ local function walk_zset(key, kind, q)
       at = at + 1
     elseif kind == 't' then
       local rec = string.sub(member, ID_LEN + 1)
-      local qn = queue_name(rec_qidx(rec)) or '?'
-      remove_timer(id, member)
+      local qn = queue_name(K_Q, rec_qidx(rec)) or '?'
+      remove_timer(K_T, K_M, id, member)
       bump(K_G, 's:' .. qn, -1)
       local err, key = take_extras(id, rec)
       emit('j' .. id, target, {'t', score, qn, rec, err, key})
     else
-      local rec, due = jget(id)
+      local rec, due = jget(K_J, id)
       if not rec then
         at = at + 1 -- no body (only a hand edit makes one): left where it is, never dropped
       else
         redis.call('ZREM', key, id)
         redis.call('HDEL', K_J, id)
-        local qn = q or queue_name(rec_qidx(rec)) or '?'
+        local qn = q or queue_name(K_Q, rec_qidx(rec)) or '?'
         if kind == 'd' then
           bump(K_G, 'd:' .. qn, -1)
           local err = redis.call('HGET', K_E, id) or ''
@@ -161,7 +161,7 @@ while si <= #stages and moved < budget do
       local id, v = r[2][i], r[2][i + 1]
       if #id == ID_LEN and target_of(id) ~= me then
         redis.call('HDEL', K_F, id)
-        emit('j' .. id, target_of(id), {'f', v, queue_name(u16(v, 14)) or '?'})
+        emit('j' .. id, target_of(id), {'f', v, queue_name(K_Q, u16(v, 14)) or '?'})
       end
     end
     cur = r[1]
@@ -181,7 +181,7 @@ while si <= #stages and moved < budget do
       if target == me or #id ~= ID_LEN then
         redis.call('LPUSH', list, id)
       else
-        local rec, due = jget(id)
+        local rec, due = jget(K_J, id)
         if rec then
           redis.call('HDEL', K_J, id)
           local err, key = take_extras(id, rec)

@@ -9,10 +9,10 @@
 -- Invariants: no job changes state. tick keeps moving due jobs to 'r:QUEUE'; claim (lua/claim.lua)
 -- hands none of them out while the flag is set, and answers {now_us, since} so workers stop asking
 -- until resume publishes on the queue's ready channel. Idempotent (HSETNX): a re-send changes nothing.
--- Uses: COMMON, MAX_MS, PREFIX, arg, fmt, layout_fence, refusal
+-- Uses: COMMON, K_META, LAYOUT, MAX_MS, PREFIX, arg, fmt, layout_fence, refusal
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local queue, since = arg('name', 4, 'queue'), arg('int', 5, 'since_ms', 0, MAX_MS)
 arg('at_most', 5)
 if refusal then return refusal end
-do local refused = layout_fence(); if refused then return refused end end
+do local refused = layout_fence(K_META, LAYOUT); if refused then return refused end end
 return redis.call('HSETNX', PREFIX .. 'paused', queue, fmt(since))

@@ -7,8 +7,8 @@
 --   outside 1-5000 or more arguments, with 'ids' no id or an id that is not 15 bytes.
 -- Returns: the number of jobs purged.
 -- Invariants: only dead jobs are touched; their body, error and idempotency key go with them.
--- Uses: BATCH_LIMIT_MAX, COMMON, K_C, K_D, K_E, K_G, K_J, MAX_MS, arg, bump, flush_bumps, fmt,
---       jget, layout_fence, queue_name, rec_qidx, refusal, release_key
+-- Uses: BATCH_LIMIT_MAX, COMMON, K_C, K_D, K_E, K_G, K_J, K_K, K_META, K_Q, LAYOUT, MAX_MS, arg,
+--       bump, flush_bumps, fmt, jget, layout_fence, queue_name, rec_qidx, refusal, release_key
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local mode = ARGV[4]
 if mode ~= 'ids' and mode ~= 'older' then arg('refuse', 4, 'mode', "'ids' or 'older'", mode) end
@@ -21,7 +21,7 @@ else
   for b = 6, #ARGV do arg('id', b) end
 end
 if refusal then return refusal end
-do local refused = layout_fence(); if refused then return refused end end
+do local refused = layout_fence(K_META, LAYOUT); if refused then return refused end end
 local ids
 if mode == 'older' then
   ids = redis.call('ZRANGE', K_D, '-inf', fmt(cutoff), 'BYSCORE', 'LIMIT', 0, limit)
@@ -32,12 +32,12 @@ end
 local n = 0
 for _, id in ipairs(ids) do
   if redis.call('ZREM', K_D, id) == 1 then
-    local rec = jget(id)
+    local rec = jget(K_J, id)
     redis.call('HDEL', K_J, id)
     redis.call('HDEL', K_E, id)
     if rec then
-      release_key(id, rec)
-      local q = queue_name(rec_qidx(rec)) or '?'
+      release_key(K_K, id, rec)
+      local q = queue_name(K_Q, rec_qidx(rec)) or '?'
       bump(K_G, 'd:' .. q, -1)
       bump(K_C, 'purged:' .. q)
     end

@@ -10,24 +10,25 @@
 -- ready list; or, when its attempts are spent, it goes to 'd' with a LeaseExpired error (and its
 -- idempotency key is free again).
 -- Bounded by the batch limit.
--- Uses: BATCH_LIMIT_MAX, COMMON, K_C, K_D, K_E, K_G, K_I, K_J, K_L, MAX_INT, arg, bump,
---       check_epoch, error_blob, flush_bumps, fmt, jget, jval, layout_fence, now_ms, publish_ready,
---       push_ready, queue_name, rec_attempt, rec_max, rec_qidx, refusal, release_key
+-- Uses: BATCH_LIMIT_MAX, CHAN, COMMON, K_C, K_D, K_E, K_G, K_I, K_J, K_K, K_L, K_META, K_Q, LAYOUT,
+--       MAX_INT, PART, PREFIX, arg, bump, check_epoch, error_blob, flush_bumps, fmt, jget, jval,
+--       layout_fence, now_ms, publish_ready, push_ready, queue_name, rec_attempt, rec_max,
+--       rec_qidx, refusal, release_key
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local epoch, limit = arg('int', 4, 'epoch', 0, MAX_INT), arg('int', 5, 'batch', 1, BATCH_LIMIT_MAX)
 arg('at_most', 5)
 if refusal then return refusal end
-do local refused = layout_fence(); if refused then return refused end end
-local refused = check_epoch(epoch)
+do local refused = layout_fence(K_META, LAYOUT); if refused then return refused end end
+local refused = check_epoch(K_META, epoch)
 if refused then return {-1, refused} end
 local now = now_ms()
 local expired = redis.call('ZRANGE', K_I, '-inf', fmt(now), 'BYSCORE', 'LIMIT', 0, limit)
 for _, id in ipairs(expired) do
   redis.call('ZREM', K_I, id)
   redis.call('HDEL', K_L, id)
-  local rec = jget(id)
+  local rec = jget(K_J, id)
   if rec then
-    local q = queue_name(rec_qidx(rec)) or '?'
+    local q = queue_name(K_Q, rec_qidx(rec)) or '?'
     local a, mx = rec_attempt(rec), rec_max(rec)
     bump(K_G, 'a:' .. q, -1)
     bump(K_C, 'expired:' .. q)
@@ -35,16 +36,16 @@ for _, id in ipairs(expired) do
     redis.call('HSET', K_E, id, error_blob(now, 'LeaseExpired', msg))
     if a >= mx then
       redis.call('ZADD', K_D, now, id)
-      release_key(id, rec)
+      release_key(K_K, id, rec)
       bump(K_G, 'd:' .. q)
       bump(K_C, 'dead:' .. q)
     else
       redis.call('HSET', K_J, id, jval(rec, now))
-      push_ready(id, q, false)
+      push_ready(PREFIX, id, q, false)
     end
   end
 end
 flush_bumps()
-publish_ready(now)
+publish_ready(CHAN, PREFIX, PART, now)
 local nxt = redis.call('ZRANGE', K_I, 0, 0, 'WITHSCORES')
 return {#expired, tonumber(nxt[2] or '-1'), now}

@@ -22,7 +22,7 @@
 -- behind once every worker of the namespace is gone.
 -- Idempotent: a re-send writes the same record with a later clock.
 -- Uses: arg, now_ms, refusal, registry_keys, registry_prune
-registry_keys()
+local k_records, k_live = registry_keys()
 local id, rec = ARGV[1], ARGV[2]
 if not id or #id < 1 or #id > 200 then arg('refuse', 1, 'worker id', 'a worker id of 1-200 bytes', id) end
 if not rec or #rec < 1 or #rec > 8192 then arg('refuse', 2, 'record', 'a record of 1-8192 bytes', rec) end
@@ -30,10 +30,10 @@ local ttl, prune = arg('int', 3, 'ttl_ms', 1, 86400000), arg('int', 4, 'prune', 
 arg('at_most', 4)
 if refusal then return refusal end
 local now = now_ms()
-local pruned = registry_prune(now, prune)
-redis.call('HSET', KEYS[1], id, now .. ':' .. rec)
-redis.call('ZADD', KEYS[2], now + ttl, id)
+local pruned = registry_prune(k_records, k_live, now, prune)
+redis.call('HSET', k_records, id, now .. ':' .. rec)
+redis.call('ZADD', k_live, now + ttl, id)
 -- the longest ttl any worker may ask for: no live record is ever lost with its key
-redis.call('PEXPIRE', KEYS[1], 86400000)
-redis.call('PEXPIRE', KEYS[2], 86400000)
+redis.call('PEXPIRE', k_records, 86400000)
+redis.call('PEXPIRE', k_live, 86400000)
 return {now, pruned}

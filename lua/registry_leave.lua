@@ -9,11 +9,11 @@
 -- Returns: 1 when the worker's record was removed, 0 when there was none.
 -- Invariants: the id leaves both keys at once; O(log N). Idempotent: a re-send finds nothing.
 -- Uses: arg, refusal, registry_keys
-registry_keys()
+local k_records, k_live = registry_keys()
 local id = ARGV[1]
 if not id or #id < 1 or #id > 200 then arg('refuse', 1, 'worker id', 'a worker id of 1-200 bytes', id) end
 arg('at_most', 1)
 if refusal then return refusal end
-local gone = redis.call('HDEL', KEYS[1], id)
-redis.call('ZREM', KEYS[2], id)
+local gone = redis.call('HDEL', k_records, id)
+redis.call('ZREM', k_live, id)
 return gone

@@ -14,19 +14,19 @@
 -- Invariants: writes only the deletion of dead records, bounded by ARGV[1] (the rest go on the
 -- next call); reads O(live workers), never anything per job or per partition.
 -- Uses: arg, now_ms, refusal, registry_keys, registry_prune
-registry_keys()
+local k_records, k_live = registry_keys()
 local prune = arg('int', 1, 'prune', 0, 1000)
 arg('at_most', 1)
 if refusal then return refusal end
 local now = now_ms()
-local out = {now, registry_prune(now, prune)}
-local live = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now, '+inf', 'WITHSCORES')
+local out = {now, registry_prune(k_records, k_live, now, prune)}
+local live = redis.call('ZRANGEBYSCORE', k_live, '(' .. now, '+inf', 'WITHSCORES')
 if #live == 0 then return out end
 -- HMGET in chunks: unpack() of thousands of ids would overflow Lua's C stack
 for first = 1, #live, 1000 do
   local ids = {}
   for i = first, math.min(first + 999, #live), 2 do ids[#ids + 1] = live[i] end
-  local values = redis.call('HMGET', KEYS[1], unpack(ids))
+  local values = redis.call('HMGET', k_records, unpack(ids))
   for j = 1, #ids do
     if values[j] then
       out[#out + 1] = ids[j]

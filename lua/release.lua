@@ -9,8 +9,9 @@
 -- Invariants: the job leaves 'i'/'l' and goes to the front of its ready list with attempt - 1.
 -- Arguments: tested inline (a worker that stops releases every job it holds), named through arg
 -- when the test failed. The two lists go together.
--- Uses: COMMON, ID_LEN, K_C, K_G, K_I, K_J, K_L, MAX_INT, arg, bump, flush_bumps, jget, jval,
---       publish_ready, push_ready, queue_name, rec_attempt, rec_qidx, rec_with_attempt, refusal
+-- Uses: CHAN, COMMON, ID_LEN, K_C, K_G, K_I, K_J, K_L, K_Q, MAX_INT, PART, PREFIX, arg, bump,
+--       flush_bumps, jget, jval, publish_ready, push_ready, queue_name, rec_attempt, rec_qidx,
+--       rec_with_attempt, refusal
 local A = ARGV
 local good = COMMON and #KEYS == 14 and #A >= 5 and #A % 2 == 1
 for b = 4, good and #A or 0, 2 do
@@ -26,22 +27,22 @@ end
 local out = {}
 for b = 4, #ARGV, 2 do
   local id, token = ARGV[b], ARGV[b + 1]
-  local rec, due = jget(id)
+  local rec, due = jget(K_J, id)
   if redis.call('HGET', K_L, id) ~= token or not rec then
     out[#out + 1] = 0
   else
-    local q = queue_name(rec_qidx(rec)) or '?'
+    local q = queue_name(K_Q, rec_qidx(rec)) or '?'
     local a = rec_attempt(rec)
     if a > 0 then rec = rec_with_attempt(rec, a - 1) end
     redis.call('HSET', K_J, id, jval(rec, due))
     redis.call('ZREM', K_I, id)
     redis.call('HDEL', K_L, id)
-    push_ready(id, q, true)
+    push_ready(PREFIX, id, q, true)
     bump(K_G, 'a:' .. q, -1)
     bump(K_C, 'released:' .. q)
     out[#out + 1] = 1
   end
 end
 flush_bumps()
-publish_ready()
+publish_ready(CHAN, PREFIX, PART)
 return out

@@ -11,25 +11,26 @@
 -- Invariants: the job leaves 'd' and enters exactly one of 't' or its ready list. Its last error
 -- stays readable until it succeeds. It takes its idempotency key back if no other live job holds
 -- it (the key was freed when it died).
--- Uses: COMMON, K_C, K_D, K_G, K_K, arg, bump, head_score, jget, layout_fence, now_ms, place,
---       queue_name, rec_opts, rec_qidx, rec_with_attempt, refusal, settle
+-- Uses: CHAN, COMMON, K_C, K_D, K_G, K_J, K_K, K_META, K_Q, K_T, LAYOUT, PART, PREFIX, arg, bump,
+--       head_score, jget, layout_fence, now_ms, place, queue_name, rec_opts, rec_qidx,
+--       rec_with_attempt, refusal, settle
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local now = now_ms()
 local at = arg('at', 4, 'run_at', now)
 arg('groups', 5, 'job ids', 1, 1)
 for b = 5, #ARGV do arg('id', b) end
 if refusal then return refusal end
-do local refused = layout_fence(); if refused then return refused end end
+do local refused = layout_fence(K_META, LAYOUT); if refused then return refused end end
 if at <= 0 then at = now end
-local head, earliest = head_score(), nil
+local head, earliest = head_score(K_T), nil
 local out = {}
 for b = 5, #ARGV do
   local id = ARGV[b]
-  local rec = jget(id)
+  local rec = jget(K_J, id)
   if not rec or not redis.call('ZSCORE', K_D, id) then
     out[#out + 1] = 0
   else
-    local q = queue_name(rec_qidx(rec)) or '?'
+    local q = queue_name(K_Q, rec_qidx(rec)) or '?'
     rec = rec_with_attempt(rec, 0)
     redis.call('ZREM', K_D, id)
     bump(K_G, 'd:' .. q, -1)
@@ -41,5 +42,5 @@ for b = 5, #ARGV do
     out[#out + 1] = 1
   end
 end
-settle(earliest, head, now)
+settle(CHAN, PREFIX, PART, earliest, head, now)
 return out

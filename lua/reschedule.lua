@@ -8,37 +8,37 @@
 --   that range, more arguments.
 -- Returns: 1 moved; 0 no live job with that id; -1 running; -2 dead (use requeue).
 -- Invariants: the job keeps its id, attempts and payload and is in exactly one state after.
--- Uses: COMMON, ID_LEN, K_C, K_D, K_G, K_I, K_J, arg, bump, find_timer, flush_bumps, head_score,
---       jget, layout_fence, now_ms, place, publish_ready, queue_name, rec_qidx, refusal,
---       remove_timer, unlink_waiting, wake_scheduler
+-- Uses: CHAN, COMMON, ID_LEN, K_C, K_D, K_G, K_I, K_J, K_M, K_META, K_Q, K_T, LAYOUT, PART, PREFIX,
+--       arg, bump, find_timer, flush_bumps, head_score, jget, layout_fence, now_ms, place,
+--       publish_ready, queue_name, rec_qidx, refusal, remove_timer, unlink_waiting, wake_scheduler
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local now = now_ms()
 local id, at = arg('id', 4), arg('at', 5, 'run_at', now)
 arg('at_most', 5)
 if refusal then return refusal end
-do local refused = layout_fence(); if refused then return refused end end
-local head = head_score()
-local member = find_timer(id)
+do local refused = layout_fence(K_META, LAYOUT); if refused then return refused end end
+local head = head_score(K_T)
+local member = find_timer(K_T, K_M, id)
 local rec, q
 if member then
   rec = string.sub(member, ID_LEN + 1)
-  q = queue_name(rec_qidx(rec)) or '?'
-  remove_timer(id, member)
+  q = queue_name(K_Q, rec_qidx(rec)) or '?'
+  remove_timer(K_T, K_M, id, member)
   bump(K_G, 's:' .. q, -1)
 else
-  rec = jget(id)
+  rec = jget(K_J, id)
   if not rec then return 0 end
   if redis.call('ZSCORE', K_I, id) then return -1 end
   if redis.call('ZSCORE', K_D, id) then return -2 end
-  q = queue_name(rec_qidx(rec)) or '?'
-  if not unlink_waiting(id, q) then
+  q = queue_name(K_Q, rec_qidx(rec)) or '?'
+  if not unlink_waiting(PREFIX, K_G, id, q) then
     return redis.error_reply('zsched: job body without a state (invariant broken) for reschedule')
   end
   redis.call('HDEL', K_J, id)
 end
 local t = place(id, rec, q, at, now)
-if t and (head == nil or t < head) then wake_scheduler() end
+if t and (head == nil or t < head) then wake_scheduler(CHAN, PART) end
 bump(K_C, 'rescheduled:' .. q)
 flush_bumps()
-publish_ready(now)
+publish_ready(CHAN, PREFIX, PART, now)
 return 1

@@ -46,10 +46,11 @@
 -- id must be noted in 'm') falls through to the general path before any write, which names a
 -- refused argument. tests/integration/test_schedule_fast_path.py compares the two.
 -- Re-send flag: ARGV[7]
--- Uses: BATCH_MAX, COMMON, ID_LEN, K_C, K_G, K_J, K_K, K_M, K_T, KEY_MAX, MAX_MS, NAME_MAX,
---       NAME_PATTERN, PART, PREFIX, arg, bump, flag, flush_bumps, fmt, head_score, job_exists,
---       jval, layout_fence, multi, now_ms, p16, queue_index, rec_opts, record_problem, refusal,
---       release_key, ring, sweep_after_tombstones, tombstone, touch_queue, u48, wake_scheduler
+-- Uses: BATCH_MAX, CHAN, COMMON, ID_LEN, KEY_MAX, K_C, K_E, K_F, K_G, K_J, K_K, K_M, K_META, K_Q,
+--       K_T, LAYOUT, MAX_MS, NAME_MAX, NAME_PATTERN, PART, PREFIX, arg, bump, flag, flush_bumps,
+--       fmt, head_score, job_exists, jval, layout_fence, multi, now_ms, p16, queue_index, rec_opts,
+--       record_problem, refusal, release_key, ring, sweep_after_tombstones, tombstone, touch_queue,
+--       u48, wake_scheduler
 local RELATIVE_SLACK_MS = 250 -- see the use of arg('at') below
 local A = ARGV -- a local: each ARGV[i] would otherwise look the global up
 if A[6] == '1' and A[7] == '0' and A[10] == '' and A[11] == nil and (#KEYS == 1 or #KEYS == 14) then
@@ -131,15 +132,15 @@ for i = 1, n do
   ats[i], ests[i] = arg('at', b + 1, 'run_at', now)
   if refusal then return refusal end
 end
-do local refused = layout_fence(); if refused then return refused end end
-local qidx = queue_index(queue)
+do local refused = layout_fence(K_META, LAYOUT); if refused then return refused end end
+local qidx = queue_index(PREFIX, K_Q, queue)
 -- Always a write, also on a re-send that finds every job already there: WAIT (durable=) counts
 -- the replicas that have this connection's last write, so a call that wrote nothing would be
 -- "confirmed" before the replicas had the first send's jobs.
-touch_queue(qidx, now)
+touch_queue(K_Q, qidx, now)
 local qb = p16(qidx)
 local out, zargs, jargs, ready_ids, misfired, moved = {}, {}, {}, {}, {}, {}
-local head = head_score()
+local head = head_score(K_T)
 local earliest = nil
 for i = 0, n - 1 do
   local b = 8 + i * 3
@@ -172,8 +173,8 @@ for i = 0, n - 1 do
     else
       local grace = rec_opts(rec)
       if grace and now - at > grace then
-        tombstone(id, 'm', now, ttl, rec, at)
-        release_key(id, rec)
+        tombstone(K_E, K_F, id, 'm', now, ttl, rec, at)
+        release_key(K_K, id, rec)
         bump(K_C, 'misfired:' .. queue)
         misfired[#misfired + 1] = i + 1
       else
@@ -190,11 +191,11 @@ if #jargs > 0 then
   multi('HSET', K_J, jargs)
   multi('LPUSH', PREFIX .. 'r:' .. queue, ready_ids)
   bump(K_C, 'fired:' .. queue, #ready_ids)
-  ring(queue, PART, now)
+  ring(CHAN, PREFIX, queue, PART, now)
 end
 flush_bumps()
-sweep_after_tombstones(now)
-if earliest and (head == nil or earliest < head) then wake_scheduler() end
+sweep_after_tombstones(K_META, K_F, now)
+if earliest and (head == nil or earliest < head) then wake_scheduler(CHAN, PART) end
 local reply = {now, #misfired}
 for _, pos in ipairs(misfired) do reply[#reply + 1] = pos end
 for _, id in ipairs(out) do reply[#reply + 1] = id end

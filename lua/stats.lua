@@ -6,11 +6,11 @@
 --          queues (flat queue/since-ms list, lua/pause.lua)}.
 -- Refuses (ZSCHED_ARG; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, more arguments.
 -- Invariants: read-only (no key is written); O(queues) work, never O(jobs).
--- Uses: COMMON, K_C, K_D, K_G, K_I, K_META, K_Q, K_T, PREFIX, arg, head_score, layout_fence,
---       refusal
+-- Uses: COMMON, K_C, K_D, K_G, K_I, K_META, K_Q, K_T, LAYOUT, PREFIX, arg, head_score,
+--       layout_fence, refusal
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 if not arg('at_most', 3) then return refusal end
-do local refused = layout_fence(); if refused then return refused end end
+do local refused = layout_fence(K_META, LAYOUT); if refused then return refused end end
 local queues = {}
 local q = redis.call('HGETALL', K_Q)
 for i = 1, #q, 2 do
@@ -20,6 +20,6 @@ for i = 1, #q, 2 do
     queues[#queues + 1] = redis.call('LLEN', PREFIX .. 'r:' .. name)
   end
 end
-return {redis.call('HGETALL', K_G), redis.call('HGETALL', K_C), queues, head_score() or -1,
+return {redis.call('HGETALL', K_G), redis.call('HGETALL', K_C), queues, head_score(K_T) or -1,
         redis.call('ZCARD', K_T), redis.call('ZCARD', K_I), redis.call('ZCARD', K_D),
         redis.call('HGET', K_META, 'epoch') or '0', redis.call('HGETALL', PREFIX .. 'paused')}

@@ -48,11 +48,12 @@
 -- Rings (ring() in _lib.lua) the bell of each queue whose ready list received jobs, once, off a
 -- cluster (not a queue paused in this partition); on a cluster it names those queues in the reply
 -- instead (see Returns).
--- Uses: BATCH_LIMIT_MAX, CHAN, COMMON, ID_LEN, K_C, K_D, K_E, K_G, K_J, K_M, K_META, K_T, MAX_INT,
---       MAX_MS, NAME_MAX, NAME_PATTERN, PART, PREFIX, arg, bump, check_epoch, cron_advance,
---       error_blob, flag, flush_bumps, fmt, head_score, jget, jval, layout_fence, multi, now_ms,
---       p48, paused_here, queue_name, rec_is_cron, rec_opts, rec_qidx, rec_valid, refusal,
---       release_key, retire_queues, ring, tombstone, trim_dead, trim_tombstones, u16, u32
+-- Uses: BATCH_LIMIT_MAX, CHAN, COMMON, ID_LEN, K_C, K_D, K_E, K_F, K_G, K_J, K_K, K_M, K_META, K_Q,
+--       K_T, K_X, LAYOUT, MAX_INT, MAX_MS, NAME_MAX, NAME_PATTERN, PART, PREFIX, arg, bump,
+--       check_epoch, cron_advance, error_blob, flag, flush_bumps, fmt, head_score, jget, jval,
+--       layout_fence, multi, now_ms, p48, paused_here, queue_name, rec_is_cron, rec_opts, rec_qidx,
+--       rec_valid, refusal, release_key, retire_queues, ring, tombstone, trim_dead,
+--       trim_tombstones, u16, u32
 local FIRING_SWEEP_MS = 1000
 -- Fast path: the common tick of a busy partition, which the tier sends on all but about one tick
 -- per second per partition (housekeeping 0, no rate-limited queue, no retention pass): due jobs,
@@ -201,8 +202,8 @@ if not good then
   arg('int', at + 4, 'housekeeping', 0, 1, 1)
   return refusal or arg('refuse', 'ARGV', 'arguments', "those of lua/tick.lua's header", #ARGV)
 end
-do local refused = layout_fence(); if refused then return refused end end
-local refused = check_epoch(epoch)
+do local refused = layout_fence(K_META, LAYOUT); if refused then return refused end end
+local refused = check_epoch(K_META, epoch)
 if refused then return {-1, refused} end
 local now = now_ms()
 local out = {0, -1, now, nlim}
@@ -240,7 +241,7 @@ for _, q in ipairs(lim_order) do
     local held = redis.call('ZRANGE', hk, 0, n - 1, 'WITHSCORES')
     for i = 1, #held, 2 do
       local id, due = held[i], tonumber(held[i + 1])
-      local rec = jget(id)
+      local rec = jget(K_J, id)
       bump(K_G, 's:' .. q, -1)
       bump(K_G, 'h:' .. q, -1)
       local grace = rec and rec_opts(rec)
@@ -248,8 +249,8 @@ for _, q in ipairs(lim_order) do
         -- body missing: nothing to fire (cannot happen while invariants hold)
       elseif grace and now - due > grace then
         redis.call('HDEL', K_J, id)
-        tombstone(id, 'm', now, ttl, rec, due) -- also drops its last error
-        release_key(id, rec)
+        tombstone(K_E, K_F, id, 'm', now, ttl, rec, due) -- also drops its last error
+        release_key(K_K, id, rec)
         bump(K_C, 'misfired:' .. q)
         if rec_is_cron(rec) then attention(select(2, cron_advance(id, rec, now, true))) end
       else
@@ -277,7 +278,7 @@ if nd > 0 then
     local member, score = due[i], tonumber(due[i + 1])
     local id, rec = string.sub(member, 1, ID_LEN), string.sub(member, ID_LEN + 1)
     if has_moved then redis.call('HDEL', K_M, id) end
-    local q = rec_valid(rec) and queue_name(rec_qidx(rec))
+    local q = rec_valid(rec) and queue_name(K_Q, rec_qidx(rec))
     if not q then
       redis.call('HSET', K_J, id, jval(rec, score))
       redis.call('ZADD', K_D, now, id)
@@ -286,8 +287,8 @@ if nd > 0 then
       local grace = rec_opts(rec)
       if grace and now - score > grace then
         bump(K_G, 's:' .. q, -1)
-        tombstone(id, 'm', now, ttl, rec, score) -- also drops its last error
-        release_key(id, rec)
+        tombstone(K_E, K_F, id, 'm', now, ttl, rec, score) -- also drops its last error
+        release_key(K_K, id, rec)
         bump(K_C, 'misfired:' .. q)
         if rec_is_cron(rec) then attention(select(2, cron_advance(id, rec, now, true))) end
       elseif tokens[q] ~= nil and used[q] >= tokens[q] then
@@ -321,7 +322,11 @@ local sharded = string.byte(CHAN, 1) == 123
 for q, ids in pairs(per_queue) do
   multi('LPUSH', PREFIX .. 'r:' .. q, ids)
   bump(K_C, 'fired:' .. q, #ids)
-  if not sharded then ring(q, PART, now) elseif not paused_here(q) then to_ring[#to_ring + 1] = q end
+  if not sharded then
+    ring(CHAN, PREFIX, q, PART, now)
+  elseif not paused_here(PREFIX, q) then
+    to_ring[#to_ring + 1] = q
+  end
 end
 for i = 1, nlim do
   local q = lim_order[i]
@@ -341,17 +346,17 @@ for _, q in ipairs(to_ring) do out[#out + 1] = q end
 retire_queues(now, queue_idle, 64)
 local trim_more = false
 if moved == 0 then
-  trim_more = trim_tombstones(now, limit)
+  trim_more = trim_tombstones(K_META, K_F, K_X, now, limit)
 else
   local swept = tonumber(redis.call('HGET', K_META, 'tsw') or '0')
   if now - swept >= FIRING_SWEEP_MS or now < swept then
     redis.call('HSET', K_META, 'tsw', fmt(now))
-    trim_more = trim_tombstones(now, limit)
+    trim_more = trim_tombstones(K_META, K_F, K_X, now, limit)
   end
 end
 flush_bumps()
 out[1] = nd  -- timers consumed: a full batch means "call again"
 if trim_more and nd < limit then out[1] = limit end -- expired tombstones left: call again too
-out[2] = head_score() or -1
+out[2] = head_score(K_T) or -1
 for _, v in ipairs(lateness) do out[#out + 1] = v end
 return out
