@@ -48,7 +48,7 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DEFINES = re.compile(r"^local\s+(?:function\s+([A-Za-z_][A-Za-z0-9_]*)|([A-Za-z_][A-Za-z0-9_, ]*?)\s*=)")
 
 
-def _lib_chunks(lib: str) -> list[tuple[set[str], str]]:
+def library_definitions(lib: str) -> list[tuple[set[str], str]]:
     """Split the library into top-level definitions (with the comments above them), each with the
     names it defines."""
     chunks: list[tuple[set[str], list[str]]] = []
@@ -85,7 +85,7 @@ def _code_of(line: str) -> str:
     return line
 
 
-def _names_used(text: str) -> set[str]:
+def names_used(text: str) -> set[str]:
     """The identifiers ``text`` uses in code: comments are left out, so a helper named in a comment
     is not pulled in. (Measured: the comments of the tombstone helpers pulled queue retirement and
     a 15-string table into every script that writes tombstones, ``schedule`` among them.)"""
@@ -116,7 +116,7 @@ helper closures it does not use itself: the few it uses (and what they use) go a
 
 def _needed(chunks: list[tuple[set[str], str]], text: str, roots: set[str] | None = None) -> set[int]:
     """The library chunks ``text`` uses (or the names ``roots``), with what they use, transitively."""
-    needed = set(roots) if roots is not None else _names_used(text)
+    needed = set(roots) if roots is not None else names_used(text)
     keep: set[int] = set()
     changed = True
     while changed:
@@ -124,7 +124,7 @@ def _needed(chunks: list[tuple[set[str], str]], text: str, roots: set[str] | Non
         for i, (names, chunk) in enumerate(chunks):
             if i not in keep and names & needed:
                 keep.add(i)
-                needed |= _names_used(chunk)
+                needed |= names_used(chunk)
                 changed = True
     return keep
 
@@ -148,7 +148,7 @@ def declared_uses(body: str) -> set[str] | None:
 
 def library_names(lib: str) -> set[str]:
     """Every name the library defines at top level."""
-    return set().union(*(names for names, _ in _lib_chunks(lib)))
+    return set().union(*(names for names, _ in library_definitions(lib)))
 
 
 def check_uses(name: str, lib: str, body: str) -> set[str]:
@@ -159,7 +159,7 @@ def check_uses(name: str, lib: str, body: str) -> set[str]:
     if declared is None:
         raise ValueError(f"lua/{name}.lua has no '{USES_TAG}' line naming the library definitions it uses")
     defined = library_names(lib)
-    used = _names_used(body) & defined
+    used = names_used(body) & defined
     missing, extra = used - declared, declared - used
     if missing or extra:
         raise ValueError(f"lua/{name}.lua: its '{USES_TAG}' line does not match its code: used but not listed "
@@ -183,7 +183,7 @@ def restate_uses(lib: str, body: str) -> str:
             continue
         skipping = False
         out.append(line)
-    used = sorted(_names_used("".join(out)) & library_names(lib))
+    used = sorted(names_used("".join(out)) & library_names(lib))
     return f"{USES_TAG} {', '.join(used)}\n" + "".join(out)
 
 
@@ -205,7 +205,7 @@ def assemble(lib: str, body: str, uses: set[str] | None = None) -> str:
     library order, then the body. Redis runs the whole chunk on every call, so unused helpers would
     cost every EVALSHA a few microseconds. A body with a :data:`LIBRARY_MARKER` line gets the
     definitions at that line, except those the lines before it use: those come first."""
-    chunks = _lib_chunks(lib)
+    chunks = library_definitions(lib)
     prelude = ""
     lines = body.splitlines(keepends=True)
     marks = [i for i, line in enumerate(lines) if line.strip() == LIBRARY_MARKER]

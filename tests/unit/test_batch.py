@@ -20,9 +20,11 @@ from scheduler.protocol.scripts import (
     assemble,
     check_uses,
     declared_uses,
+    library_definitions,
     library_source,
     load_scripts,
     make_script,
+    names_used,
     restate_uses,
     script_source,
     strip_comments,
@@ -209,6 +211,49 @@ def test_every_shipped_script_lists_exactly_the_library_names_it_uses() -> None:
     lib = library_source()
     for name in SCRIPT_NAMES:
         assert check_uses(name, lib, script_source(name)), name
+
+
+# What a call names once for all its helpers (lua/_lib.lua's header): the partition's keys, the
+# prefix, channel prefix, partition number and layout, and the call's own KEYS and ARGV.
+CALL_CONTEXT = {"K_T", "K_M", "K_J", "K_I", "K_L", "K_D", "K_E", "K_K", "K_X", "K_Q", "K_G", "K_C", "K_META", "K_F",
+                "PREFIX", "CHAN", "PART", "LAYOUT", "KEYS", "ARGV"}
+
+
+def ambient_reads(lib: str) -> dict[str, tuple[set[str], str]]:
+    """Per helper function of ``lib``: the call-context names its code reads, and what its
+    "Ambient:" comment (above its definition, to the definition) says, '' without one."""
+    out: dict[str, tuple[set[str], str]] = {}
+    for names, text in library_definitions(lib):
+        lines = text.splitlines()
+        at = next(i for i, line in enumerate(lines) if not line.startswith("--") and line.strip())
+        if not lines[at].startswith("local function "):
+            continue
+        comment = "\n".join(lines[:at])
+        note = comment[comment.index("Ambient:"):] if "Ambient:" in comment else ""
+        out[", ".join(sorted(names))] = (names_used("\n".join(lines[at:])) & CALL_CONTEXT, note)
+    return out
+
+
+def test_a_library_helper_takes_the_call_context_it_reads_as_parameters_or_names_it_in_an_ambient_note() -> None:
+    helpers = ambient_reads(library_source())
+    assert {"jget", "ring", "tombstone", "cancel_job", "arg"} <= set(helpers)
+    bad = []
+    for name, (read, note) in helpers.items():
+        said = set(re.findall(r"\w+", note))
+        if not read <= said:
+            bad.append(f"{name} reads {sorted(read)}, its 'Ambient:' note names {sorted(read & said)}")
+    assert not bad, "helpers reading the call's context without saying so:\n" + "\n".join(bad)
+    # the explicit ones really are: jget's key, ring's channel and prefix are its parameters
+    assert helpers["jget"] == (set(), "") and helpers["ring"] == (set(), "")
+
+
+def test_the_ambient_check_sees_a_helper_that_reads_a_key_silently() -> None:
+    lib = "\n".join(["local K_J, K_T = KEYS[3], KEYS[1]", "-- reads the body", "local function silent(id)",
+                     "  return redis.call('HGET', K_J, id) -- not K_T", "end",
+                     "-- Ambient: K_T, the timers", "local function said() return redis.call('ZCARD', K_T) end",
+                     "local function explicit(k_j, id) return redis.call('HGET', k_j, id) end"])
+    assert ambient_reads(lib) == {"silent": ({"K_J"}, ""), "said": ({"K_T"}, "Ambient: K_T, the timers"),
+                                  "explicit": (set(), "")}
 
 
 def test_the_resend_flags_come_from_the_script_headers_and_match_the_resend_table() -> None:
