@@ -26,15 +26,17 @@ class Job:
         cron_nominal: for an occurrence of a cron, the nominal time it stands for (after an outage
             with ``misfire="run_late"``, the latest missed occurrence); None for other jobs.
         cron_missed: for a cron catch-up run, how many earlier missed occurrences it also covers.
+        namespace: the zsched namespace the job belongs to (ids are unique within one; the fenced
+            effects of :mod:`workers.effects` record it beside the id).
     """
 
     # Cheap to build (one per job on the hot path): id and run_at are computed on first use.
     __slots__ = ("_raw_id", "_id", "key", "queue", "payload", "attempt", "max_attempts", "_due_ms",
-                 "_run_at", "fence", "lease", "_lost", "_cron_ms", "cron_missed")
+                 "_run_at", "fence", "lease", "_lost", "_cron_ms", "cron_missed", "namespace")
 
     def __init__(self, raw_id: bytes, queue: str, payload: Any, key: str | None, attempt: int,
                  max_attempts: int, due_ms: int, fence: int, lease: float, cron_nominal_ms: int | None = None,
-                 cron_missed: int = 0) -> None:
+                 cron_missed: int = 0, namespace: str = "") -> None:
         self._raw_id = raw_id
         self._id: str | None = None
         self.key = key
@@ -49,6 +51,7 @@ class Job:
         self._lost = False  # set by the worker (no reference back to it: no cycles to collect)
         self._cron_ms = cron_nominal_ms
         self.cron_missed = cron_missed
+        self.namespace = namespace
 
     @property
     def id(self) -> str:

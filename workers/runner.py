@@ -30,6 +30,7 @@ from scheduler.protocol.timeutil import MAX_MS
 from .alarm import make_alarm
 from .attempt import DONE, RELEASED, RUNNING, Attempt
 from .clock import MAX_RATE_DIFF
+from .effects.outcomes import EffectSkipped
 from .errors import PermanentError, Retry
 from .heartbeat import Heartbeats
 from .job import Job
@@ -60,9 +61,10 @@ class Poison(NamedTuple):
     message: str
 
 
-def job_for(c: Claimed, queue: str, spec: HandlerSpec | None, max_payload_bytes: int) -> Job | Poison:
-    """The :class:`~workers.job.Job` a handler of ``queue`` receives for claimed job ``c``, or why
-    it cannot have one (an undecodable record or payload, no handler for the queue)."""
+def job_for(c: Claimed, queue: str, spec: HandlerSpec | None, max_payload_bytes: int,
+            namespace: str = "") -> Job | Poison:
+    """The :class:`~workers.job.Job` a handler of ``queue`` (in ``namespace``) receives for claimed
+    job ``c``, or why it cannot have one (an undecodable record or payload, no handler for the queue)."""
     rec = c.record
     if rec is None:
         return Poison("PoisonJob", f"job record cannot be decoded: {c.decode_error}")
@@ -73,7 +75,7 @@ def job_for(c: Claimed, queue: str, spec: HandlerSpec | None, max_payload_bytes:
     except PayloadError as exc:
         return Poison("PoisonJob", f"payload cannot be decoded: {exc}")
     return Job(c.raw_id, queue, payload, rec.key, rec.attempt, rec.max_attempts, c.due_ms, c.token,
-               rec.lease_ms / 1000.0, rec.cron_nominal_ms, rec.cron_missed)
+               rec.lease_ms / 1000.0, rec.cron_nominal_ms, rec.cron_missed, namespace)
 
 
 class Failure(NamedTuple):
@@ -155,8 +157,9 @@ class HandlerRunner:
     def __init__(self, *, loop: asyncio.AbstractEventLoop, specs: Mapping[str, HandlerSpec | None],
                  qstats: Mapping[str, WorkerStats], running: set[Attempt], slots: Slots, outbox: Outbox,
                  heartbeats: Heartbeats, life: Lifecycle, metrics: WorkerMetrics | None,
-                 max_payload_bytes: int, threads: ThreadCount, concurrency: int) -> None:
+                 max_payload_bytes: int, threads: ThreadCount, concurrency: int, namespace: str = "") -> None:
         self.loop = loop
+        self.namespace = namespace
         self.specs = specs
         self.qstats = qstats
         self.running = running
@@ -205,7 +208,7 @@ class HandlerRunner:
                 r.state = RELEASED
                 self.outbox.release(r)
                 continue
-            job = job_for(c, q, spec, limit)
+            job = job_for(c, q, spec, limit, self.namespace)
             if isinstance(job, Poison):
                 self._poison(r, job.etype, job.message)
                 continue
@@ -366,6 +369,15 @@ class HandlerRunner:
         if r.state != RUNNING:
             return
         assert r.rec is not None
+        if isinstance(exc, EffectSkipped):
+            # Another attempt recorded the job's effects: its work is done, and a retry could only
+            # skip again. Acked (refused, as any outcome, if this attempt's lease is gone).
+            log.info("job %s (queue %r, attempt %d): %s; acking it", encode_id(r.raw_id), r.queue, r.rec.attempt, exc)
+            r.stats.skipped += 1
+            self._end(r, "skipped")
+            if not r.lost:
+                self.outbox.ack(r)
+            return
         f = failure_of(exc, r.rec)
         self._end(r, f.outcome)
         if f.kind is FailKind.RETRY:

@@ -27,7 +27,9 @@ class WorkerStats:
     lease was no longer ours (counted once per attempt). released: handed back at shutdown.
     poison: undecodable record or payload, or no handler for the queue. notified: ready
     notifications received for the queue (what a worker is woken by; fan-out shows here).
-    claims: claim calls answered by Redis; claims_empty: those that found no job.
+    claims: claim calls answered by Redis; claims_empty: those that found no job. skipped: handler
+    let a :class:`~workers.effects.EffectSkipped` escape (another attempt had recorded the job's
+    effects): acked like a return, counted here as well as in ``acked``.
     """
 
     claimed: int = 0
@@ -41,6 +43,7 @@ class WorkerStats:
     notified: int = 0
     claims: int = 0
     claims_empty: int = 0
+    skipped: int = 0
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -62,7 +65,7 @@ class WorkerStats:
 
 class WorkerMetrics(Protocol):
     """Optional per-job hook (``Worker(metrics=...)``), called on the event loop; keep it cheap and
-    non-blocking. ``outcome`` is one of: ``ok``, ``failed``, ``timeout``, ``retry``, ``permanent``,
+    non-blocking. ``outcome`` is one of: ``ok``, ``skipped``, ``failed``, ``timeout``, ``retry``, ``permanent``,
     ``released``."""
 
     def job_started(self, job: Job) -> None: ...

@@ -422,7 +422,8 @@ class Worker:
             runner = HandlerRunner(
                 loop=loop, specs=self._handlers.for_queues(queues, self.options.handler_timeouts), qstats=self._qstats,
                 running=self._running, slots=slots, outbox=outbox, heartbeats=heartbeats, life=life, metrics=hook,
-                max_payload_bytes=self.max_payload_bytes, threads=self._threads, concurrency=self.concurrency)
+                max_payload_bytes=self.max_payload_bytes, threads=self._threads, concurrency=self.concurrency,
+                namespace=calls.ks.namespace)
             fetch = self.fetch(FetchContext(
                 queues=tuple(queues), partitions=calls.ks.partitions, calls=calls, redis=redis, send=send, slots=slots,
                 outbox=outbox, dispatch=runner.dispatch, life=life, idle_sweep=self.idle_sweep, roundtrip=roundtrip,

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers import Worker
+from workers.effects.outcomes import EffectSkipped
 from workers.job import Job
 from workers.registry import HandlerSpec
 from workers.runner import Failure, Poison, failure_of, job_for, timeout_failure
@@ -103,11 +104,12 @@ class TimedOutThreads:
 class Run:
     """One attempt handled by ``run_due``.
 
-    ``outcome``: what the handler did, as the worker's metrics name it: ``ok``, ``retry``
-    (raised :class:`~workers.Retry`), ``failed``, ``permanent`` (raised
-    :class:`~workers.PermanentError`), ``timeout``, or ``poison`` (no handler for the queue, or
-    an undecodable payload: the handler never ran). ``result``: what Redis made of it:
-    ``acked``, ``retry_scheduled``, ``dead`` or ``refused`` (the lease was lost meanwhile).
+    ``outcome``: what the handler did, as the worker's metrics name it: ``ok``, ``skipped`` (let a
+    :class:`~workers.effects.EffectSkipped` escape: acked, as a worker does), ``retry`` (raised
+    :class:`~workers.Retry`), ``failed``, ``permanent`` (raised :class:`~workers.PermanentError`),
+    ``timeout``, or ``poison`` (no handler for the queue, or an undecodable payload: the handler
+    never ran). ``result``: what Redis made of it: ``acked``, ``retry_scheduled``, ``dead`` or
+    ``refused`` (the lease was lost meanwhile).
     ``error``: the exception the handler raised (None otherwise). ``job``: what the handler got."""
 
     job_id: str
@@ -256,7 +258,7 @@ class WorkerPass:
         for (q, p), reply in zip(where, replies):
             spec = self.specs[q]
             for c in parse_claim(reply)[1]:
-                out.append(Claim(q, p, c, spec, job_for(c, q, spec, self.max_payload)))
+                out.append(Claim(q, p, c, spec, job_for(c, q, spec, self.max_payload, ks.namespace)))
         if out and len(self.report) + len(out) > self.max_runs:
             raise RuntimeError(
                 f"run_due handled {len(self.report)} attempts and {len(out)} more are due: a handler keeps making "
@@ -275,8 +277,8 @@ class WorkerPass:
             self.pending.append(_Outcome(item, None, failure, None))
             return
         assert rec is not None  # job_for made a Job from it
-        if exc is None:
-            self.pending.append(_Outcome(item, job, None, None))
+        if exc is None or isinstance(exc, EffectSkipped):  # a skipped effect is acked, as a worker does
+            self.pending.append(_Outcome(item, job, None, exc))
         elif isinstance(exc, HandlerTimedOut):
             assert item.spec is not None and item.spec.timeout is not None
             if exc.thread is not None:
@@ -326,7 +328,8 @@ class _Outcome:
         attempt = c.record.attempt if c.record is not None else 0
         if self.failure is None:
             result = "acked" if code == AckCode.ACKED else "refused"
-            return Run(encode_id(c.raw_id), self.item.queue, attempt, "ok", result, None, self.job)
+            outcome = "ok" if self.error is None else "skipped"
+            return Run(encode_id(c.raw_id), self.item.queue, attempt, outcome, result, self.error, self.job)
         result = {FailCode.RETRY_SCHEDULED: "retry_scheduled", FailCode.DEAD: "dead"}.get(FailCode(code), "refused")
         return Run(encode_id(c.raw_id), self.item.queue, attempt, self.failure.outcome, result, self.error,
                    self.job, self.failure.delay_ms)

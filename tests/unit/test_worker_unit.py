@@ -123,7 +123,7 @@ def test_stats_sum_and_names() -> None:
     t = WorkerStats.total([a, b])
     assert (t.claimed, t.acked, t.dead) == (5, 1, 1)
     assert set(WorkerStats.names()) == {"claimed", "acked", "failed", "retried", "dead", "lease_lost",
-                                        "released", "poison", "notified", "claims", "claims_empty"}
+                                        "released", "poison", "notified", "claims", "claims_empty", "skipped"}
     assert t.as_dict()["claimed"] == 5
 
 
