@@ -11,7 +11,7 @@ returns nothing it sleeps the poll interval (1 s or 10 ms).
 
 PostgreSQL runs from the Debian package, started here on a free loopback port in a temp dir on
 disk with its durability defaults (fsync, synchronous_commit, full_page_writes on); see
-``bench/pg_server.py``. Driver: psycopg 3 (sync API, C implementation from ``psycopg[binary]``).
+``scheduler/shell/servers/postgres.py``. Driver: psycopg 3 (sync API, C implementation from ``psycopg[binary]``).
 
 Workloads (the payload is ``bench.common.PAYLOAD`` as JSONB):
 
@@ -52,7 +52,7 @@ if str(REPO) not in sys.path:
 
 from bench import common  # noqa: E402
 from bench.common import PAYLOAD, cpu_seconds, percentiles  # noqa: E402
-from bench.pg_server import PostgresMissing, PostgresServer, filesystem_of  # noqa: E402
+from scheduler.shell.servers.postgres import PostgresMissing, PostgresServer, filesystem_of  # noqa: E402
 
 # ------------------------------------------------------------------------------ the seed's design
 

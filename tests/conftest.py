@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from scheduler.shell.servers import etcd_delete_all, etcd_revoke_all_leases
+from scheduler.shell.servers import HOST, etcd_delete_all, etcd_revoke_all_leases
+from scheduler.shell.servers.postgres import PostgresServer
 from tests.support.helpers import BACKENDS
 from tests.support.servers import ClusterServer, ClusterSet, EtcdCluster, EtcdServer, RedisServer, SentinelSet
 
@@ -167,3 +169,27 @@ def etcd_cluster() -> Iterator[EtcdCluster]:
     """A started, healthy 3-member etcd cluster for fault tests; stopped afterwards."""
     with EtcdCluster(3) as cluster:
         yield cluster
+
+
+# --------------------------------------------------------------------------- postgresql
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL server for the whole run (users' own databases: the fenced effects). fsync is
+    off: a test kills processes, never the machine, and the OS keeps what PostgreSQL wrote."""
+    with PostgresServer(extra_settings={"fsync": "off", "full_page_writes": "off"}) as srv:
+        yield srv
+
+
+@pytest.fixture
+def pg_dsn(pg_server: PostgresServer) -> Iterator[str]:
+    """Conninfo of a database of the test's own on the session server, dropped afterwards."""
+    import psycopg
+    name = f"t{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(pg_server.conninfo, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    yield f"host={HOST} port={pg_server.port} user=postgres dbname={name}"
+    if pg_server.running:
+        with psycopg.connect(pg_server.conninfo, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

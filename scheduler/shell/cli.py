@@ -16,6 +16,7 @@ from ..tier import cli as tier_cli
 from . import (
     cli_cron,
     cli_dead,
+    cli_effects,
     cli_epochs,
     cli_jobs,
     cli_migrate,
@@ -44,8 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker_cli.add_parser(sub)
     dev.add_parser(sub)
     # in --help order
-    for module in (cli_jobs, cli_dead, cli_stats, cli_workers, cli_queue, cli_cron, cli_namespace, cli_epochs,
-                   cli_migrate, cli_ui):
+    for module in (cli_jobs, cli_dead, cli_stats, cli_workers, cli_queue, cli_cron, cli_namespace, cli_effects,
+                   cli_epochs, cli_migrate, cli_ui):
         module.add_parsers(sub)
     for command in (parser, *sub.choices.values()):  # scheduler, worker, dev: argparse's errors as ours too
         patch_errors(command)

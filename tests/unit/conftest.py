@@ -1,5 +1,5 @@
 """The fast tier (``./scripts/test --fast``): unit tests start no server. The fixtures that start
-redis-server, Sentinel, a Redis Cluster or etcd (tests/conftest.py) are replaced here by ones that
+redis-server, Sentinel, a Redis Cluster, etcd or PostgreSQL (tests/conftest.py) are replaced here by ones that
 fail, so a unit test that needs a server is moved to tests/integration instead of slowing the tier."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 SERVER_FIXTURES = ("redis_server", "redis_url", "fresh_redis", "aof_redis", "sentinel_set", "redis_cluster",
                    "redis_cluster_url", "redis_cluster_replicas", "redis_cluster_factory", "backend_url",
-                   "etcd_server", "etcd_endpoint", "fresh_etcd", "etcd_cluster")
+                   "etcd_server", "etcd_endpoint", "fresh_etcd", "etcd_cluster", "pg_server", "pg_dsn")
 
 
 def _no_server(request: pytest.FixtureRequest) -> NoReturn:

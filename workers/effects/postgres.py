@@ -121,8 +121,9 @@ def _skip_or_race(t: Target, row: Sequence[Any] | None) -> Exception:
     return skip(t.job_id, t.step, t.fence, int(fence), int(attempt), applied_at)
 
 
-def _missing_table(exc: Exception, table: str) -> EffectsTableMissing:
-    return EffectsTableMissing(f"the effects table {table} does not exist ({exc}); create it with "
+def _missing_table(exc: psycopg.Error, table: str) -> EffectsTableMissing:
+    why = exc.diag.message_primary or str(exc).splitlines()[0]  # one line: not psycopg's LINE/caret lines
+    return EffectsTableMissing(f"the effects table {table} does not exist ({why}); create it with "
                                f"'zsched effects apply --postgres URL --table {table}' or run the DDL "
                                f"'zsched effects ddl' prints")
 

@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scheduler.shell.servers import HOST, OWNER_FILE, die_with_parent, free_port, pid_alive, sweep_stale_dirs
+from .ports import HOST, free_port
+from .process import OWNER_FILE, ServerError, die_with_parent, pid_alive, sweep_stale_dirs
 
 INSTALL_HINT = (
     "PostgreSQL server binaries (initdb, postgres) not found. Install them with "
@@ -41,11 +42,11 @@ INSTALL_HINT = (
 DURABLE_SETTINGS = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
 
 
-class PostgresMissing(RuntimeError):
+class PostgresMissing(ServerError):
     """initdb/postgres are not installed."""
 
 
-class PostgresError(RuntimeError):
+class PostgresError(ServerError):
     """The server failed to initialise, start or stop."""
 
 
@@ -138,6 +139,7 @@ class PostgresServer:
         self.settings = {**DURABLE_SETTINGS, **(extra_settings or {})}
         self.dir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._orphans: list[int] = []  # backends of a postmaster killed by kill9()
 
     # -- paths and identity
     @property
@@ -203,6 +205,30 @@ class PostgresServer:
         # temp dirs of earlier runs that were SIGKILLed (owner gone, postmaster gone)
         sweep_stale_dirs("zsched-postgres-*", _tmp_root(), _postmaster_alive)
         self._init()
+        return self._launch(timeout)
+
+    def kill9(self) -> None:
+        """SIGKILL to the postmaster (a crash; its backends exit when they notice), keeping the data
+        directory for :meth:`restart`."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._orphans = self.server_pids()[1:]
+            os.kill(self._proc.pid, signal.SIGKILL)
+            self._proc.wait(10)
+
+    def restart(self, timeout: float = 60.0) -> PostgresServer:
+        """Start the server again on its data directory and port after :meth:`kill9` (crash
+        recovery replays the WAL: committed transactions survive). First waits for the killed
+        postmaster's backends to exit: while one holds the shared memory, postgres refuses to start."""
+        assert self.dir is not None and not self.running
+        deadline = time.monotonic() + timeout
+        while any(pid_alive(p) for p in self._orphans):
+            if time.monotonic() > deadline:
+                raise PostgresError(f"backends of the killed postgres still up after {timeout}s: {self._orphans}")
+            time.sleep(0.02)
+        self._orphans = []
+        return self._launch(timeout)
+
+    def _launch(self, timeout: float) -> PostgresServer:
         argv = [str(self.bindir / "postgres"), "-D", str(self.data_dir), "-p", str(self.port),
                 "-k", str(self.sock_dir), "-c", f"listen_addresses={HOST}"]
         for k, v in self.settings.items():

@@ -1,0 +1,166 @@
+"""``zsched effects ddl | apply | prune``: the table of the fenced PostgreSQL effects
+(:mod:`workers.effects`, docs/effects.md).
+
+``ddl`` prints the table's DDL (for a migration tool), ``apply`` runs it, ``prune`` deletes the
+rows older than the retention in bounded batches, once or every ``--every``. The retention
+defaults to the namespace's tombstone TTL (read from Redis): a finished job stays visible that
+long, and its effects row should outlive any attempt of it.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from workers.effects import DEFAULT_TABLE, EffectsError, EffectsTableMissing, ddl, prune
+from workers.effects.postgres import table_name
+
+from ..protocol import config
+from ..protocol.masking import mask_secrets
+from . import admin
+from .admin import BadInput, NotFound
+from .admin.errors import AdminError
+from .cli_common import EXIT_OK, SubParsers, common_options, described, duration_arg, patch_errors, print_json
+
+if TYPE_CHECKING:
+    import psycopg
+
+POSTGRES_ENV = "ZSCHED_POSTGRES_URL"
+
+
+class PostgresUnavailable(AdminError):
+    """PostgreSQL cannot be reached or refused the connection. Exit code 3."""
+
+    exit_code = 3
+
+
+def add_parsers(sub: SubParsers) -> None:
+    """Register ``effects`` and its actions (called by scheduler/shell/cli.py)."""
+    group = patch_errors(sub.add_parser("effects", **described({
+        "help": "the fenced effects table in your PostgreSQL: print or apply its DDL, prune old rows",
+        "description": "The table workers.effects.fenced() records each job's effects in (docs/effects.md)."})))
+    actions = group.add_subparsers(dest="effects_action", metavar="ACTION", required=True)
+
+    p = _leaf(actions, "ddl", _ddl, help="print the table's DDL (CREATE TABLE IF NOT EXISTS ...)", postgres=False)
+    p = _leaf(actions, "apply", _apply, help="create the table (and its index) if it is not there")
+    p = _leaf(actions, "prune", _prune, help="delete rows older than the retention, in batches",
+              description="Delete the effects rows recorded longer ago than the retention, in transactions of "
+                          "--batch rows. The retention is --retention, else the namespace's tombstone TTL "
+                          "(read from --redis). A duplicate of a job whose row is gone is no longer recognised: "
+                          "keep the retention longer than a job takes from its first attempt to its last.")
+    p.add_argument("--retention", type=duration_arg, metavar="DURATION",
+                   help="delete rows older than this (e.g. 1h, 7d); default: the namespace's tombstone TTL")
+    p.add_argument("--all-namespaces", action="store_true",
+                   help="prune every namespace's rows, not only --namespace's")
+    p.add_argument("--batch", type=int, default=1000, metavar="ROWS", help="rows per transaction (default 1000)")
+    p.add_argument("--every", type=duration_arg, metavar="DURATION",
+                   help="keep running and prune again at this interval (Ctrl-C stops)")
+
+
+def _leaf(actions: SubParsers, name: str, handler: Any, *, postgres: bool = True, **kw: Any) -> argparse.ArgumentParser:
+    p = patch_errors(actions.add_parser(name, parents=[common_options()], **described(kw)))
+    p.add_argument("--table", default=DEFAULT_TABLE, metavar="NAME",
+                   help=f"the effects table, 'name' or 'schema.name' (default {DEFAULT_TABLE})")
+    if postgres:
+        p.add_argument("--postgres", metavar="URL",
+                       help=f"PostgreSQL conninfo or URL (postgresql://USER:PASSWORD@HOST:PORT/DB); "
+                            f"default ${POSTGRES_ENV}")
+    p.set_defaults(func=handler)
+    return p
+
+
+def _postgres_url(args: argparse.Namespace) -> str:
+    url = args.postgres or os.environ.get(POSTGRES_ENV)
+    if not url:
+        raise BadInput(f"no PostgreSQL given: pass --postgres URL or set {POSTGRES_ENV}")
+    return str(url)
+
+
+@contextmanager
+def _connect(args: argparse.Namespace) -> Iterator[psycopg.Connection[Any]]:
+    try:
+        import psycopg
+    except ImportError:
+        raise BadInput("psycopg is not installed: pip install 'zsched[postgres]'") from None
+    url = _postgres_url(args)
+    try:
+        conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
+    except psycopg.Error as exc:
+        raise PostgresUnavailable(f"cannot connect to PostgreSQL at {mask_secrets(url)}: "
+                                  f"{_one_line(exc)} (check --postgres / {POSTGRES_ENV})") from None
+    try:
+        yield conn
+    except psycopg.OperationalError as exc:
+        raise PostgresUnavailable(f"PostgreSQL at {mask_secrets(url)} failed: {_one_line(exc)}") \
+            from None
+    except EffectsTableMissing as exc:
+        raise NotFound(str(exc)) from None
+    except EffectsError as exc:
+        raise BadInput(str(exc)) from None
+    except psycopg.Error as exc:  # e.g. no privilege to create or delete
+        raise PostgresUnavailable(f"PostgreSQL at {mask_secrets(url)} refused: {_one_line(exc)}") \
+            from None
+    finally:
+        conn.close()
+
+
+def _one_line(exc: Exception) -> str:
+    """A driver's message (psycopg's span lines, with hints on the next) as one masked line."""
+    return " ".join(mask_secrets(str(exc)).split())
+
+
+def _table(args: argparse.Namespace) -> str:
+    try:
+        return table_name(args.table)
+    except EffectsError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def _ddl(args: argparse.Namespace) -> int:
+    print(ddl(_table(args)), end="")
+    return EXIT_OK
+
+
+def _apply(args: argparse.Namespace) -> int:
+    table = _table(args)
+    with _connect(args) as conn:
+        conn.execute(ddl(table))
+        where = mask_secrets(f"{conn.info.host}:{conn.info.port}/{conn.info.dbname}")
+    if args.json:
+        print_json({"table": table, "database": where})
+    else:
+        print(f"effects table {table} ready in {where}")
+    return EXIT_OK
+
+
+def _retention(args: argparse.Namespace) -> float:
+    if args.retention is not None:
+        return float(args.retention)
+    client = admin.open_client(args.redis, args.namespace, create=False)
+    try:
+        return client.tombstone_ttl()
+    finally:
+        client.close()
+
+
+def _prune(args: argparse.Namespace) -> int:
+    table = _table(args)
+    if args.batch < 1:
+        raise BadInput(f"--batch must be 1 or more rows, got {args.batch}")
+    namespace = None if args.all_namespaces else config.namespace(args.namespace)
+    retention = _retention(args)
+    with _connect(args) as conn:
+        while True:
+            n = prune(conn, retention, namespace=namespace, table=table, batch=args.batch)
+            scope = "every namespace" if namespace is None else f"namespace {namespace}"
+            if args.json:
+                print_json({"deleted": n, "retention_seconds": retention, "namespace": namespace, "table": table})
+            else:
+                print(f"pruned {n} effects row(s) of {scope} older than {admin.human_span(retention)} from {table}",
+                      flush=True)
+            if args.every is None:
+                return EXIT_OK
+            time.sleep(float(args.every))
