@@ -7,6 +7,8 @@ atomically, so that a repeat writes nothing and says so:
 
 * :func:`fenced` / :func:`fenced_async`: a PostgreSQL transaction (psycopg 3) whose writes commit
   once per job (and step); :func:`ddl` and :func:`prune` for its table (``zsched effects``).
+* :func:`fenced_write` / :func:`fenced_write_async`: Redis commands on the user's own keys, run in
+  one atomic script call once per job (and step), beside a fence key that expires by itself.
 * :func:`idempotency_headers`: ``Idempotency-Key`` and the fence for outbound HTTP.
 
 A repeat raises :class:`AlreadyApplied` or :class:`StaleAttempt` (both :class:`EffectSkipped`)
@@ -15,8 +17,10 @@ instead of running the block; a handler that lets one escape has its job acked.
 from .http import idempotency_headers
 from .outcomes import AlreadyApplied, EffectsError, EffectSkipped, EffectsTableMissing, PartialWrite, StaleAttempt
 from .postgres import DEFAULT_TABLE, ddl, fenced, fenced_async, prune
+from .redis_write import DEFAULT_REDIS_RETENTION, fenced_write, fenced_write_async
 
 __all__ = [
-    "DEFAULT_TABLE", "AlreadyApplied", "EffectSkipped", "EffectsError", "EffectsTableMissing", "PartialWrite",
-    "StaleAttempt", "ddl", "fenced", "fenced_async", "idempotency_headers", "prune",
+    "DEFAULT_REDIS_RETENTION", "DEFAULT_TABLE", "AlreadyApplied", "EffectSkipped", "EffectsError",
+    "EffectsTableMissing", "PartialWrite", "StaleAttempt", "ddl", "fenced", "fenced_async", "fenced_write",
+    "fenced_write_async", "idempotency_headers", "prune",
 ]
