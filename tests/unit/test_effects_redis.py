@@ -240,3 +240,11 @@ def test_a_wrong_type_found_before_the_first_write_writes_nothing(r: fakeredis.F
                                            "WRONGTYPE the key holds a hash, INCR needs a string"):
         fenced_write(r, job(), [("INCR", "{t}n"), ("INCR", "{t}h")])
     assert sorted(r.keys()) == [b"{t}h"]
+
+
+def test_a_client_that_decodes_replies_gets_text_and_the_same_outcomes() -> None:
+    r = fakeredis.FakeRedis(decode_responses=True)
+    assert fenced_write(r, job(5), [("SET", "{t}k", "é"), ("GET", "{t}k"), ("HGETALL", "{t}none")]) == ["OK", "é", []]
+    with pytest.raises(StaleAttempt) as e:
+        fenced_write(r, job(4), [("SET", "{t}k", "x")])
+    assert e.value.recorded_fence == 5 and e.value.applied_at is not None
