@@ -1,8 +1,10 @@
 """An application that uses zsched: sign-up reminders (examples/README.md).
 
 ``sign_up`` schedules a reminder e-mail a day later and, keyed by the user, never twice; the
-worker's handler "sends" it (here: appends to ``OUTBOX``), retries when the mail service is down
-and gives up on bad addresses. ``python examples/reminders.py`` schedules one against the dev
+worker's handler "sends" it (here: appends to ``OUTBOX``, with the job's idempotency headers a real
+mail API would dedupe on), counts it in the application's own Redis with a fenced write (once per
+job, however often the job runs: docs/effects.md), retries when the mail service is down and gives
+up on bad addresses. ``python examples/reminders.py`` schedules one against the dev
 stack (``./scripts/dev``, or ``ZSCHED_REDIS_URL``); ``pytest examples/`` tests it with no server.
 """
 from __future__ import annotations
@@ -11,12 +13,16 @@ import os
 from datetime import timedelta
 from typing import Any
 
+import redis
+
 from scheduler import Client
 from workers import Job, PermanentError, Retry, Worker
+from workers.effects import fenced_write, idempotency_headers
 
 REDIS_URL = os.environ.get("ZSCHED_REDIS_URL", "redis://127.0.0.1:16379/0")  # the dev stack's
 
 worker = Worker.from_url(REDIS_URL, namespace="zsched")
+APP_REDIS = redis.Redis.from_url(os.environ.get("APP_REDIS_URL", REDIS_URL))  # the application's own data
 OUTBOX: list[dict[str, Any]] = []   # stands in for the mail service
 MAIL_SERVICE_UP = [True]
 
@@ -38,7 +44,10 @@ def send_reminder(job: Job) -> None:
         raise PermanentError(f"not an e-mail address: {email!r}")
     if not MAIL_SERVICE_UP[0]:
         raise Retry(timedelta(minutes=10), "mail service down")
-    OUTBOX.append({"to": email, "job": job.id, "attempt": job.attempt})
+    OUTBOX.append({"to": email, "job": job.id, "attempt": job.attempt,
+                   "idempotency_key": idempotency_headers(job)["Idempotency-Key"]})
+    # counted once per job even if this attempt runs again (worker killed before its ack)
+    fenced_write(APP_REDIS, job, [("INCR", f"app:reminders_sent:{job.payload['user']}")])
 
 
 if __name__ == "__main__":

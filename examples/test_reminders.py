@@ -6,16 +6,19 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import fakeredis
 import pytest
 import reminders
 
 from scheduler.testing import TestStack
+from workers.effects import AlreadyApplied, fenced_write
 
 
 @pytest.fixture(autouse=True)
 def fresh_outbox():
     reminders.OUTBOX.clear()
     reminders.MAIL_SERVICE_UP[0] = True
+    reminders.APP_REDIS = fakeredis.FakeRedis()  # the application's own Redis, in memory
 
 
 def test_a_reminder_is_sent_a_day_after_sign_up(zsched_stack: TestStack) -> None:
@@ -27,8 +30,18 @@ def test_a_reminder_is_sent_a_day_after_sign_up(zsched_stack: TestStack) -> None
     zsched_stack.advance(hours=23, worker=reminders.worker)
     assert reminders.OUTBOX == []
     zsched_stack.advance(hours=1, worker=reminders.worker)
-    assert reminders.OUTBOX == [{"to": "ada@example.com", "job": job_id, "attempt": 1}]
+    assert reminders.OUTBOX == [{"to": "ada@example.com", "job": job_id, "attempt": 1, "idempotency_key": job_id}]
     zsched_stack.assert_state(job_id, "done")
+    assert reminders.APP_REDIS.get("app:reminders_sent:1") == b"1"
+
+
+def test_the_sent_counter_is_fenced_a_repeat_of_the_job_counts_nothing(zsched_stack: TestStack) -> None:
+    reminders.sign_up(zsched_stack.client, 4, "cy@example.com")
+    report = zsched_stack.advance(days=1, worker=reminders.worker)
+    job = report.runs[0].job
+    with pytest.raises(AlreadyApplied):  # what a second run of the same job meets
+        fenced_write(reminders.APP_REDIS, job, [("INCR", "app:reminders_sent:4")])
+    assert reminders.APP_REDIS.get("app:reminders_sent:4") == b"1"
 
 
 def test_a_reminder_waits_for_the_mail_service(zsched_stack: TestStack) -> None:
