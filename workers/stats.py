@@ -85,6 +85,7 @@ _DOCS = {
     "notified": "Ready notifications received",
     "claims": "Claim calls answered by Redis",
     "claims_empty": "Claim calls answered with no job",
+    "skipped": "Jobs acked because their effects were already recorded by another attempt (EffectSkipped)",
 }
 
 
