@@ -35,7 +35,8 @@ from .timeutil import MAX_MS, At, job_time_ms, ms_to_datetime
 # LIST_* (listing.py) and MISFIRE_POLICIES (options.py) are re-exported: the CLI's argument
 # choices are imported from here.
 __all__ = ["BATCH", "CLAIM_MAX", "INSPECT_BATCH", "LIST_MAX_LIMIT", "LIST_STATES", "MISFIRE_POLICIES",
-           "RESERVED_KEY_PREFIX", "Calls", "error_arg", "id_list", "tombstone_ms"]
+           "RESERVED_KEY_PREFIX", "Calls", "error_arg", "id_list", "tombstone_ms",
+           "validate_key"]
 
 BATCH = 1000  # jobs per schedule script call: bounded work per EVALSHA
 INSPECT_BATCH = 500  # ids per inspect script call (get_many): bounded work per EVALSHA
@@ -65,6 +66,23 @@ def tombstone_ms(tombstone_ttl: object) -> int:
     if not 0 <= ttl * 1000 <= MAX_MS:  # the scripts take no longer one (lua/_lib_args.lua MAX_MS)
         raise ValueError(f"tombstone_ttl must be from 0 to {MAX_MS // 1000} seconds, got {tombstone_ttl!r}")
     return int(ttl * 1000)
+
+
+def validate_key(key: object) -> str | None:
+    """An idempotency key, checked (None: no key): a str of 1-200 bytes of UTF-8, not starting
+    with the prefix reserved for cron occurrences; TypeError/ValueError otherwise."""
+    if key is None:
+        return None
+    if not isinstance(key, str):
+        raise TypeError(f"key must be a str or None, got {type(key).__name__}")
+    n = len(key.encode("utf-8"))
+    if not 1 <= n <= codec.MAX_KEY_BYTES:
+        raise ValueError(f"key must be 1-{codec.MAX_KEY_BYTES} bytes of UTF-8, got {n} bytes")
+    if key.startswith(RESERVED_KEY_PREFIX):
+        raise ValueError(f"key {key[:40]!r} is reserved: keys starting with {RESERVED_KEY_PREFIX!r} belong to "
+                         "cron occurrences (one producer could otherwise take over a cron's next run); use another "
+                         "prefix")
+    return key
 
 
 UNFENCED = frozenset({"ack", "fail", "extend", "release", "epoch_reset", "migrate_out", "migrate_in"})
@@ -127,19 +145,8 @@ class Calls:
 
     # -- schedule ---------------------------------------------------------------------------------
     def validate_key(self, key: object) -> str | None:
-        """An idempotency key, checked (None: no key)."""
-        if key is None:
-            return None
-        if not isinstance(key, str):
-            raise TypeError(f"key must be a str or None, got {type(key).__name__}")
-        n = len(key.encode("utf-8"))
-        if not 1 <= n <= codec.MAX_KEY_BYTES:
-            raise ValueError(f"key must be 1-{codec.MAX_KEY_BYTES} bytes of UTF-8, got {n} bytes")
-        if key.startswith(RESERVED_KEY_PREFIX):
-            raise ValueError(f"key {key[:40]!r} is reserved: keys starting with {RESERVED_KEY_PREFIX!r} belong to "
-                             "cron occurrences (one producer could otherwise take over a cron's next run); use another "
-                             "prefix")
-        return key
+        """An idempotency key, checked (None: no key): :func:`validate_key`."""
+        return validate_key(key)
 
     def prepare(self, items: Iterable[Sequence[Any]], opts: JobOptions) -> tuple[list[Call], list[list[int]]]:
         """Validate every job, then build the schedule calls (one per partition and BATCH jobs) and,

@@ -21,6 +21,7 @@ from . import (
     cli_jobs,
     cli_migrate,
     cli_namespace,
+    cli_outbox,
     cli_queue,
     cli_stats,
     cli_ui,
@@ -46,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_parser(sub)
     # in --help order
     for module in (cli_jobs, cli_dead, cli_stats, cli_workers, cli_queue, cli_cron, cli_namespace, cli_effects,
-                   cli_epochs, cli_migrate, cli_ui):
+                   cli_outbox, cli_epochs, cli_migrate, cli_ui):
         module.add_parsers(sub)
     for command in (parser, *sub.choices.values()):  # scheduler, worker, dev: argparse's errors as ours too
         patch_errors(command)

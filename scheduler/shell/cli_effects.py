@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 from workers.effects import DEFAULT_TABLE, EffectsError, EffectsTableMissing, ddl, prune
 from workers.effects.postgres import table_name
 
+from ..client.outbox import OutboxError, OutboxTableMissing
 from ..protocol import config
 from ..protocol.masking import mask_secrets
 from . import admin
 from .admin import BadInput, NotFound
 from .admin.errors import AdminError
 from .cli_common import EXIT_OK, SubParsers, common_options, described, duration_arg, patch_errors, print_json
+from .relay import postgres_where
 
 if TYPE_CHECKING:
     import psycopg
@@ -72,7 +74,8 @@ def _leaf(actions: SubParsers, name: str, handler: Any, *, postgres: bool = True
     return p
 
 
-def _postgres_url(args: argparse.Namespace) -> str:
+def postgres_url(args: argparse.Namespace) -> str:
+    """``--postgres``, else ``$ZSCHED_POSTGRES_URL``; BadInput (exit 2) when neither is set."""
     url = args.postgres or os.environ.get(POSTGRES_ENV)
     if not url:
         raise BadInput(f"no PostgreSQL given: pass --postgres URL or set {POSTGRES_ENV}")
@@ -80,34 +83,36 @@ def _postgres_url(args: argparse.Namespace) -> str:
 
 
 @contextmanager
-def _connect(args: argparse.Namespace) -> Iterator[psycopg.Connection[Any]]:
+def connect_postgres(args: argparse.Namespace) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection to :func:`postgres_url`, closed afterwards; psycopg's failures and
+    the effects' and outbox's errors inside become the CLI's one-line errors and exit codes."""
     try:
         import psycopg
     except ImportError:
         raise BadInput("psycopg is not installed: pip install 'zsched[postgres]'") from None
-    url = _postgres_url(args)
+    url = postgres_url(args)
     try:
         conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
     except psycopg.Error as exc:
         raise PostgresUnavailable(f"cannot connect to PostgreSQL at {mask_secrets(url)}: "
-                                  f"{_one_line(exc)} (check --postgres / {POSTGRES_ENV})") from None
+                                  f"{one_line(exc)} (check --postgres / {POSTGRES_ENV})") from None
     try:
         yield conn
     except psycopg.OperationalError as exc:
-        raise PostgresUnavailable(f"PostgreSQL at {mask_secrets(url)} failed: {_one_line(exc)}") \
+        raise PostgresUnavailable(f"PostgreSQL at {mask_secrets(url)} failed: {one_line(exc)}") \
             from None
-    except EffectsTableMissing as exc:
+    except (EffectsTableMissing, OutboxTableMissing) as exc:
         raise NotFound(str(exc)) from None
-    except EffectsError as exc:
+    except (EffectsError, OutboxError) as exc:
         raise BadInput(str(exc)) from None
     except psycopg.Error as exc:  # e.g. no privilege to create or delete
-        raise PostgresUnavailable(f"PostgreSQL at {mask_secrets(url)} refused: {_one_line(exc)}") \
+        raise PostgresUnavailable(f"PostgreSQL at {mask_secrets(url)} refused: {one_line(exc)}") \
             from None
     finally:
         conn.close()
 
 
-def _one_line(exc: Exception) -> str:
+def one_line(exc: Exception) -> str:
     """A driver's message (psycopg's span lines, with hints on the next) as one masked line."""
     return " ".join(mask_secrets(str(exc)).split())
 
@@ -126,13 +131,18 @@ def _ddl(args: argparse.Namespace) -> int:
 
 def _apply(args: argparse.Namespace) -> int:
     table = _table(args)
-    with _connect(args) as conn:
-        conn.execute(ddl(table))
-        where = mask_secrets(f"{conn.info.host}:{conn.info.port}/{conn.info.dbname}")
+    return apply_ddl(args, f"effects table {table}", ddl(table))
+
+
+def apply_ddl(args: argparse.Namespace, what: str, statements: str) -> int:
+    """Run a table's DDL on ``--postgres`` and say where (``zsched effects|outbox apply``)."""
+    with connect_postgres(args) as conn:
+        conn.execute(statements)
+        where = postgres_where(conn)
     if args.json:
-        print_json({"table": table, "database": where})
+        print_json({"table": what.split()[-1], "database": where})
     else:
-        print(f"effects table {table} ready in {where}")
+        print(f"{what} ready in {where}")
     return EXIT_OK
 
 
@@ -152,7 +162,7 @@ def _prune(args: argparse.Namespace) -> int:
         raise BadInput(f"--batch must be 1 or more rows, got {args.batch}")
     namespace = None if args.all_namespaces else config.namespace(args.namespace)
     retention = _retention(args)
-    with _connect(args) as conn:
+    with connect_postgres(args) as conn:
         while True:
             n = prune(conn, retention, namespace=namespace, table=table, batch=args.batch)
             scope = "every namespace" if namespace is None else f"namespace {namespace}"

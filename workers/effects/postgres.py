@@ -34,12 +34,13 @@ second one (a retriable error: the job is retried, and then finds the row).
 """
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
+
+from scheduler.protocol.sqlnames import check_table
 
 from .outcomes import EffectsError, EffectsTableMissing, skip
 from .target import Target, target_of
@@ -49,18 +50,12 @@ if TYPE_CHECKING:
 
 DEFAULT_TABLE = "zsched_effects"
 PRUNE_BATCH = 1000  # rows per DELETE: short transactions, bounded locks and WAL per statement
-# "name" or "schema.name", each an unquoted PostgreSQL identifier (lower case: unquoted names fold
-# to it, so the DDL and the statements name the same table whatever the user typed)
-_TABLE = re.compile(r"^[a-z_][a-z0-9_$]{0,62}(\.[a-z_][a-z0-9_$]{0,62})?$")
 
 
 def table_name(table: str) -> str:
     """``table`` checked: ``name`` or ``schema.name``, unquoted lower-case identifiers; raises
     :class:`EffectsError` otherwise (it is written into statements, so never taken unchecked)."""
-    if not isinstance(table, str) or not _TABLE.match(table):
-        raise EffectsError(f"effects table name {table!r} is not 'name' or 'schema.name' of lower-case letters, "
-                           "digits, '_' and '$' (63 at most each, not starting with a digit)")
-    return table
+    return check_table(table, "effects table", EffectsError)
 
 
 def ddl(table: str = DEFAULT_TABLE) -> str:
