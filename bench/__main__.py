@@ -28,13 +28,13 @@ from typing import Any
 from bench import common
 
 SUITES = ("core", "drain", "lateness", "herd", "scale", "failover", "pg", "peers", "fanout", "transport", "soak",
-          "cluster", "migrate", "kit", "effects")
+          "cluster", "migrate", "kit", "effects", "outbox")
 # transport needs git and the old commit (minutes of interleaved runs); soak runs 30 minutes;
 # cluster needs redis-cli and takes about 15 minutes of alternating rounds
 # migrate fills 2.6 M jobs over 4 fresh servers (an admin operation, not a workload)
 NOT_IN_ALL = ("transport", "soak", "cluster", "migrate", "kit")
 RUN_QUICK = {"peers": "bench.peers", "transport": "bench.transport_compare", "kit": "bench.kit",
-             "effects": "bench.effects"}
+             "effects": "bench.effects", "outbox": "bench.outbox"}
 
 
 def run_suite(name: str, quick: bool, memory_sizes: list[int]) -> Any:

@@ -217,6 +217,10 @@ class Relay:
             self._conn = conn
         return self._conn
 
+    async def close(self) -> None:
+        """Close the batch connection (:meth:`run` does it itself; for callers of :meth:`drain`)."""
+        await self._drop_conn()
+
     async def _drop_conn(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:

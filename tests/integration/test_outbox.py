@@ -39,7 +39,7 @@ async def _drain(redis_url: str, dsn: str, **kw: object) -> Relay:
     async with AsyncClient.from_url(redis_url, namespace=NS) as client:
         relay = Relay(client, dsn, namespace=NS, table="zsched_outbox", **kw)  # type: ignore[arg-type]
         await relay.drain()
-        await relay._drop_conn()
+        await relay.close()
         return relay
 
 
@@ -91,7 +91,7 @@ def test_a_relay_that_dies_before_its_commit_leaves_rows_whose_resend_makes_no_s
             relay.st = dataclasses.replace(relay.st, delete="SELECT 1 / 0 WHERE %s IS NOT NULL")
             with pytest.raises(psycopg.errors.DivisionByZero):
                 await relay.drain()  # scheduled, then the transaction fails: as if killed before COMMIT
-            await relay._drop_conn()
+            await relay.close()
 
     asyncio.run(crash_after_schedule())
     assert len(_rows(dsn)) == 5, "the rows stay for the next relay"
