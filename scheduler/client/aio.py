@@ -163,10 +163,11 @@ class AsyncClient:
     @follows_layout_async
     @twin(Client.schedule_many)
     async def schedule_many(self, jobs: Iterable[Sequence[Any]], *, options: JobOptions | None = None,
-                            durable: str | None = UNSET, **job_options: Unpack[JobOptionFields]) -> list[str]:
+                            durable: str | None = UNSET, ids_from: Sequence[str] | None = None,
+                            **job_options: Unpack[JobOptionFields]) -> list[str]:
         calls = await self._connected()
         items = list(jobs)
-        batch, pos = calls.prepare(items, with_overrides(options, job_options))
+        batch, pos = calls.prepare(items, with_overrides(options, job_options), ids_from)
         if not batch:
             return []
         d = await self._durability(durable)

@@ -193,15 +193,19 @@ class Client:
 
     @follows_layout
     def schedule_many(self, jobs: Iterable[Sequence[Any]], *, options: JobOptions | None = None,
-                      durable: str | None = UNSET, **job_options: Unpack[JobOptionFields]) -> list[str]:
+                      durable: str | None = UNSET, ids_from: Sequence[str] | None = None,
+                      **job_options: Unpack[JobOptionFields]) -> list[str]:
         """Schedule many ``(at, payload)`` or ``(at, payload, key)`` jobs in one pipelined round trip
         (one script call per partition and 1000 jobs); returns ids in input order. Every job is
         validated before anything is written. ``options``, the option keywords and ``durable``: as
         for :meth:`schedule` (one WAIT for the whole batch; a DurabilityTimeout or
-        MisfiredAtSchedule carries every id)."""
+        MisfiredAtSchedule carries every id). ``ids_from``: a stable name per job (``"orders:42"``)
+        from which its id is derived, with absolute times: sending the same batch again (after a
+        crash before you recorded that it was sent) creates none of its jobs that exist or
+        finished within the tombstone TTL, and returns their ids; what ``zsched relay`` uses."""
         calls = self.calls
         items = list(jobs)
-        batch, pos = calls.prepare(items, with_overrides(options, job_options))
+        batch, pos = calls.prepare(items, with_overrides(options, job_options), ids_from)
         if not batch:
             return []
         d = self._durability(durable)

@@ -24,7 +24,16 @@ from .codec import build_record, finite_number, pack_payload, split_template
 from .codes import Outcome, requeue_outcomes
 from .cron import LOOKAHEAD, MAX_JITTER_S, CronInfo, occurrences, validate_expression, validate_tz, with_jitter
 from .errors import MisfiredAtSchedule, ScriptError
-from .ids import IdGenerator, decode_id, encode_id, partition_for_key, partition_of, placement_for_key
+from .ids import (
+    IdGenerator,
+    decode_id,
+    derived_id,
+    encode_id,
+    id_names,
+    partition_for_key,
+    partition_of,
+    placement_for_key,
+)
 from .keys import Keyspace, validate_name
 from .listing import LIST_MAX_LIMIT, LIST_STATES, ListWalk
 from .models import JobInfo, JobState
@@ -148,9 +157,15 @@ class Calls:
         """An idempotency key, checked (None: no key): :func:`validate_key`."""
         return validate_key(key)
 
-    def prepare(self, items: Iterable[Sequence[Any]], opts: JobOptions) -> tuple[list[Call], list[list[int]]]:
+    def prepare(self, items: Iterable[Sequence[Any]], opts: JobOptions,
+                ids_from: Sequence[str] | None = None) -> tuple[list[Call], list[list[int]]]:
         """Validate every job, then build the schedule calls (one per partition and BATCH jobs) and,
-        per call, the input positions of its jobs. Nothing is written if any job is bad."""
+        per call, the input positions of its jobs. Nothing is written if any job is bad.
+        ``ids_from``: a stable name per job; each id is derived from its name and absolute time
+        (:func:`~scheduler.protocol.ids.derived_id`) and the calls carry the re-send flag, so
+        sending the same jobs again creates none of those that exist or left a tombstone."""
+        items = list(items)
+        names = id_names(ids_from, len(items))
         now_s = self.clock()
         created = int(now_s)
         parts = self.ks.partitions
@@ -173,7 +188,13 @@ class Calls:
             ms, when = self.run_at(at, opts.jitter_ms, now_s)
             data = pack_payload(payload, self.max_payload)
             rec = build_record(data, created_s=created, key=key, **rec_opts)
-            raw, p = new_id(ms, parts, key)
+            if names is None:
+                raw, p = new_id(ms, parts, key)
+            elif isinstance(when, str):
+                raise ValueError(f"job {n}: an id derived from a name needs an absolute time (a datetime or "
+                                 "epoch seconds): a relative one differs at each send")
+            else:  # from the time before jitter: the same at each send (the job keeps its jittered time)
+                raw, p = derived_id(self.run_at(at, 0, now_s)[0] if opts.jitter_ms else ms, names[n], key, parts)
             lst = by_part[p]
             lst.append(raw + rec)  # placeholder queue index = first 2 bytes of the record (0)
             lst.append(when)
@@ -185,7 +206,8 @@ class Calls:
             idx = order[p]
             for s in range(0, len(idx), BATCH):
                 chunk = flat[s * 3 : (s + BATCH) * 3]
-                calls.append(self.call("schedule", p, opts.queue, self.tomb_ms, len(chunk) // 3, 0, *chunk))
+                calls.append(self.call("schedule", p, opts.queue, self.tomb_ms, len(chunk) // 3,
+                                       0 if names is None else 1, *chunk))
                 positions.append(idx[s : s + BATCH])
         return calls, positions
 

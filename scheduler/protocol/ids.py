@@ -13,9 +13,11 @@ Layout (big-endian):  [0:6] run_at at creation in ms | [6:10] placement hash h |
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import zlib
+from collections.abc import Sequence
 
 ID_BYTES = 15
 ID_CHARS = 30
@@ -64,6 +66,39 @@ def placement_for_key(key: str) -> int:
 def partition_for_key(key: str, partitions: int) -> int:
     """Stable partition of an idempotency key or cron name."""
     return placement_for_key(key) % partitions
+
+
+ID_NAME_MAX = 1024  # bytes of a name an id is derived from (schedule_many(ids_from=)): hashed, never stored
+
+
+def id_names(ids_from: Sequence[str] | None, count: int) -> list[str] | None:
+    """``ids_from`` of a batch of ``count`` jobs, checked: one distinct name of 1 to
+    :data:`ID_NAME_MAX` bytes per job (None: ids are generated)."""
+    if ids_from is None:
+        return None
+    names = list(ids_from)
+    if len(names) != count:
+        raise ValueError(f"ids_from names {len(names)} jobs, the batch has {count}")
+    for n, name in enumerate(names):
+        if not isinstance(name, str) or not 1 <= len(name.encode("utf-8")) <= ID_NAME_MAX:
+            raise ValueError(f"ids_from[{n}]: expected a name of 1 to {ID_NAME_MAX} bytes, got {name!r:.80}")
+    if len(set(names)) != len(names):
+        raise ValueError("ids_from: two jobs of the batch have the same name (they would get the same id)")
+    return names
+
+
+def derived_id(run_at_ms: int, name: str, key: str | None, partitions: int) -> tuple[bytes, int]:
+    """(binary id, partition) derived from ``name``, a caller's stable name for the job ("the
+    outbox row 42 of table T"): the same name and time give the same id, so a batch sent again
+    (a relay that died before recording that it had sent it) finds its jobs, or their tombstones,
+    instead of creating them twice. The random part is a hash of the name, so distinct names do
+    not collide in practice (40 bits, with h: 72 for an unkeyed job, as for generated ids)."""
+    if not 0 <= run_at_ms <= _MAX_MS:
+        raise ValueError(f"a derived id needs a time in ms from 0 to {_MAX_MS}, got {run_at_ms}")
+    digest = hashlib.blake2b(name.encode("utf-8"), digest_size=9).digest()
+    head, tail = run_at_ms.to_bytes(6, "big"), digest[:5]
+    h = zlib.crc32(head + tail, int.from_bytes(digest[5:], "big")) if key is None else placement_for_key(key)
+    return head + h.to_bytes(4, "big") + tail, h % partitions
 
 
 class IdGenerator:

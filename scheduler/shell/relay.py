@@ -1,14 +1,13 @@
 """The outbox relay (``zsched relay``): moves committed outbox rows of one namespace into zsched.
-
 Each batch is one PostgreSQL transaction: ``SELECT ... ORDER BY id LIMIT batch FOR UPDATE SKIP
 LOCKED`` (so any number of relays share a table without waiting on or moving each other's rows),
-``schedule_many`` per (queue, options) group with each row's key as the idempotency key,
-``DELETE`` of the moved rows, COMMIT. A relay killed between the schedule and the commit leaves
-its rows to the next relay: their re-send finds the jobs by key and creates nothing while they are
-live (an idempotency key names a live job; a job that already finished in that window would be
-created again: the window is one DELETE round trip). A row zsched refuses (a payload over this
-relay's limit, options written by hand that do not check) is marked with its ``error`` and left
-for the operator, not retried forever in front of the others.
+``schedule_many`` per (queue, options) group with each row's key as the idempotency key and an id
+derived from the row (``ids_from``), ``DELETE`` of the moved rows, COMMIT. A relay killed between
+the schedule and the commit leaves its rows to the next relay: its send derives the same ids and the
+schedule script, told that these may be re-sent, creates none of the jobs that exist or left a
+tombstone (a job that already ran in that window included), so a row makes one job. A row zsched
+refuses (a payload over this relay's limit, options written by hand that do not check) is marked
+with its ``error`` and left for the operator, not retried forever in front of the others.
 
 The relay drains while batches come back full, then waits for a notification (``LISTEN`` on a
 separate connection, the table's channel, the namespace as payload) or the poll interval, the
@@ -291,7 +290,7 @@ class Relay:
         if not items:
             return items, rows
         try:
-            await self._schedule_many(items, opts)
+            await self._schedule_many(items, rows, opts)
             return items, rows
         except (TypeError, ValueError) as exc:
             if isinstance(exc, REDIS_ERRORS):
@@ -307,12 +306,16 @@ class Relay:
             kept = [(i, r) for i, r in zip(items, rows) if r[0] not in rejected]
             items, rows = [i for i, _ in kept], [r for _, r in kept]
             if items:
-                await self._schedule_many(items, opts)
+                await self._schedule_many(items, rows, opts)
             return items, rows
 
-    async def _schedule_many(self, items: list[Any], opts: Any) -> None:
+    async def _schedule_many(self, items: list[Any], rows: list[Any], opts: Any) -> None:
+        # Each job's id derives from its row (ids_from): a relay killed after this and before its
+        # COMMIT leaves the rows to the next one, whose send finds the jobs, or the tombstones of
+        # those that already ran, and creates nothing.
         try:
-            await self.client.schedule_many(items, options=opts)
+            names = [derived_key(self.table, r[0]) for r in rows]
+            await self.client.schedule_many(items, options=opts, ids_from=names)
             outcome_counts = {"scheduled": len(items)}
         except MisfiredAtSchedule as exc:  # created as misfired tombstones: moved, as Client.schedule would
             outcome_counts = {"scheduled": len(items) - len(exc.misfired), "misfired": len(exc.misfired)}

@@ -17,6 +17,7 @@ from scheduler.client import outbox
 from scheduler.protocol.masking import mask_secrets
 from scheduler.shell.relay import Relay, RelayMetrics
 from scheduler.shell.servers import ZschedProc
+from scheduler.testing.transitions import Ops
 from tests.support.waits import wait_until
 
 NS = "obx"
@@ -98,6 +99,35 @@ def test_a_relay_that_dies_before_its_commit_leaves_rows_whose_resend_makes_no_s
     assert drain(redis_url, dsn).moved == 5 and _rows(dsn) == []
     with Client.from_url(redis_url, namespace=NS).connect() as c:
         assert c.stats()["q"]["scheduled"] == 5, "the re-sent rows made no second job"
+
+
+def test_a_resend_after_the_jobs_already_ran_makes_no_second_job(redis_url: str, dsn: str) -> None:
+    """The window the ids derived from rows close: the relay dies before its COMMIT, the jobs (due
+    now) run and finish meanwhile, then the next relay sends the rows again."""
+    now = datetime.now(UTC)
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        for n in range(4):
+            outbox.schedule(conn, now, {"n": n}, namespace=NS, queue="q", key=None if n % 2 else f"k{n}")
+
+    async def crash_after_schedule() -> None:
+        async with AsyncClient.from_url(redis_url, namespace=NS) as client:
+            relay = Relay(client, dsn, namespace=NS, table="zsched_outbox")
+            relay.st = dataclasses.replace(relay.st, delete="SELECT 1 / 0 WHERE %s IS NOT NULL")
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                await relay.drain()
+            await relay.close()
+
+    asyncio.run(crash_after_schedule())
+    with Client.from_url(redis_url, namespace=NS).connect() as c:
+        ops = Ops(c)
+        jobs = ops.claim("q", 10)
+        assert len(jobs) == 4
+        for job in jobs:
+            ops.ack(job)
+        assert drain(redis_url, dsn).moved == 4 and _rows(dsn) == []
+        left = c.stats()["q"]
+        assert left.get("ready", 0) + left.get("scheduled", 0) + left.get("running", 0) == 0, \
+            "the re-sent rows found the finished jobs' tombstones and made no second job"
 
 
 @pytest.mark.parametrize("call, error, message", [
