@@ -80,21 +80,26 @@ def test_a_committed_transaction_makes_exactly_one_job_with_its_queue_time_paylo
     assert keyed < plain
 
 
+def crash_after_schedule(redis_url: str, dsn: str) -> None:
+    """A relay's batch is scheduled, then its transaction fails: as if it was killed before COMMIT."""
+    async def run() -> None:
+        async with AsyncClient.from_url(redis_url, namespace=NS) as client:
+            relay = Relay(client, dsn, namespace=NS, table="zsched_outbox")
+            relay.st = dataclasses.replace(relay.st, delete="SELECT 1 / 0 WHERE %s IS NOT NULL")
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                await relay.drain()
+            await relay.close()
+
+    asyncio.run(run())
+
+
 def test_a_relay_that_dies_before_its_commit_leaves_rows_whose_resend_makes_no_second_job(
         redis_url: str, dsn: str) -> None:
     with psycopg.connect(dsn) as conn, conn.transaction():
         for n in range(5):
             outbox.schedule(conn, AT, {"n": n}, namespace=NS, queue="q", key=None if n % 2 else f"k{n}")
 
-    async def crash_after_schedule() -> None:
-        async with AsyncClient.from_url(redis_url, namespace=NS) as client:
-            relay = Relay(client, dsn, namespace=NS, table="zsched_outbox")
-            relay.st = dataclasses.replace(relay.st, delete="SELECT 1 / 0 WHERE %s IS NOT NULL")
-            with pytest.raises(psycopg.errors.DivisionByZero):
-                await relay.drain()  # scheduled, then the transaction fails: as if killed before COMMIT
-            await relay.close()
-
-    asyncio.run(crash_after_schedule())
+    crash_after_schedule(redis_url, dsn)
     assert len(_rows(dsn)) == 5, "the rows stay for the next relay"
     assert drain(redis_url, dsn).moved == 5 and _rows(dsn) == []
     with Client.from_url(redis_url, namespace=NS).connect() as c:
@@ -109,15 +114,7 @@ def test_a_resend_after_the_jobs_already_ran_makes_no_second_job(redis_url: str,
         for n in range(4):
             outbox.schedule(conn, now, {"n": n}, namespace=NS, queue="q", key=None if n % 2 else f"k{n}")
 
-    async def crash_after_schedule() -> None:
-        async with AsyncClient.from_url(redis_url, namespace=NS) as client:
-            relay = Relay(client, dsn, namespace=NS, table="zsched_outbox")
-            relay.st = dataclasses.replace(relay.st, delete="SELECT 1 / 0 WHERE %s IS NOT NULL")
-            with pytest.raises(psycopg.errors.DivisionByZero):
-                await relay.drain()
-            await relay.close()
-
-    asyncio.run(crash_after_schedule())
+    crash_after_schedule(redis_url, dsn)
     with Client.from_url(redis_url, namespace=NS).connect() as c:
         ops = Ops(c)
         jobs = ops.claim("q", 10)
