@@ -28,18 +28,19 @@ from . import (
     cli_workers,
     dev,
 )
-from .cli_common import patch_errors
+from .cli_common import DEBUG_HELP, LOG_LEVEL_HELP, add_process_options, patch_errors
 from .cli_errors import explain, interrupt_on_sigterm, interrupted_line
 from .servers import watch_lifeline
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``zsched`` parser with every subcommand; each sets ``func`` (args -> exit code)."""
+    """The ``zsched`` parser with every subcommand; each sets ``func`` (args -> exit code).
+
+    ``--log-level`` and ``--debug`` go before the subcommand or after it (``zsched dev --log-level DEBUG``,
+    ``zsched job show ID --debug``); given in both places, the later one wins."""
     parser = argparse.ArgumentParser(prog="zsched", description="zsched: distributed job scheduler")
-    parser.add_argument("--log-level", default=config.log_level(),
-                        help="logging level (default INFO; env ZSCHED_LOG_LEVEL)")
-    parser.add_argument("--debug", action="store_true", default=config.debug(),
-                        help="print the traceback of known errors too (env ZSCHED_DEBUG=1)")
+    parser.add_argument("--log-level", default=config.log_level(), help=LOG_LEVEL_HELP)
+    parser.add_argument("--debug", action="store_true", default=config.debug(), help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     tier_cli.add_parser(sub)
@@ -51,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_parsers(sub)
     for command in (parser, *sub.choices.values()):  # scheduler, worker, dev: argparse's errors as ours too
         patch_errors(command)
+    for name in ("scheduler", "worker", "dev", "ui"):  # the others take them with the common options
+        add_process_options(sub.choices[name])
     return parser
 
 

@@ -18,7 +18,7 @@ import functools
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NoReturn, TextIO, TypeAlias
 
 from ..client import Client
@@ -39,6 +39,8 @@ SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 WHEN_HELP = ("ISO-8601 with a zone (2026-12-01T09:00:00+01:00, ...Z), +DURATION from now "
              "(+90s, +4h, +1d2h30m), 'now', or epoch seconds")
+LOG_LEVEL_HELP = "logging level (default INFO; env ZSCHED_LOG_LEVEL)"
+DEBUG_HELP = "print the traceback of known errors too (env ZSCHED_DEBUG=1)"
 EPILOG = ("exit codes: 0 ok, 1 not found (unknown job/namespace, or a state that does not allow it), "
           "2 bad input, 3 Redis unreachable or refusing, 4 a TLS file cannot be read, 130 Ctrl-C "
           "(see docs/operations.md)")
@@ -104,12 +106,22 @@ def patch_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def common_options() -> argparse.ArgumentParser:
-    """A parent parser with ``--redis``, ``--namespace`` and ``--json``."""
+    """A parent parser with ``--redis``, ``--namespace`` and ``--json`` (and :func:`add_process_options`)."""
     c = argparse.ArgumentParser(add_help=False)
     g = c.add_argument_group("connection and output")
     config.add_connection_options(g)
     g.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    add_process_options(c)
     return c
+
+
+def add_process_options(parser: argparse.ArgumentParser) -> None:
+    """``--log-level`` and ``--debug`` on a subcommand's parser, as on ``zsched``'s own (the docs
+    say common options go after the subcommand). Their default is SUPPRESS: a subcommand not given
+    them leaves the top-level parser's value (its default, or what came before the subcommand)."""
+    g = parser.add_argument_group("process options (also accepted before the subcommand)")
+    g.add_argument("--log-level", default=argparse.SUPPRESS, help=LOG_LEVEL_HELP)
+    g.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
 
 
 def described(kw: dict[str, Any]) -> dict[str, Any]:
@@ -168,6 +180,17 @@ def fail(message: str) -> None:
 def warn(message: str) -> None:
     """Print ``zsched: warning: message`` on stderr."""
     print(f"zsched: warning: {message}", file=sys.stderr)
+
+
+def warn_past(at: int | timedelta | None, runs: str = "the job runs") -> None:
+    """Warn (one ``zsched: warning:`` line) when ``at``, a parsed ``--at``, is an absolute time
+    before now: accepted (a job due in the past runs as soon as a worker claims it), but more
+    often a typo (a year, a zone) than a wish. ``now`` and ``+DURATION`` (timedelta) never warn."""
+    if at is None or isinstance(at, timedelta):
+        return
+    ahead_s = (at - time.time() * 1000) / 1000
+    if ahead_s < 0:
+        warn(f"--at {admin.iso(at)} is in the past ({admin.human_delta(ahead_s)}): {runs} at once")
 
 
 def runner(handler: Handler, *, create: bool,

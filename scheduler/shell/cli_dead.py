@@ -30,6 +30,7 @@ from .cli_common import (
     print_json,
     queue_arg,
     schedule_when_arg,
+    warn_past,
     when_text,
 )
 from .cli_errors import Interrupted
@@ -124,6 +125,7 @@ def _dead_show(client: Client, args: argparse.Namespace) -> int:
 def _dead_requeue(client: Client, args: argparse.Namespace) -> int:
     job_id, flt = admin.dead_selection(args.id, args.queue, args.error_contains, args.all_,
                                        ignore_case=args.ignore_case)
+    warn_past(args.at, "the job runs" if job_id is not None else "the requeued jobs run")
     if job_id is not None:
         return _requeue_single(client, args, job_id)
     assert flt is not None

@@ -31,6 +31,7 @@ from .cli_common import (
     print_json,
     queue_arg,
     schedule_when_arg,
+    warn_past,
     when_text,
 )
 
@@ -91,6 +92,8 @@ def _schedule(client: Client, args: argparse.Namespace) -> int:
         client = Client(client.redis, namespace=client.keyspace.namespace, durable=args.durable,
                         durable_timeout=args.durable_timeout)
     at = args.at if isinstance(args.at, timedelta) else args.at / 1000.0
+    if args.misfire != "skip":  # with skip, the policy decides: past its grace, the job is refused below
+        warn_past(args.at)
     try:
         jid = client.schedule(at, args.payload, queue=args.queue, key=args.key,
                               max_attempts=args.max_attempts, lease=args.lease, misfire=args.misfire,
@@ -130,6 +133,7 @@ def _job_cancel(client: Client, args: argparse.Namespace) -> int:
 
 
 def _job_reschedule(client: Client, args: argparse.Namespace) -> int:
+    warn_past(args.at)
     info = admin.reschedule_job(client, args.id, args.at)
     if args.json:
         print_json({"id": args.id, "rescheduled": True, "state": info.state.value, "run_at": admin.iso(info.run_at)})

@@ -173,6 +173,38 @@ def test_when_now_and_past_are_ready(cli: Cli, client: Client) -> None:
         assert rc == 0 and state(client, out.strip()) is JobState.READY
 
 
+def test_a_past_at_warns_in_one_line_and_the_job_still_runs_at_once(cli: Cli, client: Client, ops: Ops) -> None:
+    past = int(time.time()) - 7200
+    rc, out, err = cli("schedule", "--at", str(past), "--queue", "q", "--payload", "1")
+    jid = out.strip()
+    assert rc == 0 and state(client, jid) is JobState.READY, err
+    assert err.splitlines() == [f"zsched: warning: --at {admin.iso(past * 1000)} is in the past (2h ago): "
+                                "the job runs at once"], err
+    rc, out, err = cli("schedule", "--at", "+1h", "--queue", "q", "--payload", "1")
+    later = out.strip()
+    assert rc == 0 and err == ""
+    rc, _, err = cli("job", "reschedule", later, "--at", "2001-09-09T01:46:40Z")
+    assert rc == 0 and state(client, later) is JobState.READY
+    assert err.startswith("zsched: warning: --at 2001-09-09T01:46:40.000Z is in the past (") and err.count("\n") == 1
+    [dead] = kill(client, ops, "q2")
+    rc, _, err = cli("dead", "requeue", "--queue", "q2", "--at", str(past), "-q")
+    assert rc == 0 and state(client, dead) is JobState.READY
+    assert err.endswith(": the requeued jobs run at once\n") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("when", ["now", "+0s", "+1s", "2031-12-01T08:00:00Z"])
+def test_now_relative_and_future_at_do_not_warn(cli: Cli, client: Client, when: str) -> None:
+    rc, _, err = cli("schedule", "--at", when, "--queue", "q", "--payload", "1")
+    assert rc == 0 and err == ""
+
+
+def test_a_past_at_with_misfire_skip_gets_the_refusal_alone(cli: Cli, client: Client) -> None:
+    """Past its grace, ``--misfire skip`` refuses the job: no warning that says it runs at once."""
+    rc, _, err = cli("schedule", "--at", str(int(time.time()) - 3600), "--queue", "q", "--payload", "1",
+                     "--misfire", "skip")
+    assert rc == 2 and [line.split(":")[1] for line in err.splitlines()] == [" error"], err
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--at", "2026-12-01T09:00:00"], "has no time zone"),
     (["--at", "2026-12-01"], "has no time zone"),

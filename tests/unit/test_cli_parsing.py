@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from scheduler.protocol import config
 from scheduler.protocol.models import JobError, JobInfo, JobState
 from scheduler.shell import admin
 from scheduler.shell.admin import BadInput, DeadFilter, Pacer
@@ -232,6 +233,18 @@ def test_parser_wiring() -> None:
     assert a.older_than == 7 * 86400 and a.id is None
     assert _parse("dead", "list").limit == 50
     assert _parse("stats", "--etcd", "h:2379").etcd == "h:2379"
+
+
+@pytest.mark.parametrize("argv", [["dev"], ["scheduler"], ["worker", "app:worker"], ["stats"], ["ui"],
+                                  ["job", "show", "0" * 30], ["dead", "purge", "--older-than", "7d"]])
+def test_log_level_and_debug_are_accepted_after_the_subcommand_too(argv: list[str]) -> None:
+    after = _parse(*argv, "--log-level", "DEBUG", "--debug")
+    assert (after.log_level, after.debug) == ("DEBUG", True)
+    before = _parse("--log-level", "WARNING", "--debug", *argv)
+    assert (before.log_level, before.debug) == ("WARNING", True)
+    assert _parse("--log-level", "WARNING", *argv, "--log-level", "ERROR").log_level == "ERROR"  # the later wins
+    plain = _parse(*argv)
+    assert (plain.log_level, plain.debug) == (config.log_level(), config.debug())  # the defaults stay in place
 
 
 @pytest.mark.parametrize("argv, needle", [
