@@ -26,11 +26,12 @@ from ..metrics import bucket_quantile, scrape_histogram
 from ..protocol import config
 from ..protocol.etcd_endpoints import check_etcd_endpoints
 from ..protocol.masking import mask_secrets
-from .admin import AdminError
+from .admin import AdminError, BadInput
 from .cli_common import SubParsers
 from .cli_errors import EXIT_LOCAL
 from .cli_ui import missing_ui_packages
 from .dev_guard import Output, Stopping, survivors
+from .dev_home import has_data, reset, shown
 from .servers import (
     ChildProcess,
     EtcdServer,
@@ -66,6 +67,9 @@ def add_parser(sub: SubParsers) -> None:
     p.add_argument("--replicas", type=int, default=3, help="scheduler replicas (default 3)")
     p.add_argument("--workers", type=int, default=2, help="worker processes per worker app (default 2)")
     p.add_argument("--home", default=".zsched", help="data and logs directory (default ./.zsched)")
+    p.add_argument("--reset", action="store_true",
+                   help="start fresh: remove the data and logs of the earlier run (redis/, etcd/ and logs/ under "
+                        "--home, nothing else) first; refused while processes of another run still use them")
     p.add_argument("--duration", type=float, default=None, help="stop by itself after this many seconds")
     p.add_argument("--plain", action="store_true",
                    help="print the whole view as a text block every second instead of redrawing the screen "
@@ -100,6 +104,10 @@ class Stack:
         self.ns = config.namespace(args.namespace)
         if args.etcd is not None:  # a malformed --etcd is bad input, refused before anything starts
             check_etcd_endpoints(args.etcd)
+        if args.reset and args.redis:
+            raise BadInput("zsched dev: --reset removes the data of the redis-server zsched dev starts; with --redis "
+                           "the jobs live in that server and would stay: drop --reset (or --redis)")
+        self.earlier_jobs: int | None = None  # jobs found in data of an earlier run (None: no such data)
         self.metrics_ports: dict[str, int] = {}
         self.consoles: dict[str, ZschedProc] = {}  # zsched ui
         self.ui_token = config.ui_token() or new_token()
@@ -117,6 +125,12 @@ class Stack:
             raise SetUpError(f"zsched dev: {len(left)} process(es) of an earlier run still write to {self.home} ("
                              + ", ".join(f"pid {pid}: {path}" for pid, path in left)
                              + f") and would join this run; stop them (kill {pids}) or use another --home")
+        if self.args.reset:
+            removed = reset(self.home)
+            if removed:
+                print(f"zsched dev: --reset: removed the data of the earlier run in {shown(self.home)} "
+                      f"({', '.join(f'{name}/' for name in removed)})", flush=True)
+        earlier = not self.args.redis and has_data(self.home)
         try:
             if not self._start_servers(stopping):
                 return False
@@ -127,7 +141,10 @@ class Stack:
         # environment, not argv: ps shows every process's argv to every user
         common = ["--namespace", self.ns]
         env = {"ZSCHED_REDIS_URL": self.redis_url, "ZSCHED_ETCD_ENDPOINTS": self.etcd}
-        Client.from_url(self.redis_url, namespace=self.ns).connect().close()  # fixes the partition count once
+        with Client.from_url(self.redis_url, namespace=self.ns).connect() as client:  # fixes the partition count once
+            if earlier:
+                self.earlier_jobs = sum(q["scheduled"] + q["ready"] + q["running"] + q["dead"]
+                                        for q in client.stats().values())
         for i in range(a.replicas):
             name = f"scheduler-{i + 1}"
             self.schedulers[name] = self._zsched(name, ["scheduler", *common, "--replica-id", name], 19100 + i, env)
@@ -380,6 +397,25 @@ def compact_line(s: Sample) -> str:
             f"ready {depth['ready']} running {depth['running']} dead {s.dead}; owners: {owners}{exited}")
 
 
+def banner(stack: Stack) -> list[str]:
+    """What a user needs from the running stack: where an earlier run's data came in, the
+    ``export`` line for their own shell, the metrics ports, the console's URL and token. Printed
+    once at the start, and on top of every frame of the redrawn view, which clears the screen."""
+    lines = []
+    if stack.earlier_jobs is not None and stack.earlier_jobs > 0:
+        lines.append(f"zsched dev: found data of an earlier run in {shown(stack.home)} ({stack.earlier_jobs} jobs "
+                     f"in namespace {stack.ns}): continuing with it; --reset starts fresh")
+    lines.append(f"stack up: export ZSCHED_REDIS_URL={mask_secrets(stack.redis_url)} "
+                 f"ZSCHED_ETCD_ENDPOINTS={mask_secrets(stack.etcd)} ZSCHED_NAMESPACE={stack.ns}")
+    lines.append("metrics: " + " ".join(f"{name}=127.0.0.1:{port}" for name, port in stack.metrics_ports.items()))
+    if stack.ui_url:
+        lines.append(f"console: {stack.ui_url} (zsched ui; actions need the token {stack.ui_token})")
+    else:
+        lines.append("console: not started: the web console's packages are not installed (pip install -e '.[ui]' "
+                     "in a checkout)")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the stack until Ctrl-C, SIGTERM, SIGHUP (the terminal closed), a closed output or
     ``--duration``, then stop everything it started, whatever ended it; 0."""
@@ -394,16 +430,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not stack.start(stopping):
             return 0
-        print(f"stack up: export ZSCHED_REDIS_URL={mask_secrets(stack.redis_url)} "
-              f"ZSCHED_ETCD_ENDPOINTS={mask_secrets(stack.etcd)} "
-              f"ZSCHED_NAMESPACE={stack.ns}", flush=True)
-        print("metrics: " + " ".join(f"{name}=127.0.0.1:{port}" for name, port in stack.metrics_ports.items()),
-              flush=True)
-        if stack.ui_url:
-            print(f"console: {stack.ui_url} (zsched ui; actions need the token {stack.ui_token})", flush=True)
-        else:
-            print("console: not started: the web console's packages are not installed (pip install 'zsched[ui]')",
-                  flush=True)
+        header = banner(stack)
+        for line in header:
+            print(line, flush=True)
         if not args.no_demo:
             producer = Producer(stack.redis_url, stack.ns)
             producer.start()
@@ -414,8 +443,8 @@ def run(args: argparse.Namespace) -> int:
         tty = sys.stdout.isatty()
         while not stopping.wait(1.0):
             sample = view.sample()
-            if tty and not args.plain:
-                out.frame("\x1b[H\x1b[2J" + view.render(sample) + "\n")
+            if tty and not args.plain:  # the screen is cleared: the banner goes on top of every frame
+                out.frame("\x1b[H\x1b[2J" + "\n".join(header) + "\n\n" + view.render(sample) + "\n")
             elif args.plain:
                 out.frame(view.render(sample) + "\n\n")
             else:

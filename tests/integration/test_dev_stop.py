@@ -207,10 +207,25 @@ def test_dev_stops_the_full_demo_stack_on_ctrl_c_through_tee(tmp_path: Path, run
     _no_traceback(dev)
 
 
-def test_dev_stops_everything_when_its_terminal_closes(tmp_path: Path, runs: list[Dev]) -> None:
-    """Closing the terminal: SIGHUP, and every write to the terminal fails (EIO) from then on."""
-    runs.append(dev := Dev(tmp_path, SMALL, terminal=True))
+CLEAR = "\x1b[H\x1b[2J"  # what starts each frame of the view redrawn on a terminal
+
+
+def test_the_redrawn_view_keeps_the_export_line_and_the_console_on_screen_and_the_run_stops_when_its_terminal_closes(
+        tmp_path: Path, runs: list[Dev]) -> None:
+    """On a terminal the view clears the screen every second: each frame starts with the lines the
+    user needs (the ``export`` line, the console's URL and token). ``--log-level`` after the
+    subcommand is taken. Closing the terminal: SIGHUP, and every write to it fails (EIO) from then on."""
+    runs.append(dev := Dev(tmp_path, [*SMALL, "--log-level", "DEBUG"], terminal=True))
     dev.wait_serving(replicas=1, workers=1)
+    export = re.search(r"stack up: export ZSCHED_REDIS_URL=redis://127\.0\.0\.1:\d+/0 \S+ ZSCHED_NAMESPACE=devstop",
+                       dev.text).group(0)
+    console = re.search(r"console: http://127\.0\.0\.1:\d+/ \(zsched ui; actions need the token \S+\)",
+                        dev.text).group(0)
+    dev.until(lambda: dev.text.count(CLEAR) >= 3, UP_BOUND, "three frames of the view")
+    frame = dev.text.split(CLEAR)[-2].replace("\r\n", "\n")  # the last complete one
+    top = frame.splitlines()
+    assert top[0] == export and top[1].startswith("metrics: scheduler-1=127.0.0.1:") and top[2] == console, frame
+    assert top[3] == "" and top[4].startswith("zsched dev - namespace devstop") and "partition owners:" in frame, frame
     dev.close_output()
     assert dev.finish() == 0
     _assert_all_gone(dev, STOP_BOUND)
@@ -266,10 +281,11 @@ def test_a_second_ctrl_c_kills_what_is_left_at_once(tmp_path: Path, runs: list[D
     assert "killing what is left now" in dev.text, dev.text[-2000:]
 
 
-def test_dev_refuses_to_share_its_home_with_processes_of_an_earlier_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reset", [[], ["--reset"]], ids=["", "--reset"])
+def test_dev_refuses_to_share_its_home_with_processes_of_an_earlier_run(tmp_path: Path, reset: list[str]) -> None:
     """A process still writing into ./.zsched (a replica left by an older version, say) would join
-    the new run: zsched dev names it in one line and exits 4 before starting anything. A process
-    that only reads there (``tail -f``) is not in the way."""
+    the new run: zsched dev names it in one line and exits 4 before starting anything, and with
+    ``--reset`` before removing anything. A process that only reads there (``tail -f``) is not in the way."""
     home = tmp_path / "zs"
     (home / "logs").mkdir(parents=True)
     log = home / "logs" / "scheduler-1.log"
@@ -278,7 +294,7 @@ def test_dev_refuses_to_share_its_home_with_processes_of_an_earlier_run(tmp_path
         writer = subprocess.Popen(sleeper, stdout=w, stderr=w, start_new_session=True)
         reader = subprocess.Popen(sleeper, stdin=r, start_new_session=True)
     try:
-        out = subprocess.run([sys.executable, "-m", "scheduler", "dev", "--home", str(home), *SMALL,
+        out = subprocess.run([sys.executable, "-m", "scheduler", "dev", "--home", str(home), *SMALL, *reset,
                               "--duration", "3"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
         errors = [line for line in out.stderr.splitlines() if line.startswith("zsched:")]
         assert out.returncode == 4, (out.stdout[-2000:], out.stderr[-2000:])
@@ -287,8 +303,62 @@ def test_dev_refuses_to_share_its_home_with_processes_of_an_earlier_run(tmp_path
         assert not re.search(rf"\b{reader.pid}\b", errors[0]), errors
         assert "Traceback" not in out.stderr
         assert "starting redis" not in out.stdout, "it started servers"
+        assert log.exists(), "it removed the log of the process still writing it"
         assert writer.poll() is None, "zsched dev stopped a process it did not start"
     finally:
         for p in (writer, reader):
             p.kill()
             p.wait()
+
+
+def _jobs(url: str) -> int:
+    with Client.from_url(url, namespace="devstop").connect() as c:
+        return sum(q["scheduled"] for q in c.stats().values())
+
+
+def test_a_run_says_it_continues_with_the_jobs_of_an_earlier_one_and_reset_starts_fresh(
+        tmp_path: Path, runs: list[Dev]) -> None:
+    """``--home`` keeps the servers' data: the next run says how many jobs it found in it; with
+    ``--reset`` it removes the earlier run's redis/, etcd/ and logs/ first and nothing else there."""
+    small = ["--no-demo", "--replicas", "1", "--workers", "0"]
+    runs.append(first := Dev(tmp_path, small))
+    first.until(lambda: "stack up" in first.text, UP_BOUND, "the stack")
+    assert "earlier run" not in first.text  # a new --home: nothing found, nothing said
+    url = re.search(r"ZSCHED_REDIS_URL=(\S+)", first.text).group(1)
+    with Client.from_url(url, namespace="devstop").connect() as c:
+        c.schedule_many([(timedelta(hours=1), {"n": i}) for i in range(3)], queue="later")
+    first.proc.send_signal(signal.SIGINT)
+    assert first.finish() == 0
+    (first.home / "notes.txt").write_text("mine")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "kept").write_text("kept")
+
+    runs.append(again := Dev(tmp_path, small))
+    again.until(lambda: "stack up" in again.text, UP_BOUND, "the stack")
+    found = [line for line in again.text.splitlines() if "earlier run" in line]
+    assert found == ["zsched dev: found data of an earlier run in ./zs (3 jobs in namespace devstop): continuing "
+                     "with it; --reset starts fresh"], again.text[-2000:]
+    assert _jobs(re.search(r"ZSCHED_REDIS_URL=(\S+)", again.text).group(1)) == 3
+    again.proc.send_signal(signal.SIGINT)
+    assert again.finish() == 0
+    (first.home / "logs" / "link").symlink_to(tmp_path / "elsewhere")  # --reset must not follow it
+
+    runs.append(fresh := Dev(tmp_path, [*small, "--reset"]))
+    fresh.until(lambda: "stack up" in fresh.text, UP_BOUND, "the stack")
+    assert "zsched dev: --reset: removed the data of the earlier run in ./zs (redis/, etcd/, logs/)" in fresh.text
+    assert "found data" not in fresh.text
+    assert _jobs(re.search(r"ZSCHED_REDIS_URL=(\S+)", fresh.text).group(1)) == 0
+    fresh.proc.send_signal(signal.SIGINT)
+    assert fresh.finish() == 0
+    assert (first.home / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "elsewhere" / "kept").read_text() == "kept"
+
+
+def test_reset_with_an_external_redis_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "scheduler", "dev", "--home", str(tmp_path / "zs"), "--reset",
+                          "--redis", "redis://127.0.0.1:1/0"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.splitlines() == ["zsched: error: zsched dev: --reset removes the data of the redis-server "
+                                       "zsched dev starts; with --redis the jobs live in that server and would stay: "
+                                       "drop --reset (or --redis)"]
+    assert not (tmp_path / "zs" / "redis").exists()
