@@ -89,7 +89,7 @@ def connect_postgres(args: argparse.Namespace) -> Iterator[psycopg.Connection[An
     try:
         import psycopg
     except ImportError:
-        raise BadInput("psycopg is not installed: pip install 'zsched[postgres]'") from None
+        raise BadInput("psycopg is not installed: pip install -e '.[postgres]' in a checkout of zsched") from None
     url = postgres_url(args)
     try:
         conn = psycopg.connect(url, autocommit=True, connect_timeout=10)

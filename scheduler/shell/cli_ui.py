@@ -214,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     missing = missing_ui_packages()
     if missing:
         return _fail(f"zsched ui needs the web console's packages, missing here: {', '.join(missing)} "
-                     "(install them with: pip install 'zsched[ui]')", EXIT_LOCAL)
+                     "(install them from a checkout of zsched: pip install -e '.[ui]')", EXIT_LOCAL)
     if bool(args.tls_cert) != bool(args.tls_key):
         return _fail("--tls-cert and --tls-key go together: give the certificate and its private key",
                      EXIT_BAD_INPUT)

@@ -412,7 +412,7 @@ def banner(stack: Stack) -> list[str]:
         lines.append(f"console: {stack.ui_url} (zsched ui; actions need the token {stack.ui_token})")
     else:
         lines.append("console: not started: the web console's packages are not installed (pip install -e '.[ui]' "
-                     "in a checkout)")
+                     "in a checkout of zsched)")
     return lines
 
 

@@ -27,7 +27,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "scheduler.testing needs fakeredis with its Lua extra for the in-memory backend: "
-        "pip install 'zsched[testing]' (or: pip install 'fakeredis[lua]')") from exc
+        "pip install -e '.[testing]' in a checkout of zsched (or: pip install 'fakeredis[lua]')") from exc
 
 __all__ = ["ClockedServer", "FakeClock", "fake_async_redis", "fake_redis", "to_epoch_ms"]
 

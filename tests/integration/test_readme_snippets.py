@@ -59,3 +59,26 @@ def test_the_example_tests_pass_with_no_server() -> None:
     done = run("-m", "pytest", "-q", "-p", "no:cacheprovider", "examples", env={"ZSCHED_TEST_REDIS_URL": ""})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "4 passed" in done.stdout
+
+
+def test_every_install_line_of_the_readme_and_docs_works_before_zsched_is_on_an_index() -> None:
+    """zsched is on no package index yet: ``pip install 'zsched[ui]'`` fails. Every ``pip install``
+    of zsched the README, the docs and the program's own hints give is from a checkout (``-e PATH[...]``)
+    or a built wheel (``zsched[...] @ file://...whl``), with extras that pyproject.toml declares."""
+    import tomllib
+
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    paths = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "scheduler").rglob("*.py"),
+             *(ROOT / "workers").rglob("*.py")]
+    texts = {p: p.read_text("utf-8") for p in paths}
+    found = 0
+    for path, text in texts.items():
+        for line in re.findall(r"pip install [^`\n]*", text):
+            if "zsched" not in line and ".[" not in line:
+                continue  # another package (pip install 'fakeredis[lua]')
+            found += 1
+            m = (re.search(r"pip install -e '(?:\.|/path/to/zsched)\[([a-z,]+)\]'", line)
+                 or re.search(r"pip install 'zsched\[([a-z,]+)\] @ file:///\S+\.whl'", line))
+            assert m, f"{path.relative_to(ROOT)}: {line!r} installs from an index zsched is not on"
+            assert set(m.group(1).split(",")) <= extras, f"{path.relative_to(ROOT)}: {line!r}: unknown extra"
+    assert found >= 5, found

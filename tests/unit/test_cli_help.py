@@ -170,4 +170,4 @@ def test_ui_without_its_extra_says_which_packages_to_install(monkeypatch: pytest
     assert cli_ui.missing_ui_packages() == ["zsched_no_such_package"]
     assert main(["ui", "--redis", "redis://127.0.0.1:1/0", "--port", "0"]) == EXIT_LOCAL
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "zsched_no_such_package" in err[0] and "pip install 'zsched[ui]'" in err[0]
+    assert len(err) == 1 and "zsched_no_such_package" in err[0] and "pip install -e '.[ui]'" in err[0]
