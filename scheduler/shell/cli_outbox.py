@@ -99,7 +99,7 @@ def _relay(args: argparse.Namespace) -> int:
     try:
         import psycopg  # noqa: F401 - checked before anything starts
     except ImportError:
-        raise BadInput("psycopg is not installed: pip install 'zsched[postgres]'") from None
+        raise BadInput("psycopg is not installed: pip install -e '.[postgres]' in a checkout of zsched") from None
     dsn = postgres_url(args)
     namespace = config.namespace(args.namespace)
     url = config.redis_url(args.redis)

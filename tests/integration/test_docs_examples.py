@@ -116,6 +116,7 @@ NOT_RUN = {
     ("docs/workers.md", "zsched worker myapp.tasks:worker --redis redis://10.0.0.5"):
         "production set-up; parsed and run against a loopback Redis below",
     ("docs/architecture.md", "             schedule (due later)"): "a diagram",
+    ("docs/effects.md", "zsched relay --postgres URL"): "a synopsis; tests/integration/test_outbox.py runs relays",
     ("README.md", "./scripts/dev"): "the quick start itself",
     ("README.md", "./scripts/test"): "the quick start itself",
     ("README.md", "pip install -e"): "test_readme_snippets.py checks the install lines",
