@@ -10,14 +10,18 @@ import logging
 import re
 import reprlib
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 
+from .health import Health, wsgi_app
 from .protocol.errors import ConfigError, ZschedError
 from .protocol.registry import RegistrySnapshot
 from .protocol.replies import StatsReply
@@ -147,13 +151,20 @@ def host_arg(text: str) -> str:
                                          f"127.0.0.1), without a port, got {text!r}") from None
 
 
-def serve(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> Any:
-    """Expose ``/metrics``; loopback unless the operator asks for another address. Returns the HTTP
-    server (``.shutdown()`` stops it). ValueError for a port or host that is no address;
-    :class:`PortInUse` when the port is taken, :class:`CannotListen` for another refusal."""
+def serve(registry: CollectorRegistry, port: int, host: str = "127.0.0.1", health: Health | None = None) -> Any:
+    """Expose ``/metrics`` (and with ``health`` also ``/livez`` and ``/readyz``, see
+    :mod:`scheduler.health`) on a thread of its own; loopback unless the operator asks for another
+    address. Returns the HTTP server (``.shutdown()`` stops it). ValueError for a port or host that
+    is no address; :class:`PortInUse` when the port is taken, :class:`CannotListen` for another
+    refusal."""
     where = metrics_url(check_host(host), check_port(port)).removeprefix("http://").removesuffix("/metrics")
+    app = make_wsgi_app(registry)
+    if health is not None:
+        app = wsgi_app(health, app)
     try:
-        res = start_http_server(port, addr=host, registry=registry)
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        server_class = type("MetricsServer", (ThreadingWSGIServer,), {"address_family": family})
+        httpd: Any = make_server(host, port, app, server_class, handler_class=_QuietHandler)
     except socket.gaierror as exc:  # a well-formed name that does not resolve: a typo, most likely
         raise ConfigError(f"metrics host {host!r} is not known here ({exc.strerror}); set --metrics-host to an "
                           "address of this machine, e.g. 127.0.0.1") from None
@@ -167,10 +178,18 @@ def serve(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> An
                                   "this machine with --metrics-host, and a port above 1023 unless running as root)")
         failed.errno = exc.errno
         raise failed from exc
+    threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True).start()
     # debug: the process names the address in its start-up line, so a start-up that fails after
     # this (bad credentials...) prints its one error line and nothing else
     log.debug("metrics on %s", metrics_url(host, port))
-    return res[0] if isinstance(res, tuple) else None
+    return httpd
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log line per scrape or probe on stderr."""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass
 
 
 def metrics_url(host: str, port: int) -> str:
@@ -196,7 +215,11 @@ class PartitionStatsCollector:
     partition: when a partition moves to another replica its series continue there, and
     ``sum by (queue)`` never counts a partition twice."""
 
-    def __init__(self) -> None:
+    def __init__(self, namespace: str = "", due_soon_horizon: float | None = None) -> None:
+        """``due_soon_horizon``: the seconds ``zsched_queue_due_soon`` looks ahead (the stats are
+        read with it, :meth:`update`); None exports no such series."""
+        self.namespace = namespace
+        self.due_soon_horizon = due_soon_horizon
         self._stats: dict[int, _Exported] = {}
 
     def update(self, partition: int, stats: StatsReply, now_ms: int) -> None:
@@ -252,6 +275,23 @@ class PartitionStatsCollector:
         yield age
         yield paused
         yield since
+        if self.due_soon_horizon is not None:
+            yield self._due_soon()
+
+    def _due_soon(self) -> Metric:
+        """Per queue, over the owned partitions (so ``sum by (queue)`` over the replicas counts
+        each partition once): what KEDA scales the workers on (docs/operations.md, Kubernetes)."""
+        fam = GaugeMetricFamily("zsched_queue_due_soon", f"Jobs ready now or due within {self.due_soon_horizon:g}s "
+                                "(zsched scheduler --due-soon-horizon), per queue, in the partitions this replica "
+                                "owns; due jobs held by a rate limit not counted", labels=["namespace", "queue"])
+        total: dict[str, float] = {}
+        for exported in self._stats.values():
+            for q, n in exported.stats.due_soon_by_queue().items():
+                total[q] = total.get(q, 0.0) + n
+        total.pop("?", None)
+        for q, n in sorted(total.items()):
+            fam.add_metric([self.namespace, q], round(n))
+        return fam
 
 
 class WorkerRegistryCollector:

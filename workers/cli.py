@@ -67,8 +67,11 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.Argument
     p.add_argument("--prefetch", metavar="N", type=_count,
                    help="jobs handed off ahead of their due time (zsched scheduler --handoff-lead) that may wait "
                         "for it on top of --concurrency (default 32; 0: they wait in handler slots)")
-    p.add_argument("--metrics-port", metavar="PORT", type=port_arg, help="serve Prometheus metrics on this port")
-    p.add_argument("--metrics-host", metavar="ADDR", type=host_arg, help="address for /metrics (default 127.0.0.1)")
+    p.add_argument("--metrics-port", metavar="PORT", type=port_arg,
+                   help="serve Prometheus /metrics on this port, and the probes /livez (event loop turning) and "
+                        "/readyz (connected to Redis and claiming)")
+    p.add_argument("--metrics-host", metavar="ADDR", type=host_arg,
+                   help="address for /metrics and the probes (default 127.0.0.1)")
     p.add_argument("--shutdown-grace", metavar="S", type=_seconds,
                    help="seconds running handlers get to finish on SIGTERM (default 30)")
     p.add_argument("--registry-interval", metavar="S", type=_seconds,

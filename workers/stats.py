@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from scheduler.health import Health
+
     from .job import Job
 
 log = logging.getLogger("zsched.worker")
@@ -150,8 +152,10 @@ class Tee:
 
 def start_metrics_server(port: int, namespace: str, by_queue: Callable[[], dict[str, WorkerStats]],
                          running: Callable[[], int], concurrency: Callable[[], int],
-                         addr: str = "127.0.0.1", histograms: Callable[[Any], Any] | None = None) -> Any:
-    """Serve ``/metrics`` on ``addr:port`` from a private registry: ``zsched_worker_<name>_total``
+                         addr: str = "127.0.0.1", histograms: Callable[[Any], Any] | None = None,
+                         health: Health | None = None) -> Any:
+    """Serve ``/metrics`` on ``addr:port`` from a private registry (and with ``health`` the probes
+    ``/livez`` and ``/readyz``, :mod:`scheduler.health`): ``zsched_worker_<name>_total``
     counters labelled by namespace and queue (every served queue present from the start), plus
     ``zsched_worker_running`` and ``zsched_worker_concurrency`` gauges. Returns the HTTP server
     (call ``.shutdown()`` to stop) or None when prometheus_client is missing; raises
@@ -184,4 +188,4 @@ def start_metrics_server(port: int, namespace: str, by_queue: Callable[[], dict[
     registry.register(_Collector())
     if histograms is not None:
         histograms(registry)
-    return serve(registry, port, addr)  # PortInUse when the port is taken
+    return serve(registry, port, addr, health)  # PortInUse when the port is taken

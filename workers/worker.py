@@ -39,6 +39,7 @@ from scheduler.runtime import entry_point_logging, loop_name, run, settle_gc
 from . import options
 from .attempt import Attempt
 from .fetch import DoorbellFetch, Fetch, FetchContext
+from .health import WorkerProbes
 from .heartbeat import Heartbeats
 from .lifecycle import Lifecycle, supervise
 from .namespace import connect, follow_settings
@@ -364,13 +365,16 @@ class Worker:
         transport = AsyncScriptTransport(redis, WORKER_RETRY)
         crew: _Crew | None = None
         failed_to_start = False
+        probes = WorkerProbes(life, redis, queues)  # /livez and /readyz answer while Redis is still down
+        exported: tuple[Any, PrometheusHistograms | None, Any] = (self.metrics, None, None)
         try:
             try:
+                exported = self._export_metrics(config.namespace(self.options.namespace), queues, probes)
                 if (client := await connect(redis, self.options, life)) is None:
                     return  # stopped while waiting for Redis
                 calls = client.calls
                 presence = self._presence = Presence(calls.ks, transport, record, self._running, self._qstats, life)
-                crew = self._assemble(loop, queues, client, redis, transport, life, presence)
+                crew = self._assemble(loop, queues, client, redis, transport, life, presence, exported)
             except Exception:
                 failed_to_start = True  # bad credentials, the metrics port taken...: its error says it all
                 raise
@@ -384,8 +388,11 @@ class Worker:
             await self._shutdown(crew, life)
         finally:
             try:
+                probes.stop()
                 if crew is not None:
                     await crew.close()
+                else:
+                    _stop_server(exported[2])
                 life.remove_signals(loop, signals)
                 with contextlib.suppress(Exception):
                     await transport.close()
@@ -409,45 +416,44 @@ class Worker:
         return queues
 
     def _assemble(self, loop: asyncio.AbstractEventLoop, queues: list[str], client: AsyncClient, redis: Any,
-                  transport: AsyncScriptTransport, life: Lifecycle, presence: Presence) -> _Crew:
-        """Make the parts of this serve() and start their loops."""
+                  transport: AsyncScriptTransport, life: Lifecycle, presence: Presence,
+                  exported: tuple[Any, PrometheusHistograms | None, Any]) -> _Crew:
+        """Make the parts of this serve() and start their loops (``exported``: :meth:`_export_metrics`'s)."""
         calls = client.calls
-        hook, hist, server = self._export_metrics(calls.ks.namespace, queues)
-        try:
-            send = sender(transport)
-            roundtrip = hist.roundtrip if hist is not None else None
-            slots = Slots(self.concurrency, self.prefetch)
-            outbox = Outbox(calls, _lease_lost)
-            heartbeats = Heartbeats(self._running, outbox)
-            runner = HandlerRunner(
-                loop=loop, specs=self._handlers.for_queues(queues, self.options.handler_timeouts), qstats=self._qstats,
-                running=self._running, slots=slots, outbox=outbox, heartbeats=heartbeats, life=life, metrics=hook,
-                max_payload_bytes=self.max_payload_bytes, threads=self._threads, concurrency=self.concurrency,
-                namespace=calls.ks.namespace)
-            fetch = self.fetch(FetchContext(
-                queues=tuple(queues), partitions=calls.ks.partitions, calls=calls, redis=redis, send=send, slots=slots,
-                outbox=outbox, dispatch=runner.dispatch, life=life, idle_sweep=self.idle_sweep, roundtrip=roundtrip,
-                stats=self._qstats))
-            if not isinstance(fetch, Fetch):
-                raise TypeError(f"fetch returned a {type(fetch).__name__}, expected a workers.fetch.Fetch")
+        hook, hist, server = exported
+        send = sender(transport)
+        roundtrip = hist.roundtrip if hist is not None else None
+        slots = Slots(self.concurrency, self.prefetch)
+        outbox = Outbox(calls, _lease_lost)
+        heartbeats = Heartbeats(self._running, outbox)
+        runner = HandlerRunner(
+            loop=loop, specs=self._handlers.for_queues(queues, self.options.handler_timeouts), qstats=self._qstats,
+            running=self._running, slots=slots, outbox=outbox, heartbeats=heartbeats, life=life, metrics=hook,
+            max_payload_bytes=self.max_payload_bytes, threads=self._threads, concurrency=self.concurrency,
+            namespace=calls.ks.namespace)
+        fetch = self.fetch(FetchContext(
+            queues=tuple(queues), partitions=calls.ks.partitions, calls=calls, redis=redis, send=send, slots=slots,
+            outbox=outbox, dispatch=runner.dispatch, life=life, idle_sweep=self.idle_sweep, roundtrip=roundtrip,
+            stats=self._qstats))
+        if not isinstance(fetch, Fetch):
+            raise TypeError(f"fetch returned a {type(fetch).__name__}, expected a workers.fetch.Fetch")
 
-            async def flush() -> None:
-                await outbox.run(send, life, roundtrip)
+        async def flush() -> None:
+            await outbox.run(send, life, roundtrip)
 
-            loops = (("doorbell", fetch.listen_loop), ("claim", fetch.claim_loop), ("flush", flush),
-                     ("heartbeat", heartbeats.run), ("settings", functools.partial(follow_settings, client)))
-            tasks = {name: loop.create_task(supervise(name, fn)) for name, fn in loops}
-            presence.start()
-            return _Crew(slots, outbox, runner, fetch, tasks, server, presence)
-        except BaseException:
-            _stop_server(server)  # e.g. a fetch factory that refused: no server left behind
-            raise
+        loops = (("doorbell", fetch.listen_loop), ("claim", fetch.claim_loop), ("flush", flush),
+                 ("heartbeat", heartbeats.run), ("settings", functools.partial(follow_settings, client)))
+        tasks = {name: loop.create_task(supervise(name, fn)) for name, fn in loops}
+        presence.start()
+        return _Crew(slots, outbox, runner, fetch, tasks, server, presence)
 
-    def _export_metrics(self, ns: str, queues: list[str]) -> tuple[Any, PrometheusHistograms | None, Any]:
+    def _export_metrics(self, ns: str, queues: list[str],
+                        probes: WorkerProbes) -> tuple[Any, PrometheusHistograms | None, Any]:
         """The per-job hook (the user's, teed with the histograms when exporting), the histograms,
-        and the /metrics server (None without ``metrics_port``)."""
+        and the /metrics server with the probes (None without ``metrics_port``; serve() stops it)."""
         if self.metrics_port is None:
             return self.metrics, None, None
+        probes.start()
         made: list[PrometheusHistograms] = []
 
         def add_histograms(registry: Any) -> None:
@@ -455,7 +461,7 @@ class Worker:
 
         server = start_metrics_server(
             self.metrics_port, ns, self.stats_by_queue, lambda: len(self._running),
-            lambda: self.concurrency, addr=self.metrics_host, histograms=add_histograms)
+            lambda: self.concurrency, addr=self.metrics_host, histograms=add_histograms, health=probes.health)
         if not made:  # prometheus_client missing: no server, no histograms
             return self.metrics, None, server
         return Tee(self.metrics, made[0]), made[0], server

@@ -373,9 +373,13 @@ class Calls:
         """The ``limit`` most recent deaths across the replies of :meth:`dead_list_calls`."""
         return dead_list_infos(replies, limit, self.max_payload)
 
-    def stats_call(self, partition: int) -> Call:
-        """``stats`` of one partition (read-only); :func:`~.replies.parse_stats` reads the reply."""
-        return self.call("stats", partition)
+    def stats_call(self, partition: int, due_within_ms: int | None = None, scan_max: int | None = None) -> Call:
+        """``stats`` of one partition (read-only); :func:`~.replies.parse_stats` reads the reply.
+        ``due_within_ms``: also count the timers due within that many ms, per queue, reading at
+        most ``scan_max`` of them (default the script's, 1000) to tell their queues apart."""
+        if due_within_ms is None:
+            return self.call("stats", partition)
+        return self.call("stats", partition, due_within_ms, "" if scan_max is None else scan_max)
 
     def stats_calls(self) -> list[Call]:
         """``stats`` on every partition, in partition order."""

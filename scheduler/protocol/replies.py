@@ -213,7 +213,10 @@ class StatsReply:
     limit, ``a:Q`` running, ``d:Q`` dead; ``counters``: events per queue (``fired:Q``, ...);
     ``ready``: ready-list length per queue; ``earliest_due_ms``: the next timer (None: none);
     totals of the timer, in-flight and dead sets; the highest scheduler epoch seen; ``paused``:
-    queue -> epoch ms when its pause started, for the queues paused in this partition."""
+    queue -> epoch ms when its pause started, for the queues paused in this partition.
+    ``due_soon``: per queue, timers due within the horizon asked for (``Calls.stats_call``) among
+    the first ``scan_max`` of them; ``due_soon_total``: every timer due by then (None when no
+    horizon was asked for)."""
 
     gauges: dict[str, int]
     counters: dict[str, int]
@@ -224,6 +227,19 @@ class StatsReply:
     dead: int
     epoch: int
     paused: dict[str, int] = dataclasses.field(default_factory=dict)
+    due_soon: dict[str, int] = dataclasses.field(default_factory=dict)
+    due_soon_total: int | None = None
+
+    def due_soon_by_queue(self) -> dict[str, float]:
+        """Per queue: ready jobs plus timers due within the horizon. Exact while the scan saw every
+        due timer; when ``scan_max`` cut it, the timers it did not read are shared out in the
+        proportions of those it read (the earliest ones), so the partition's total stays exact."""
+        out: dict[str, float] = {q: float(n) for q, n in self.ready.items()}
+        seen = sum(self.due_soon.values())
+        scale = self.due_soon_total / seen if self.due_soon_total and seen else 1.0
+        for q, n in self.due_soon.items():
+            out[q] = out.get(q, 0.0) + n * scale
+        return out
 
     def queues(self) -> dict[str, dict[str, int]]:
         """Per queue: scheduled, ready, running and dead jobs in this partition."""
@@ -247,11 +263,12 @@ def _pairs(flat: list[Any]) -> dict[str, int]:
 
 def parse_stats(reply: list[Any]) -> StatsReply:
     """``{gauges, counters, ready lengths, earliest due or -1, timers, in flight, dead, epoch,
-    paused}`` (lua/stats.lua)."""
+    paused, due soon, due soon total or -1}`` (lua/stats.lua)."""
     head = int(float(reply[3]))
     return StatsReply(_pairs(reply[0]), _pairs(reply[1]), _pairs(reply[2]), head if head >= 0 else None,
                       int(reply[4]), int(reply[5]), int(reply[6]), int(reply[7] or 0),
-                      _pairs(reply[8]) if len(reply) > 8 else {})
+                      _pairs(reply[8]) if len(reply) > 8 else {}, _pairs(reply[9]) if len(reply) > 9 else {},
+                      int(reply[10]) if len(reply) > 10 and int(reply[10]) >= 0 else None)
 
 
 def merge_stats(partitions: Iterable[StatsReply]) -> dict[str, dict[str, int]]:

@@ -12,6 +12,7 @@ from .runner import RunnerConfig
 DEFAULT_LEASE_TTL = SchedulerConfig.lease_ttl
 MIN_LEASE_TTL = 1.0  # etcd's granularity (see Ownership)
 MAX_LEASE_TTL = 3600.0
+MIN_HORIZON, MAX_HORIZON = 0.0, 86400.0  # --due-soon-horizon
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -41,9 +42,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help=f"socket timeout of a Redis call, seconds (default {SchedulerConfig.redis_timeout:g}): "
                         "a reply slower than this is "
                         "treated as lost and the call retried (ticks are epoch-fenced, so that is safe)")
-    p.add_argument("--metrics-port", type=port_arg, metavar="PORT", help="serve Prometheus /metrics on this port")
+    p.add_argument("--metrics-port", type=port_arg, metavar="PORT",
+                   help="serve Prometheus /metrics on this port, and the probes /livez (event loop turning) and "
+                        "/readyz (Redis answers, etcd lease held)")
     p.add_argument("--metrics-host", type=host_arg, default=config.DEFAULT_METRICS_HOST, metavar="ADDR",
-                   help=f"address for /metrics (default {config.DEFAULT_METRICS_HOST})")
+                   help=f"address for /metrics and the probes (default {config.DEFAULT_METRICS_HOST})")
+    p.add_argument("--due-soon-horizon", type=float, default=SchedulerConfig.due_soon_horizon, metavar="S",
+                   help=f"zsched_queue_due_soon counts the jobs ready or due within this many seconds, "
+                        f"{MIN_HORIZON:g} to {MAX_HORIZON:g} (default {SchedulerConfig.due_soon_horizon:g}): "
+                        "what an autoscaler (KEDA) scales the workers on")
     p.set_defaults(func=_run)
 
 
@@ -77,6 +84,9 @@ def config_from_args(args: argparse.Namespace) -> SchedulerConfig:
         raise ValueError(f"--handoff-lead must be from 0 to 1000 ms, got {args.handoff_lead}")
     if not 0.01 <= args.redis_timeout <= 3600:
         raise ValueError(f"--redis-timeout must be from 0.01 to 3600 seconds, got {args.redis_timeout}")
+    if not MIN_HORIZON <= args.due_soon_horizon <= MAX_HORIZON:  # refuses nan too
+        raise ValueError(f"--due-soon-horizon must be from {MIN_HORIZON:g} to {MAX_HORIZON:g} seconds, got "
+                         f"{args.due_soon_horizon:g}")
     lease_ttl = _lease_ttl(args.lease_ttl)
     cfg = SchedulerConfig(
         redis_url=config.redis_url(args.redis),
@@ -88,6 +98,7 @@ def config_from_args(args: argparse.Namespace) -> SchedulerConfig:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         redis_timeout=args.redis_timeout,
+        due_soon_horizon=args.due_soon_horizon,
     )
     cfg.runner.batch = args.batch
     cfg.runner.handoff_lead = args.handoff_lead / 1000.0

@@ -19,6 +19,7 @@ from typing import cast
 
 from ..client import AsyncClient, parse_dead_retention, parse_queue_idle, parse_rate_limits
 from ..coord import Coordinator, CoordinatorUnavailable, EtcdCoordinator
+from ..health import STALE_AFTER_S, Health, Verdict
 from ..metrics import PartitionStatsCollector, SchedulerMetrics, WorkerRegistryCollector, metrics_url, serve
 from ..protocol import config
 from ..protocol.masking import mask_secrets
@@ -64,6 +65,9 @@ class SchedulerConfig:
     # sharded pub/sub (SSUBSCRIBE per partition, Redis >= 7): None = when the URL is a cluster's
     # (AsyncClient's sharded_pubsub); the CLI keeps it automatic
     sharded_pubsub: bool | None = None
+    # zsched_queue_due_soon counts the jobs ready or due within this many seconds (KEDA scales on it)
+    due_soon_horizon: float = 30.0
+    live_stale_after: float = STALE_AFTER_S  # /livez fails once the event loop stalls this long
 
 
 class SchedulerProcess:
@@ -72,7 +76,7 @@ class SchedulerProcess:
     def __init__(self, cfg: SchedulerConfig, coord: Coordinator | None = None) -> None:
         self.cfg = cfg
         self.metrics = SchedulerMetrics(cfg.replica_id)
-        self.partition_stats = PartitionStatsCollector()
+        self.partition_stats = PartitionStatsCollector(cfg.namespace, cfg.due_soon_horizon)
         self.metrics.registry.register(self.partition_stats)
         # the worker registry as metrics, while this replica owns partition 0 (worker_registry.py)
         self.worker_registry = WorkerRegistryCollector(cfg.namespace)
@@ -108,6 +112,8 @@ class SchedulerProcess:
         self._config_task: asyncio.Task[None] | None = None
         self._stats_task: asyncio.Task[None] | None = None
         self._registry_task: asyncio.Task[None] | None = None
+        self.health = Health(stale_after=cfg.live_stale_after)  # /livez, /readyz next to /metrics
+        self._health_task: asyncio.Task[None] | None = None
         self.registry_export: RegistryExport | None = None
 
     @property
@@ -135,7 +141,8 @@ class SchedulerProcess:
     async def _start(self) -> bool:
         """Everything before firing; False when a stop came first."""
         if self.cfg.metrics_port is not None:  # first: a port in use is refused before anything connects
-            serve(self.metrics.registry, self.cfg.metrics_port, self.cfg.metrics_host)
+            serve(self.metrics.registry, self.cfg.metrics_port, self.cfg.metrics_host, self.health)
+            self._health_task = asyncio.create_task(self.health.run(self.readiness), name="health")
         if not await self._retry("Redis", self.cfg.redis_url, self.client.connect):
             return False
         core = self.client.calls
@@ -173,6 +180,21 @@ class SchedulerProcess:
     def stop(self) -> None:
         """Ask :meth:`run` to shut down (safe from a signal handler)."""
         self._stop.set()
+
+    async def readiness(self) -> Verdict:
+        """``/readyz``: Redis answers now and this replica takes part in the ownership protocol
+        (registered in etcd, its lease confirmed recently enough to act on), not stopping."""
+        own = self.ownership
+        if self._stop.is_set():
+            return Verdict(False, "stopping: handing its partitions over")
+        if own is None or own.lease_id is None:
+            return Verdict(False, "starting: connecting to Redis and etcd, registering in etcd")
+        await self.redis.ping()
+        if not own.is_valid():
+            return Verdict(False, f"etcd lease not confirmed for {-own.valid_for():.1f}s past its safety margin "
+                                  "(etcd unreachable?): partitions do not fire")
+        return Verdict(True, f"Redis answers; etcd lease valid for {own.valid_for():.1f}s; owns "
+                             f"{len(own.owned)} of {own.partitions} partitions")
 
     async def _retry(self, what: str, where: str, connect: Callable[[], Awaitable[object]]) -> bool:
         """``connect()`` until it succeeds (True) or a stop is asked for (False, at once, even in
@@ -215,6 +237,8 @@ class SchedulerProcess:
         return False
 
     async def _close_connections(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
         with contextlib.suppress(Exception):
             await self.coord.close()
         with contextlib.suppress(Exception):
@@ -227,7 +251,7 @@ class SchedulerProcess:
         # a flag as well as cancel(): redis-py can turn a cancellation inside a command into a
         # connection error, which these loops survive by design; never wait on them for long
         self._closing = True
-        for task in (self._wake_task, self._config_task, self._stats_task, self._registry_task):
+        for task in (self._wake_task, self._config_task, self._stats_task, self._registry_task, self._health_task):
             if task is not None:
                 task.cancel()
                 try:
@@ -353,7 +377,8 @@ class SchedulerProcess:
         while not self._closing:
             owned = sorted(self.runners)
             try:
-                replies = await self.transport.call_many([core.stats_call(p) for p in owned]) if owned else []
+                within = round(self.cfg.due_soon_horizon * 1000)  # zsched_queue_due_soon's horizon
+                replies = await self.transport.call_many([core.stats_call(p, within) for p in owned]) if owned else []
                 t = await self.redis.time()
                 now_ms = int(t[0]) * 1000 + int(t[1]) // 1000
                 for p, reply in zip(owned, replies):

@@ -2,6 +2,8 @@
 exactly one state"). Script calls without a worker: :mod:`scheduler.testing.transitions`."""
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -158,3 +160,15 @@ def raw_call(calls: Calls, name: str, partition: int, *args: Any) -> tuple[str, 
     script's builder, as production code must (tests/unit/test_architecture.py)."""
     name, keys, argv = calls.call(name, partition, *args)
     return name, list(keys), list(argv)
+
+
+def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, str]:
+    """(HTTP status, body) of ``GET http://127.0.0.1:PORT/PATH`` (a process's /metrics, /livez or
+    /readyz); (0, the error) while nothing answers there (not listening yet, or frozen)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+            return int(r.status), bytes(r.read()).decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, bytes(exc.read()).decode()
+    except OSError as exc:
+        return 0, str(exc)

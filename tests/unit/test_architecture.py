@@ -7,7 +7,7 @@ The layers (docs/architecture.md, "Code map"), bottom up:
   ids, URLs, scripts and their typed calls/replies;
 - ``scheduler.redisio``: the Redis I/O around it: connections, the script transports, routing,
   pub/sub;
-- support: ``scheduler.coord`` (etcd), ``scheduler.metrics``, ``scheduler.runtime``;
+- support: ``scheduler.coord`` (etcd), ``scheduler.metrics``, ``scheduler.health``, ``scheduler.runtime``;
 - ``scheduler.client``: the producer clients;
 - ``scheduler.tier`` and ``workers`` (neither imports the other);
 - ``scheduler.testing``: the production transitions run in-process, for tests (may import
@@ -53,7 +53,7 @@ def layer_of(module: str) -> str:
     if len(parts) == 1 or parts[1] in ("__main__",):
         return "package"
     sub = parts[1]
-    if sub in ("coord", "metrics", "runtime"):
+    if sub in ("coord", "metrics", "health", "runtime"):
         return "support"
     if sub in ("protocol", "redisio", "client", "tier", "testing", "shell"):
         return sub
@@ -179,7 +179,7 @@ _IMPORT_NAME = {"redis": "redis", "msgpack": "msgpack", "etcd3aio": "etcd3aio",
                 "hypothesis": "hypothesis", "fakeredis": "fakeredis", "pyyaml": "yaml", "psycopg": "psycopg",
                 "huey": "huey", "celery": "celery", "starlette": "starlette", "jinja2": "jinja2",
                 "uvicorn": "uvicorn", "playwright": "playwright", "uvloop": "uvloop",
-                "matplotlib": "matplotlib"}
+                "matplotlib": "matplotlib", "kubernetes-validate": "kubernetes_validate"}
 # used without an import: pytest plugins and command-line tools
 _USED_OTHERWISE = {
     "pytest-asyncio": lambda: 'asyncio_mode = "auto"' in (ROOT / "pyproject.toml").read_text(),
