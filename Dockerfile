@@ -5,7 +5,11 @@
 # Settings come from ZSCHED_REDIS_URL, ZSCHED_ETCD_ENDPOINTS, ZSCHED_NAMESPACE (or the flags).
 # Your own handlers: build FROM this image and COPY your package into /app (the working
 # directory, which `zsched worker MODULE:ATTR` imports from) or pip install it.
+# EXTRAS: the optional parts installed with it; the default, ui, lets one image run the console
+# too (deploy/kubernetes/console.yaml). `docker build --build-arg EXTRAS= .` leaves the console out.
 FROM python:3.11-slim
+
+ARG EXTRAS=ui
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -18,7 +22,7 @@ COPY pyproject.toml README.md /src/
 COPY lua /src/lua
 COPY scheduler /src/scheduler
 COPY workers /src/workers
-RUN pip install /src \
+RUN pip install "/src${EXTRAS:+[$EXTRAS]}" \
     && rm -rf /src \
     && useradd --system --create-home --uid 10001 zsched
 
