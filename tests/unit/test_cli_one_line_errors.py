@@ -49,6 +49,13 @@ def test_a_lease_ttl_out_of_range_is_refused_before_connecting(ttl: str, capsys:
     assert f"--lease-ttl {float(ttl):g}: the etcd lease TTL must be from 1 to 3600 seconds" in line
 
 
+@pytest.mark.parametrize("horizon", ["nan", "-1", "86401", "1e9"])
+def test_a_due_soon_horizon_out_of_range_is_refused_before_connecting(horizon: str,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    line = _one_error_line([*SCHEDULER, "--due-soon-horizon", horizon], capsys)
+    assert f"--due-soon-horizon must be from 0 to 86400 seconds, got {float(horizon):g}" in line
+
+
 def test_a_bad_lease_ttl_variable_stops_only_the_scheduler(capsys: pytest.CaptureFixture[str],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZSCHED_LEASE_TTL", "five")
