@@ -376,7 +376,7 @@ class Calls:
     def stats_call(self, partition: int, due_within_ms: int | None = None, scan_max: int | None = None) -> Call:
         """``stats`` of one partition (read-only); :func:`~.replies.parse_stats` reads the reply.
         ``due_within_ms``: also count the timers due within that many ms, per queue, reading at
-        most ``scan_max`` of them (default the script's, 1000) to tell their queues apart."""
+        most ``scan_max`` of them (default the script's, 500) to tell their queues apart."""
         if due_within_ms is None:
             return self.call("stats", partition)
         return self.call("stats", partition, due_within_ms, "" if scan_max is None else scan_max)

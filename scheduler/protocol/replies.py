@@ -231,9 +231,9 @@ class StatsReply:
     due_soon_total: int | None = None
 
     def due_soon_by_queue(self) -> dict[str, float]:
-        """Per queue: ready jobs plus timers due within the horizon. Exact while the scan saw every
-        due timer; when ``scan_max`` cut it, the timers it did not read are shared out in the
-        proportions of those it read (the earliest ones), so the partition's total stays exact."""
+        """Per queue: ready jobs plus timers due within the horizon. Exact while the script read
+        every due timer; beyond ``scan_max`` of them it read a quarter as many at evenly spaced
+        ranks, and the total (exact) is shared out in the proportions of those."""
         out: dict[str, float] = {q: float(n) for q, n in self.ready.items()}
         seen = sum(self.due_soon.values())
         scale = self.due_soon_total / seen if self.due_soon_total and seen else 1.0

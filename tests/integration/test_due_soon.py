@@ -35,14 +35,22 @@ def test_stats_counts_the_timers_due_within_the_horizon_per_queue(client: Client
     s = stats(30_000)
     assert s.due_soon == {"emails": 4, "reports": 3} and s.due_soon_total == 7
     assert s.due_soon_by_queue() == {"emails": 4, "reports": 3, "idle": 0}
-    # a scan cut at 3 timers reads the 3 earliest (reports, due in 5 s): the total stays exact and
-    # the rest is shared out in the proportions seen
-    cut = stats(30_000, 3)
-    assert cut.due_soon == {"reports": 3} and cut.due_soon_total == 7
-    assert sum(cut.due_soon_by_queue().values()) == 7
+    # more due than scan_max: a quarter as many read (here rank 0 alone), the total exact and shared
+    # out in their proportions (the spread of the ranks read: the test below)
+    cut = stats(30_000, 4)
+    assert cut.due_soon == {"reports": 1} and cut.due_soon_total == 7
+    assert cut.due_soon_by_queue() == {"emails": 0, "reports": 7, "idle": 0}
     assert stats(0).due_soon_total == 0
     plain = stats()
     assert plain.due_soon == {} and plain.due_soon_total is None and plain.timers == 10
+
+
+def test_a_herd_of_one_queue_due_first_does_not_stand_for_the_others(client: Client) -> None:
+    for queue, seconds in (("a", 10), ("b", 11), ("c", 12)):
+        schedule(client, queue, seconds, 30)
+    s = parse_stats(client.transport.call(*client.calls.stats_call(0, 30_000, 12)))  # ranks 0, 30, 60 read
+    assert s.due_soon == {"a": 1, "b": 1, "c": 1} and s.due_soon_total == 90
+    assert s.due_soon_by_queue() == {"a": 30, "b": 30, "c": 30}
 
 
 def test_a_replica_exports_ready_and_due_soon_jobs_per_queue(client: Client, redis_url: str,
