@@ -15,7 +15,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from ..client import AsyncClient, parse_dead_retention, parse_queue_idle, parse_rate_limits
 from ..coord import Coordinator, CoordinatorUnavailable, EtcdCoordinator
@@ -114,6 +114,7 @@ class SchedulerProcess:
         self._registry_task: asyncio.Task[None] | None = None
         self.health = Health(stale_after=cfg.live_stale_after)  # /livez, /readyz next to /metrics
         self._health_task: asyncio.Task[None] | None = None
+        self._http: Any = None  # the /metrics, /livez and /readyz server, stopped with the replica
         self.registry_export: RegistryExport | None = None
 
     @property
@@ -141,7 +142,7 @@ class SchedulerProcess:
     async def _start(self) -> bool:
         """Everything before firing; False when a stop came first."""
         if self.cfg.metrics_port is not None:  # first: a port in use is refused before anything connects
-            serve(self.metrics.registry, self.cfg.metrics_port, self.cfg.metrics_host, self.health)
+            self._http = serve(self.metrics.registry, self.cfg.metrics_port, self.cfg.metrics_host, self.health)
             self._health_task = asyncio.create_task(self.health.run(self.readiness), name="health")
         if not await self._retry("Redis", self.cfg.redis_url, self.client.connect):
             return False
@@ -239,6 +240,7 @@ class SchedulerProcess:
     async def _close_connections(self) -> None:
         if self._health_task is not None:
             self._health_task.cancel()
+        await self._stop_http()
         with contextlib.suppress(Exception):
             await self.coord.close()
         with contextlib.suppress(Exception):
@@ -260,7 +262,14 @@ class SchedulerProcess:
                     pass
         await self.coord.close()
         await self.redis.aclose()
+        await self._stop_http()
         log.info("scheduler replica %s stopped in %.3fs", self.replica_id, time.monotonic() - t0)
+
+    async def _stop_http(self) -> None:
+        http, self._http = self._http, None
+        if http is not None:  # shutdown() waits for the serving thread's next poll: not on the loop
+            await asyncio.to_thread(http.shutdown)
+            http.server_close()
 
     async def _start_partition(self, p: int, epoch: int) -> None:
         old = self.runners.pop(p, None)

@@ -56,6 +56,7 @@ def test_livez_fails_while_the_event_loop_is_blocked_and_metrics_still_answer(re
             await asyncio.wait_for(task, 15)
 
     asyncio.run(main())
+    assert http_get(port, "/livez")[0] == 0, "the probes stop with the replica"
     code, body = seen["livez"]
     assert body.startswith("fail: the event loop has not turned for") and f"(limit {STALE_S:g}s)" in body
     assert seen["readyz"][0] == 503 and "event loop has not turned" in seen["readyz"][1]
