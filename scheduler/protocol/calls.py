@@ -20,7 +20,7 @@ import msgpack
 
 from . import codec
 from .call import Call
-from .codec import build_record, finite_number, pack_payload, split_template
+from .codec import RESERVED_KEY_PREFIX, build_record, finite_number, pack_payload, split_template, validate_key
 from .codes import Outcome, requeue_outcomes
 from .cron import LOOKAHEAD, MAX_JITTER_S, CronInfo, occurrences, validate_expression, validate_tz, with_jitter
 from .errors import MisfiredAtSchedule, ScriptError
@@ -50,7 +50,6 @@ __all__ = ["BATCH", "CLAIM_MAX", "INSPECT_BATCH", "LIST_MAX_LIMIT", "LIST_STATES
 BATCH = 1000  # jobs per schedule script call: bounded work per EVALSHA
 INSPECT_BATCH = 500  # ids per inspect script call (get_many): bounded work per EVALSHA
 CLAIM_MAX = 5000  # jobs one claim call takes at most (lua/claim.lua refuses more: bounded work per EVALSHA)
-RESERVED_KEY_PREFIX = "cron:"  # idempotency keys of cron occurrences (lua/_lib.lua cron_schedule)
 
 
 def error_arg(etype: str, message: str, tb: str = "", limit: int = 4096) -> bytes:
@@ -75,23 +74,6 @@ def tombstone_ms(tombstone_ttl: object) -> int:
     if not 0 <= ttl * 1000 <= MAX_MS:  # the scripts take no longer one (lua/_lib_args.lua MAX_MS)
         raise ValueError(f"tombstone_ttl must be from 0 to {MAX_MS // 1000} seconds, got {tombstone_ttl!r}")
     return int(ttl * 1000)
-
-
-def validate_key(key: object) -> str | None:
-    """An idempotency key, checked (None: no key): a str of 1-200 bytes of UTF-8, not starting
-    with the prefix reserved for cron occurrences; TypeError/ValueError otherwise."""
-    if key is None:
-        return None
-    if not isinstance(key, str):
-        raise TypeError(f"key must be a str or None, got {type(key).__name__}")
-    n = len(key.encode("utf-8"))
-    if not 1 <= n <= codec.MAX_KEY_BYTES:
-        raise ValueError(f"key must be 1-{codec.MAX_KEY_BYTES} bytes of UTF-8, got {n} bytes")
-    if key.startswith(RESERVED_KEY_PREFIX):
-        raise ValueError(f"key {key[:40]!r} is reserved: keys starting with {RESERVED_KEY_PREFIX!r} belong to "
-                         "cron occurrences (one producer could otherwise take over a cron's next run); use another "
-                         "prefix")
-    return key
 
 
 UNFENCED = frozenset({"ack", "fail", "extend", "release", "epoch_reset", "migrate_out", "migrate_in"})
@@ -161,9 +143,8 @@ class Calls:
                 ids_from: Sequence[str] | None = None) -> tuple[list[Call], list[list[int]]]:
         """Validate every job, then build the schedule calls (one per partition and BATCH jobs) and,
         per call, the input positions of its jobs. Nothing is written if any job is bad.
-        ``ids_from``: a stable name per job; each id is derived from its name and absolute time
-        (:func:`~scheduler.protocol.ids.derived_id`) and the calls carry the re-send flag, so
-        sending the same jobs again creates none of those that exist or left a tombstone."""
+        ``ids_from``: a stable name per job, its id derived from it (:func:`~.ids.derived_id`);
+        the calls carry the re-send flag, so a batch sent again creates nothing twice."""
         items = list(items)
         names = id_names(ids_from, len(items))
         now_s = self.clock()
@@ -374,12 +355,11 @@ class Calls:
         return dead_list_infos(replies, limit, self.max_payload)
 
     def stats_call(self, partition: int, due_within_ms: int | None = None, scan_max: int | None = None) -> Call:
-        """``stats`` of one partition (read-only); :func:`~.replies.parse_stats` reads the reply.
-        ``due_within_ms``: also count the timers due within that many ms, per queue, reading at
-        most ``scan_max`` of them (default the script's, 500) to tell their queues apart."""
-        if due_within_ms is None:
-            return self.call("stats", partition)
-        return self.call("stats", partition, due_within_ms, "" if scan_max is None else scan_max)
+        """``stats`` of one partition (read-only; :func:`~.replies.parse_stats` reads the reply); with
+        ``due_within_ms``, also the timers due that soon per queue, reading at most ``scan_max``
+        (default the script's, 500) to tell their queues apart."""
+        extra = () if due_within_ms is None else (due_within_ms, "" if scan_max is None else scan_max)
+        return self.call("stats", partition, *extra)
 
     def stats_calls(self) -> list[Call]:
         """``stats`` on every partition, in partition order."""

@@ -232,3 +232,23 @@ def finite_number(name: str, value: object) -> float:
     if not math.isfinite(number):
         raise ValueError(f"{name} must be finite, got {value!r}")
     return number
+
+
+RESERVED_KEY_PREFIX = "cron:"  # idempotency keys of cron occurrences (lua/_lib.lua cron_schedule)
+
+
+def validate_key(key: object) -> str | None:
+    """An idempotency key, checked (None: no key): a str of 1-200 bytes of UTF-8, not starting
+    with the prefix reserved for cron occurrences; TypeError/ValueError otherwise."""
+    if key is None:
+        return None
+    if not isinstance(key, str):
+        raise TypeError(f"key must be a str or None, got {type(key).__name__}")
+    n = len(key.encode("utf-8"))
+    if not 1 <= n <= MAX_KEY_BYTES:
+        raise ValueError(f"key must be 1-{MAX_KEY_BYTES} bytes of UTF-8, got {n} bytes")
+    if key.startswith(RESERVED_KEY_PREFIX):
+        raise ValueError(f"key {key[:40]!r} is reserved: keys starting with {RESERVED_KEY_PREFIX!r} belong to "
+                         "cron occurrences (one producer could otherwise take over a cron's next run); use another "
+                         "prefix")
+    return key
