@@ -35,7 +35,9 @@ from typing import Any
 import pytest
 
 from scheduler import Client
-from scheduler.shell.servers import free_port
+from scheduler.client import outbox
+from scheduler.shell.servers import ZschedProc, free_port
+from scheduler.shell.servers.postgres import PostgresServer
 from tests.integration.test_compose import load_yaml
 from tests.support.waits import wait_until
 
@@ -50,6 +52,7 @@ DATASOURCES = DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.
 BUILTINS = {"__rate_interval": "15s", "__interval": "15s", "__range": "1m", "__range_s": "60",
             "__interval_ms": "15000"}
 JOBS = {"scheduler": "zsched-scheduler", "worker": "zsched-worker"}  # job names of deploy/prometheus/prometheus.yml
+RELAY_JOB = "zsched-relay"  # the outbox relays' job (no relay in the dev stack: the relay fixture runs one)
 SETTLE_TIMEOUT_S = 45.0  # after every target is up: time for every query to return data
 
 
@@ -364,18 +367,47 @@ def _pdeathsig() -> None:  # Prometheus dies with this test process, whatever ha
 
 
 @pytest.fixture(scope="module")
-def prometheus(dev_stack: DevStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+def relay(dev_stack: DevStack, pg_server: PostgresServer) -> Iterator[ZschedProc]:
+    """A ``zsched relay`` on the dev stack's namespace with an outbox in a database of its own, a
+    few rows moved (so the outbox panels and alert have series), serving /metrics."""
+    import psycopg
+    db = f"relay{os.getpid()}"
+    with psycopg.connect(pg_server.conninfo, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {db}")
+        admin.execute(f"CREATE DATABASE {db}")
+    dsn = f"host=127.0.0.1 port={pg_server.port} user=postgres dbname={db}"
+    ns = dev_stack.env.get("ZSCHED_NAMESPACE", "zsched")
+    with psycopg.connect(dsn) as conn:
+        conn.execute(outbox.ddl())
+        with conn.transaction():
+            for n in range(3):
+                outbox.schedule(conn, timedelta(hours=1), {"n": n}, namespace=ns, queue="outboxed")
+    proc = ZschedProc(["relay", "--postgres", dsn, "--redis", dev_stack.env["ZSCHED_REDIS_URL"],
+                       "--namespace", ns, "--poll", "1s"]).start()
+    try:
+        wait_until(lambda: proc.try_metric("zsched_outbox_rows_moved_total") == 3, 60, 0.1, proc.tail)
+        yield proc
+    finally:
+        proc.stop()
+        with psycopg.connect(pg_server.conninfo, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
+@pytest.fixture(scope="module")
+def prometheus(dev_stack: DevStack, relay: ZschedProc,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
     exe = shutil.which("prometheus")
     assert exe, ("prometheus not found: it comes from the Debian package 'prometheus' (scripts/bootstrap "
                  "installs it; or: sudo apt-get install prometheus)")
     deploy_jobs = {sc["job_name"] for sc in load_yaml(PROM_CONFIG)["scrape_configs"]}
-    assert set(JOBS.values()) <= deploy_jobs, f"deploy/prometheus/prometheus.yml jobs {deploy_jobs}"
+    assert {*JOBS.values(), RELAY_JOB} <= deploy_jobs, f"deploy/prometheus/prometheus.yml jobs {deploy_jobs}"
     d = tmp_path_factory.mktemp("prometheus")
     scrape = []
     for kind, job in JOBS.items():
         targets = sorted(addr for name, addr in dev_stack.targets.items() if name.startswith(kind))
         assert targets, f"no {kind} metrics endpoint in: {dev_stack.targets}"
         scrape.append({"job_name": job, "static_configs": [{"targets": targets}]})
+    scrape.append({"job_name": RELAY_JOB, "static_configs": [{"targets": [f"127.0.0.1:{relay.metrics_port}"]}]})
     config = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
               "rule_files": [str(ALERTS)], "scrape_configs": scrape}
     (d / "prometheus.yml").write_text(json.dumps(config, indent=2))  # JSON is YAML
