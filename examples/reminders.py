@@ -1,11 +1,15 @@
-"""An application that uses zsched: sign-up reminders (examples/README.md).
+"""An application that uses zsched: sign-up reminders.
 
 ``sign_up`` schedules a reminder e-mail a day later and, keyed by the user, never twice; the
 worker's handler "sends" it (here: appends to ``OUTBOX``, with the job's idempotency headers a real
 mail API would dedupe on), counts it in the application's own Redis with a fenced write (once per
 job, however often the job runs: docs/effects.md), retries when the mail service is down and gives
-up on bad addresses. ``python examples/reminders.py`` schedules one against the dev
-stack (``./scripts/dev``, or ``ZSCHED_REDIS_URL``); ``pytest examples/`` tests it with no server.
+up on bad addresses. ``sign_up_in_transaction`` is the same sign-up for an application that keeps
+its users in PostgreSQL: the reminder is written in the transaction that adds the user (the outbox),
+so it exists if and only if the user does; ``zsched relay`` moves it into zsched. ``python
+examples/reminders.py`` schedules one against the dev stack (``./scripts/dev``, or
+``ZSCHED_REDIS_URL``); ``pytest examples/`` tests it with no server (and its PostgreSQL part
+against ``ZSCHED_TEST_POSTGRES_URL`` when set).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from typing import Any
 import redis
 
 from scheduler import Client
+from scheduler.client import outbox
 from workers import Job, PermanentError, Retry, Worker
 from workers.effects import fenced_write, idempotency_headers
 
@@ -35,6 +40,14 @@ def sign_up(client: Client, user_id: int, email: str) -> str:
     """Schedule the reminder for a new user (once per user, however often this is called)."""
     return client.schedule(timedelta(days=1), {"user": user_id, "email": email}, queue="reminders",
                            key=f"reminder:{user_id}", max_attempts=4, backoff=(60, 3600))
+
+
+def sign_up_in_transaction(conn: Any, user_id: int, email: str) -> int:
+    """Add the user and schedule the reminder in the caller's open transaction (a psycopg
+    connection inside ``with conn.transaction():``); returns the outbox row's id."""
+    conn.execute("INSERT INTO users (id, email) VALUES (%s, %s)", (user_id, email))
+    return outbox.schedule(conn, timedelta(days=1), {"user": user_id, "email": email}, queue="reminders",
+                           namespace="zsched", key=f"reminder:{user_id}", max_attempts=4, backoff=(60, 3600))
 
 
 @worker.handler("reminders")

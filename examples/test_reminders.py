@@ -4,12 +4,14 @@ Run them with ``pytest examples/`` (the ``zsched_stack`` fixture comes with zsch
 """
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
 import fakeredis
 import pytest
 import reminders
 
+from scheduler.client import outbox
 from scheduler.testing import TestStack
 from workers.effects import AlreadyApplied, fenced_write
 
@@ -59,3 +61,22 @@ def test_a_bad_address_is_dead_lettered(zsched_stack: TestStack) -> None:
     zsched_stack.advance(days=1, worker=reminders.worker)
     zsched_stack.assert_dead("reminders", error="not an e-mail address")
     assert reminders.OUTBOX == []
+
+
+@pytest.mark.skipif(not os.environ.get("ZSCHED_TEST_POSTGRES_URL"),
+                    reason="needs a PostgreSQL: set ZSCHED_TEST_POSTGRES_URL (zsched's own suite does)")
+def test_a_reminder_written_with_the_user_exists_only_if_the_user_does() -> None:
+    psycopg = pytest.importorskip("psycopg")
+    with psycopg.connect(os.environ["ZSCHED_TEST_POSTGRES_URL"]) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS users (id int PRIMARY KEY, email text)")
+        conn.execute(outbox.ddl())
+        conn.commit()
+        with conn.transaction():
+            reminders.sign_up_in_transaction(conn, 5, "dee@example.com")
+        with pytest.raises(ZeroDivisionError), conn.transaction():
+            reminders.sign_up_in_transaction(conn, 6, "eve@example.com")
+            _ = 1 / 0  # the sign-up fails after the reminder was written: neither stays
+        rows = conn.execute("SELECT key, queue FROM zsched_outbox ORDER BY id").fetchall()
+        users = conn.execute("SELECT id FROM users ORDER BY id").fetchall()
+    assert rows == [("reminder:5", "reminders")] and users == [(5,)]
+

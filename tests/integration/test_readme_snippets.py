@@ -56,9 +56,17 @@ def test_the_example_app_schedules_against_a_redis_server(redis_url: str) -> Non
 
 
 def test_the_example_tests_pass_with_no_server() -> None:
-    done = run("-m", "pytest", "-q", "-p", "no:cacheprovider", "examples", env={"ZSCHED_TEST_REDIS_URL": ""})
+    done = run("-m", "pytest", "-q", "-p", "no:cacheprovider", "examples",
+               env={"ZSCHED_TEST_REDIS_URL": "", "ZSCHED_TEST_POSTGRES_URL": ""})
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "4 passed" in done.stdout
+    assert "4 passed, 1 skipped" in done.stdout
+
+
+def test_the_example_s_postgresql_test_passes_against_a_real_one(pg_dsn: str) -> None:
+    done = run("-m", "pytest", "-q", "-p", "no:cacheprovider", "examples", "-k", "exists_only_if",
+               env={"ZSCHED_TEST_REDIS_URL": "", "ZSCHED_TEST_POSTGRES_URL": pg_dsn})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
 
 
 def test_every_install_line_of_the_readme_and_docs_works_before_zsched_is_on_an_index() -> None:
