@@ -115,6 +115,16 @@ def common_options() -> argparse.ArgumentParser:
     return c
 
 
+def output_options() -> argparse.ArgumentParser:
+    """A parent parser with ``--json`` (and :func:`add_process_options`), for commands that do not
+    talk to Redis (``effects ddl``, ``outbox apply``: PostgreSQL only)."""
+    c = argparse.ArgumentParser(add_help=False)
+    c.add_argument_group("output").add_argument("--json", action="store_true",
+                                                help="print one JSON document instead of a table")
+    add_process_options(c)
+    return c
+
+
 def add_process_options(parser: argparse.ArgumentParser) -> None:
     """``--log-level`` and ``--debug`` on a subcommand's parser, as on ``zsched``'s own (the docs
     say common options go after the subcommand). Their default is SUPPRESS: a subcommand not given

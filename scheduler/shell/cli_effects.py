@@ -24,7 +24,16 @@ from ..protocol.masking import mask_secrets
 from . import admin
 from .admin import BadInput, NotFound
 from .admin.errors import AdminError
-from .cli_common import EXIT_OK, SubParsers, common_options, described, duration_arg, patch_errors, print_json
+from .cli_common import (
+    EXIT_OK,
+    SubParsers,
+    common_options,
+    described,
+    duration_arg,
+    output_options,
+    patch_errors,
+    print_json,
+)
 from .relay import postgres_where
 
 if TYPE_CHECKING:
@@ -46,13 +55,15 @@ def add_parsers(sub: SubParsers) -> None:
         "description": "The table workers.effects.fenced() records each job's effects in (docs/effects.md)."})))
     actions = group.add_subparsers(dest="effects_action", metavar="ACTION", required=True)
 
-    p = _leaf(actions, "ddl", _ddl, help="print the table's DDL (CREATE TABLE IF NOT EXISTS ...)", postgres=False)
-    p = _leaf(actions, "apply", _apply, help="create the table (and its index) if it is not there")
-    p = _leaf(actions, "prune", _prune, help="delete rows older than the retention, in batches",
-              description="Delete the effects rows recorded longer ago than the retention, in transactions of "
-                          "--batch rows. The retention is --retention, else the namespace's tombstone TTL "
-                          "(read from --redis). A duplicate of a job whose row is gone is no longer recognised: "
-                          "keep the retention longer than a job takes from its first attempt to its last.")
+    kw: dict[str, Any] = {"what": "effects", "default_table": DEFAULT_TABLE}
+    table_leaf(actions, "ddl", _ddl, help="print the table's DDL (CREATE TABLE IF NOT EXISTS ...)", postgres=False,
+               **kw)
+    table_leaf(actions, "apply", _apply, help="create the table (and its index) if it is not there", **kw)
+    p = table_leaf(actions, "prune", _prune, redis=True, help="delete rows older than the retention, in batches", **kw,
+                   description="Delete the effects rows recorded longer ago than the retention, in transactions of "
+                               "--batch rows. The retention is --retention, else the namespace's tombstone TTL "
+                               "(read from --redis). A duplicate of a job whose row is gone is no longer recognised: "
+                               "keep the retention longer than a job takes from its first attempt to its last.")
     p.add_argument("--retention", type=duration_arg, metavar="DURATION",
                    help="delete rows older than this (e.g. 1h, 7d); default: the namespace's tombstone TTL")
     p.add_argument("--all-namespaces", action="store_true",
@@ -62,16 +73,26 @@ def add_parsers(sub: SubParsers) -> None:
                    help="keep running and prune again at this interval (Ctrl-C stops)")
 
 
-def _leaf(actions: SubParsers, name: str, handler: Any, *, postgres: bool = True, **kw: Any) -> argparse.ArgumentParser:
-    p = patch_errors(actions.add_parser(name, parents=[common_options()], **described(kw)))
-    p.add_argument("--table", default=DEFAULT_TABLE, metavar="NAME",
-                   help=f"the effects table, 'name' or 'schema.name' (default {DEFAULT_TABLE})")
+def table_leaf(actions: SubParsers, name: str, handler: Any, *, what: str, default_table: str,
+               postgres: bool = True, redis: bool = False, **kw: Any) -> argparse.ArgumentParser:
+    """An action on one of zsched's tables in the user's PostgreSQL (``effects``, ``outbox``):
+    ``--table`` (``what``: the table's role), ``--postgres`` unless ``postgres`` is False, and the
+    connection options only for an action that reads the namespace (``redis``)."""
+    parent = common_options() if redis else output_options()
+    p = patch_errors(actions.add_parser(name, parents=[parent], **described(kw)))
+    p.add_argument("--table", default=default_table, metavar="NAME",
+                   help=f"the {what} table, 'name' or 'schema.name' (default {default_table})")
     if postgres:
-        p.add_argument("--postgres", metavar="URL",
-                       help=f"PostgreSQL conninfo or URL (postgresql://USER:PASSWORD@HOST:PORT/DB); "
-                            f"default ${POSTGRES_ENV}")
+        postgres_option(p)
     p.set_defaults(func=handler)
     return p
+
+
+def postgres_option(p: argparse.ArgumentParser) -> None:
+    """``--postgres URL`` (default ``$ZSCHED_POSTGRES_URL``)."""
+    p.add_argument("--postgres", metavar="URL",
+                   help=f"PostgreSQL conninfo or URL (postgresql://USER:PASSWORD@HOST:PORT/DB); "
+                        f"default ${POSTGRES_ENV}")
 
 
 def postgres_url(args: argparse.Namespace) -> str:
@@ -93,6 +114,9 @@ def connect_postgres(args: argparse.Namespace) -> Iterator[psycopg.Connection[An
     url = postgres_url(args)
     try:
         conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
+    except psycopg.ProgrammingError as exc:  # the URL itself: no server was asked
+        raise BadInput(f"the PostgreSQL URL {mask_secrets(url)} is not valid: {one_line(exc)} (check --postgres / "
+                       f"{POSTGRES_ENV})") from None
     except psycopg.Error as exc:
         raise PostgresUnavailable(f"cannot connect to PostgreSQL at {mask_secrets(url)}: "
                                   f"{one_line(exc)} (check --postgres / {POSTGRES_ENV})") from None

@@ -15,8 +15,8 @@ from ..protocol import config
 from ..protocol.masking import mask_secrets
 from ..redisio.transport import RedisRetry
 from .admin import BadInput, NotFound
-from .cli_common import EXIT_OK, SubParsers, common_options, described, duration_arg, patch_errors
-from .cli_effects import POSTGRES_ENV, PostgresUnavailable, apply_ddl, postgres_url
+from .cli_common import EXIT_OK, SubParsers, described, duration_arg, patch_errors
+from .cli_effects import PostgresUnavailable, apply_ddl, postgres_option, postgres_url, table_leaf
 from .relay import DEFAULT_BATCH, DEFAULT_POLL, Relay, RelayMetrics, RelayStopped, run_until_stopped
 
 log = logging.getLogger("zsched.relay")
@@ -33,8 +33,10 @@ def add_parsers(sub: SubParsers) -> None:
         "description": "The table scheduler.client.outbox.schedule() writes jobs into inside your transactions, "
                        "and 'zsched relay' moves them from (docs/effects.md)."})))
     actions = group.add_subparsers(dest="outbox_action", metavar="ACTION", required=True)
-    _leaf(actions, "ddl", _ddl, help="print the table's DDL (CREATE TABLE IF NOT EXISTS ...)", postgres=False)
-    _leaf(actions, "apply", _apply, help="create the table (and its index) if it is not there")
+    kw: dict[str, Any] = {"what": "outbox", "default_table": DEFAULT_TABLE}
+    table_leaf(actions, "ddl", _ddl, help="print the table's DDL (CREATE TABLE IF NOT EXISTS ...)", postgres=False,
+               **kw)
+    table_leaf(actions, "apply", _apply, help="create the table (and its index) if it is not there", **kw)
 
     p = patch_errors(sub.add_parser("relay", **described({
         "help": "move committed outbox rows of a namespace into zsched (run any number of them)",
@@ -42,7 +44,7 @@ def add_parsers(sub: SubParsers) -> None:
                        "per batch (SELECT ... FOR UPDATE SKIP LOCKED, schedule, DELETE, COMMIT), woken by LISTEN/"
                        "NOTIFY with --poll as the safety net. Runs until SIGINT or SIGTERM (exit 0)."})))
     config.add_connection_options(p)
-    _postgres_option(p)
+    postgres_option(p)
     p.add_argument("--table", default=DEFAULT_TABLE, metavar="NAME",
                    help=f"the outbox table, 'name' or 'schema.name' (default {DEFAULT_TABLE})")
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH, metavar="ROWS",
@@ -56,21 +58,6 @@ def add_parsers(sub: SubParsers) -> None:
     p.add_argument("--metrics-host", type=host_arg, default=config.DEFAULT_METRICS_HOST, metavar="ADDR",
                    help=f"address /metrics listens on (default {config.DEFAULT_METRICS_HOST})")
     p.set_defaults(func=_relay)
-
-
-def _postgres_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--postgres", metavar="URL",
-                   help="PostgreSQL conninfo or URL (postgresql://USER:PASSWORD@HOST:PORT/DB); "
-                        f"default ${POSTGRES_ENV}")
-
-
-def _leaf(actions: SubParsers, name: str, handler: Any, *, postgres: bool = True, **kw: Any) -> None:
-    p = patch_errors(actions.add_parser(name, parents=[common_options()], **described(kw)))
-    p.add_argument("--table", default=DEFAULT_TABLE, metavar="NAME",
-                   help=f"the outbox table, 'name' or 'schema.name' (default {DEFAULT_TABLE})")
-    if postgres:
-        _postgres_option(p)
-    p.set_defaults(func=handler)
 
 
 def _table(args: argparse.Namespace) -> str:

@@ -46,7 +46,7 @@ ETCD_PW = "Pw-etcd/9q2x"
 ETCD_OK_PW = "Pw-etcdok/2v6n"
 SECRETS = [form for pw in (REDIS_PW, REDIS_OK_PW, ETCD_PW, ETCD_OK_PW) for form in (pw, quote(pw, safe=""), pw[-4:])]
 DEADLINE = 60.0
-LONG_RUNNING = ("scheduler", "worker", "ui", "dev")
+LONG_RUNNING = ("scheduler", "worker", "ui", "dev", "relay")
 JOB = "0" * 30
 # the arguments each operator command requires besides --redis (and --etcd)
 REQUIRED: dict[str, list[str]] = {
@@ -59,6 +59,8 @@ REQUIRED: dict[str, list[str]] = {
     "cron add": ["nightly", "0 9 * * *", "--queue", "q"], "cron list": [], "cron remove": ["nightly"],
     "cron pause": ["nightly"], "cron resume": ["nightly"],
     "epochs show": [], "epochs reset": ["--partition", "0", "--yes"], "migrate-partitions": ["--to", "4"],
+    # the retention comes from the namespace (Redis) before PostgreSQL is reached
+    "effects prune": ["--postgres", "no_such_option=1"],
 }
 
 
@@ -281,6 +283,11 @@ def long_running_runs(t: Targets) -> list[Run]:
                                       "--etcd", t.etcd("closed")]),
         Run("ui, Redis password wrong", ["ui", "--namespace", NS, "--port", "0", "--redis", t.redis("wrong")]),
     ]
+    for kind in ("closed", "wrong"):  # the outbox relay: a PostgreSQL URL with a password too
+        pg = re.sub(r"^redis://", "postgresql://", t.redis("closed")).rsplit("/", 1)[0] + "/db"
+        runs.append(Run(f"relay, Redis {kind}", ["relay", "--namespace", NS, "--redis", t.redis(kind),
+                                                 "--postgres", pg], **({"wait_for": "unavailable"} if kind == "closed"
+                                                                       else {})))
     for kind in ("closed", "wrong"):  # the console serves; its overview shows why owners are unknown
         runs.append(Run(f"ui, etcd {kind}", ["ui", "--namespace", NS, "--port", "0", "--redis", t.redis("ok"),
                                              "--etcd", t.etcd(kind)], wait_for=f"/ namespace {NS}", page=True))
