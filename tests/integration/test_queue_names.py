@@ -13,6 +13,7 @@ from scheduler import Client, JobOptions
 from scheduler.protocol.tick import Retention, tick_call
 from scheduler.testing.transitions import Ops
 from tests.support.helpers import PAST, snapshot
+from tests.support.waits import wait_until
 
 
 def _tick(ops: Ops, idle_ms: int, n: int = 1) -> None:
@@ -35,21 +36,46 @@ def _schedule_to(c: Client, names: list[str], at: float = PAST) -> list[str]:
     return ids
 
 
-def test_seventy_thousand_queue_names_over_time_do_not_break_scheduling(redis_url: str) -> None:
+# A partition hands out 65 535 fresh queue indexes (the 'next' counter of its q hash), then reuses
+# retired ones once they have cooled (lua/_lib.lua, queue_index). A fresh index is the same
+# increment every time, so the test starts the counter where 58 035 names, used and retired long
+# ago, would have left it: its 15 000 names spend the last 7 500 fresh indexes, cross the 65 535
+# mark in the middle of a round and take retired indexes for the other 7 500 (70 000 names from
+# zero took 4 465, at almost five times the cost).
+FRESH_LEFT = 7_500
+ROUNDS, PER_ROUND = 3, 5000
+Q, QFREE = "{qn:0}:q", "{qn:0}:qfree"
+
+
+def _all_retired_cooled(r: redis.Redis) -> bool:
+    """Every retired index may be taken again: queue_index takes one whose score (reusable from,
+    ms) is not after the server clock in whole seconds (with the 1 ms retirement time of these
+    ticks, within a second of its retirement)."""
+    return int(r.zcount(QFREE, "-inf", int(r.time()[0]) * 1000)) == int(r.zcard(QFREE))
+
+
+def test_more_queue_names_over_time_than_a_partition_can_index_do_not_break_scheduling(redis_url: str) -> None:
     c = Client.from_url(redis_url, namespace="qn", partitions=1)
     ops = Ops(c)
     r = redis.Redis.from_url(redis_url)
+    r.hset(Q, "next", 65_535 - FRESH_LEFT)
     total = 0
-    for rnd in range(14):  # 70 000 names in all, more than the 65 535 a partition can hold at once
-        names = [f"q{rnd}-{i}" for i in range(5000)]
+    for rnd in range(ROUNDS):
+        if rnd:  # from the second round on, names take retired indexes: wait for them to cool, not for a time
+            wait_until(lambda: _all_retired_cooled(r), 5, what="the retired queue indexes to cool")
+        names = [f"q{rnd}-{i}" for i in range(PER_ROUND)]
         ids = _schedule_to(c, names)
         total += len(ids)
+        # each job names its own queue, through a fresh index or a reused one
+        infos = c.get_many(ids)
+        assert [infos[j].queue for j in ids] == names
         cancel = [ops.calls.cancel_call(j) for j in ids]
         for s in range(0, len(cancel), 1000):
             c.transport.call_many(cancel[s:s + 1000])
-        while r.hlen("{qn:0}:q") > 3 * 1000:  # n:, i:, u: per live name; retire most of this round
+        while r.hlen(Q) > 3 * 1000:  # n:, i:, u: per live name; retire most of this round
             _tick(ops, idle_ms=1, n=200)
-    assert total == 70_000
+    assert total == ROUNDS * PER_ROUND
+    assert r.hget(Q, "next") == b"65535", "the fresh indexes were not all spent: no index was reused"
     # a retired name works again at once (a new index), and nothing is left in a wrong state
     again = c.schedule(timedelta(0), "back", queue="q0-1")
     assert c.get(again).queue == "q0-1"
