@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +16,27 @@ from scheduler.shell.servers import HOST, etcd_delete_all, etcd_revoke_all_lease
 from scheduler.shell.servers.postgres import PostgresServer
 from tests.support.helpers import BACKENDS
 from tests.support.servers import ClusterServer, ClusterSet, EtcdCluster, EtcdServer, RedisServer, SentinelSet
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Bytecode for the processes the tests start. With PYTHONDONTWRITEBYTECODE set (the Dockerfile
+    sets it, and so do some shells) every ``python -m scheduler`` child compiles the package's
+    modules from source again, about 0.2 s of CPU each, and a run starts hundreds of them, many at
+    once on two cores. They keep their bytecode in this user's cache directory instead, outside
+    the tree (PYTHONPYCACHEPREFIX); Python checks it against each source's mtime and size, as it
+    does __pycache__, so an edited module is compiled again."""
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
+        return
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zsched-pycache"
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError:  # no writable home (a sandbox): compile as before
+        return
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
+    os.environ["PYTHONPYCACHEPREFIX"] = str(cache)
+    # this process too, for the test modules it imports from now on
+    sys.pycache_prefix = str(cache)
+    sys.dont_write_bytecode = False
 
 
 def _revive(server: RedisServer | EtcdServer) -> None:
