@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.client import AsyncClient
-from scheduler.metrics import metrics_url
+from scheduler.metrics import metrics_url, stop_serving
 from scheduler.protocol import codec, config
 from scheduler.protocol.ids import encode_id
 from scheduler.redisio.connection import async_redis
@@ -76,8 +76,7 @@ def _lease_lost(r: Attempt, what: str) -> None:
 
 def _stop_server(server: Any) -> None:
     if server is not None:
-        server.shutdown()
-        server.server_close()
+        stop_serving(server)
 
 
 @dataclass(slots=True)

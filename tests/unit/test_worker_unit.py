@@ -1,14 +1,19 @@
 """Worker pieces that need no Redis: configuration, the claim planner, CLI parsing, stats, Job."""
 from __future__ import annotations
 
+import socket
 import sys
+import threading
 from collections import Counter
 from datetime import UTC, timedelta
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from scheduler.metrics import serve, stop_serving
 from scheduler.shell.cli import build_parser
+from scheduler.shell.servers import free_port
 from workers import Job, PermanentError, Retry, Worker, WorkerStats
 from workers.cli import load_worker
 from workers.planner import CLAIM_CHUNK, ClaimPlanner
@@ -125,6 +130,20 @@ def test_stats_sum_and_names() -> None:
     assert set(WorkerStats.names()) == {"claimed", "acked", "failed", "retried", "dead", "lease_lost",
                                         "released", "poison", "notified", "claims", "claims_empty", "skipped"}
     assert t.as_dict()["claimed"] == 5
+
+
+def test_a_stopped_metrics_server_ends_its_thread_and_frees_its_port() -> None:
+    """stop_serving wakes the server's poll rather than waiting for it: once it returns, the
+    serving thread ends and the port can be bound again (a worker stopped in-process frees it)."""
+    port = free_port()
+    before = set(threading.enumerate())
+    server = serve(CollectorRegistry(), port)
+    [thread] = set(threading.enumerate()) - before
+    stop_serving(server)
+    thread.join(5)
+    assert not thread.is_alive()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
 
 
 def test_job_lazy_fields() -> None:
