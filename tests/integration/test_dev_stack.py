@@ -3,30 +3,64 @@ stops everything it started."""
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from tests.support.devstack import processes_mentioning
+from tests.support.waits import wait_until
+
+UP_BOUND = 90.0  # seconds for the demo stack to show a settled view (start-ups overlap on a busy machine)
+HEADER = "zsched dev - namespace devtest"
+
+
+def _settled(frame: str) -> bool:
+    """A frame of the view of the whole stack at work: jobs acked, the demo's queues, the 16
+    partitions shared by the 3 replicas, the firing lateness."""
+    acked = re.search(r"acked (\d+)\s+retried", frame)
+    owners = re.findall(r"^  scheduler-\d\s+(\d+):", frame, re.M)
+    return (acked is not None and int(acked.group(1)) > 0 and re.search(r"^emails\s+\d+", frame, re.M) is not None
+            and len(owners) == 3 and sum(map(int, owners)) == 16 and "firing lateness" in frame)
 
 
 def test_dev_stack_runs_the_demo_and_leaves_no_process_behind(tmp_path: Path) -> None:
+    """The view is read as it is printed, until a whole frame shows the stack at work (about 4 s
+    after "stack up" on an idle machine), rather than for a fixed --duration; then Ctrl-C."""
     home = tmp_path / "zs"
-    out = subprocess.run([sys.executable, "-m", "scheduler", "dev", "--duration", "12", "--plain",
-                          "--home", str(home), "--namespace", "devtest"],
-                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    text = out.stdout
+    out_path, err_path = tmp_path / "out.txt", tmp_path / "err.txt"
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "scheduler", "dev", "--plain", "--home", str(home),
+                                 "--namespace", "devtest"], stdout=out, stderr=err, cwd=tmp_path)
+
+    def frames() -> list[str]:  # the whole frames so far (the last one may still be printing)
+        return out_path.read_text(errors="replace").split(HEADER)[1:-1]
+
+    try:
+        wait_until(lambda: any(map(_settled, frames())) or proc.poll() is not None, UP_BOUND,
+                   what=lambda: f"a frame of the stack at work:\n{out_path.read_text()[-3000:]}")
+        assert proc.poll() is None, err_path.read_text()[-3000:]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0, err_path.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = out_path.read_text()
     assert "stack up: export ZSCHED_REDIS_URL=redis://127.0.0.1:" in text
     assert "stopped, no process left behind" in text
-    last = text.rsplit("zsched dev - namespace devtest", 1)[1]
-    acked = int(re.search(r"acked (\d+)\s+retried", last).group(1))
-    assert acked > 0, last
-    assert re.search(r"^emails\s+\d+", last, re.M), last
-    owners = re.findall(r"^  scheduler-\d\s+(\d+):", last, re.M)
-    assert len(owners) == 3 and sum(map(int, owners)) == 16, last
-    assert "firing lateness" in last
     assert (home / "redis").is_dir() and (home / "etcd").is_dir() and (home / "logs" / "worker-1.log").exists()
+    assert processes_mentioning(str(home)) == [], "a child process outlived zsched dev"
+
+
+def test_dev_stack_stops_by_itself_after_its_duration(tmp_path: Path) -> None:
+    """``--duration``: the stack (the smallest one) stops by itself, everything it started with it."""
+    home = tmp_path / "zs"
+    out = subprocess.run([sys.executable, "-m", "scheduler", "dev", "--duration", "1", "--plain", "--no-demo",
+                          "--replicas", "1", "--workers", "0", "--home", str(home), "--namespace", "devdur"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "stopping (--duration)" in out.stdout and "stopped, no process left behind" in out.stdout, out.stdout
     assert processes_mentioning(str(home)) == [], "a child process outlived zsched dev"
 
 
