@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -369,6 +369,16 @@ async def test_watch_resumes_after_etcd_restart(fresh_etcd: EtcdServer) -> None:
 # --------------------------------------------------------------------------- deadlines / unavailability
 
 
+async def _unavailable_within(call: Callable[[], Awaitable[object]], bound: float, what: str) -> CoordinatorUnavailable:
+    """Await ``call()``, which must raise CoordinatorUnavailable within ``bound`` s; that error."""
+    start = time.monotonic()
+    with pytest.raises(CoordinatorUnavailable) as info:
+        await call()
+    took = time.monotonic() - start
+    assert took < bound, f"{what} took {took:.2f}s"
+    return info.value
+
+
 async def test_calls_against_killed_etcd_raise_unavailable_within_timeout(fresh_etcd: EtcdServer) -> None:
     timeout = 0.5
     async with coordinator(fresh_etcd.endpoint, timeout=timeout) as coord:
@@ -384,13 +394,10 @@ async def test_calls_against_killed_etcd_raise_unavailable_within_timeout(fresh_
             "claim_if_absent": lambda: coord.claim_if_absent("zs/k", b"v", lease),
             "delete_if": lambda: coord.delete_if("zs/k", 5),
         }
-        for name, call in calls.items():
-            start = time.monotonic()
-            with pytest.raises(CoordinatorUnavailable) as info:
-                await call()
-            took = time.monotonic() - start
-            assert took < timeout + 1.0, f"{name} took {took:.2f}s"
-            msg = str(info.value)
+        # all at once, as the tier's loops call it: each within its own deadline
+        for err in await asyncio.gather(*(_unavailable_within(call, timeout + 1.0, name)
+                                          for name, call in calls.items())):
+            msg = str(err)
             assert fresh_etcd.endpoint in msg and "ZSCHED_ETCD_ENDPOINTS" in msg, msg
 
         # The per-call deadline overrides the default.
@@ -411,11 +418,8 @@ async def test_frozen_etcd_does_not_hang_calls(fresh_etcd: EtcdServer) -> None:
         lease = await coord.grant(30)
         freeze(fresh_etcd)
         try:
-            for call in (lambda: coord.put("zs/k", b"v"), lambda: coord.keepalive_once(lease)):
-                start = time.monotonic()
-                with pytest.raises(CoordinatorUnavailable):
-                    await call()
-                assert time.monotonic() - start < 2.0
+            await asyncio.gather(_unavailable_within(lambda: coord.put("zs/k", b"v"), 2.0, "put"),
+                                 _unavailable_within(lambda: coord.keepalive_once(lease), 2.0, "keepalive_once"))
         finally:
             fresh_etcd.resume()
         assert await coord.keepalive_once(lease) > 0
