@@ -547,24 +547,37 @@ def _zsched() -> list[str]:
 def test_console_script_round_trip(redis_url: str, client: Client, ops: Ops) -> None:
     env = {**os.environ, "ZSCHED_REDIS_URL": redis_url, "ZSCHED_NAMESPACE": NS}
 
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*_zsched(), *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=30)
+    def start(*args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([*_zsched(), *args], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
 
-    p = run("schedule", "--at", "+2h", "--queue", "emails", "--payload", '{"to": "x@example.com"}')
+    def done(proc: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
+        out, err = proc.communicate(timeout=30)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    [dead] = kill(client, ops, "emails")
+    # the commands that do not depend on each other run at once (each costs a Python start-up);
+    # a command that needs another's result or effect starts once that one is done
+    scheduled = start("schedule", "--at", "+2h", "--queue", "emails", "--payload", '{"to": "x@example.com"}')
+    no_zone = start("schedule", "--at", "2026-12-01T09:00:00", "--queue", "emails", "--payload", "1")
+    unknown = start("job", "show", "00000000000000010000000000000a")
+    requeued = start("dead", "requeue", dead)
+    p = done(scheduled)
     assert p.returncode == 0, p.stderr
     jid = p.stdout.strip()
     assert client.get(jid).state is JobState.SCHEDULED
-    p = run("job", "show", jid, "--json")
+    shown = start("job", "show", jid, "--json")
+    p = done(requeued)
+    assert p.returncode == 0 and "requeued" in p.stdout
+    again = start("dead", "requeue", dead)
+    p = done(shown)
     assert p.returncode == 0 and json.loads(p.stdout)["payload"] == {"to": "x@example.com"}
-    p = run("schedule", "--at", "2026-12-01T09:00:00", "--queue", "emails", "--payload", "1")
+    p = done(no_zone)
     assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].startswith("zsched: error:")
     assert "no time zone" in p.stderr and p.stdout == ""
-    p = run("job", "show", "00000000000000010000000000000a")
+    p = done(unknown)
     assert p.returncode == 1 and "not found" in p.stderr
-    [dead] = kill(client, ops, "emails")
-    p = run("dead", "requeue", dead)
-    assert p.returncode == 0 and "requeued" in p.stdout
-    p = run("dead", "requeue", dead)
+    p = done(again)
     assert p.returncode == 0 and "already requeued/not dead" in p.stdout
 
 
