@@ -127,19 +127,20 @@ async def test_cli_overrides_namespace_queues_concurrency(redis_url: str, tmp_pa
 def test_cli_reports_bad_app_spec(tmp_path: Path) -> None:
     write_app(tmp_path)
 
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "scheduler", "worker", *args], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=30, env={"RUN_LOG_DIR": str(tmp_path),
-                                                                              "PATH": "/usr/bin:/bin"})
+    def start(*args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "scheduler", "worker", *args], cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={"RUN_LOG_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
 
     # (the other spec errors are unit-tested on load_worker; here: exit code and message of the CLI)
-    for spec, needle in (("nosuchmodule:worker", "cannot import module 'nosuchmodule'"),
-                         ("wapp:LOG_DIR", "expected a workers.Worker")):
-        res = run(spec)
-        assert res.returncode == 2, (spec, res.stdout, res.stderr)
-        assert needle in res.stderr, (spec, res.stderr)
-    res = run("wapp:worker", "--concurrency", "0")
-    assert res.returncode == 2 and "positive integer" in res.stderr
+    # the three invocations at once: each is a Python start-up, and none depends on another
+    runs = [(("nosuchmodule:worker",), "cannot import module 'nosuchmodule'"),
+            (("wapp:LOG_DIR",), "expected a workers.Worker"),
+            (("wapp:worker", "--concurrency", "0"), "positive integer")]
+    for (args, needle), proc in [(run, start(*run[0])) for run in runs]:
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 2, (args, out, err)
+        assert needle in err, (args, err)
 
 
 async def test_second_signal_exits_at_once(redis_url: str, client: Client, tmp_path: Path) -> None:
