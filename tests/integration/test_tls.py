@@ -25,9 +25,16 @@ def make_certs(d: Path) -> tuple[Path, Path, Path]:
     return d / "ca.pem", d / "server.pem", d / "server.key"
 
 
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """One CA and server certificate for the module: two RSA keys cost about a second to make,
+    and no test changes them."""
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
 @pytest.fixture
-def tls_redis(tmp_path: Path):
-    ca, cert, key = make_certs(tmp_path)
+def tls_redis(certs: tuple[Path, Path, Path]):
+    ca, cert, key = certs
     port = free_port()
     srv = RedisServer(extra_args=["--tls-port", str(port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
                                   "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no"])
