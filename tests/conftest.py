@@ -16,6 +16,7 @@ from scheduler.shell.servers import HOST, etcd_delete_all, etcd_revoke_all_lease
 from scheduler.shell.servers.postgres import PostgresServer
 from tests.support.helpers import BACKENDS
 from tests.support.servers import ClusterServer, ClusterSet, EtcdCluster, EtcdServer, RedisServer, SentinelSet
+from tests.support.tls import make_certs
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -217,3 +218,13 @@ def pg_dsn(pg_server: PostgresServer) -> Iterator[str]:
     if pg_server.running:
         with psycopg.connect(pg_server.conninfo, autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+# --------------------------------------------------------------------------- TLS
+
+
+@pytest.fixture(scope="session")
+def tls_certs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """(CA certificate, server certificate for 127.0.0.1, its key), made once for the run: two RSA
+    keys cost about a second, and no test changes them."""
+    return make_certs(tmp_path_factory.mktemp("tls"))

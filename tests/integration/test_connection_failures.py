@@ -9,6 +9,7 @@ import asyncio
 import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -163,13 +164,11 @@ async def test_a_cluster_url_naming_a_plain_server_is_a_config_error(redis_url: 
     assert code == 2 and "use redis://host:port for a single server" in line
 
 
-def test_tls_cluster_nodes_get_the_url_s_tls_settings(tmp_path: object) -> None:
+def test_tls_cluster_nodes_get_the_url_s_tls_settings(tls_certs: tuple[Path, Path, Path]) -> None:
     """The blocking cluster client is built "from a URL" to carry the TLS connection class: the
     TLS options of the URL must still reach every node (checked against a TLS server that is no
     cluster: the handshake succeeds with the URL's CA, then the server says it is no cluster)."""
-    from tests.integration.test_tls import make_certs
-
-    ca, cert, key = make_certs(tmp_path)  # type: ignore[arg-type]
+    ca, cert, key = tls_certs
     port = free_port()
     with RedisServer(extra_args=["--tls-port", str(port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
                                  "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no"]):

@@ -1,7 +1,6 @@
 """rediss:// (TLS) to a real redis-server with a private CA, for the producer and the worker."""
 from __future__ import annotations
 
-import subprocess
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -13,28 +12,9 @@ from scheduler.shell.servers import free_port
 from tests.support.servers import RedisServer
 
 
-def make_certs(d: Path) -> tuple[Path, Path, Path]:
-    def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
-        "-subj", "/CN=zsched-test-ca")
-    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
-    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
-    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-        "-out", "server.pem", "-days", "2", "-extfile", "ext.cnf")
-    return d / "ca.pem", d / "server.pem", d / "server.key"
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    """One CA and server certificate for the module: two RSA keys cost about a second to make,
-    and no test changes them."""
-    return make_certs(tmp_path_factory.mktemp("certs"))
-
-
 @pytest.fixture
-def tls_redis(certs: tuple[Path, Path, Path]):
-    ca, cert, key = certs
+def tls_redis(tls_certs: tuple[Path, Path, Path]):
+    ca, cert, key = tls_certs
     port = free_port()
     srv = RedisServer(extra_args=["--tls-port", str(port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
                                   "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no"])

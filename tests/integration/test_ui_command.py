@@ -21,7 +21,6 @@ import pytest
 
 from scheduler import Client
 from scheduler.shell.servers import ZschedProc, free_port, ui_proc
-from tests.integration.test_tls import make_certs
 from tests.support.ui import TOKEN, namespace_client
 from tests.support.waits import wait_until
 
@@ -98,11 +97,10 @@ def test_start_up_problems_are_one_line_and_a_documented_exit_code(client: Clien
         held.close()
 
 
-def test_the_console_serves_https_with_its_certificate_and_a_secure_session(client: Client, redis_url: str,
-                                                                            tmp_path: Path,
-                                                                            procs: list[ZschedProc]) -> None:
+def test_the_console_serves_https_with_its_certificate_and_a_secure_session(
+        client: Client, redis_url: str, tls_certs: tuple[Path, Path, Path], procs: list[ZschedProc]) -> None:
     jid = client.schedule(timedelta(hours=1), {"card": "4111-SECRET"}, queue="q")
-    ca, cert, key = make_certs(tmp_path)
+    ca, cert, key = tls_certs
     tls = ssl.create_default_context(cafile=str(ca))
     port = free_port()
     procs.append(ui_proc(redis_url, NS, port=port, token=TOKEN,
