@@ -25,7 +25,7 @@ from scheduler import Client
 from scheduler.protocol.ids import decode_id, encode_id, partition_of, run_at_of
 from scheduler.protocol.keys import Keyspace
 from scheduler.redisio.connection import sync_redis
-from scheduler.shell.servers import ZschedProc, scheduler_proc
+from scheduler.shell.servers import ZschedProc, scheduler_proc, stop_all
 from tests.fault.test_scheduler_faults import keys_by_partition
 from tests.fault.test_sentinel_failover import Call, metric, tails
 from tests.support.servers import ClusterServer, ClusterSet
@@ -156,8 +156,7 @@ class Stack:
         return sum(1 for r in read_runs(self.dir) if r[0] == "END")
 
     def stop(self) -> None:
-        for p in self.procs:
-            p.stop()
+        stop_all(self.procs)
 
 
 @dataclass

@@ -30,7 +30,7 @@ import redis
 from scheduler import Client, JobState
 from scheduler.protocol.ids import partition_for_key
 from scheduler.protocol.keys import Keyspace
-from scheduler.shell.servers import ServerError, ZschedProc, etcd_put, etcd_request, scheduler_proc
+from scheduler.shell.servers import ServerError, ZschedProc, etcd_put, etcd_request, scheduler_proc, stop_all
 from tests.fault.test_scheduler_faults import etcd_owners, owned_by, tails, wait_settled
 from tests.support.servers import EtcdServer, RedisServer
 from tests.support.waits import wait_until
@@ -203,8 +203,7 @@ def test_etcd_replaced_conflict_backs_off_logs_the_fix_and_reset_recovers(fresh_
         wait_until(lambda: client.get(later).state is JobState.READY, 3.0, 0.01, "a new job to fire")
         print(f"etcd replaced: after 'zsched epochs reset --all' the overdue job fired in {fired_after:.3f}s")
     finally:
-        for p in procs:
-            p.stop()
+        stop_all(procs)
         client.close()
 
 
@@ -260,6 +259,5 @@ def test_redis_rollback_of_epochs_does_not_stall_the_current_owner(fresh_redis: 
         assert owned_by(etcd_owners(ep, ns), "b") == list(range(PARTS))
         assert "EPOCH CONFLICT" not in b.output()
     finally:
-        for p in procs:
-            p.stop()
+        stop_all(procs)
         client.close()

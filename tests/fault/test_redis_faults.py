@@ -290,7 +290,7 @@ async def test_the_whole_stack_recovers_from_a_redis_restart_without_a_restart_o
     """kill -9 Redis while a sync client, an async client, 2 scheduler replicas and 2 workers run;
     start it again on the same port: every component carries on (same processes), jobs scheduled
     after the restart run once each, and acknowledged jobs persisted by AOF run too."""
-    from scheduler.shell.servers import scheduler_proc
+    from scheduler.shell.servers import scheduler_proc, stop_all
     from tests.support.workers import read_runs, spawn_worker, wait_worker_ready, write_app
 
     ns = "rstack"
@@ -329,8 +329,7 @@ async def test_the_whole_stack_recovers_from_a_redis_restart_without_a_restart_o
             assert all(starts[j] == 1 for j in expected | set(before)), "a job ran twice"
             assert connected_clients(srv) <= 40
         finally:
-            for p in workers + replicas:
-                p.stop()
+            stop_all(workers + replicas)
             sync_c.close()
             await async_c.close()
 
@@ -339,7 +338,7 @@ async def test_stalls_longer_than_every_timeout_do_not_wedge_the_tier_or_the_wor
         etcd_endpoint: str, tmp_path: Any) -> None:
     """A real `zsched scheduler` and a real worker, both with a 100 ms Redis timeout, while Redis
     stalls for 400 ms again and again: they keep firing and running, every job once, none early."""
-    from scheduler.shell.servers import scheduler_proc
+    from scheduler.shell.servers import scheduler_proc, stop_all
     from tests.support.workers import read_runs, spawn_worker, wait_worker_ready, write_app
 
     ns, n = "stier", 200
@@ -368,6 +367,5 @@ async def test_stalls_longer_than_every_timeout_do_not_wedge_the_tier_or_the_wor
             assert "Redis call failed" in tier.output() or "Redis unavailable" in worker.output(), \
                 "no timeout happened: the stalls did not exercise the fault path"
         finally:
-            worker.stop()
-            tier.stop()
+            stop_all([worker, tier])
             c.close()

@@ -36,7 +36,7 @@ from scheduler import Client, JobState
 from scheduler.protocol.ids import decode_id, encode_id, partition_for_key, partition_of, run_at_of
 from scheduler.protocol.keys import PARTITION_KEYS, Keyspace
 from scheduler.redisio.connection import SyncRedis, sync_redis
-from scheduler.shell.servers import ServerError, ZschedProc, etcd_request, free_port, scheduler_proc
+from scheduler.shell.servers import ServerError, ZschedProc, etcd_request, free_port, scheduler_proc, stop_all
 from scheduler.tier.runner import RunnerConfig
 from tests.support.helpers import on_both_backends, snapshot
 from tests.support.paths import REPO
@@ -287,11 +287,6 @@ def start_without_deadline(p: ZschedProc) -> None:
     assert p.args[0] == "scheduler", p.args
     p.launch([sys.executable, "-m", "tests.fault.scheduler_without_deadline", *p.args[1:]], cwd=p.cwd or REPO,
              env=p.env)
-
-
-def stop_all(procs: Iterable[ZschedProc]) -> None:
-    for p in procs:
-        p.stop()
 
 
 def assert_exactly_once(r: SyncRedis, client: Client, ids: list[str], watcher: FireWatcher | None,

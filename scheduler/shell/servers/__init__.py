@@ -39,13 +39,14 @@ from .process import (
     StopFlag,
     die_with_parent,
     pid_alive,
+    shutdown_all,
     sweep_stale_dirs,
     wait_for,
 )
 from .redis import RedisServer
 from .resp import encode_command, read_reply, redis_command, redis_info
 from .sentinel import SentinelServer, SentinelSet
-from .zsched import ZschedProc, scheduler_proc, ui_proc
+from .zsched import ZschedProc, scheduler_proc, stop_all, ui_proc
 
 __all__ = [
     "CLUSTER_SLOTS",
@@ -82,6 +83,8 @@ __all__ = [
     "redis_command",
     "redis_info",
     "scheduler_proc",
+    "shutdown_all",
+    "stop_all",
     "ui_proc",
     "slot_of",
     "sweep_stale_dirs",

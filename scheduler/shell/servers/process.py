@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol, Self
 
@@ -175,15 +175,7 @@ class ChildProcess:
 
     def shutdown(self, grace: float) -> bool:
         """SIGTERM, then SIGKILL if it is still up after ``grace`` s; True if it needed the SIGKILL."""
-        if not self.running or self.proc is None:
-            return False
-        self.terminate()
-        try:
-            self.proc.wait(grace)
-            return False
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return True
+        return bool(shutdown_all([self], grace))
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         """The last ``lines`` lines of the log (for error messages)."""
@@ -191,6 +183,26 @@ class ChildProcess:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+
+def shutdown_all(children: Iterable[ChildProcess], grace: float) -> list[ChildProcess]:
+    """``shutdown(grace)`` of several processes at once: SIGTERM to every one first, then the same
+    ``grace`` s for all of them, SIGKILL to those still up; returns those. Stopping N processes
+    takes as long as the slowest one, not the sum (a stop is mostly waiting: a worker finishing its
+    handlers, a replica handing over)."""
+    up = [c for c in children if c.running]
+    for c in up:
+        c.terminate()
+    deadline = time.monotonic() + grace
+    killed: list[ChildProcess] = []
+    for c in up:
+        assert c.proc is not None  # running
+        try:
+            c.proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            c.kill()
+            killed.append(c)
+    return killed
 
 
 # Servers that may be running or still own a temp dir, for the atexit hook.

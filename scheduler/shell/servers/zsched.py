@@ -8,7 +8,7 @@ import signal
 import sys
 import tempfile
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Self
 
@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from .lifeline import Lifeline
 from .ports import HOST, free_port
-from .process import LOG_TAIL_LINES, ChildProcess
+from .process import LOG_TAIL_LINES, ChildProcess, shutdown_all
 
 STOP_TIMEOUT_S = 10.0
 
@@ -123,6 +123,12 @@ class ZschedProc(ChildProcess):
             return self.metric(name, **labels)
         except OSError:
             return default
+
+
+def stop_all(procs: Iterable[ZschedProc], timeout: float = STOP_TIMEOUT_S) -> None:
+    """``stop()`` every one of ``procs`` at once (SIGTERM to all, SIGKILL to those still up after
+    ``timeout`` s): as long as the slowest stop, not the sum."""
+    shutdown_all(procs, timeout)
 
 
 def scheduler_proc(
