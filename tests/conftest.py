@@ -89,6 +89,18 @@ def sentinel_set() -> Iterator[SentinelSet]:
         yield s
 
 
+@pytest.fixture
+def sentinel_set_launched() -> Iterator[SentinelSet]:
+    """``sentinel_set`` handed over before its sentinels have found each other and the replica
+    (``SentinelSet.launch()``): the test starts its own processes during those ~2 s (Sentinel's
+    hello period) and calls ``wait_settled()`` before any failover. Stopped afterwards."""
+    s = SentinelSet().launch()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
 # --------------------------------------------------------------------------- redis cluster
 
 

@@ -41,7 +41,7 @@ import pytest
 from scheduler import Client
 from scheduler.protocol.errors import DurabilityTimeout
 from scheduler.protocol.ids import decode_id, run_at_of
-from scheduler.shell.servers import HOST, ServerError, ZschedProc, scheduler_proc
+from scheduler.shell.servers import HOST, ServerError, ZschedProc, scheduler_proc, stop_all
 from tests.support.servers import EtcdServer, RedisServer, SentinelSet
 from tests.support.waits import wait_until
 from tests.support.workers import read_runs, spawn_worker, write_app
@@ -209,9 +209,10 @@ def quiet(monitor: Client, workers: list[ZschedProc]) -> bool:
     return all(w.try_metric("zsched_worker_running") == 0 for w in workers)
 
 
-def test_sentinel_failover_under_load_loses_no_durable_job(sentinel_set: SentinelSet, fresh_etcd: EtcdServer,
-                                                           tmp_path: Path) -> None:
+def test_sentinel_failover_under_load_loses_no_durable_job(sentinel_set_launched: SentinelSet,
+                                                           fresh_etcd: EtcdServer, tmp_path: Path) -> None:
     t_begin = time.monotonic()
+    sentinel_set = sentinel_set_launched
     url = sentinel_set.url
     client = Client.from_url(url, namespace=NS, partitions=PARTS, durable_timeout=DURABLE_TIMEOUT).connect()
     monitor = Client.from_url(url, namespace=NS, partitions=PARTS).connect()
@@ -221,7 +222,9 @@ def test_sentinel_failover_under_load_loses_no_durable_job(sentinel_set: Sentine
     procs = schedulers + workers
     producer = Producer(client, RATE)
     try:
-        # -- everything up: workers subscribed, every partition owned
+        # -- everything up: the sentinels know each other and the replica (they found each other
+        # while the zsched processes started), workers subscribed, every partition owned
+        sentinel_set.wait_settled()
         wait_until(lambda: all("worker serving" in w.output() or not w.alive for w in workers), 20, 0.05,
                    "the workers to serve")
         assert all(w.alive for w in workers), tails(workers)
@@ -369,7 +372,6 @@ def test_sentinel_failover_under_load_loses_no_durable_job(sentinel_set: Sentine
         assert not tracebacks, f"unhandled exception logged{report}{tails(tracebacks, 80)}"
     finally:
         producer.stop.set()
-        for p in procs:
-            p.stop()
+        stop_all(procs)
         client.close()
         monitor.close()

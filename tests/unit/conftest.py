@@ -7,7 +7,8 @@ from typing import NoReturn
 
 import pytest
 
-SERVER_FIXTURES = ("redis_server", "redis_url", "fresh_redis", "aof_redis", "sentinel_set", "redis_cluster",
+SERVER_FIXTURES = ("redis_server", "redis_url", "fresh_redis", "aof_redis", "sentinel_set",
+                   "sentinel_set_launched", "redis_cluster",
                    "redis_cluster_url", "redis_cluster_replicas", "redis_cluster_factory", "backend_url",
                    "etcd_server", "etcd_endpoint", "fresh_etcd", "etcd_cluster", "pg_server", "pg_dsn")
 

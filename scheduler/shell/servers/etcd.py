@@ -227,17 +227,30 @@ class EtcdCluster:
 
     def start(self) -> Self:
         """Spawn every member first (none is healthy before quorum), then wait for all."""
+        return self.launch().wait_started()
+
+    def launch(self) -> Self:
+        """Spawn every member without waiting for them (the election takes about a second): a
+        caller with other things to start does them meanwhile, then calls :meth:`wait_started`."""
         try:
             for m in self.members:
                 m.spawn()
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def wait_started(self) -> Self:
+        """After :meth:`launch`: wait until every member is ready (``start_timeout``), and learn the
+        member ids while everyone is up; SIGKILL them all if that fails."""
+        try:
             deadline = time.monotonic() + self.start_timeout
             for m in self.members:
                 m.wait_ready(max(0.1, deadline - time.monotonic()))
             for m in self.members:
-                m.status()  # learn member ids while everyone is up
+                m.status()
         except BaseException:
-            for m in self.members:
-                m.kill()
+            self.kill()
             raise
         return self
 

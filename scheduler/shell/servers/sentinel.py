@@ -361,8 +361,28 @@ class SentinelSet:
     # -- lifecycle
 
     def start(self) -> Self:
+        """:meth:`launch`, then wait until everyone knows everyone (within ``start_timeout`` in all)."""
+        deadline = time.monotonic() + self.start_timeout
+        self.launch()
+        m = self.master
+        try:
+            wait_for(
+                lambda: self._settled(m),
+                max(0.1, deadline - time.monotonic()),
+                lambda: f"sentinels to settle: {self.sentinel_views()}",
+                0.05,
+            )
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def launch(self) -> Self:
         """Start master, then the replica (waits until it is in sync: sentinels learn replicas from
-        the master's INFO), then the sentinels; wait until everyone knows everyone."""
+        the master's INFO), then the sentinels, and return before the sentinels have found each
+        other and the replica (about 2 s, their hello period; :meth:`wait_settled` waits for it).
+        Each sentinel names the master of its config at once, so clients can start meanwhile; a
+        failover needs the settled state."""
         self._master_i = 0
         m, r = self.servers
         try:
@@ -378,12 +398,6 @@ class SentinelSet:
             for s in self.sentinels:
                 s.master_port = m.port
                 s.start()
-            wait_for(
-                lambda: self._settled(m),
-                max(0.1, deadline - time.monotonic()),
-                lambda: f"sentinels to settle: {self.sentinel_views()}",
-                0.05,
-            )
         except BaseException:
             self.kill()
             raise
