@@ -118,7 +118,8 @@ class Nemesis(threading.Thread):
                     self.record(Fault("nemesis-error", kind, None, t, time.time(), {"error": repr(exc)}))
                     raise
                 self.current = None
-                self._halt.wait(self.rng.uniform(*self.gap))
+                if time.time() < end:  # a gap before the next fault, none after the last
+                    self._halt.wait(self.rng.uniform(*self.gap))
         except BaseException:  # noqa: BLE001 - reported by the test, with the fault that failed
             self.error = f"fault {self.current!r} failed:\n{traceback.format_exc()}"
         finally:

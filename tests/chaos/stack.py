@@ -19,7 +19,7 @@ from typing import Any
 from scheduler import Client
 from scheduler.protocol.errors import DurabilityTimeout
 from scheduler.protocol.ids import decode_id, run_at_of
-from scheduler.shell.servers import ZschedProc
+from scheduler.shell.servers import ZschedProc, stop_all
 from tests.chaos.history import Call, Final, JsonlWriter, Params
 from tests.support.servers import EtcdCluster, SentinelSet
 
@@ -150,16 +150,23 @@ class Stack:
                     env={"CHAOS_RUN_DIR": str(self.hist)}, cwd=str(self.hist))
 
     def start(self) -> Stack:
+        """Everything up, each part as soon as what it needs is: the etcd members elect a leader
+        (~1 s) and the sentinels find each other (~2 s, their hello period) while the zsched
+        processes import and connect (the longest part on a busy 2-core machine)."""
         (self.hist / "chaosapp.py").write_text(APP_SOURCE)
-        self.sentinel.start()
-        self.etcd.start()
+        self.etcd.launch()
+        self.sentinel.launch()  # the sentinels name the master at once: clients and workers can start
         url = self.sentinel.url
         p = self.params
+        # the clients first: the first to connect creates the namespace, and only they say how many
+        # partitions it has (a worker would create it with the default count)
         for _ in range(self.n_producers):
             self.clients.append(Client.from_url(url, namespace=self.ns, partitions=self.partitions,
                                                 durable="replica", durable_timeout=p.durable_timeout).connect())
-        self.scheds = [self.sched_proc(i).start() for i in range(self.n_sched)]
         self.workers = [self.worker_proc(i).start() for i in range(self.n_workers)]
+        self.etcd.wait_started()
+        self.scheds = [self.sched_proc(i).start() for i in range(self.n_sched)]
+        self.sentinel.wait_settled(30)  # before any fault: a failover needs sentinels that know each other
         self.wait_up(30)
         return self
 
@@ -180,6 +187,10 @@ class Stack:
                           self.params.lease, self.max_attempts, self.produce_stop)
             self.producers.append(pr)
             pr.start()
+
+    def calls_made(self) -> int:
+        """``schedule`` calls the producers have made so far (returned or raised)."""
+        return sum(pr.calls for pr in self.producers)
 
     def stop_producers(self) -> None:
         self.produce_stop.set()
@@ -214,13 +225,9 @@ class Stack:
                      quiesce_error=f"after {timeout:.0f} s still {stats.get(QUEUE)}" + (f" ({err})" if err else ""))
 
     def final_states(self, ids: list[str]) -> dict[str, str | None]:
-        """The state of every job (``get``: one round trip each, public API only)."""
-        client = self.clients[0]
-        out: dict[str, str | None] = {}
-        for jid in ids:
-            info = client.get(jid)
-            out[jid] = info.state.value if info is not None else None
-        return out
+        """The state of every job (``get_many``, public API only)."""
+        return {jid: info.state.value if info is not None else None
+                for jid, info in self.clients[0].get_many(ids).items()}
 
     def save_server_logs(self) -> None:
         """Copy the Redis, Sentinel and etcd logs into ``servers/`` of the history (their own dirs
@@ -237,11 +244,11 @@ class Stack:
     def stop(self) -> None:
         self.produce_stop.set()
         self.save_server_logs()
-        for p in self.workers + self.scheds:
-            try:
-                p.stop()
-            except (OSError, subprocess.SubprocessError):
-                pass
+        try:
+            stop_all(self.workers + self.scheds)
+        except (OSError, subprocess.SubprocessError):
+            for p in self.workers + self.scheds:
+                p.kill()
         for c in self.clients:
             try:
                 c.close()
