@@ -90,7 +90,7 @@ class Fault:
     * ``failover``: ``promoted_at`` (the replica is master), ``old_port``, ``new_port``
     * ``restart-master``: ``up_at`` (answers again), ``became_failover`` (Sentinel promoted anyway)
     * ``kill-replica``: ``up_at``
-    * ``stop-worker``/``stop-sched``: ``seconds``
+    * ``stop-worker``/``stop-sched``: ``seconds``; ``stop-worker`` also ``long`` (past the job lease)
     * ``observed-master-change``: a master change nobody asked for (``old_port``, ``new_port``)
     """
 
