@@ -117,6 +117,10 @@ NOT_RUN = {
         "production set-up; parsed and run against a loopback Redis below",
     ("docs/architecture.md", "             schedule (due later)"): "a diagram",
     ("docs/effects.md", "zsched relay --postgres URL"): "a synopsis; tests/integration/test_outbox.py runs relays",
+    ("docs/operations.md", "kubectl create namespace zsched"):
+        "production set-up: Kubernetes (tests/unit/test_kubernetes_manifests.py validates the manifests)",
+    ("docs/operations.md", "kubectl -n zsched port-forward"):
+        "production set-up: Kubernetes (tests/unit/test_kubernetes_manifests.py validates the manifests)",
     ("README.md", "./scripts/dev"): "the quick start itself",
     ("README.md", "./scripts/test"): "the quick start itself",
     ("README.md", "pip install -e"): "test_readme_snippets.py checks the install lines",
