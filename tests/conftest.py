@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -20,6 +21,22 @@ from tests.support.tls import make_certs
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    """What the processes the tests start inherit from this one."""
+    _sigint_as_from_a_terminal()
+    _bytecode_cache_for_children()
+
+
+def _sigint_as_from_a_terminal() -> None:
+    """A shell without job control starts a background command (``pytest ... &``, ``nohup``) with
+    SIGINT ignored, and every process a test starts inherits that: Python then installs no
+    KeyboardInterrupt handler, and a one-shot ``zsched`` command ignores the Ctrl-C a test sends it
+    (test_cli_signals failed so, in every run started that way). The tests start their processes
+    as a terminal would: SIGINT handled."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _bytecode_cache_for_children() -> None:
     """Bytecode for the processes the tests start. With PYTHONDONTWRITEBYTECODE set (the Dockerfile
     sets it, and so do some shells) every ``python -m scheduler`` child compiles the package's
     modules from source again, about 0.2 s of CPU each, and a run starts hundreds of them, many at
