@@ -306,3 +306,21 @@ def test_etcd_cluster_one_leader_and_failover(etcd_cluster: EtcdCluster) -> None
     # The killed member rejoins with its data dir and catches up.
     leader.restart()
     _wait_for(lambda: etcd_get(leader.endpoint, "after-failover") == b"1", 5.0, "rejoined member to catch up")
+
+
+def test_a_child_started_without_a_log_leaves_no_temp_log_behind_once_we_exit(tmp_path: object) -> None:
+    """ZschedProc's default log is a temp file: readable while we run, gone when we exit."""
+    import subprocess
+    import sys
+
+    code = (
+        "from scheduler.shell.servers.zsched import ZschedProc\n"
+        "p = ZschedProc(['--version'], metrics=False).start()\n"
+        "p.wait(30)\n"
+        "assert p.output().strip(), 'no output while we run'\n"
+        "print(p.log)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    log = out.stdout.strip().splitlines()[-1]
+    assert "zsched-proc-" in log, out.stdout
+    assert not os.path.exists(log), f"{log} was left behind"

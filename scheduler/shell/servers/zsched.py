@@ -3,6 +3,7 @@ output in a log file, for ``zsched dev``, the integration tests and the benchmar
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
@@ -20,12 +21,29 @@ from .process import LOG_TAIL_LINES, ChildProcess, shutdown_all
 
 STOP_TIMEOUT_S = 10.0
 
+# The temp logs made for children started without ``log``: removed when this process exits, so
+# a test session or a benchmark does not leave hundreds of them in /tmp (a run of the suite made
+# about 900).  Not earlier: tests read a stopped child's output, and a child that outlives us
+# (a lifeline child still stopping) keeps writing to the unlinked file harmlessly.
+OWNED_LOGS: set[Path] = set()
+
+
+def remove_owned_logs() -> None:
+    """Delete the temp logs :class:`ZschedProc` made (registered with :mod:`atexit`)."""
+    for log in list(OWNED_LOGS):
+        log.unlink(missing_ok=True)
+        OWNED_LOGS.discard(log)
+
+
+atexit.register(remove_owned_logs)
+
 
 class ZschedProc(ChildProcess):
     """A ``python -m scheduler ARGS`` child process.
 
     ``metrics``: add ``--metrics-port`` with a free port (``metrics_port``), for :meth:`metric`.
-    ``log``: where its output goes (default: a new ``/tmp/zsched-proc-*.log``).
+    ``log``: where its output goes (default: a new ``/tmp/zsched-proc-*.log``, removed when this
+    process exits).
     ``new_session``: its own session, so a Ctrl-C in our terminal does not reach it.
     ``lifeline``: it stops by itself (SIGTERM, then SIGKILL) once this process is gone, even if
     this process was SIGKILLed (:mod:`~scheduler.shell.servers.lifeline`); without, it runs on.
@@ -48,6 +66,7 @@ class ZschedProc(ChildProcess):
             fd, name = tempfile.mkstemp(prefix="zsched-proc-", suffix=".log")
             os.close(fd)
             log = Path(name)
+            OWNED_LOGS.add(log)
         super().__init__(log)
         self.metrics_port = free_port() if metrics else None
         self.args = list(args) + (["--metrics-port", str(self.metrics_port)] if metrics else [])
