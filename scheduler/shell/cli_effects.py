@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from workers.effects import DEFAULT_TABLE, EffectsError, EffectsTableMissing, ddl, prune
@@ -55,10 +56,7 @@ def add_parsers(sub: SubParsers) -> None:
         "description": "The table workers.effects.fenced() records each job's effects in (docs/effects.md)."})))
     actions = group.add_subparsers(dest="effects_action", metavar="ACTION", required=True)
 
-    kw: dict[str, Any] = {"what": "effects", "default_table": DEFAULT_TABLE}
-    table_leaf(actions, "ddl", _ddl, help="print the table's DDL (CREATE TABLE IF NOT EXISTS ...)", postgres=False,
-               **kw)
-    table_leaf(actions, "apply", _apply, help="create the table (and its index) if it is not there", **kw)
+    kw = EFFECTS.add_ddl_leaves(actions)
     p = table_leaf(actions, "prune", _prune, redis=True, help="delete rows older than the retention, in batches", **kw,
                    description="Delete the effects rows recorded longer ago than the retention, in transactions of "
                                "--batch rows. The retention is --retention, else the namespace's tombstone TTL "
@@ -71,6 +69,46 @@ def add_parsers(sub: SubParsers) -> None:
     p.add_argument("--batch", type=int, default=1000, metavar="ROWS", help="rows per transaction (default 1000)")
     p.add_argument("--every", type=duration_arg, metavar="DURATION",
                    help="keep running and prune again at this interval (Ctrl-C stops)")
+
+
+@dataclass(frozen=True)
+class TableKind:
+    """One of zsched's tables in the user's PostgreSQL (``effects``, ``outbox``): its role
+    (``what``), default name, name check and DDL, and the error class those raise."""
+
+    what: str
+    default_table: str
+    name_of: Callable[[str], str]
+    ddl_of: Callable[[str], str]
+    error: type[Exception]
+
+    def add_ddl_leaves(self, actions: SubParsers) -> dict[str, Any]:
+        """Register the ``ddl`` and ``apply`` actions; the keywords for the kind's other leaves."""
+        kw: dict[str, Any] = {"what": self.what, "default_table": self.default_table}
+        table_leaf(actions, "ddl", self.print_ddl, help="print the table's DDL (CREATE TABLE IF NOT EXISTS ...)",
+                   postgres=False, **kw)
+        table_leaf(actions, "apply", self.apply, help="create the table (and its index) if it is not there", **kw)
+        return kw
+
+    def table(self, args: argparse.Namespace) -> str:
+        """``--table``, checked (:class:`BadInput` when it is not a valid name)."""
+        try:
+            return self.name_of(args.table)
+        except self.error as exc:
+            raise BadInput(str(exc)) from None
+
+    def print_ddl(self, args: argparse.Namespace) -> int:
+        """``zsched KIND ddl``."""
+        print(self.ddl_of(self.table(args)), end="")
+        return EXIT_OK
+
+    def apply(self, args: argparse.Namespace) -> int:
+        """``zsched KIND apply``."""
+        table = self.table(args)
+        return apply_ddl(args, f"{self.what} table {table}", self.ddl_of(table))
+
+
+EFFECTS = TableKind("effects", DEFAULT_TABLE, table_name, ddl, EffectsError)
 
 
 def table_leaf(actions: SubParsers, name: str, handler: Any, *, what: str, default_table: str,
@@ -141,23 +179,6 @@ def one_line(exc: Exception) -> str:
     return " ".join(mask_secrets(str(exc)).split())
 
 
-def _table(args: argparse.Namespace) -> str:
-    try:
-        return table_name(args.table)
-    except EffectsError as exc:
-        raise BadInput(str(exc)) from None
-
-
-def _ddl(args: argparse.Namespace) -> int:
-    print(ddl(_table(args)), end="")
-    return EXIT_OK
-
-
-def _apply(args: argparse.Namespace) -> int:
-    table = _table(args)
-    return apply_ddl(args, f"effects table {table}", ddl(table))
-
-
 def apply_ddl(args: argparse.Namespace, what: str, statements: str) -> int:
     """Run a table's DDL on ``--postgres`` and say where (``zsched effects|outbox apply``)."""
     with connect_postgres(args) as conn:
@@ -181,7 +202,7 @@ def _retention(args: argparse.Namespace) -> float:
 
 
 def _prune(args: argparse.Namespace) -> int:
-    table = _table(args)
+    table = EFFECTS.table(args)
     if args.batch < 1:
         raise BadInput(f"--batch must be 1 or more rows, got {args.batch}")
     namespace = None if args.all_namespaces else config.namespace(args.namespace)

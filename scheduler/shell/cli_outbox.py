@@ -16,7 +16,7 @@ from ..protocol.masking import mask_secrets
 from ..redisio.transport import RedisRetry
 from .admin import BadInput, NotFound
 from .cli_common import EXIT_OK, SubParsers, described, duration_arg, patch_errors
-from .cli_effects import PostgresUnavailable, apply_ddl, postgres_option, postgres_url, table_leaf
+from .cli_effects import PostgresUnavailable, TableKind, postgres_option, postgres_url
 from .relay import DEFAULT_BATCH, DEFAULT_POLL, Relay, RelayMetrics, RelayStopped, run_until_stopped
 
 log = logging.getLogger("zsched.relay")
@@ -33,10 +33,7 @@ def add_parsers(sub: SubParsers) -> None:
         "description": "The table scheduler.client.outbox.schedule() writes jobs into inside your transactions, "
                        "and 'zsched relay' moves them from (docs/effects.md)."})))
     actions = group.add_subparsers(dest="outbox_action", metavar="ACTION", required=True)
-    kw: dict[str, Any] = {"what": "outbox", "default_table": DEFAULT_TABLE}
-    table_leaf(actions, "ddl", _ddl, help="print the table's DDL (CREATE TABLE IF NOT EXISTS ...)", postgres=False,
-               **kw)
-    table_leaf(actions, "apply", _apply, help="create the table (and its index) if it is not there", **kw)
+    OUTBOX.add_ddl_leaves(actions)
 
     p = patch_errors(sub.add_parser("relay", **described({
         "help": "move committed outbox rows of a namespace into zsched (run any number of them)",
@@ -60,25 +57,11 @@ def add_parsers(sub: SubParsers) -> None:
     p.set_defaults(func=_relay)
 
 
-def _table(args: argparse.Namespace) -> str:
-    try:
-        return table_name(args.table)
-    except OutboxError as exc:
-        raise BadInput(str(exc)) from None
-
-
-def _ddl(args: argparse.Namespace) -> int:
-    print(ddl(_table(args)), end="")
-    return EXIT_OK
-
-
-def _apply(args: argparse.Namespace) -> int:
-    table = _table(args)
-    return apply_ddl(args, f"outbox table {table}", ddl(table))
+OUTBOX = TableKind("outbox", DEFAULT_TABLE, table_name, ddl, OutboxError)
 
 
 def _relay(args: argparse.Namespace) -> int:
-    table = _table(args)
+    table = OUTBOX.table(args)
     if not 1 <= args.batch <= MAX_BATCH:
         raise BadInput(f"--batch must be from 1 to {MAX_BATCH} rows, got {args.batch}")
     if not float(args.poll) > 0:
