@@ -74,6 +74,9 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.Argument
                    help="address for /metrics and the probes (default 127.0.0.1)")
     p.add_argument("--shutdown-grace", metavar="S", type=_seconds,
                    help="seconds running handlers get to finish on SIGTERM (default 30)")
+    p.add_argument("--drain-timeout", metavar="S", type=_seconds,
+                   help="seconds a stopping worker keeps retrying outcomes (acks, failures) Redis did not take "
+                        "before it exits without them; their jobs run again after their leases (default 10)")
     p.add_argument("--registry-interval", metavar="S", type=_seconds,
                    help="seconds between refreshes of this worker's record in the worker registry (zsched "
                         "workers; default 5): a killed worker drops out of the list 3 intervals after its last")
@@ -120,7 +123,7 @@ def main(args: argparse.Namespace) -> int:
     worker.configure(redis_url=args.redis, namespace=args.namespace, queues=args.queues,
                      concurrency=args.concurrency, prefetch=args.prefetch, metrics_port=args.metrics_port,
                      metrics_host=args.metrics_host, shutdown_grace=args.shutdown_grace,
-                     registry_interval=args.registry_interval)
+                     registry_interval=args.registry_interval, drain_timeout=args.drain_timeout)
     args.redis = worker.redis_url  # the URL the worker uses, for zsched's error messages
     worker.run()
     return 0

@@ -22,6 +22,9 @@ DEFAULT_CONCURRENCY = 16
 # default 20 ms lead at up to 1 600 jobs/s per worker
 DEFAULT_PREFETCH = 32
 DEFAULT_SHUTDOWN_GRACE = 30.0
+# at shutdown, how long undelivered outcomes (acks, failures, hand-backs) are retried while Redis
+# is unreachable before the worker exits without them (their jobs run again after their leases)
+DEFAULT_DRAIN_TIMEOUT = 10.0
 DEFAULT_IDLE_SWEEP = 2.0
 DEFAULT_METRICS_HOST = config.DEFAULT_METRICS_HOST
 # seconds between refreshes of the worker's registry record (zsched workers); one small script
@@ -54,13 +57,13 @@ def _timeouts(timeouts: Mapping[str, float]) -> Mapping[str, float]:
     return MappingProxyType({q: float(t) for q, t in timeouts.items()})
 
 
-def _grace(value: object) -> float:
+def _seconds(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"shutdown_grace must be >= 0 seconds, got {value!r}")
-    grace = codec.finite_number("shutdown_grace", value)
-    if grace < 0:
-        raise ValueError(f"shutdown_grace must be >= 0 seconds, got {value!r}")
-    return grace
+        raise ValueError(f"{name} must be >= 0 seconds, got {value!r}")
+    seconds = codec.finite_number(name, value)
+    if seconds < 0:
+        raise ValueError(f"{name} must be >= 0 seconds, got {value!r}")
+    return seconds
 
 
 def _payload_limit(value: object) -> int:
@@ -85,6 +88,7 @@ class WorkerOptions:
     prefetch: int = DEFAULT_PREFETCH
     handler_timeouts: Mapping[str, float] = field(default_factory=dict, hash=False)
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
     tombstone_ttl: float | None = None  # deprecated: the namespace's (Client.set_tombstone_ttl)
     max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD
     partitions: int | None = None
@@ -112,7 +116,8 @@ class WorkerOptions:
             raise ValueError(f"prefetch must be an int >= 0 (jobs held ahead of their due time), got {self.prefetch!r}")
         put("metrics_host", check_host(self.metrics_host))
         put("handler_timeouts", _timeouts(self.handler_timeouts))
-        put("shutdown_grace", _grace(self.shutdown_grace))
+        put("shutdown_grace", _seconds("shutdown_grace", self.shutdown_grace))
+        put("drain_timeout", _seconds("drain_timeout", self.drain_timeout))
         put("metrics_port", None if self.metrics_port is None else check_port(self.metrics_port))
         if self.tombstone_ttl is not None:
             put("tombstone_ttl", float(tombstone_ms(self.tombstone_ttl)) / 1000)

@@ -40,7 +40,6 @@ log = logging.getLogger("zsched.worker")
 FLUSH_DELAY = 0.001     # outcomes wait this long to share a round trip...
 FLUSH_BIG = 200         # ...unless this many are queued
 CALL_BATCH = 200        # outcomes per script call (bounded work per EVALSHA)
-DRAIN_TIMEOUT = 10.0    # at shutdown, how long to keep trying to deliver outcomes
 RETRY_LEASE_SHARE = 0.1  # during an outage, retry outcomes at least this often, in leases...
 RETRY_FLOOR = 0.01       # ...but not more often than this (seconds)
 
@@ -261,10 +260,10 @@ class Outbox:
             else:  # one cluster node failed, the others' outcomes went through: wait, then again
                 await asyncio.sleep(self.retry_wait(outage.failed(node_down)))
 
-    async def drain(self, flusher: asyncio.Task[Any], life: Lifecycle) -> None:
+    async def drain(self, flusher: asyncio.Task[Any], life: Lifecycle, timeout: float) -> None:
         """At shutdown: keep the outcome loop (``flusher``) busy until everything queued was
-        delivered, or for at most :data:`DRAIN_TIMEOUT` seconds (``life.drain_deadline``)."""
-        deadline = time.monotonic() + DRAIN_TIMEOUT
+        delivered, or for at most ``timeout`` seconds (``life.drain_deadline``)."""
+        deadline = time.monotonic() + timeout
         life.drain_deadline = deadline
         while (self.n or self.flushing) and time.monotonic() < deadline and not flusher.done():
             self.wake.set()

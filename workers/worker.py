@@ -44,7 +44,7 @@ from .heartbeat import Heartbeats
 from .lifecycle import Lifecycle, supervise
 from .namespace import connect, follow_settings
 from .options import WorkerOptions, redis_options_arg
-from .outbox import DRAIN_TIMEOUT, Outbox
+from .outbox import Outbox
 from .presence import Presence, base_record
 from .registry import Handler, HandlerRegistry, HandlerSpec
 from .runner import HandlerRunner, ThreadCount
@@ -112,7 +112,9 @@ class Worker:
     into free handler slots. ``handler_timeouts``: seconds per queue
     (overrides ``@handler(timeout=...)``); a timeout counts as a failure. ``shutdown_grace``:
     seconds running handlers get to finish after the first SIGTERM/SIGINT before their jobs are
-    handed back. ``tombstone_ttl``: deprecated (the namespace's is followed:
+    handed back. ``drain_timeout``: seconds a stopping worker keeps retrying the outcomes it could
+    not deliver (Redis unreachable) before it exits without them (default 10; their jobs run again
+    once their leases expire). ``tombstone_ttl``: deprecated (the namespace's is followed:
     ``Client.set_tombstone_ttl``); given, it overrides it for this worker's acks.
     ``metrics``: optional :class:`~workers.stats.WorkerMetrics` hook. ``metrics_port``: serve
     Prometheus metrics on 127.0.0.1:PORT. ``idle_sweep``: seconds between safety-net sweeps when
@@ -142,6 +144,7 @@ class Worker:
         prefetch: int | None = None,
         handler_timeouts: Mapping[str, float] | None = None,
         shutdown_grace: float = options.DEFAULT_SHUTDOWN_GRACE,
+        drain_timeout: float = options.DEFAULT_DRAIN_TIMEOUT,
         tombstone_ttl: float | None = None,
         max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD,
         partitions: int | None = None,
@@ -161,7 +164,8 @@ class Worker:
                              sharded_pubsub=sharded_pubsub).updated(registry_interval=registry_interval)
         self.options: WorkerOptions = base.updated(
             redis_url=redis_url, namespace=namespace, queues=queues, concurrency=concurrency, prefetch=prefetch,
-            handler_timeouts=handler_timeouts, shutdown_grace=shutdown_grace, metrics_port=metrics_port)
+            handler_timeouts=handler_timeouts, shutdown_grace=shutdown_grace, metrics_port=metrics_port,
+            drain_timeout=drain_timeout)
         if not callable(fetch):
             raise TypeError(f"fetch must be a Fetch subclass or factory, got {type(fetch).__name__}")
         self.fetch = fetch
@@ -194,6 +198,7 @@ class Worker:
         metrics_port: int | None = None,
         metrics_host: str | None = None,
         registry_interval: float | None = None,
+        drain_timeout: float | None = None,
     ) -> Worker:
         """Change settings before the worker starts (the CLI uses this for its overrides); ``None``
         leaves a setting unchanged."""
@@ -202,7 +207,7 @@ class Worker:
         self.options = self.options.updated(
             redis_url=redis_url, namespace=namespace, queues=queues, concurrency=concurrency, prefetch=prefetch,
             handler_timeouts=handler_timeouts, shutdown_grace=shutdown_grace, metrics_port=metrics_port,
-            metrics_host=metrics_host, registry_interval=registry_interval)
+            metrics_host=metrics_host, registry_interval=registry_interval, drain_timeout=drain_timeout)
         return self
 
     def handler(self, queue: str, *, timeout: float | None = None) -> Callable[[Handler], Handler]:
@@ -469,7 +474,7 @@ class Worker:
         """Stop claiming, give running handlers ``shutdown_grace`` s, hand back the jobs of those
         still running, then deliver every queued outcome (acks of finished jobs, releases)."""
         life.stopping = True
-        life.drain_deadline = time.monotonic() + self.shutdown_grace + DRAIN_TIMEOUT
+        life.drain_deadline = time.monotonic() + self.shutdown_grace + self.options.drain_timeout
         crew.slots.wake.set()
         crew.tasks["doorbell"].cancel()
         # The claim loop finishes its round trip (jobs it gets are released at once), then exits.
@@ -484,5 +489,5 @@ class Worker:
         if cancelled:
             await asyncio.wait(cancelled, timeout=1.0)
         crew.tasks["heartbeat"].cancel()
-        await crew.outbox.drain(crew.tasks["flush"], life)
+        await crew.outbox.drain(crew.tasks["flush"], life, self.options.drain_timeout)
 

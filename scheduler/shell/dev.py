@@ -51,6 +51,10 @@ STOP_TIMEOUT_S = 35.0  # per child: longer than a worker's default shutdown grac
 # (Redis flushes its AOF), and there is no one left to send a SIGKILL later
 SERVER_DEATH_SIGNAL = signal.SIGTERM
 EXIT_POLL_S = 0.05  # how often the clean-up looks whether the children it signalled have exited
+# how long a stopping worker retries outcomes Redis did not take: here Redis is our own child, stopped
+# after the workers on every ordered stop, so it is gone for good when they cannot reach it (zsched
+# dev was SIGKILLed, taking redis-server with it); a worker's default 10 s would only delay its exit
+DEV_DRAIN_TIMEOUT = 2.0
 
 
 def add_parser(sub: SubParsers) -> None:
@@ -153,7 +157,8 @@ class Stack:
         for app in apps:
             for _ in range(a.workers):
                 n += 1
-                self.workers[f"worker-{n}"] = self._zsched(f"worker-{n}", ["worker", app, *common], 19200 + n, env)
+                self.workers[f"worker-{n}"] = self._zsched(
+                    f"worker-{n}", ["worker", app, *common, "--drain-timeout", str(DEV_DRAIN_TIMEOUT)], 19200 + n, env)
         if missing_ui_packages():  # installed without the 'ui' extra: the stack runs without its console
             self.ui_url = ""
             return True

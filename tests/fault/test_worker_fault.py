@@ -97,3 +97,37 @@ async def test_redis_crash_outcomes_are_delivered_after_restart(tmp_path: Path) 
     finally:
         client.close()
         srv.stop()
+
+
+async def test_a_stopping_worker_gives_up_outcomes_redis_cannot_take_after_its_drain_timeout(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Redis dies while a handler runs; the worker is stopped: it waits for the handler, retries
+    the ack for ``drain_timeout`` s (not the default 10 s), says it could not deliver it and
+    stops; the job, still running in Redis, runs again after its lease (as after kill -9)."""
+    srv = RedisServer().start()
+    client = Client.from_url(srv.url)
+    gate = asyncio.Event()
+    w = Worker.from_url(srv.url, shutdown_grace=5, drain_timeout=0.5)
+
+    @w.handler("default")
+    async def handle(job: Job) -> None:
+        await gate.wait()
+
+    try:
+        async with serving(w):
+            client.schedule(timedelta(0), "blocked")
+            await wait_for(lambda: w.stats.claimed == 1, 5, what="the job to start")
+            srv.kill()
+            stopping = asyncio.ensure_future(w.stop())
+            await asyncio.sleep(0.1)
+            gate.set()  # the handler ends within the grace; its ack cannot reach Redis
+            started = time.monotonic()
+            await asyncio.wait_for(stopping, 30)
+            stopped_in = time.monotonic() - started
+        assert w.stats.acked == 0
+        # the 0.5 s drain, plus the last round trip's connect attempt; the default would be 10 s
+        assert stopped_in < 4.0, f"stopped {stopped_in:.1f} s after its handler ended"
+        assert "could not deliver 1 outcome(s) before exiting" in caplog.text
+    finally:
+        client.close()
+        srv.stop()

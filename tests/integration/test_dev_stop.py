@@ -26,14 +26,14 @@ from pathlib import Path
 import pytest
 
 from scheduler import Client
+from scheduler.shell.dev import DEV_DRAIN_TIMEOUT
 from tests.support.devstack import children_of, still_alive, wait_gone
-from workers.outbox import DRAIN_TIMEOUT
 
 UP_BOUND = 90.0  # seconds for a stack to serve (several start-ups may overlap on a busy machine)
 STOP_BOUND = 20.0  # seconds from what ends zsched dev to its last child being gone
 # after a SIGKILL of zsched dev its servers stop at once with it: a worker then keeps trying to
-# deliver its last outcomes to Redis for DRAIN_TIMEOUT before it gives up and exits
-KILLED_BOUND = DRAIN_TIMEOUT + STOP_BOUND
+# deliver its last outcomes to Redis for its --drain-timeout before it gives up and exits
+KILLED_BOUND = DEV_DRAIN_TIMEOUT + STOP_BOUND
 SMALL = ["--no-demo", "--worker", "scheduler.shell.demo:worker", "--workers", "1", "--replicas", "1"]
 SMALL_DEMO = ["--workers", "1", "--replicas", "1"]
 LIFELINE_LINE = "the process that started this one is gone"

@@ -73,6 +73,7 @@ def test_options_normalise_and_stay_immutable() -> None:
     assert o.queues == ("b", "a")
     assert o.handler_timeouts == {"a": 2.0} and isinstance(o.handler_timeouts["a"], float)
     assert o.shutdown_grace == 0.0 and o.concurrency == 16 and o.metrics_host == "127.0.0.1"
+    assert o.drain_timeout == 10.0 and o.updated(drain_timeout=0).drain_timeout == 0.0
     with pytest.raises(dataclasses.FrozenInstanceError):
         o.concurrency = 3  # type: ignore[misc]
     with pytest.raises(TypeError):
@@ -85,7 +86,9 @@ def test_options_normalise_and_stay_immutable() -> None:
     (dict(queues="default"), TypeError), (dict(queues=[]), ValueError), (dict(queues=["no spaces"]), ValueError),
     (dict(handler_timeouts={"q": 0}), ValueError), (dict(handler_timeouts={"q": "1"}), TypeError),
     (dict(shutdown_grace=-1), ValueError), (dict(shutdown_grace=math.inf), ValueError),
-    (dict(shutdown_grace=True), ValueError), (dict(metrics_port=70000), ValueError),
+    (dict(shutdown_grace=True), ValueError), (dict(drain_timeout=-0.5), ValueError),
+    (dict(drain_timeout=math.nan), ValueError), (dict(drain_timeout="10"), ValueError),
+    (dict(metrics_port=70000), ValueError),
     (dict(metrics_port=True), ValueError), (dict(metrics_host=""), ValueError),
     (dict(max_payload_bytes=0), ValueError), (dict(max_payload_bytes=1.5), ValueError),
     (dict(idle_sweep=0), ValueError), (dict(idle_sweep=math.nan), ValueError),
