@@ -390,6 +390,7 @@ def test_trimming_keeps_up_with_5000_acks_per_second_and_drains(redis_url: str, 
     rate, ttl = 5000, 1.0
     t0 = time.monotonic()
     acked, sizes = 0, []
+    marks: list[tuple[float, int]] = []  # (time, acks so far) after each round
     while time.monotonic() - t0 < 4.0:  # no ticks at all: the acks trim on their own
         c.schedule_many([(timedelta(0), i) for i in range(50)])
         jobs = ops.claim("default", 50)
@@ -399,6 +400,7 @@ def test_trimming_keeps_up_with_5000_acks_per_second_and_drains(redis_url: str, 
         else:
             acked += sum(c.transport.call(*ack_call(core, 0, [(j.raw_id, j.token) for j in jobs])))
         sizes.append(r.hlen(fkey))
+        marks.append((time.monotonic(), acked))
         ahead = acked / rate - (time.monotonic() - t0)
         if ahead > 0:
             time.sleep(ahead)
@@ -406,7 +408,11 @@ def test_trimming_keeps_up_with_5000_acks_per_second_and_drains(redis_url: str, 
     assert acked / elapsed > 0.6 * rate, f"could only ack {acked / elapsed:.0f}/s"
     steady = max(sizes[len(sizes) // 2:])
     assert steady < rate * ttl * 3, f"tombstones grew to {steady}"
-    assert steady < 2 * (acked / elapsed) * ttl  # measured: about 1.25 x rate x ttl
+    # Live tombstones are the acks of the last ttl seconds plus the sweep's lag (measured: about
+    # 1.25 x that). Bounded by the busiest ttl-long window, not the mean rate: a run slowed down by
+    # other processes catches up in bursts above the rate.
+    busiest = max(n - next(m for t, m in marks if t >= now - ttl) for now, n in marks)
+    assert steady < 2 * busiest, f"{steady} tombstones; at most {busiest} acks in any {ttl} s"
     time.sleep(ttl + 0.1)
     ops.tick_all()
     assert r.hlen(fkey) == 0
