@@ -26,7 +26,7 @@ from ...protocol.calls import LIST_STATES
 from ...protocol.masking import mask_secrets
 from ...protocol.models import JobState
 from .. import admin
-from . import params, views
+from . import fleet, links, params, views
 from .actions import ACTIONS, PAGE, Confirm, StartRequeue, dead_rows, return_to
 from .gate import Gate
 from .hosts import HostPolicy, IPNetwork
@@ -76,6 +76,7 @@ def _templates() -> jinja2.Environment:
     env.filters["rate"] = lambda v: "-" if v is None else f"{v:.1f}"
     env.filters["errtext"] = admin.error_text
     env.filters["payload"] = payload_text
+    env.globals.update(links.GLOBALS)
     return env
 
 
@@ -85,6 +86,7 @@ def create_app(cfg: ConsoleConfig) -> Starlette:
     routes = [
         Route("/", c.overview), Route("/fragment/overview", c.overview), Route("/jobs", c.jobs),
         Route("/job/{job_id}", c.job), Route("/dead", c.dead), Route("/crons", c.crons),
+        Route("/workers", c.workers),
         Route("/task/{task_id}", c.task), Route("/fragment/task/{task_id}", c.task),
         Route("/login", c.login, methods=["GET", "POST"]), Route("/logout", c.logout, methods=["POST"]),
         Route("/action/{kind}/{target}/{op}", c.act, methods=["POST"]),
@@ -171,8 +173,15 @@ class Console:
     # -- pages ---------------------------------------------------------------------------------
     async def overview(self, request: Request) -> Response:
         ov = await run_in_threadpool(views.overview, self.client, self.rates, self.cfg.etcd)
+        live = await run_in_threadpool(fleet.read_fleet, self.client)
+        unserved = fleet.unserved(live, {q.name: q.counts for q in ov.queues},
+                                  {q.name for q in ov.queues if q.paused_since})
         name = "overview_body.html" if request.url.path == "/fragment/overview" else "overview.html"
-        return await self.render(request, name, ov=ov)
+        return await self.render(request, name, ov=ov, fleet=live, unserved=unserved)
+
+    async def workers(self, request: Request) -> Response:
+        live = await run_in_threadpool(fleet.read_fleet, self.client)
+        return await self.render(request, "workers.html", fleet=live)
 
     async def jobs(self, request: Request) -> Response:
         args = dict(request.query_params)
