@@ -27,7 +27,7 @@ from ...protocol.masking import mask_secrets
 from ...protocol.models import JobState
 from .. import admin
 from . import fleet, links, params, views
-from .actions import ACTIONS, PAGE, Confirm, StartRequeue, dead_rows, return_to
+from .actions import ACTIONS, PAGE, Confirm, StartRequeue, dead_listing, return_to
 from .gate import Gate
 from .hosts import HostPolicy, IPNetwork
 from .params import BadRequest
@@ -77,6 +77,7 @@ def _templates() -> jinja2.Environment:
     env.filters["errtext"] = admin.error_text
     env.filters["payload"] = payload_text
     env.globals.update(links.GLOBALS)
+    env.filters.update(links.FILTERS)
     return env
 
 
@@ -216,9 +217,9 @@ class Console:
 
     async def dead(self, request: Request) -> Response:
         q = params.dead_query(request.query_params)
-        rows = await run_in_threadpool(dead_rows, self.client, q)
-        return await self.render(request, "dead.html", rows=rows, args=dict(request.query_params), error="",
-                                 confirm=None, tasks=self.tasks.recent())
+        page = await run_in_threadpool(dead_listing, self.client, q)
+        return await self.render(request, "dead.html", rows=page.jobs, page=page, args=dict(request.query_params),
+                                 error="", confirm=None, tasks=self.tasks.recent())
 
     async def task(self, request: Request) -> Response:
         task = self.tasks.get(params.task_id(request.path_params["task_id"]))
@@ -319,8 +320,8 @@ class Console:
             audit.info("%s from %s: %s %s %s refused: %s", s.who, _peer(request), kind, op, target, exc)
             return self.back(return_to(fields, kind, target), f"refused: {exc}")
         if isinstance(result, Confirm):
-            return await self.render(request, "dead.html", rows=result.rows, args=fields, error="", confirm=result,
-                                     tasks=self.tasks.recent())
+            return await self.render(request, "dead.html", rows=result.rows, page=None, args=fields, error="",
+                                     confirm=result, tasks=self.tasks.recent())
         if isinstance(result, StartRequeue):
             try:
                 task = self.tasks.start(s.who, result.scope, result.jobs, result.rate)

@@ -1,10 +1,13 @@
 """Where the overview's numbers lead: every count is a link to the list of those jobs, and a
 queue's name opens the list that has jobs (not an empty ready list for a queue whose jobs are all
-scheduled). Registered as template globals (``count_link``, ``queue_link``)."""
+scheduled). Registered as template globals (``count_link``, ``queue_link``), with the one-line
+error summary of listings (filter ``errline``)."""
 from __future__ import annotations
 
 from typing import Any
 from urllib.parse import urlencode
+
+from .. import admin
 
 QUEUE_ORDER = ("ready", "held", "scheduled", "running", "dead")  # what a queue's name opens: the first with jobs
 LIST_OF = {"scheduled": "scheduled", "held": "scheduled", "ready": "ready", "running": "running"}
@@ -26,4 +29,5 @@ def queue_link(row: Any) -> str:
     return count_link(row.name, state)
 
 
-GLOBALS = {"count_link": count_link, "queue_link": queue_link}
+GLOBALS = {"count_link": count_link, "queue_link": queue_link, "count_scan": admin.COUNT_SCAN}
+FILTERS = {"errline": admin.error_line}  # a last error as one line in a listing
