@@ -73,6 +73,11 @@ def test_pages_go_newest_first_across_partitions_each_job_once_with_a_total(clie
     assert (only_a[0].total, only_a[0].exact) == (37, True)
     smtp = admin.dead_page(client, admin.DeadFilter(error_contains="SMTP", ignore_case=True), 50)
     assert [j.id for j in smtp.jobs] == [j for j in everything if j in b] and (smtp.total, smtp.exact) == (8, True)
+    last = got[-1]
+    for j in last.jobs:  # requeued meanwhile: the page past them is empty, and leads back
+        client.requeue(j.id)
+    empty = admin.dead_page(client, admin.DeadFilter(), 5, older_than=got[-2].older)
+    assert (empty.jobs, empty.total, empty.older, empty.newer) == ([], 40, None, got[-2].older)
     with pytest.raises(admin.BadInput, match="MILLISECONDS-JOBID"):
         admin.dead_page(client, admin.DeadFilter(), 5, older_than="yesterday")
 

@@ -159,6 +159,8 @@ def dead_page(client: Client, flt: DeadFilter, limit: int, *, older_than: str | 
         more_older, more_newer = len(jobs) > limit, start is not None
         jobs = jobs[:limit]
     total, exact = dead_total(client, flt, lo_ms, hi_ms)
-    older = format_mark(_mark_of(jobs[-1])) if jobs and more_older else None
-    newer = format_mark(_mark_of(jobs[0])) if jobs and more_newer else None
+    if not jobs:  # the jobs past the mark were requeued or purged meanwhile: the way back stays open
+        return DeadPage(jobs, total, exact, newer_than, older_than)
+    older = format_mark(_mark_of(jobs[-1])) if more_older else None
+    newer = format_mark(_mark_of(jobs[0])) if more_newer else None
     return DeadPage(jobs, total, exact, older, newer)
