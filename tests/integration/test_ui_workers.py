@@ -5,6 +5,7 @@ script (as a worker's refresh writes them), so no worker process is needed."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -14,6 +15,7 @@ from scheduler import Client
 from scheduler.protocol.ids import decode_id
 from scheduler.protocol.registry import CurrentJob, WorkerRecord, beat_call, encode_record, leave_call
 from tests.support.ui import console, namespace_client
+from tests.support.waits import wait_until_time
 
 NS = "uiworkers"
 
@@ -64,6 +66,12 @@ def test_the_workers_page_lists_each_live_worker_with_its_slots_and_current_jobs
     per_queue = re.search(r'<tr data-queue="sms">(.*?)</tr>', page.text).group(1)  # type: ignore[union-attr]
     assert re.findall(r'class="n">(\d+)<', per_queue) == ["1", "8", "1", "0"], "stopping workers are not counted"
     assert client.redis.hlen(client.keyspace.workers_key) == 2
+    # a killed worker's record drops out of the page, and the page does not delete it: a view never writes
+    gone = WorkerRecord("gone", 5, ("sms",), 1, 1, 0.001)
+    client.transport.call(*beat_call(client.keyspace, "gone-5-eeee", encode_record(gone), 0.001))
+    wait_until_time(time.time() + 0.05)
+    assert 'data-worker="gone-5-eeee"' not in tc.get("/workers").text
+    assert client.redis.hexists(client.keyspace.workers_key, "gone-5-eeee")
 
 
 def test_the_overview_warns_of_a_queue_with_ready_jobs_and_no_live_worker(client: Client) -> None:
