@@ -90,6 +90,7 @@ class Unserved:
     queue: str
     waiting: int
     paused: bool
+    ready: int = 0  # of ``waiting``, those in the ready list (the rest are held: the scheduled list)
 
 
 def unserved(fleet: Fleet, counts: dict[str, dict[str, int]], paused: set[str]) -> dict[str, Unserved]:
@@ -101,5 +102,5 @@ def unserved(fleet: Fleet, counts: dict[str, dict[str, int]], paused: set[str]) 
     for q, c in counts.items():
         waiting = c.get("ready", 0) + c.get("held", 0)
         if waiting and not fleet.serves(q):
-            out[q] = Unserved(q, waiting, q in paused)
+            out[q] = Unserved(q, waiting, q in paused, c.get("ready", 0))
     return out
