@@ -89,7 +89,8 @@ def test_the_overview_warns_of_a_queue_with_ready_jobs_and_no_live_worker(client
     for path in ("/", "/fragment/overview"):
         text = tc.get(path).text
         warning = re.search(r'<p class="warning" id="unserved-warning">(.*?)</p>', text, re.S)
-        assert warning and "1 queue with jobs waiting" in warning.group(1) and '?queue=orphan&amp;state=ready">orphan</a> (3)' in warning.group(1)
+        assert warning and "1 queue with jobs waiting" in warning.group(1)
+        assert '?queue=orphan&amp;state=ready">orphan</a> (3)' in warning.group(1)
         for q in ("later", "served", "frozen"):
             assert f">{q}</a> (" not in warning.group(1), q
         assert 'class="warn unserved"' in row(text, "orphan")
