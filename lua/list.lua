@@ -10,7 +10,8 @@
 --       the last at or before 'to' (ranks by ZCOUNT, O(log n)); the budget is spent only inside it.
 -- Returns: {next position, or '' when this partition has nothing more; then 6 values per job:
 --          id, record, score, token or false, error or false, due ms}. score as in inspect (run_at,
---          due time, lease deadline, time of death); token: running jobs' fence. Fewer than
+--          due time, lease deadline, time of death); token: running jobs' fence, and 'h' for a
+--          scheduled job held by its queue's rate limit (the 'h' phase below). Fewer than
 --          'limit' jobs with a non-empty position means the budget ran out (timers of every queue
 --          share the set 't'; running and dead jobs of every queue share 'i' and 'd'): call again
 --          from the position.
@@ -113,13 +114,13 @@ local function walk(key, score, id, keep)
   return ls, lid, false
 end
 
-local function body_keep(with_token, filter)
+local function body_keep(with_token, filter, mark)
   return function(id, score)
     local v = redis.call('HGET', K_J, id)
     if not v then return end
     local rec = string.sub(v, 7)
     if filter and rec_qidx(rec) ~= qidx then return end
-    add(id, rec, score, with_token and (redis.call('HGET', K_L, id) or false) or false, u48(v, 1))
+    add(id, rec, score, mark or (with_token and (redis.call('HGET', K_L, id) or false)) or false, u48(v, 1))
   end
 end
 
@@ -132,7 +133,7 @@ end
 if state == 'scheduled' then
   phase = phase or 'h'
   if phase == 'h' then
-    local ls, lid, done = walk(PREFIX .. 'h:' .. queue, from_score, from_id, body_keep(false, false))
+    local ls, lid, done = walk(PREFIX .. 'h:' .. queue, from_score, from_id, body_keep(false, false, 'h'))
     if not finish('h', ls, lid, done, 't') then return out end
     phase, from_score, from_id = 't', nil, nil
   end

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 import os
 import socket
@@ -24,6 +25,8 @@ from scheduler.protocol.keys import Keyspace
 from scheduler.protocol.masking import mask_secrets
 from scheduler.protocol.registry import (
     LIVENESS_INTERVALS,
+    MAX_CURRENT_JOBS,
+    CurrentJob,
     WorkerRecord,
     beat_call,
     encode_record,
@@ -76,19 +79,25 @@ class Presence:
         self._refusal: str | None = None  # the refusal last logged (NOPERM, ...), until a refresh succeeds
 
     def record(self) -> WorkerRecord:
-        """The record as of now: slots in use per queue, counters, uptime, stopping or not."""
+        """The record as of now: slots in use per queue, the longest-running jobs (at most
+        MAX_CURRENT_JOBS: a refresh stays small at any concurrency), counters, uptime, stopping or not."""
         busy = held = 0
         per = dict.fromkeys(self.base.queues, 0)
+        handlers = []
         for r in self.running:
             if r.held:
                 held += 1
             else:
                 busy += 1
                 per[r.queue] = per.get(r.queue, 0) + 1
+                handlers.append(r)
+        now = time.monotonic()
+        longest = heapq.nsmallest(MAX_CURRENT_JOBS, handlers, key=lambda r: r.started)
         stats = WorkerStats.total(self.qstats.values())
         return replace(self.base, busy=busy, running=tuple(per[q] for q in self.base.queues) if busy else (),
-                       held=held, claimed=stats.claimed, acked=stats.acked, uptime_s=time.monotonic() - self.t0,
-                       stopping=self.life.stop_requested.is_set())
+                       held=held, claimed=stats.claimed, acked=stats.acked, uptime_s=now - self.t0,
+                       stopping=self.life.stop_requested.is_set(),
+                       current=tuple(CurrentJob(r.raw_id, r.queue, now - r.started) for r in longest))
 
     def start(self) -> None:
         """Register now and refresh from then on (a task on the running loop)."""

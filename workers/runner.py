@@ -247,6 +247,7 @@ class HandlerRunner:
             if r.held:
                 await self.slots.take_for_held()
                 r.held = False
+            r.started = time.monotonic()
         except asyncio.CancelledError:
             if r.state == RELEASED:
                 return  # shutdown handed the job back before it was due; nothing to report

@@ -233,8 +233,8 @@ class AsyncClient:
     async def jobs(self, *, queue: str, state: str | JobState, limit: int = 100, cursor: str | None = None,
                    run_at_from: Any = None, run_at_to: Any = None) -> tuple[list[JobInfo], str | None]:
         walk = (await self._connected()).list_walk(queue, state, limit, cursor, (run_at_from, run_at_to))
-        while (call := walk.next_call()) is not None:
-            walk.take(await self.transport.call(*call))
+        while calls := walk.next_calls():
+            walk.take_all(await self.transport.call_many(calls))
         return walk.result()
 
     @follows_layout_async

@@ -277,9 +277,11 @@ class Client:
         ``dead``): returns ``(jobs, next_cursor)``; pass ``next_cursor`` back as ``cursor`` for the
         next page, until it is None.
 
-        Partitions are walked in order; within one: scheduled jobs by run_at (those held back by
-        a rate limit first), ready jobs in claim order, running by lease deadline, dead by time of
-        death (oldest first). Nothing is loaded whole: each script call examines a bounded number
+        Scheduled jobs are listed by run_at across every partition (those held back by a rate
+        limit, already due, first), running jobs by lease deadline, dead ones by time of death
+        (oldest first), ties by id: each page merges what every partition has next (one pipelined
+        round trip per round). Ready jobs are listed partition after partition, each in the order
+        workers claim them. Nothing is loaded whole: each script call examines a bounded number
         of entries (timers of every queue share one set per partition), so a page may hold fewer
         than ``limit`` jobs, even none, while ``next_cursor`` is not None: keep paging. A job that
         stays in its state is listed exactly once; one that moves meanwhile (fired, claimed,
@@ -292,8 +294,8 @@ class Client:
         on jobs in range and pages are full whenever enough jobs match. Pass the same range with
         every page of the listing. Another state with a range raises ValueError."""
         walk = self.calls.list_walk(queue, state, limit, cursor, (run_at_from, run_at_to))
-        while (call := walk.next_call()) is not None:
-            walk.take(self.transport.call(*call))
+        while calls := walk.next_calls():
+            walk.take_all(self.transport.call_many(calls))
         return walk.result()
 
     @follows_layout

@@ -35,7 +35,7 @@ from .ids import (
     placement_for_key,
 )
 from .keys import Keyspace, validate_name
-from .listing import LIST_MAX_LIMIT, LIST_STATES, ListWalk
+from .listing import LIST_MAX_LIMIT, LIST_STATES, ListWalk, MergeWalk, list_walk
 from .models import JobInfo, JobState
 from .options import MISFIRE_POLICIES, JobOptions
 from .replies import ScheduleReply, dead_list_infos, inspect_infos, job_info, parse_schedule
@@ -367,9 +367,9 @@ class Calls:
 
     # -- listing ----------------------------------------------------------------------------------
     def list_walk(self, queue: str, state: str | JobState, limit: int, cursor: str | None,
-                  run_at: tuple[Any, Any] = (None, None)) -> ListWalk:
-        """One page of ``jobs()``: see :class:`~.listing.ListWalk`."""
-        return ListWalk(self, queue, state, limit, cursor, run_at)
+                  run_at: tuple[Any, Any] = (None, None)) -> ListWalk | MergeWalk:
+        """One page of ``jobs()``: see :func:`~.listing.list_walk`."""
+        return list_walk(self, queue, state, limit, cursor, run_at)
 
     # -- cron -------------------------------------------------------------------------------------
     def cron_set_call(self, name: str, expression: str, payload: Any, tz: str, opts: JobOptions) -> Call:

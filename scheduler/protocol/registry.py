@@ -23,7 +23,10 @@ ms, ``b`` handlers running (busy slots), ``r`` handlers running per queue (align
 left out when none runs), ``hd`` jobs waiting on prefetch slots for their due time, ``n``
 [claimed, acked] jobs since the start, ``up`` ms since the start by the worker's monotonic clock
 (the start is LAST_MS - up, free of clock skew), ``s`` 1 while the worker stops (drains), ``v``
-the zsched version. At most :data:`MAX_RECORD_BYTES` (the script refuses more).
+the zsched version, ``j`` the jobs whose handlers run, the :data:`MAX_CURRENT_JOBS` longest
+running at most, each ``[id (15 bytes), queue index into q, ms it has run]`` (its start is LAST_MS
+minus that, again free of skew; left out when none runs). At most :data:`MAX_RECORD_BYTES` (the
+script refuses more).
 """
 from __future__ import annotations
 
@@ -37,10 +40,14 @@ import msgpack
 
 from .call import Call
 from .errors import ZschedError
+from .ids import ID_BYTES, encode_id
 from .keys import Keyspace
 
 MAX_RECORD_BYTES = 8192  # also in lua/registry_beat.lua
 MAX_ID_BYTES = 200  # also in lua/registry_beat.lua
+MAX_CURRENT_JOBS = 10
+"""Running jobs a record names at most (the longest running): about 25 bytes each, so a refresh
+stays one small write however large the worker's concurrency; ``busy`` counts them all."""
 LIVENESS_INTERVALS = 3
 """A record is live until this many refresh intervals after its last refresh: one late or failed
 refresh (a slow round trip, a failover) does not make a healthy worker look dead."""
@@ -73,6 +80,21 @@ def new_worker_id(host: str, pid: int) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class CurrentJob:
+    """A job whose handler runs on a worker: its raw id, queue and how long it had run at the
+    record's refresh (by the worker's monotonic clock)."""
+
+    raw_id: bytes
+    queue: str
+    ran_s: float
+
+    @property
+    def id(self) -> str:
+        """The job's public id."""
+        return encode_id(self.raw_id)
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerRecord:
     """What one worker process says about itself in the registry (see the module docstring)."""
 
@@ -90,6 +112,7 @@ class WorkerRecord:
     uptime_s: float = 0.0
     stopping: bool = False
     version: str = ""
+    current: tuple[CurrentJob, ...] = ()  # the longest-running handlers' jobs, MAX_CURRENT_JOBS at most
 
     @property
     def free(self) -> int:
@@ -107,8 +130,10 @@ class WorkerRecord:
 
     def worst_case(self) -> WorkerRecord:
         """This record with every number at its largest: if it fits, every refresh fits."""
+        q = self.queues[-1] if self.queues else ""
+        jobs = (CurrentJob(b"\xff" * ID_BYTES, q, 1e15),) * MAX_CURRENT_JOBS
         return WorkerRecord(self.host, self.pid, self.queues, self.concurrency, self.prefetch, self.interval_s,
-                            _U64, (_U64,) * len(self.queues), _U64, _U64, _U64, 1e15, True, self.version)
+                            _U64, (_U64,) * len(self.queues), _U64, _U64, _U64, 1e15, True, self.version, jobs)
 
 
 def encode_record(rec: WorkerRecord) -> bytes:
@@ -120,6 +145,9 @@ def encode_record(rec: WorkerRecord) -> bytes:
         doc["r"] = list(rec.running)
     if rec.stopping:
         doc["s"] = 1
+    if rec.current:
+        index = {q: i for i, q in enumerate(rec.queues)}
+        doc["j"] = [[j.raw_id, index.get(j.queue, 0), round(j.ran_s * 1000)] for j in rec.current[:MAX_CURRENT_JOBS]]
     data: bytes = msgpack.packb(doc, use_bin_type=True)
     if len(data) > MAX_RECORD_BYTES:
         raise RecordTooLarge(
@@ -149,6 +177,7 @@ def decode_record(data: bytes) -> WorkerRecord:
     counts = _typed(doc, "n", list, [0, 0])
     if not all(isinstance(q, str) for q in queues) or not all(isinstance(n, int) for n in running + counts):
         raise ValueError("registry record: queues must be names and counts whole numbers")
+    current = _current_jobs(_typed(doc, "j", list, []), queues)
     return WorkerRecord(
         host=_typed(doc, "h", str, "?"), pid=_typed(doc, "p", int, 0), queues=tuple(queues),
         concurrency=_typed(doc, "c", int, 0), prefetch=_typed(doc, "pf", int, 0),
@@ -156,7 +185,18 @@ def decode_record(data: bytes) -> WorkerRecord:
         running=tuple(running) if len(running) == len(queues) else (), held=_typed(doc, "hd", int, 0),
         claimed=counts[0] if counts else 0, acked=counts[1] if len(counts) > 1 else 0,
         uptime_s=_typed(doc, "up", int, 0) / 1000.0, stopping=bool(_typed(doc, "s", int, 0)),
-        version=_typed(doc, "v", str, ""))
+        version=_typed(doc, "v", str, ""), current=current)
+
+
+def _current_jobs(items: list[Any], queues: list[str]) -> tuple[CurrentJob, ...]:
+    """The ``j`` entries of a record (see the module docstring); ValueError when malformed."""
+    out = []
+    for item in items[:MAX_CURRENT_JOBS]:
+        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], bytes) and len(item[0]) == ID_BYTES
+                and isinstance(item[1], int) and 0 <= item[1] < len(queues) and isinstance(item[2], int)):
+            raise ValueError("registry record: a current job must be [15-byte id, queue index, ms]")
+        out.append(CurrentJob(item[0], queues[item[1]], max(0, item[2]) / 1000.0))
+    return tuple(out)
 
 
 # -- calls -----------------------------------------------------------------------------------------
@@ -194,6 +234,10 @@ class WorkerEntry:
     def started_ms(self) -> int:
         """When the worker started (its last refresh minus its uptime then)."""
         return self.last_ms - round(self.record.uptime_s * 1000)
+
+    def job_started_ms(self, job: CurrentJob) -> int:
+        """When ``job``'s handler started, by Redis's clock (the refresh minus how long it had run)."""
+        return self.last_ms - round(job.ran_s * 1000)
 
 
 @dataclass(frozen=True, slots=True)

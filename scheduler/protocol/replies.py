@@ -168,24 +168,38 @@ def inspect_infos(job_ids: Iterable[str], reply: list[Any], max_payload: int) ->
     return [job_info(jid, one, max_payload) for jid, one in zip(job_ids, reply)]
 
 
+class ListEntry(NamedTuple):
+    """Where a listed job sits in its partition's order: its raw id, its score (epoch ms) and,
+    for a scheduled job, whether it is held by its queue's rate limit (listed before the timers)."""
+
+    raw_id: bytes
+    score: int
+    held: bool
+
+
 class ListPage(NamedTuple):
     """A ``list`` reply: the jobs, and where the next call of this partition continues (empty:
-    the partition has nothing more)."""
+    the partition has nothing more); ``entries``: each job's place (aligned with ``jobs``)."""
 
     jobs: list[JobInfo]
     position: bytes
+    entries: list[ListEntry]
 
 
 def list_page(reply: list[Any], state: str, queue: str, max_payload: int) -> ListPage:
-    """``{position, then id, record, score, token, error, due per job}`` (lua/list.lua)."""
+    """``{position, then id, record, score, token, error, due per job}`` (lua/list.lua; a
+    scheduled job's token is ``h`` when it is held by its queue's rate limit)."""
     st, qname = state.encode(), queue.encode()
-    jobs = []
+    jobs, entries = [], []
     for i in range(1, len(reply), 6):
         raw, rec_b, score, token, err, due = reply[i:i + 6]
-        info = job_info(encode_id(raw), [st, rec_b, score, token, err, qname, due, None], max_payload)
+        held = token == b"h"
+        info = job_info(encode_id(raw), [st, rec_b, score, None if held else token, err, qname, due, None],
+                        max_payload)
         if info is not None:
             jobs.append(info)
-    return ListPage(jobs, reply[0] or b"")
+            entries.append(ListEntry(bytes(raw), int(float(score)), held))
+    return ListPage(jobs, reply[0] or b"", entries)
 
 
 def dead_list_infos(replies: Iterable[list[Any]], limit: int, max_payload: int) -> list[JobInfo]:

@@ -42,10 +42,17 @@ def add_parsers(sub: SubParsers) -> None:
     cmds = Commands(sub)
     dead = cmds.group("dead", help="inspect, requeue or purge dead-lettered jobs",
                       description="The dead-letter queue: jobs whose attempts are spent or that failed permanently.")
-    p = cmds.leaf(dead, "list", _dead_list, help="newest dead jobs: id, queue, attempts, died at, last error")
+    p = cmds.leaf(dead, "list", _dead_list, help="dead jobs, newest first, a page at a time, with the total",
+                  description="Dead jobs across every partition, newest death first (the console's order), N per "
+                              "page: id, queue, attempts, died at, and the last error's first line (the whole "
+                              "error, with its traceback: zsched dead show ID). Prints how many match and the "
+                              "commands for the next (older) and previous (newer) pages.")
     p.add_argument("--queue", type=queue_arg, metavar="Q", help="only this queue")
     p.add_argument("--limit", type=number("an integer", 1, 10000, integer=True), default=50, metavar="N",
-                   help="at most N jobs, newest first (default 50)")
+                   help="at most N jobs per page (default 50)")
+    way = p.add_mutually_exclusive_group()
+    way.add_argument("--older", metavar="MARK", help="the page after MARK (printed by the previous page)")
+    way.add_argument("--newer", metavar="MARK", help="the page before MARK (printed by the previous page)")
     p = cmds.leaf(dead, "show", _dead_show, help="a dead job's payload and full last error with traceback")
     p.add_argument("id", type=job_id_arg, metavar="ID", help="a dead job's id (see: zsched dead list)")
     _add_requeue(cmds, dead)
@@ -97,16 +104,27 @@ def _add_requeue(cmds: Commands, dead: SubParsers) -> None:
 
 
 def _dead_list(client: Client, args: argparse.Namespace) -> int:
-    jobs = admin.list_dead(client, args.queue, args.limit)
+    page = admin.dead_page(client, admin.DeadFilter(queue=args.queue), args.limit, older_than=args.older,
+                           newer_than=args.newer)
+    jobs = page.jobs
     if args.json:
-        print_json({"count": len(jobs), "jobs": [admin.dead_row_doc(j) for j in jobs]})
+        print_json({"count": len(jobs), "total": page.total, "total_exact": page.exact, "order": "newest first",
+                    "jobs": [admin.dead_row_doc(j) for j in jobs], "older": page.older, "newer": page.newer})
         return EXIT_OK
+    where = f" in queue {args.queue!r}" if args.queue else ""
     if not jobs:
-        print("no dead jobs" + (f" in queue {args.queue!r}" if args.queue else ""))
-        return EXIT_OK
-    rows = [(j.id, j.queue, f"{j.attempts}/{j.max_attempts}", admin.iso(j.died_at),
-             admin.first_line(str(j.last_error), 100) if j.last_error else "-") for j in jobs]
-    print(admin.table(("ID", "QUEUE", "ATTEMPTS", "DIED AT", "LAST ERROR"), rows, right=(2,)))
+        print(f"no dead jobs{where}" + (" on this page" if page.total else ""))
+    else:
+        total = f"{page.total}" if page.exact else f"at least {page.total}"
+        print(f"{len(jobs)} of {total} dead jobs{where}, newest first")
+        rows = [(j.id, j.queue, f"{j.attempts}/{j.max_attempts}", admin.iso(j.died_at),
+                 admin.error_line(j.last_error, 100) or "-") for j in jobs]
+        print(admin.table(("ID", "QUEUE", "ATTEMPTS", "DIED AT", "LAST ERROR"), rows, right=(2,)))
+    command = "zsched dead list" + (f" --queue {args.queue}" if args.queue else "") + f" --limit {args.limit}"
+    if page.older:
+        print(f"next page (older): {command} --older {page.older}")
+    if page.newer:
+        print(f"previous page (newer): {command} --newer {page.newer}")
     return EXIT_OK
 
 

@@ -72,9 +72,11 @@ def add_parsers(sub: SubParsers) -> None:
                    help=WHEN_HELP + "; 'now' and +DURATION are from Redis's clock, as for schedule")
     p = cmds.leaf(job, "list", _job_list,
                   help="a queue's scheduled, ready, running or dead jobs, one page at a time",
-                  description="List the jobs of a queue in one state, one page at a time, partition by partition: "
-                              "scheduled by run_at (those held back by a rate limit first), ready in claim order, "
-                              "running by lease deadline, dead oldest first. Each page prints the cursor of the "
+                  description="List the jobs of a queue in one state, one page at a time, in one order across "
+                              "the partitions: scheduled by run_at (those held back by a rate limit, already due, "
+                              "first), running by lease deadline, dead oldest first (zsched dead list: newest "
+                              "first); ready jobs partition by partition in the order workers claim them. Each "
+                              "page prints the cursor of the "
                               "next one; a page may be short (even empty) while a cursor is printed: keep paging "
                               "until none is. Finished jobs are not listed (zsched job show ID).")
     p.add_argument("--queue", required=True, type=queue_arg, metavar="Q", help="queue name")

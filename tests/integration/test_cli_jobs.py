@@ -286,8 +286,9 @@ def test_dead_list_and_show(cli: Cli, client: Client, ops: Ops) -> None:
     rc, out, _ = cli("dead", "list")
     assert rc == 0
     lines = out.strip().splitlines()
-    assert lines[0].split() == ["ID", "QUEUE", "ATTEMPTS", "DIED", "AT", "LAST", "ERROR"]
-    assert len(lines) == 6
+    assert lines[0] == "5 of 5 dead jobs, newest first"
+    assert lines[1].split() == ["ID", "QUEUE", "ATTEMPTS", "DIED", "AT", "LAST", "ERROR"]
+    assert len(lines) == 7
     assert "RuntimeError: SMTP 550 mailbox unavailable" in out and "second line" not in out
     doc = cli.json("dead", "list", "--queue", "sms")
     assert doc["count"] == 2 and {j["id"] for j in doc["jobs"]} == set(sms)

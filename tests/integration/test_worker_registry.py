@@ -109,6 +109,10 @@ async def test_a_worker_registers_refreshes_shows_busy_slots_shows_stopping_and_
                               what="a refresh showing the two running handlers")
         assert (busy.record.free, busy.record.running_of("emails"), busy.record.running_of("idle"),
                 busy.record.claimed) == (2, 2, 0, 2)
+        # the running jobs are named, with when their handlers started (by Redis's clock)
+        assert sorted(j.id for j in busy.record.current) == sorted(started)
+        assert all(j.queue == "emails" and first.last_ms <= busy.job_started_ms(j) <= busy.last_ms
+                   for j in busy.record.current)
 
         # a stop is shown at once (not at the next interval) while the handlers still drain
         stopping = asyncio.create_task(w.stop())

@@ -36,12 +36,18 @@ def test_stats_reply_and_merge() -> None:
 
 def test_cursor_round_trip_and_refusals() -> None:
     pos = b"t1700000000000," + b"\x01" * 15
-    cur = encode_cursor("scheduled", "q", 3, pos)
-    assert decode_cursor(cur, "scheduled", "q", 4) == (3, pos)
+    cur = encode_cursor("scheduled", "q", None, pos)  # a watermark, in every partition
+    assert decode_cursor(cur, "scheduled", "q", 4) == (None, pos)
     with pytest.raises(ValueError, match="not 'ready' in 'q'"):
         decode_cursor(cur, "ready", "q", 4)
+    with pytest.raises(ValueError, match="listing of an older zsched, partition by partition"):
+        decode_cursor(encode_cursor("scheduled", "q", 3, pos), "scheduled", "q", 4)
+    ready = b"r5," + b"\x01" * 15
+    assert decode_cursor(encode_cursor("ready", "q", 3, ready), "ready", "q", 4) == (3, ready)
     with pytest.raises(ValueError, match="partition '3'"):
-        decode_cursor(cur, "scheduled", "q", 2)
+        decode_cursor(encode_cursor("ready", "q", 3, ready), "ready", "q", 2)
+    with pytest.raises(ValueError, match=r"partition '\*'"):
+        decode_cursor(encode_cursor("ready", "q", None, ready), "ready", "q", 2)
     with pytest.raises(ValueError, match="position is malformed"):
         decode_cursor(encode_cursor("ready", "q", 0, b"r0," + b"\x01" * 15), "ready", "q", 1)
     with pytest.raises(ValueError, match="non-empty string"):

@@ -12,8 +12,10 @@ import pytest
 from scheduler.metrics import WorkerRegistryCollector
 from scheduler.protocol.keys import Keyspace
 from scheduler.protocol.registry import (
+    MAX_CURRENT_JOBS,
     MAX_ID_BYTES,
     MAX_RECORD_BYTES,
+    CurrentJob,
     QueueWorkers,
     RecordTooLarge,
     WorkerRecord,
@@ -51,6 +53,24 @@ def test_a_reader_ignores_fields_it_does_not_know_and_defaults_missing_ones() ->
     assert (r.host, r.pid, r.queues, r.concurrency, r.busy, r.free, r.stopping) == ("a", 1, ("x",), 4, 0, 4, False)
     # per-queue counts that do not line up with the queues are dropped, not misattributed
     assert decode_record(msgpack.packb({"q": ["x", "y"], "r": [1]})).running == ()
+
+
+def test_a_record_names_its_longest_running_jobs_compactly_with_their_start_by_redis_clock() -> None:
+    jobs = tuple(CurrentJob(bytes([i]) * 15, ("emails", "default")[i % 2], 60.0 - i) for i in range(MAX_CURRENT_JOBS))
+    r = rec(busy=500, running=(250, 250), current=jobs)
+    data = encode_record(r)
+    back = decode_record(data)
+    assert back == r and back.current[1].queue == "default" and back.current[0].id == "00" * 15
+    # about 25 bytes a job: a refresh of a worker running hundreds of handlers stays one small write
+    assert len(data) - len(encode_record(rec(busy=500, running=(250, 250)))) <= 26 * MAX_CURRENT_JOBS
+    entry = parse_read(_reply(("w", 99_000, b"90000:" + data))).workers[0]
+    assert entry.job_started_ms(back.current[0]) == 30_000  # refreshed at 90 s, had run 60 s
+
+
+@pytest.mark.parametrize("jobs", [[[b"short", 0, 1]], [[b"x" * 15, 2, 1]], [[b"x" * 15, 0]], ["id"]])
+def test_a_malformed_current_job_makes_the_record_unreadable(jobs: list[object]) -> None:
+    with pytest.raises(ValueError, match="current job"):
+        decode_record(msgpack.packb({"q": ["a", "b"], "j": jobs}, use_bin_type=True))
 
 
 @pytest.mark.parametrize("data", [b"\xc1", msgpack.packb([1, 2]), msgpack.packb({"p": "12"}),

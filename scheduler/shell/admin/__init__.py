@@ -4,6 +4,7 @@
 - :mod:`.inputs`: WHEN / DURATION / payload / job id / queue arguments;
 - :mod:`.jobs`: one job at a time: look up, cancel, reschedule, requeue, purge, list;
 - :mod:`.dead`: the dead-letter runbook at scale: filters, bounded scans, paced requeues, purges;
+- :mod:`.dead_pages`: dead letters a page at a time, newest first, with a total;
 - :mod:`.stats`: per-queue and per-partition counts, partition owners from etcd;
 - :mod:`.workers`: the live worker processes, from the worker registry;
 - :mod:`.output`: times, JSON documents and text tables.
@@ -26,6 +27,7 @@ from .dead import (
     purge_older,
     requeue_stream,
 )
+from .dead_pages import COUNT_SCAN, DeadPage, dead_page, dead_total, format_mark, iter_dead_ordered, parse_mark
 from .errors import AdminError, BadInput, NotFound, Refused, WrongState
 from .inputs import (
     WHEN_FORMS,
@@ -50,6 +52,7 @@ from .jobs import (
 from .output import (
     dead_row_doc,
     error_doc,
+    error_line,
     error_text,
     first_line,
     human_delta,
@@ -74,9 +77,11 @@ from .stats import (
 from .workers import listed, queue_summary, read_registry, worker_doc, worker_state, workers_doc
 
 __all__ = [
-    "AdminError", "BadInput", "DEFAULT_MASS_RATE", "DeadFilter", "NotFound", "Pacer", "PartitionStats",
+    "AdminError", "BadInput", "COUNT_SCAN", "DeadPage", "dead_page", "dead_total", "format_mark",
+    "iter_dead_ordered", "parse_mark", "DEFAULT_MASS_RATE", "DeadFilter", "NotFound", "Pacer", "PartitionStats",
     "Refused", "RequeueOutcome", "StatsReport", "WHEN_FORMS", "WrongState", "batch_size", "cancel_job", "collect_stats",
-    "count_dead_older", "dead_row_doc", "dead_selection", "error_doc", "error_text", "etcd_failure", "first_line",
+    "count_dead_older", "dead_row_doc", "dead_selection", "error_doc", "error_line", "error_text",
+    "etcd_failure", "first_line",
     "get_dead_job", "get_job", "human_delta", "human_span", "iso", "iter_dead", "iter_dead_ids", "job_doc",
     "job_row_doc", "jsonable", "list_dead", "list_jobs", "listed", "open_client", "parse_duration", "parse_job_id",
     "parse_payload", "parse_queue", "parse_schedule_when", "parse_when", "purge_older", "purge_one", "queue_summary",

@@ -19,6 +19,15 @@ def error_text(err: JobError | None) -> str:
     return f"{err}\n{err.traceback}" if err.traceback else str(err)
 
 
+ERROR_LINE_WIDTH = 160  # characters of a last error a one-line summary keeps
+
+
+def error_line(err: JobError | None, width: int = ERROR_LINE_WIDTH) -> str:
+    """A last error as one line for a listing: ``type: `` and the message's first line, cut to
+    ``width`` characters (the whole error, with its traceback, is on the job's own page)."""
+    return "" if err is None else first_line(str(err), width)
+
+
 def first_line(text: str, width: int | None = None) -> str:
     """The first line of ``text``, cut to ``width`` characters with ``...``."""
     line = text.strip().splitlines()[0] if text.strip() else ""

@@ -8,17 +8,18 @@ from typing import Any
 from redis.exceptions import NoPermissionError
 
 from ...client import Client
-from ...protocol.registry import QueueWorkers, RegistrySnapshot, WorkerEntry, parse_read, read_call
+from ...protocol.registry import PRUNE_PER_READ, QueueWorkers, RegistrySnapshot, WorkerEntry, parse_read, read_call
 from .errors import Refused
 from .output import iso
 
 
-def read_registry(client: Client) -> RegistrySnapshot:
-    """The live workers (one script call; it also deletes a bounded number of dead records).
-    :class:`~.errors.Refused` when this user's ACL lacks the registry keys."""
+def read_registry(client: Client, prune: int = PRUNE_PER_READ) -> RegistrySnapshot:
+    """The live workers (one script call; it also deletes up to ``prune`` dead records: 0 for a
+    reader that must not write, like a ``--read-only`` console). :class:`~.errors.Refused` when this
+    user's ACL lacks the registry keys."""
     ks = client.keyspace
     try:
-        return parse_read(client.transport.call(*read_call(ks)))
+        return parse_read(client.transport.call(*read_call(ks, prune)))
     except NoPermissionError as exc:
         raise Refused(f"Redis refused this user the worker registry ({exc}) (its ACL user needs read and write "
                       f"access to the keys {ks.workers_key} and {ks.workers_live_key}: see 'ACL users' in "
@@ -51,6 +52,8 @@ def worker_doc(w: WorkerEntry, now_ms: int) -> dict[str, Any]:
         "live_until": iso(w.deadline_ms), "live_until_ms": w.deadline_ms,
         "started": iso(w.started_ms), "started_ms": w.started_ms,
         "uptime_s": round(max(0, now_ms - w.started_ms) / 1000.0, 3),
+        "current_jobs": [{"id": j.id, "queue": j.queue, "started": iso(w.job_started_ms(j)),
+                          "started_ms": w.job_started_ms(j)} for j in r.current],
     }
 
 

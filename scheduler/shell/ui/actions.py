@@ -4,7 +4,6 @@ or for the dead letters a dry run to confirm (:class:`Confirm`) or a background 
 ValueError or an AdminError, shown on the page the action came from."""
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -51,10 +50,13 @@ def return_to(fields: Mapping[str, str], kind: str, target: str) -> str:
     return {"job": f"/job/{target}", "cron": "/crons", "dead": "/dead"}.get(kind, "/")
 
 
-def dead_rows(client: Client, query: params.DeadQuery) -> list[Any]:
-    """The first ``query.limit`` dead jobs matching the dead-letter page's filter, oldest first."""
-    matching = (i for i in admin.iter_dead(client, query.filter) if views.in_range(i.died_at, query.start, query.end))
-    return list(itertools.islice(matching, query.limit))
+def dead_listing(client: Client, query: params.DeadQuery) -> admin.DeadPage:
+    """The page of dead jobs matching the dead-letter page's filter, newest death first (as
+    ``zsched dead list``), with the total and the marks of the pages before and after."""
+    lo = query.start.timestamp() * 1000 if query.start else float("-inf")
+    hi = query.end.timestamp() * 1000 if query.end else float("inf")
+    return admin.dead_page(client, query.filter, query.limit, older_than=query.older, newer_than=query.newer,
+                           lo_ms=lo, hi_ms=hi)
 
 
 def _dead_matching(client: Client, fields: dict[str, str], ids: list[str]) -> list[Any]:

@@ -26,8 +26,8 @@ from ...protocol.calls import LIST_STATES
 from ...protocol.masking import mask_secrets
 from ...protocol.models import JobState
 from .. import admin
-from . import params, views
-from .actions import ACTIONS, PAGE, Confirm, StartRequeue, dead_rows, return_to
+from . import fleet, links, params, views
+from .actions import ACTIONS, PAGE, Confirm, StartRequeue, dead_listing, return_to
 from .gate import Gate
 from .hosts import HostPolicy, IPNetwork
 from .params import BadRequest
@@ -76,6 +76,8 @@ def _templates() -> jinja2.Environment:
     env.filters["rate"] = lambda v: "-" if v is None else f"{v:.1f}"
     env.filters["errtext"] = admin.error_text
     env.filters["payload"] = payload_text
+    env.globals.update(links.GLOBALS)
+    env.filters.update(links.FILTERS)
     return env
 
 
@@ -85,6 +87,7 @@ def create_app(cfg: ConsoleConfig) -> Starlette:
     routes = [
         Route("/", c.overview), Route("/fragment/overview", c.overview), Route("/jobs", c.jobs),
         Route("/job/{job_id}", c.job), Route("/dead", c.dead), Route("/crons", c.crons),
+        Route("/workers", c.workers),
         Route("/task/{task_id}", c.task), Route("/fragment/task/{task_id}", c.task),
         Route("/login", c.login, methods=["GET", "POST"]), Route("/logout", c.logout, methods=["POST"]),
         Route("/action/{kind}/{target}/{op}", c.act, methods=["POST"]),
@@ -171,8 +174,15 @@ class Console:
     # -- pages ---------------------------------------------------------------------------------
     async def overview(self, request: Request) -> Response:
         ov = await run_in_threadpool(views.overview, self.client, self.rates, self.cfg.etcd)
+        live = await run_in_threadpool(fleet.read_fleet, self.client)
+        unserved = fleet.unserved(live, {q.name: q.counts for q in ov.queues},
+                                  {q.name for q in ov.queues if q.paused_since})
         name = "overview_body.html" if request.url.path == "/fragment/overview" else "overview.html"
-        return await self.render(request, name, ov=ov)
+        return await self.render(request, name, ov=ov, fleet=live, unserved=unserved)
+
+    async def workers(self, request: Request) -> Response:
+        live = await run_in_threadpool(fleet.read_fleet, self.client)
+        return await self.render(request, "workers.html", fleet=live)
 
     async def jobs(self, request: Request) -> Response:
         args = dict(request.query_params)
@@ -207,9 +217,9 @@ class Console:
 
     async def dead(self, request: Request) -> Response:
         q = params.dead_query(request.query_params)
-        rows = await run_in_threadpool(dead_rows, self.client, q)
-        return await self.render(request, "dead.html", rows=rows, args=dict(request.query_params), error="",
-                                 confirm=None, tasks=self.tasks.recent())
+        page = await run_in_threadpool(dead_listing, self.client, q)
+        return await self.render(request, "dead.html", rows=page.jobs, page=page, args=dict(request.query_params),
+                                 error="", confirm=None, tasks=self.tasks.recent())
 
     async def task(self, request: Request) -> Response:
         task = self.tasks.get(params.task_id(request.path_params["task_id"]))
@@ -310,8 +320,8 @@ class Console:
             audit.info("%s from %s: %s %s %s refused: %s", s.who, _peer(request), kind, op, target, exc)
             return self.back(return_to(fields, kind, target), f"refused: {exc}")
         if isinstance(result, Confirm):
-            return await self.render(request, "dead.html", rows=result.rows, args=fields, error="", confirm=result,
-                                     tasks=self.tasks.recent())
+            return await self.render(request, "dead.html", rows=result.rows, page=None, args=fields, error="",
+                                     confirm=result, tasks=self.tasks.recent())
         if isinstance(result, StartRequeue):
             try:
                 task = self.tasks.start(s.who, result.scope, result.jobs, result.rate)

@@ -187,11 +187,14 @@ class DeadQuery:
     start: datetime | None
     end: datetime | None
     limit: int
+    older: str | None = None  # a page mark: the page after it (older deaths)
+    newer: str | None = None  # a page mark: the page before it (newer deaths)
 
 
 def dead_query(q: Mapping[str, str]) -> DeadQuery:
     """``/dead``'s parameters (and a dead-letter action's fields): ``queue``, ``error`` (text the
-    last error contains, any case), ``since``, ``until``, ``tz``, ``limit`` (rows shown)."""
+    last error contains, any case), ``since``, ``until``, ``tz``, ``limit`` (rows shown), ``older``
+    or ``newer`` (a page mark: the next or the previous page)."""
     name = queue(q["queue"]) if q.get("queue") else None
     text = q.get("error") or None
     if text is not None and len(text) > ERROR_TEXT_MAX:
@@ -200,4 +203,14 @@ def dead_query(q: Mapping[str, str]) -> DeadQuery:
     start, end = time_range(q, "since", "until")
     raw = q.get("limit", "")
     limit = whole_number("limit", raw, 1, DEAD_LIMIT_MAX) if raw else DEAD_LIMIT_DEFAULT
-    return DeadQuery(admin.DeadFilter(queue=name, error_contains=text, ignore_case=True), start, end, limit)
+    marks = {k: q.get(k) or None for k in ("older", "newer")}
+    for k, v in marks.items():
+        if v is not None:
+            try:
+                admin.parse_mark(v, k)
+            except admin.BadInput as exc:
+                raise BadRequest(str(exc)) from None
+    if marks["older"] and marks["newer"]:
+        raise BadRequest("give older or newer (the page after or before a mark), not both")
+    return DeadQuery(admin.DeadFilter(queue=name, error_contains=text, ignore_case=True), start, end, limit,
+                     marks["older"], marks["newer"])
