@@ -13,7 +13,9 @@ schedule -> run_due -> ack cycles, batched and one by one; no server; not part o
 (per-job worker, Redis and replica CPU, script calls, notifications and lateness at 1-16 worker
 processes, spread and batched, one redis-server and a 3-master cluster; without --quick it writes
 its section of RESULTS.md and its curves in docs/img; ``python -m bench fanout --help`` for its own
-options, ``--compare OTHER_CHECKOUT`` among them), all.
+options, ``--compare OTHER_CHECKOUT`` among them), idle_cost (what a round trip and a job cost a
+process that was idle: redis-py round trips back to back and after 1-50 ms sleeps, one worker's CPU
+per job at 20, 75 and 300 jobs/s; not part of all), all.
 """
 from __future__ import annotations
 
@@ -28,13 +30,13 @@ from typing import Any
 from bench import common
 
 SUITES = ("core", "drain", "lateness", "herd", "scale", "failover", "pg", "peers", "fanout", "transport", "soak",
-          "cluster", "migrate", "kit", "effects", "outbox")
+          "cluster", "migrate", "kit", "effects", "outbox", "idle_cost")
 # transport needs git and the old commit (minutes of interleaved runs); soak runs 30 minutes;
 # cluster needs redis-cli and takes about 15 minutes of alternating rounds
 # migrate fills 2.6 M jobs over 4 fresh servers (an admin operation, not a workload)
-NOT_IN_ALL = ("transport", "soak", "cluster", "migrate", "kit")
+NOT_IN_ALL = ("transport", "soak", "cluster", "migrate", "kit", "idle_cost")
 RUN_QUICK = {"peers": "bench.peers", "transport": "bench.transport_compare", "kit": "bench.kit",
-             "effects": "bench.effects", "outbox": "bench.outbox"}
+             "effects": "bench.effects", "outbox": "bench.outbox", "idle_cost": "bench.idle_cost"}
 
 
 def run_suite(name: str, quick: bool, memory_sizes: list[int]) -> Any:
