@@ -26,8 +26,8 @@ from ...protocol.calls import LIST_STATES
 from ...protocol.masking import mask_secrets
 from ...protocol.models import JobState
 from .. import admin
-from . import params, views
-from .actions import ACTIONS, PAGE, Confirm, StartRequeue, dead_rows, return_to
+from . import history, params, present, views
+from .actions import ACTIONS, PAGE, Confirm, StartRequeue, dead_rows, described, return_to
 from .gate import Gate
 from .hosts import HostPolicy, IPNetwork
 from .params import BadRequest
@@ -72,6 +72,8 @@ def _templates() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FunctionLoader(lambda name: (root / name).read_text("utf-8")),
                              autoescape=True, undefined=jinja2.StrictUndefined)
     env.filters["iso"] = lambda v: admin.iso(v) or "-"
+    env.filters["when"] = present.when  # absolute and relative, the viewer's zone on hover (console.js)
+    env.filters["picker"] = present.picker
     env.filters["ago"] = lambda s: admin.human_delta(-s) if s else "-"
     env.filters["rate"] = lambda v: "-" if v is None else f"{v:.1f}"
     env.filters["errtext"] = admin.error_text
@@ -88,6 +90,7 @@ def create_app(cfg: ConsoleConfig) -> Starlette:
         Route("/task/{task_id}", c.task), Route("/fragment/task/{task_id}", c.task),
         Route("/login", c.login, methods=["GET", "POST"]), Route("/logout", c.logout, methods=["POST"]),
         Route("/action/{kind}/{target}/{op}", c.act, methods=["POST"]),
+        Route("/favicon.ico", favicon),  # what browsers ask for when a page names no icon (base.html does)
         Mount("/static", StaticFiles(directory=str(resources.files("scheduler.shell.ui") / "static")), name="static"),
     ]
 
@@ -99,6 +102,12 @@ def create_app(cfg: ConsoleConfig) -> Starlette:
     gate = Middleware(Gate, hosts=HostPolicy(cfg.allowed_hosts), trusted_proxies=cfg.trusted_proxies)
     return Starlette(routes=routes, lifespan=lifespan, middleware=[gate],
                      exception_handlers={BadRequest: c.bad_request})
+
+
+async def favicon(_request: Request) -> Response:
+    """The console's icon (static/favicon.svg) at the path browsers try by default."""
+    icon = (resources.files("scheduler.shell.ui") / "static" / "favicon.svg").read_bytes()
+    return Response(icon, media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
 
 
 def _peer(request: Request) -> str:
@@ -127,6 +136,7 @@ class Console:
         self.auth = ConsoleAuth(cfg.token, RedisSessions(cfg.client.redis, cfg.client.keyspace))
         self.throttle = LoginThrottle()
         self.rates = views.Rates()
+        self.history = history.HistoryCache()
         self.tasks = RequeueTasks(cfg.client)
 
     async def session(self, request: Request) -> Session | None:
@@ -171,18 +181,22 @@ class Console:
     # -- pages ---------------------------------------------------------------------------------
     async def overview(self, request: Request) -> Response:
         ov = await run_in_threadpool(views.overview, self.client, self.rates, self.cfg.etcd)
+        charts = await run_in_threadpool(history.charts, self.history, self.client, int(ov.now.timestamp() * 1000),
+                                         [q.name for q in ov.queues])
         name = "overview_body.html" if request.url.path == "/fragment/overview" else "overview.html"
-        return await self.render(request, name, ov=ov)
+        return await self.render(request, name, ov=ov, charts=charts, g=history.GEOMETRY)
 
     async def jobs(self, request: Request) -> Response:
         args = dict(request.query_params)
         q = params.jobs_query(request.query_params, self.client.keyspace.partitions)
         if q.find:
-            info = await run_in_threadpool(views.find_job, self.client, q.find)
+            info, complete = await run_in_threadpool(views.find_job, self.client, q.find)
             if info is None:
+                more = "" if complete else (f" (only the first {admin.jobs.FINISHED_SCAN_LIMIT} finished jobs of its "
+                                            "partition were searched for the key)")
                 return await self.render(request, "jobs.html", status=404, rows=[], cursor=None, args=args,
-                                         states=LIST_STATES, error=f"no job with id or idempotency key {q.find!r}",
-                                         per_page=False)
+                                         states=LIST_STATES, per_page=False,
+                                         error=f"no job with id or idempotency key {q.find!r}{more}")
             return RedirectResponse(f"/job/{info.id}", status_code=303)
         rows: list[Any] = []
         cursor, per_page = None, False
@@ -307,7 +321,8 @@ class Console:
         try:
             result = await run_in_threadpool(handler, self.client, target, fields, ids)
         except (ValueError, admin.AdminError) as exc:
-            audit.info("%s from %s: %s %s %s refused: %s", s.who, _peer(request), kind, op, target, exc)
+            audit.info("%s from %s: %s refused: %s", s.who, _peer(request), described(kind, op, target, fields, ids),
+                       exc)
             return self.back(return_to(fields, kind, target), f"refused: {exc}")
         if isinstance(result, Confirm):
             return await self.render(request, "dead.html", rows=result.rows, args=fields, error="", confirm=result,
@@ -319,7 +334,7 @@ class Console:
                 audit.info("%s from %s: dead requeue refused: %s", s.who, _peer(request), exc)
                 return self.back("/dead", f"refused: {exc}")
             return RedirectResponse(f"/task/{task.id}", status_code=303, headers=SECURITY_HEADERS)
-        audit.info("%s from %s: %s %s %s: %s", s.who, _peer(request), kind, op, target, result)
+        audit.info("%s from %s: %s: %s", s.who, _peer(request), described(kind, op, target, fields, ids), result)
         return self.back(return_to(fields, kind, target), result)
 
 
