@@ -77,3 +77,20 @@ def test_the_overview_draws_each_queues_hour_with_a_count_per_minute_on_hover(cl
     # the refreshed fragment reads the current minute again: new counts show without a reload
     client.schedule(NOW, {}, queue="mail")
     assert "fired 4" in tc.get("/fragment/overview").text
+
+
+def test_the_chart_reads_the_minute_hashes_on_redis_cluster(redis_cluster_url: str) -> None:
+    """Each minute hash lives in its partition's slot, so partitions on different masters are read
+    through one cluster pipeline and summed."""
+    client = Client.from_url(redis_cluster_url, namespace="uihistorycl", partitions=8).connect()
+    try:
+        ops = Ops(client)
+        for i in range(8):
+            client.schedule(NOW, {"i": i}, queue="mail")
+        for j in ops.claim("mail", 8):
+            ops.ack(j)
+        fig = re.search(r'<figure class="chart" data-queue="mail">.*?</figure>', console(client).get("/").text, re.S)
+        assert fig, "no chart for queue mail"
+        assert 'total-fired">fired 8<' in fig.group(0) and 'total-acked">acked 8<' in fig.group(0), fig.group(0)[:400]
+    finally:
+        client.close()

@@ -72,8 +72,9 @@ def _templates() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FunctionLoader(lambda name: (root / name).read_text("utf-8")),
                              autoescape=True, undefined=jinja2.StrictUndefined)
     env.filters["iso"] = lambda v: admin.iso(v) or "-"
-    env.filters["when"] = present.when  # absolute and relative, the viewer's zone on hover (console.js)
+    env.filters["relative"] = present.relative
     env.filters["picker"] = present.picker
+    env.globals["when"] = env.get_template("present.html").module.when  # type: ignore[attr-defined]
     env.filters["ago"] = lambda s: admin.human_delta(-s) if s else "-"
     env.filters["rate"] = lambda v: "-" if v is None else f"{v:.1f}"
     env.filters["errtext"] = admin.error_text

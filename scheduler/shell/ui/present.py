@@ -1,26 +1,20 @@
 """How the console's templates show times: the absolute UTC time in a ``<time>`` element (its
 ``datetime`` attribute is what console.js turns into the viewer's own zone on hover) followed by
-the time relative to the page's rendering ("in 3h", "5m ago"), which needs no script."""
+the time relative to the page's rendering ("in 3h", "5m ago"), which needs no script. The markup
+is the ``when`` macro of templates/present.html; these are its filters."""
 from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
 
-from markupsafe import Markup, escape
-
 from .. import admin
 
 
-def when(value: datetime | int | float | None, now: float | None = None) -> Markup:
-    """``value`` (a datetime or epoch ms; None shows ``-``) as ``<time>`` plus its relative time,
-    relative to ``now`` (epoch s; default the clock now)."""
-    stamp = admin.iso(value)
-    if stamp is None or value is None:
-        return Markup("-")
+def relative(value: datetime | int | float, now: float | None = None) -> str:
+    """``value`` (a datetime or epoch ms) relative to ``now`` (epoch s; default the clock now):
+    ``in 3h``, ``5m10s ago``, ``now``."""
     at = value.timestamp() if isinstance(value, datetime) else value / 1000
-    rel = admin.human_delta(at - (time.time() if now is None else now))
-    return Markup('<time datetime="{0}" class="when">{0}</time> <span class="rel">{1}</span>').format(
-        escape(stamp), escape(rel))
+    return admin.human_delta(at - (time.time() if now is None else now))
 
 
 def picker(value: datetime) -> str:
