@@ -11,18 +11,20 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
-from playwright.sync_api import Browser, Response, sync_playwright
+from playwright.sync_api import Browser, Response
 
 from scheduler import Client
 from scheduler.shell.servers import ui_proc
 from scheduler.shell.servers.ports import free_port
 from scheduler.testing import Ops
-from tests.integration.test_ui_browser import ARTIFACTS, CHROMIUM, http_ok
+from tests.integration import test_ui_browser
+from tests.integration.test_ui_browser import ARTIFACTS, http_ok
 from tests.support.waits import wait_until
 
 NS = "uibrowserdetails"
 TOKEN = "browser-details-token-7"
 ZONE = "Asia/Tokyo"  # the viewer's zone: nine hours from UTC all year, so the expected text is fixed
+browser = test_ui_browser.browser  # its fixture (the system chromium), registered here too
 
 
 @pytest.fixture
@@ -36,16 +38,6 @@ def console_url(redis_url: str) -> Iterator[tuple[str, Client]]:
     finally:
         proc.stop()
         client.close()
-
-
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 def test_chart_local_times_prefilled_picker_clean_address_find_by_key_and_favicon(
