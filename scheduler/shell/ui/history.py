@@ -68,7 +68,7 @@ class Chart:
     columns: list[tuple[float, str]]
 
 
-def _nice_top(peak: int) -> int:
+def nice_top(peak: int) -> int:
     """The y axis's top: the peak rounded up to 1, 2 or 5 times a power of ten (at least 1)."""
     top = 1
     while True:
@@ -80,7 +80,7 @@ def _nice_top(peak: int) -> int:
 
 def chart(h: QueueHistory) -> Chart:
     """Geometry of ``h``'s chart in the :data:`WIDTH` x :data:`HEIGHT` box."""
-    top = _nice_top(h.peak())
+    top = nice_top(h.peak())
     span = HEIGHT - BOTTOM - TOP
 
     def y(v: int) -> str:
