@@ -1,6 +1,7 @@
 """The console's details in a real browser (the system chromium, as test_ui_browser.py): the
 last-hour chart, times in the viewer's zone on hover, the reschedule picker pre-filled in that
-zone, the action message leaving the address bar, find by key for a finished job, the favicon.
+zone, the action message leaving the address bar, find by key for a finished job, a paused cron,
+the favicon.
 The jobs are moved with the production scripts directly (scheduler.testing.Ops): no replica or
 worker is needed for what these pages show. A screenshot of the chart lands in tests/artifacts/."""
 from __future__ import annotations
@@ -110,6 +111,15 @@ def test_chart_local_times_prefilled_picker_clean_address_find_by_key_and_favico
     page.wait_for_url(re.compile(r".*/job/[0-9a-f]{30}$"))
     assert page.locator("#job-fields .f-state").inner_text() == "done"
     assert page.locator("#job-fields .f-key").inner_text() == "mail-0"
+
+    # a cron paused with its button shows since when, in the viewer's zone on hover
+    client.add_cron("nightly", "0 3 * * *", None, queue="mail")
+    page.goto(url + "/crons")
+    page.click('tr[data-cron="nightly"] button')
+    assert "cron nightly paused" in page.locator("#flash").inner_text()
+    since = page.locator('tr[data-cron="nightly"] td', has_text="since").locator("time")
+    assert since.count() == 1 and (since.get_attribute("title") or "").endswith(f"({ZONE})")
+    assert page.locator('tr[data-cron="nightly"] button').inner_text() == "resume"
 
     # the icon: named by every page, served, and nothing the pages asked for was missing
     assert page.locator('link[rel="icon"]').get_attribute("href") == "/static/favicon.svg"
