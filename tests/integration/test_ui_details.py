@@ -16,6 +16,7 @@ from scheduler.protocol.calls import error_arg
 from scheduler.protocol.codes import FailKind
 from scheduler.protocol.replies import Claimed
 from scheduler.protocol.transitions import Failure, fail_call
+from scheduler.shell.admin import jobs as jobs_admin
 from scheduler.shell.cli import main as cli_main
 from scheduler.testing import Ops
 from tests.support.ui import console, csrf, login, namespace_client
@@ -91,6 +92,17 @@ def test_find_by_key_finds_a_finished_job_while_its_tombstone_lives(client: Clie
     Ops(bare).ack(job)
     r = console(bare).get("/jobs", params={"find": "no-trace"})
     assert r.status_code == 404 and "no job with id or idempotency key" in r.text
+
+
+def test_a_key_search_that_stopped_at_its_limit_says_so(client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    ops = Ops(client)
+    for i in range(40):  # tombstones in every partition
+        client.schedule(NOW, {}, queue="q", key=f"k-{i}")
+    for job in ops.claim("q", 40):
+        ops.ack(job)
+    monkeypatch.setattr(jobs_admin, "FINISHED_SCAN_LIMIT", 1)
+    r = console(client).get("/jobs", params={"find": "never-used"})
+    assert r.status_code == 404 and "only the first 1 finished jobs of its partition were searched" in r.text
 
 
 def test_paused_crons_show_in_the_console_and_in_cron_list(client: Client, redis_url: str,

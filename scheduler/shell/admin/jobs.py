@@ -148,14 +148,16 @@ FINISHED_SCAN_LIMIT = 200_000
 """Tombstones read at most when finding a finished job by its idempotency key (about a second)."""
 
 
-def find_finished_by_key(client: Client, key: str, limit: int = FINISHED_SCAN_LIMIT) -> tuple[JobInfo | None, bool]:
+def find_finished_by_key(client: Client, key: str, limit: int | None = None) -> tuple[JobInfo | None, bool]:
     """The job that last finished (done, cancelled, misfired) holding idempotency ``key``, while
     its tombstone lives, and whether every tombstone of the key's partition was searched.
 
     A key names its job in the ``k`` index only while the job lives (a finished job's key is free
     for a new job), but its tombstone keeps it, in the key's partition (``f``, keys.py). Nothing
     indexes tombstones by key, so this reads that partition's tombstones (HSCAN, no lock, no
-    write), at most ``limit`` of them: an operator's look-up, not a producer's."""
+    write), at most ``limit`` (default :data:`FINISHED_SCAN_LIMIT`) of them: an operator's
+    look-up, not a producer's."""
+    limit = FINISHED_SCAN_LIMIT if limit is None else limit
     ks = client.keyspace
     raw = key.encode("utf-8")
     best: tuple[int, str] | None = None

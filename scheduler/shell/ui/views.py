@@ -120,6 +120,11 @@ def overview(client: Client, rates: Rates, etcd: str | None, etcd_timeout: float
                     source, err, totals)
 
 
+FINISHED_SCANS = threading.Lock()
+"""One search of a partition's tombstones at a time per console: pages need no login, so this
+bounds what repeated look-ups of unknown keys can ask of Redis to one HSCAN walk at a time."""
+
+
 def find_job(client: Client, text: str) -> tuple[JobInfo | None, bool]:
     """A job by its id, or else by its idempotency key: the live job holding it, or else the job
     that last finished with it while its tombstone lives; and whether the search was complete
@@ -133,7 +138,10 @@ def find_job(client: Client, text: str) -> tuple[JobInfo | None, bool]:
         pass  # not an id: try it as a key
     try:
         live = client.get_by_key(text)
-        return (live, True) if live is not None else find_finished_by_key(client, text)
+        if live is not None:
+            return live, True
+        with FINISHED_SCANS:
+            return find_finished_by_key(client, text)
     except ValueError:
         return None, True
 
