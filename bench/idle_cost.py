@@ -25,7 +25,7 @@ import random
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from bench.common import cpu_seconds, emit, machine
@@ -89,7 +89,7 @@ def _worker_cpu_per_job(st: Stack, rate: float, seconds: float) -> float:
     try:
         time.sleep(2.0)  # imported, connected, waiting on its bells
         start = time.time() + 1.0
-        items = [(datetime.fromtimestamp(start + random.random() * seconds, timezone.utc), {"i": i}) for i in range(n)]
+        items = [(datetime.fromtimestamp(start + random.random() * seconds, UTC), {"i": i}) for i in range(n)]
         for k in range(0, n, 1000):
             st.client.schedule_many(items[k:k + 1000], queue="bench")
         while time.time() < start:

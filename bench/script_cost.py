@@ -1,7 +1,8 @@
 """Redis instructions per one-job call of the hot scripts, counted by callgrind: ``schedule`` (the
 shipped script, fast path first; the same script without its fast path, general path only), a
 ``tick`` that moves one due job to its ready list, a ``claim`` that takes one ready job (as a
-worker sends it: request id, receipt, the previous request id, a due-job limit), and for each an
+worker sends it: request id, receipt, the previous request id, a due-job limit), an ``ack`` of one
+running job, and for each an
 empty script with the same keys and arguments (what any EVALSHA of that shape costs).
 
 ``python -m bench.script_cost [--calls N] [--only NAME]`` (needs valgrind; a few minutes).
@@ -20,6 +21,8 @@ time under valgrind, and blurred the figures by a percent or two.
   hand-off lead that reaches exactly the next timer, so it moves one job, as the tier's ticks
   with their hand-off lead do.
 - ``claim``: the ready jobs are set up first; each measured claim asks for one job.
+- ``ack``: the running jobs are set up first (scheduled due, claimed in one call); each measured
+  ack finishes one, leaving its tombstone.
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ from bench.common import PAYLOAD, emit, machine
 from scheduler.protocol.calls import Calls
 from scheduler.protocol.keys import Keyspace
 from scheduler.protocol.options import JobOptions
+from scheduler.protocol.replies import parse_claim
 from scheduler.protocol.scripts import (
     LIBRARY_MARKER,
     library_source,
@@ -49,7 +53,7 @@ from scheduler.protocol.scripts import (
     script_source,
 )
 from scheduler.protocol.tick import Retention, tick_call
-from scheduler.protocol.transitions import claim_call
+from scheduler.protocol.transitions import ack_call, claim_call
 
 WARM_UP = 200
 EMPTY = "return 1"
@@ -221,7 +225,33 @@ def claim_side(calls: int) -> Side:
     return Side(setup, nth, check)
 
 
-WORKLOADS = ("schedule", "tick", "claim")
+def ack_side(calls: int) -> Side:
+    """A worker's ack of one job per call (a tombstone kept, as by default), the jobs claimed in
+    the set-up, one claim for all of them."""
+    builder = Calls(Keyspace("bench", 1), max_payload_bytes=65536, tombstone_ttl=3600)
+    opts = JobOptions()
+    held: list[tuple[bytes, int]] = []
+
+    def setup(r: redis.Redis, shas: dict[str, str]) -> None:
+        send(r, shas, builder.prepare([(PAST, PAYLOAD)] * (WARM_UP + calls), opts)[0])
+        _, keys, args = claim_call(builder, 0, "default", WARM_UP + calls, request_id="bench-ack",
+                                   receipt_ms=RECEIPT_MS, earlier_request_id="", max_due=WARM_UP + calls)
+        _, jobs = parse_claim(r.evalsha(shas["claim"], len(keys), *keys, *args))
+        held.extend((j.raw_id, j.token) for j in jobs)
+
+    def nth(i: int) -> Call:
+        _, keys, args = ack_call(builder, 0, [held[i]])
+        return list(keys), list(args)
+
+    def check(r: redis.Redis, n: int) -> None:
+        running = int(r.zcard(builder.ks.partition_keys(0)[3]))
+        if running != len(held) - n:
+            raise RuntimeError(f"ack side: {running} jobs still running after {n} acks of {len(held)}")
+
+    return Side(setup, nth, check)
+
+
+WORKLOADS = ("schedule", "tick", "claim", "ack")
 
 
 def run(calls: int, only: str | None = None) -> dict[str, Any]:
@@ -232,6 +262,7 @@ def run(calls: int, only: str | None = None) -> dict[str, Any]:
         "tick": (lambda: tick_side(calls), {"shipped": shipped["tick"].source,
                                             "general_path_only": general_only("tick"), "empty_script": EMPTY}),
         "claim": (lambda: claim_side(calls), {"shipped": shipped["claim"].source, "empty_script": EMPTY}),
+        "ack": (lambda: ack_side(calls), {"shipped": shipped["ack"].source, "empty_script": EMPTY}),
     }
     out: dict[str, Any] = {"calls": calls, "machine": machine()}
     for workload in WORKLOADS:

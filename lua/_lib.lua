@@ -19,7 +19,8 @@
 -- argument checks (arg, registry_keys), whose work is reading ARGV and KEYS. Constants (ID_LEN,
 -- CHUNK, NAME_MAX, ...) are read where they are. Per-call accumulators stay module-level state,
 -- shared by the helpers that fill and read them: bumps (bump,
--- flush_bumps), ready_touched (push_ready, publish_ready), qname_cache (queue_name, retire_queues),
+-- flush_bumps), minute_counts and minute_key (tally, flush_bumps), ready_touched (push_ready,
+-- publish_ready), qname_cache (queue_name, retire_queues),
 -- tomb_written and tomb_pick (tombstone, sweep_after_tombstones, trim_tombstones). Redis runs the
 -- library afresh on every EVALSHA, so they start empty on every call and hold one partition's values.
 --
@@ -189,10 +190,32 @@ local function bump(key, field, n)
   if not h then h = {}; bumps[key] = h end
   h[field] = (h[field] or 0) + (n or 1)
 end
+-- The last hour per minute, which the console charts (scheduler/protocol/history.py reads it):
+-- the counters 'fired:Q', 'acked:Q', 'failed:Q' and 'dead:Q' of minute M (Redis ms // 60000) also
+-- go to the hash PREFIX .. 'hist:' .. M, in the partition's slot (Redis Cluster). The hash expires
+-- HISTORY_TTL_S after the last field it gained (its TTL is set only when a HINCRBY creates a
+-- field, at most 4 per queue and minute), so a partition holds about 62 of them whatever the
+-- rate: bounded memory with no trimming pass. A call's counts are summed here (one 'now' per call:
+-- one hash) and written by flush_bumps: one HINCRBY per field, as for the counters.
+-- tick's fast path writes its 'fired' count itself (it runs before the library), with the same TTL.
+local HISTORY_TTL_S = 3720
+local minute_counts, minute_key = {}, nil
+-- Count 'field' (KIND:QUEUE) n times (default 1) in the counters hash k_c (K_C) and in the history
+-- of minute 'now' (ms) of the partition with key prefix 'prefix' (PREFIX).
+local function tally(k_c, prefix, field, n, now)
+  bump(k_c, field, n)
+  minute_key = prefix .. 'hist:' .. fmt((now - now % 60000) / 60000)
+  minute_counts[field] = (minute_counts[field] or 0) + (n or 1)
+end
 local function flush_bumps()
   for key, h in pairs(bumps) do
     for field, n in pairs(h) do
       if n ~= 0 then redis.call('HINCRBY', key, field, fmt(n)) end
+    end
+  end
+  if minute_key then
+    for field, n in pairs(minute_counts) do
+      if redis.call('HINCRBY', minute_key, field, fmt(n)) == n then redis.call('EXPIRE', minute_key, HISTORY_TTL_S) end
     end
   end
 end

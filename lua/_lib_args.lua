@@ -8,7 +8,8 @@
 --     d (dead zset), e (errors hash), k (idempotency keys hash), x (legacy tombstones zset, drained by tick),
 --     q (queue names hash), g (gauges hash), c (counters hash), meta (fence, epoch, fcur),
 --     f (finished jobs: tombstone summaries hash, see tombstone() in _lib_finish.lua)
---   ARGV[1] = partition key prefix "{ns:p}:"  (ready lists are PREFIX .. "r:" .. queue, same slot)
+--   ARGV[1] = partition key prefix "{ns:p}:"  (ready lists are PREFIX .. "r:" .. queue, same slot; so
+--             are the last hour's minute hashes PREFIX .. "hist:" .. minute, see tally in _lib.lua)
 --   ARGV[2] = channel prefix CHAN             (wake: CHAN.."wake", ready: CHAN.."ready:"..queue,
 --             epoch reset: CHAN.."epoch-reset"): "ns:" for plain pub/sub, or in sharded mode (Redis
 --             Cluster) the partition prefix "{ns:p}:", so the channel hashes to this partition's slot.

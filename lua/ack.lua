@@ -13,9 +13,9 @@
 -- visited per job acked (sweep_after_tombstones), so trimming keeps up with any ack rate.
 -- Arguments: tested inline (a worker acks every job: no call or closure for a good ack), named
 -- through arg when the test failed. The two lists go together.
--- Uses: COMMON, ID_LEN, K_C, K_E, K_F, K_G, K_I, K_J, K_K, K_L, K_META, K_Q, MAX_INT, MAX_MS, arg,
---       bump, flush_bumps, jget, now_ms, queue_name, rec_qidx, refusal, release_key,
---       sweep_after_tombstones, tombstone, touch_queue
+-- Uses: COMMON, ID_LEN, K_C, K_E, K_F, K_G, K_I, K_J, K_K, K_L, K_META, K_Q, MAX_INT, MAX_MS,
+--       PREFIX, arg, bump, flush_bumps, jget, now_ms, queue_name, rec_qidx, refusal, release_key,
+--       sweep_after_tombstones, tally, tombstone, touch_queue
 local A = ARGV
 local ttl = tonumber(A[4] or '')
 local good = COMMON and #KEYS == 14 and ttl and ttl >= 0 and ttl <= MAX_MS and ttl % 1 == 0 and #A >= 6 and #A % 2 == 0
@@ -46,7 +46,7 @@ for b = 5, #ARGV, 2 do
       release_key(K_K, id, rec)
       local q = queue_name(K_Q, rec_qidx(rec)) or '?'
       bump(K_G, 'a:' .. q, -1)
-      bump(K_C, 'acked:' .. q)
+      tally(K_C, PREFIX, 'acked:' .. q, 1, now)
       active[rec_qidx(rec)] = true
     end
     out[#out + 1] = 1

@@ -38,7 +38,7 @@
 -- Uses: BATCH_LIMIT_MAX, CHAN, COMMON, ID_LEN, K_C, K_D, K_E, K_G, K_I, K_J, K_L, K_META, LAYOUT,
 --       MAX_INT, NAME_MAX, NAME_PATTERN, PART, PREFIX, arg, bump, error_blob, flush_bumps, fmt,
 --       jget, jval, layout_fence, multi, next_tokens, rec_attempt, rec_opts, rec_valid,
---       rec_with_attempt, refusal, ring, u48
+--       rec_with_attempt, refusal, ring, tally, u48
 local RECEIPT_MAX_MS = 86400000 -- a day: a receipt answers re-sends after a lost reply, seconds later
 -- Arguments: tested inline, with the values the script uses (a good call pays for no closure or
 -- call: _lib_args.lua "Argument checks"); when the test fails, the same rules again through arg, which
@@ -133,7 +133,7 @@ for i, id in ipairs(ids) do
     redis.call('ZADD', K_D, now, id)
     redis.call('HSET', K_E, id, error_blob(now, 'CorruptRecord', 'job record is malformed (shorter than its header or sections)'))
     bump(K_G, 'd:' .. queue)
-    bump(K_C, 'dead:' .. queue)
+    tally(K_C, PREFIX, 'dead:' .. queue, 1, now)
   elseif v then
     local rec, due = string.sub(v, 7), u48(v, 1)
     local a = rec_attempt(rec) + 1

@@ -17,7 +17,7 @@
 -- when the test failed. The two lists go together.
 -- Uses: CHAN, COMMON, ID_LEN, K_C, K_D, K_E, K_G, K_I, K_J, K_K, K_L, K_Q, K_T, MAX_INT, MAX_MS,
 --       PART, PREFIX, arg, bump, fmt, head_score, jget, now_ms, place, queue_name, rec_attempt,
---       rec_max, rec_qidx, refusal, release_key, settle
+--       rec_max, rec_qidx, refusal, release_key, settle, tally
 local ERROR_MAX = 16386
 local A = ARGV
 local good = COMMON and #KEYS == 14 and #A >= 8 and (#A - 3) % 5 == 0
@@ -55,12 +55,12 @@ for b = 4, #ARGV, 5 do
     redis.call('HDEL', K_L, id)
     redis.call('HSET', K_E, id, fmt(now) .. '\0' .. err)
     bump(K_G, 'a:' .. q, -1)
-    if kind ~= 'r' then bump(K_C, 'failed:' .. q) end
+    if kind ~= 'r' then tally(K_C, PREFIX, 'failed:' .. q, 1, now) end
     if kind == 'p' or rec_attempt(rec) >= rec_max(rec) then
       redis.call('ZADD', K_D, now, id)
       release_key(K_K, id, rec)  -- a key names a live job: once dead, scheduling with it makes a new job
       bump(K_G, 'd:' .. q)
-      bump(K_C, 'dead:' .. q)
+      tally(K_C, PREFIX, 'dead:' .. q, 1, now)
       out[#out + 1] = 2
     else
       bump(K_C, 'retried:' .. q)

@@ -13,7 +13,7 @@
 -- Uses: BATCH_LIMIT_MAX, CHAN, COMMON, K_C, K_D, K_E, K_G, K_I, K_J, K_K, K_L, K_META, K_Q, LAYOUT,
 --       MAX_INT, PART, PREFIX, arg, bump, check_epoch, error_blob, flush_bumps, fmt, jget, jval,
 --       layout_fence, now_ms, publish_ready, push_ready, queue_name, rec_attempt, rec_max,
---       rec_qidx, refusal, release_key
+--       rec_qidx, refusal, release_key, tally
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local epoch, limit = arg('int', 4, 'epoch', 0, MAX_INT), arg('int', 5, 'batch', 1, BATCH_LIMIT_MAX)
 arg('at_most', 5)
@@ -38,7 +38,7 @@ for _, id in ipairs(expired) do
       redis.call('ZADD', K_D, now, id)
       release_key(K_K, id, rec)
       bump(K_G, 'd:' .. q)
-      bump(K_C, 'dead:' .. q)
+      tally(K_C, PREFIX, 'dead:' .. q, 1, now)
     else
       redis.call('HSET', K_J, id, jval(rec, now))
       push_ready(PREFIX, id, q, false)

@@ -49,8 +49,8 @@
 -- Uses: BATCH_MAX, CHAN, COMMON, ID_LEN, KEY_MAX, K_C, K_E, K_F, K_G, K_J, K_K, K_M, K_META, K_Q,
 --       K_T, LAYOUT, MAX_MS, NAME_MAX, NAME_PATTERN, PART, PREFIX, arg, bump, flag, flush_bumps,
 --       fmt, head_score, job_exists, jval, layout_fence, multi, now_ms, p16, queue_index, rec_opts,
---       record_problem, refusal, release_key, ring, sweep_after_tombstones, tombstone, touch_queue,
---       u48, wake_scheduler
+--       record_problem, refusal, release_key, ring, sweep_after_tombstones, tally, tombstone,
+--       touch_queue, u48, wake_scheduler
 local RELATIVE_SLACK_MS = 250 -- see the use of arg('at') below
 local A = ARGV -- a local: each ARGV[i] would otherwise look the global up
 if A[6] == '1' and A[7] == '0' and A[10] == '' and A[11] == nil and (#KEYS == 1 or #KEYS == 14) then
@@ -190,7 +190,7 @@ if #moved > 0 then multi('HSET', K_M, moved) end
 if #jargs > 0 then
   multi('HSET', K_J, jargs)
   multi('LPUSH', PREFIX .. 'r:' .. queue, ready_ids)
-  bump(K_C, 'fired:' .. queue, #ready_ids)
+  tally(K_C, PREFIX, 'fired:' .. queue, #ready_ids, now)
   ring(CHAN, PREFIX, queue, PART, now)
 end
 flush_bumps()

@@ -48,12 +48,12 @@
 -- Rings (ring() in _lib.lua) the bell of each queue whose ready list received jobs, once, off a
 -- cluster (not a queue paused in this partition); on a cluster it names those queues in the reply
 -- instead (see Returns).
--- Uses: BATCH_LIMIT_MAX, CHAN, COMMON, ID_LEN, K_C, K_D, K_E, K_F, K_G, K_J, K_K, K_M, K_META, K_Q,
---       K_T, K_X, LAYOUT, MAX_INT, MAX_MS, NAME_MAX, NAME_PATTERN, PART, PREFIX, arg, bump,
---       check_epoch, cron_advance, error_blob, flag, flush_bumps, fmt, head_score, jget, jval,
---       layout_fence, multi, now_ms, p48, paused_here, queue_name, rec_is_cron, rec_opts, rec_qidx,
---       rec_valid, refusal, release_key, retire_queues, ring, tombstone, trim_dead,
---       trim_tombstones, u16, u32
+-- Uses: BATCH_LIMIT_MAX, CHAN, COMMON, HISTORY_TTL_S, ID_LEN, K_C, K_D, K_E, K_F, K_G, K_J, K_K,
+--       K_M, K_META, K_Q, K_T, K_X, LAYOUT, MAX_INT, MAX_MS, NAME_MAX, NAME_PATTERN, PART, PREFIX,
+--       arg, bump, check_epoch, cron_advance, error_blob, flag, flush_bumps, fmt, head_score, jget,
+--       jval, layout_fence, multi, now_ms, p48, paused_here, queue_name, rec_is_cron, rec_opts,
+--       rec_qidx, rec_valid, refusal, release_key, retire_queues, ring, tally, tombstone,
+--       trim_dead, trim_tombstones, u16, u32
 local FIRING_SWEEP_MS = 1000
 -- Fast path: the common tick of a busy partition, which the tier sends on all but about one tick
 -- per second per partition (housekeeping 0, no rate-limited queue, no retention pass): due jobs,
@@ -128,11 +128,15 @@ if #A == 12 and A[7] == '0' and A[8] == '0' and A[9] == '0' and A[10] == '0' and
         call('ZREMRANGEBYRANK', k_t, '0', string.format('%d', nd - 1))
         multi('HSET', KEYS[3], jargs)
         local to_ring, bell = {}, '{' .. ns .. '}:bell:'
+        local hk = prefix .. 'hist:' .. string.format('%d', (now - now % 60000) / 60000) -- tally's minute
         for _, q in ipairs(order) do
           local ids = per_queue[q]
           multi('LPUSH', prefix .. 'r:' .. q, ids)
           call('HINCRBY', KEYS[11], 's:' .. q, string.format('%d', -#ids))
           call('HINCRBY', KEYS[12], 'fired:' .. q, string.format('%d', #ids))
+          if call('HINCRBY', hk, 'fired:' .. q, string.format('%d', #ids)) == #ids then
+            call('EXPIRE', hk, HISTORY_TTL_S)
+          end
           if call('HEXISTS', prefix .. 'paused', q) == 0 then
             if plain then call('ZADD', bell .. q, 'NX', string.format('%d', now), p) else to_ring[#to_ring + 1] = q end
           end
@@ -321,7 +325,7 @@ local to_ring = {} -- on a cluster: the queues whose bells the caller rings (the
 local sharded = string.byte(CHAN, 1) == 123
 for q, ids in pairs(per_queue) do
   multi('LPUSH', PREFIX .. 'r:' .. q, ids)
-  bump(K_C, 'fired:' .. q, #ids)
+  tally(K_C, PREFIX, 'fired:' .. q, #ids, now)
   if not sharded then
     ring(CHAN, PREFIX, q, PART, now)
   elseif not paused_here(PREFIX, q) then

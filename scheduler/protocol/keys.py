@@ -27,6 +27,9 @@ Per partition ``{ns:p}:`` +
                layout in lua/_lib.lua ``tombstone``)
   ``cr:RID``   claim receipts: the ids a claim with request id RID handed out (re-sent claims)
   ``paused``   paused queues: hash queue -> ms when the pause started (lua/pause.lua; read by claim)
+  ``hist:M``   the last hour: hash ``fired:Q`` / ``acked:Q`` / ``failed:Q`` / ``dead:Q`` -> count in minute M
+               (Redis ms // 60 000), written with the counters, expiring an hour after its last new
+               field (lua/_lib.lua ``tally``; read by the console, :mod:`.history`)
   ``crons``    cron names; ``cron:NAME`` one cron's definition and upcoming occurrences (lua/_lib_cron.lua)
 Namespace-wide: ``{ns}:cfg`` (partition count, ``rate:QUEUE`` limits, ``dead:max``, ``dead:ttl_ms``,
 ``queue:idle_ms``, ``paused:QUEUE`` -> ms: the queue pause every partition's ``paused`` copies),

@@ -29,8 +29,17 @@ class JobError:
     message: str
     traceback: str = ""
 
+    @property
+    def type_name(self) -> str:
+        """The type as shown to people: zsched's own exceptions (``workers.errors.PermanentError``,
+        ``workers.errors.Retry``) by their class name, the name the API gives them; any other with
+        its module, which says where it comes from (``myapp.billing.CardDeclined``). ``type``
+        keeps the full name (JSON output, the job page's hover)."""
+        module, dot, name = self.type.rpartition(".")
+        return name if dot and module.split(".", 1)[0] in ("workers", "scheduler") else self.type
+
     def __str__(self) -> str:
-        return f"{self.type}: {self.message}" if self.message else self.type
+        return f"{self.type_name}: {self.message}" if self.message else self.type_name
 
 
 @dataclass(frozen=True)

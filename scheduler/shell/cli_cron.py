@@ -58,7 +58,7 @@ def add_parsers(sub: SubParsers) -> None:
                    help="spread each occurrence uniformly over [nominal, nominal + S]")
     p.add_argument("--max-attempts", type=number("an integer", 1, 255, integer=True), default=5, metavar="N",
                    help="attempts each occurrence gets before it is dead-lettered (1-255, default 5)")
-    cmds.leaf(cron, "list", _cron_list, help="every cron with its next fire time")
+    cmds.leaf(cron, "list", _cron_list, help="every cron with its next fire time and whether it is paused")
     p = cmds.leaf(cron, "remove", _cron_remove, help="delete a cron and cancel its pending occurrence")
     p.add_argument("name", type=queue_arg, metavar="NAME", help="the cron's name (see: zsched cron list)")
     p = cmds.leaf(cron, "pause", _cron_pause, help="stop a cron's occurrences until it is resumed",
@@ -90,8 +90,9 @@ def _cron_list(client: Client, args: argparse.Namespace) -> int:
         print_json([admin.jsonable(c.__dict__) for c in crons])
         return EXIT_OK
     rows = [(c.name, c.expression, c.tz, c.queue, c.misfire + (f" ({c.misfire_grace:g}s)" if c.misfire_grace else ""),
-             when_text(dt_ms(c.next_fire)), admin.iso(c.last_fired) or "-", str(c.missed)) for c in crons]
-    print(admin.table(("NAME", "EXPR", "TZ", "QUEUE", "MISFIRE", "NEXT", "LAST FIRED", "MISSED"), rows)
+             when_text(dt_ms(c.next_fire)), admin.iso(c.last_fired) or "-", str(c.missed),
+             f"since {admin.iso(c.paused)}" if c.paused else "-") for c in crons]
+    print(admin.table(("NAME", "EXPR", "TZ", "QUEUE", "MISFIRE", "NEXT", "LAST FIRED", "MISSED", "PAUSED"), rows)
           if rows else "no crons")
     return EXIT_OK
 

@@ -8,7 +8,9 @@ from typing import Any
 
 from ...client import Client
 from ...protocol import config
+from ...protocol.codec import decode_tombstone
 from ...protocol.codes import Outcome
+from ...protocol.ids import encode_id, partition_for_key
 from ...protocol.keys import Keyspace
 from ...protocol.masking import mask_secrets
 from ...protocol.models import JobInfo, JobState
@@ -140,3 +142,33 @@ def list_jobs(client: Client, queue: str, state: str, limit: int = 50, cursor: s
                            run_at_to=run_at_to)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
+
+
+FINISHED_SCAN_LIMIT = 200_000
+"""Tombstones read at most when finding a finished job by its idempotency key (about a second)."""
+
+
+def find_finished_by_key(client: Client, key: str, limit: int | None = None) -> tuple[JobInfo | None, bool]:
+    """The job that last finished (done, cancelled, misfired) holding idempotency ``key``, while
+    its tombstone lives, and whether every tombstone of the key's partition was searched.
+
+    A key names its job in the ``k`` index only while the job lives (a finished job's key is free
+    for a new job), but its tombstone keeps it, in the key's partition (``f``, keys.py). Nothing
+    indexes tombstones by key, so this reads that partition's tombstones (HSCAN, no lock, no
+    write), at most ``limit`` (default :data:`FINISHED_SCAN_LIMIT`) of them: an operator's
+    look-up, not a producer's."""
+    limit = FINISHED_SCAN_LIMIT if limit is None else limit
+    ks = client.keyspace
+    raw = key.encode("utf-8")
+    best: tuple[int, str] | None = None
+    seen, now = 0, redis_now_ms(client)
+    for field, value in client.redis.hscan_iter(ks.key(partition_for_key(key, ks.partitions), "f"), count=1000):
+        seen += 1
+        if raw in value:  # cheap test first: most summaries do not hold the key's bytes at all
+            t = decode_tombstone(value)
+            if t.key == key and t.expires_ms > now and (best is None or t.finished_ms > best[0]):
+                best = (t.finished_ms, encode_id(field))
+        if seen >= limit:
+            break
+    complete = seen < limit
+    return (client.get(best[1]) if best else None), complete

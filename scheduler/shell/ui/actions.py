@@ -140,3 +140,17 @@ ACTIONS: dict[tuple[str, str], Action] = {
     ("dead", "requeue"): _dead_op("requeue"), ("dead", "purge"): _dead_op("purge"),
 }
 """Every action by (kind, op), as ``/action/{kind}/{target}/{op}`` names it."""
+
+
+def described(kind: str, op: str, target: str, fields: Mapping[str, str], ids: list[str]) -> str:
+    """An action as the audit log names it: what it acted on, not its URL's words. A dead-letter
+    action names the jobs it was given (``dead requeue of 1 selected job: ID``), or its filter
+    (``dead purge of the jobs matching queue=mail``) when none was selected."""
+    if kind != "dead":
+        return f"{kind} {op} {target}"
+    if ids:
+        shown = " ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+        return f"dead {op} of {len(ids)} selected job{'' if len(ids) == 1 else 's'}: {shown}"
+    scope = ", ".join(f"{k}={fields[k]}" for k in ("queue", "error", "since", "until", "tz")
+                      if fields.get(k) and not (k == "tz" and not (fields.get("since") or fields.get("until"))))
+    return f"dead {op} of the jobs matching {scope}" if scope else f"dead {op} of every dead job"

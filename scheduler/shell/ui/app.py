@@ -26,8 +26,8 @@ from ...protocol.calls import LIST_STATES
 from ...protocol.masking import mask_secrets
 from ...protocol.models import JobState
 from .. import admin
-from . import fleet, links, params, views
-from .actions import ACTIONS, PAGE, Confirm, StartRequeue, dead_listing, return_to
+from . import fleet, history, links, params, present, views
+from .actions import ACTIONS, PAGE, Confirm, StartRequeue, dead_listing, described, return_to
 from .gate import Gate
 from .hosts import HostPolicy, IPNetwork
 from .params import BadRequest
@@ -72,6 +72,9 @@ def _templates() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FunctionLoader(lambda name: (root / name).read_text("utf-8")),
                              autoescape=True, undefined=jinja2.StrictUndefined)
     env.filters["iso"] = lambda v: admin.iso(v) or "-"
+    env.filters["relative"] = present.relative
+    env.filters["picker"] = present.picker
+    env.globals["when"] = env.get_template("present.html").module.when  # type: ignore[attr-defined]
     env.filters["ago"] = lambda s: admin.human_delta(-s) if s else "-"
     env.filters["rate"] = lambda v: "-" if v is None else f"{v:.1f}"
     env.filters["errtext"] = admin.error_text
@@ -91,6 +94,7 @@ def create_app(cfg: ConsoleConfig) -> Starlette:
         Route("/task/{task_id}", c.task), Route("/fragment/task/{task_id}", c.task),
         Route("/login", c.login, methods=["GET", "POST"]), Route("/logout", c.logout, methods=["POST"]),
         Route("/action/{kind}/{target}/{op}", c.act, methods=["POST"]),
+        Route("/favicon.ico", favicon),  # what browsers ask for when a page names no icon (base.html does)
         Mount("/static", StaticFiles(directory=str(resources.files("scheduler.shell.ui") / "static")), name="static"),
     ]
 
@@ -102,6 +106,12 @@ def create_app(cfg: ConsoleConfig) -> Starlette:
     gate = Middleware(Gate, hosts=HostPolicy(cfg.allowed_hosts), trusted_proxies=cfg.trusted_proxies)
     return Starlette(routes=routes, lifespan=lifespan, middleware=[gate],
                      exception_handlers={BadRequest: c.bad_request})
+
+
+async def favicon(_request: Request) -> Response:
+    """The console's icon (static/favicon.svg) at the path browsers try by default."""
+    icon = (resources.files("scheduler.shell.ui") / "static" / "favicon.svg").read_bytes()
+    return Response(icon, media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
 
 
 def _peer(request: Request) -> str:
@@ -130,6 +140,7 @@ class Console:
         self.auth = ConsoleAuth(cfg.token, RedisSessions(cfg.client.redis, cfg.client.keyspace))
         self.throttle = LoginThrottle()
         self.rates = views.Rates()
+        self.history = history.HistoryCache()
         self.tasks = RequeueTasks(cfg.client)
 
     async def session(self, request: Request) -> Session | None:
@@ -177,8 +188,11 @@ class Console:
         live = await run_in_threadpool(fleet.read_fleet, self.client)
         unserved = fleet.unserved(live, {q.name: q.counts for q in ov.queues},
                                   {q.name for q in ov.queues if q.paused_since})
+        charts = await run_in_threadpool(history.charts, self.history, self.client, int(ov.now.timestamp() * 1000),
+                                         [q.name for q in ov.queues])
         name = "overview_body.html" if request.url.path == "/fragment/overview" else "overview.html"
-        return await self.render(request, name, ov=ov, fleet=live, unserved=unserved)
+        return await self.render(request, name, ov=ov, fleet=live, unserved=unserved, charts=charts,
+                                 g=history.GEOMETRY)
 
     async def workers(self, request: Request) -> Response:
         live = await run_in_threadpool(fleet.read_fleet, self.client)
@@ -188,11 +202,13 @@ class Console:
         args = dict(request.query_params)
         q = params.jobs_query(request.query_params, self.client.keyspace.partitions)
         if q.find:
-            info = await run_in_threadpool(views.find_job, self.client, q.find)
+            info, complete = await run_in_threadpool(views.find_job, self.client, q.find)
             if info is None:
+                more = "" if complete else (f" (only the first {admin.jobs.FINISHED_SCAN_LIMIT} finished jobs of its "
+                                            "partition were searched for the key)")
                 return await self.render(request, "jobs.html", status=404, rows=[], cursor=None, args=args,
-                                         states=LIST_STATES, error=f"no job with id or idempotency key {q.find!r}",
-                                         per_page=False)
+                                         states=LIST_STATES, per_page=False,
+                                         error=f"no job with id or idempotency key {q.find!r}{more}")
             return RedirectResponse(f"/job/{info.id}", status_code=303)
         rows: list[Any] = []
         cursor, per_page = None, False
@@ -317,7 +333,8 @@ class Console:
         try:
             result = await run_in_threadpool(handler, self.client, target, fields, ids)
         except (ValueError, admin.AdminError) as exc:
-            audit.info("%s from %s: %s %s %s refused: %s", s.who, _peer(request), kind, op, target, exc)
+            audit.info("%s from %s: %s refused: %s", s.who, _peer(request), described(kind, op, target, fields, ids),
+                       exc)
             return self.back(return_to(fields, kind, target), f"refused: {exc}")
         if isinstance(result, Confirm):
             return await self.render(request, "dead.html", rows=result.rows, page=None, args=fields, error="",
@@ -329,7 +346,7 @@ class Console:
                 audit.info("%s from %s: dead requeue refused: %s", s.who, _peer(request), exc)
                 return self.back("/dead", f"refused: {exc}")
             return RedirectResponse(f"/task/{task.id}", status_code=303, headers=SECURITY_HEADERS)
-        audit.info("%s from %s: %s %s %s: %s", s.who, _peer(request), kind, op, target, result)
+        audit.info("%s from %s: %s: %s", s.who, _peer(request), described(kind, op, target, fields, ids), result)
         return self.back(return_to(fields, kind, target), result)
 
 

@@ -10,6 +10,7 @@ from ...client import Client
 from ...protocol.models import JobInfo
 from ...protocol.replies import StatsReply, parse_stats
 from .. import admin
+from ..admin.jobs import find_finished_by_key
 
 STATES = ("scheduled", "held", "ready", "running", "dead")
 
@@ -119,19 +120,30 @@ def overview(client: Client, rates: Rates, etcd: str | None, etcd_timeout: float
                     source, err, totals)
 
 
-def find_job(client: Client, text: str) -> JobInfo | None:
-    """A job by its id, or else by its idempotency key."""
+FINISHED_SCANS = threading.Lock()
+"""One search of a partition's tombstones at a time per console: pages need no login, so this
+bounds what repeated look-ups of unknown keys can ask of Redis to one HSCAN walk at a time."""
+
+
+def find_job(client: Client, text: str) -> tuple[JobInfo | None, bool]:
+    """A job by its id, or else by its idempotency key: the live job holding it, or else the job
+    that last finished with it while its tombstone lives; and whether the search was complete
+    (False: the key's partition has more tombstones than a look-up reads)."""
     text = text.strip()
     try:
         info = client.get(text)
         if info is not None:
-            return info
+            return info, True
     except ValueError:
         pass  # not an id: try it as a key
     try:
-        return client.get_by_key(text)
+        live = client.get_by_key(text)
+        if live is not None:
+            return live, True
+        with FINISHED_SCANS:
+            return find_finished_by_key(client, text)
     except ValueError:
-        return None
+        return None, True
 
 
 FILL_CALLS = 8  # jobs() calls at most per console page of scheduled jobs (each bounded itself)
