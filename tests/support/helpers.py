@@ -2,6 +2,7 @@
 exactly one state"). Script calls without a worker: :mod:`scheduler.testing.transitions`."""
 from __future__ import annotations
 
+import re
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -129,7 +130,9 @@ def namespace_state(r: Any, ns: str,
     """Every key of namespace ``ns``'s partitions and its doorbells, by name with ``ns`` replaced,
     for comparing two namespaces that got the same calls (the fast-path differential tests). The
     doorbells give which partitions rang, not when; queue activity stamps (``:q`` ``u:``) and the
-    times of tombstones (``:f``) are normalised, as two calls microseconds apart differ in them;
+    times of tombstones (``:f``) are normalised, as two calls microseconds apart differ in them,
+    and so are the minutes of the last-hour hashes (``:hist:M``: their counts are summed per
+    partition, as the two sides' calls may fall either side of a minute's end);
     ``hash_fix`` / ``zset_fix`` (key name, content) normalise what else a test's calls stamp."""
     out: dict[str, Any] = {}
     for raw in r.scan_iter(match=f"{{{ns}}}:bell:*"):
@@ -139,6 +142,12 @@ def namespace_state(r: Any, ns: str,
         kind = r.type(raw).decode()
         if kind == "hash":
             h = r.hgetall(raw)
+            minute = re.fullmatch(r"(.*:hist:)\d+", name)
+            if minute:
+                total = out.setdefault(minute.group(1) + "<minute>", {})
+                for k, v in h.items():
+                    total[k] = str(int(total.get(k, 0)) + int(v)).encode()
+                continue
             if name.endswith(":q"):  # queue activity stamps: when, not whether
                 h = {k: (b"<ms>" if k.startswith(b"u:") else v) for k, v in h.items()}
             if name.endswith(":f"):  # tombstones: letter, finished and expiry ms, rest
