@@ -257,3 +257,18 @@ def tls_certs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Pat
     """(CA certificate, server certificate for 127.0.0.1, its key), made once for the run: two RSA
     keys cost about a second, and no test changes them."""
     return make_certs(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """The system Chromium under Playwright (the browser tests; imported here only when used)."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.support.browser import CHROMIUM
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            yield b
+        finally:
+            b.close()

@@ -5,24 +5,22 @@ and the console. Screenshots of the overview, a job and the dead letters land in
 from __future__ import annotations
 
 import textwrap
-import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser
 
 from scheduler import Client, JobState
 from scheduler.shell.servers import ZschedProc, scheduler_proc, ui_proc
 from scheduler.shell.servers.ports import free_port
+from tests.support.browser import http_ok, shot
 from tests.support.waits import wait_until
 
 NS = "uibrowser"
 TOKEN = "browser-token-42"
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 
 APP = '''
 import os
@@ -37,14 +35,6 @@ async def ui(job):
     if (job.payload or {}).get("fail") and not os.path.exists(os.path.join(os.environ["FLAG_DIR"], "fixed")):
         raise PermanentError("payment gateway timeout after 30s (card declined upstream)")
 '''
-
-
-def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
 
 
 @pytest.fixture
@@ -66,21 +56,6 @@ def stack(redis_url: str, etcd_endpoint: str, tmp_path: Path) -> Iterator[dict[s
         for proc in reversed(procs):
             proc.stop()
         client.close()
-
-
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-def shot(page: Page, name: str) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / name), full_page=True)
 
 
 def test_the_console_in_a_real_browser(stack: dict[str, Any], browser: Browser) -> None:

@@ -18,14 +18,12 @@ from scheduler import Client
 from scheduler.shell.servers import ui_proc
 from scheduler.shell.servers.ports import free_port
 from scheduler.testing import Ops
-from tests.integration import test_ui_browser
-from tests.integration.test_ui_browser import ARTIFACTS, http_ok
+from tests.support.browser import ARTIFACTS, http_ok
 from tests.support.waits import wait_until
 
 NS = "uibrowserdetails"
 TOKEN = "browser-details-token-7"
 ZONE = "Asia/Tokyo"  # the viewer's zone: nine hours from UTC all year, so the expected text is fixed
-browser = test_ui_browser.browser  # its fixture (the system chromium), registered here too
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from scheduler.shell import admin
 from scheduler.shell.servers import ZschedProc, ui_proc
 from scheduler.shell.servers.ports import free_port
 from scheduler.testing.transitions import Ops
-from tests.integration.test_ui_browser import browser, http_ok, shot  # noqa: F401 - the browser fixture
+from tests.support.browser import http_ok, shot
 from tests.support.waits import wait_until
 
 NS = "uilists"
