@@ -10,8 +10,11 @@ checkout, as it is).
 
 Modes: ``w1`` reads lines ``N`` on stdin and answers each with the seconds ``N`` one-by-one
 ``Client.schedule`` calls took (the parent interleaves the variants slice by slice); ``w3``
-schedules N jobs due now with ``schedule_many``, then drains them with an in-process ``Worker``
-(a no-op async handler) and prints the seconds from ``serve()`` to the last ack.
+``--repeat`` times schedules N jobs due now with ``schedule_many``, then drains them with an
+in-process ``Worker``
+(a no-op async handler) and prints the seconds from ``serve()`` to the last ack and the CPU
+seconds the process used meanwhile (less disturbed by other load on the machine than the wall
+time), the best of the drains.
 """
 from __future__ import annotations
 
@@ -75,7 +78,7 @@ def w1(url: str, ns: str, variant: str) -> None:
             print(time.perf_counter() - t0, flush=True)
 
 
-async def drain(url: str, ns: str, n: int) -> float:
+async def drain(url: str, ns: str, n: int) -> tuple[float, float]:
     from workers import Job, Worker
     worker = Worker.from_url(url, namespace=ns, concurrency=64)
 
@@ -83,26 +86,30 @@ async def drain(url: str, ns: str, n: int) -> float:
     async def noop(job: Job) -> None:
         pass
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     task = asyncio.create_task(worker.serve())
     while worker.stats.acked < n:
         if task.done():
             task.result()
             raise SystemExit("tracing_child: the worker stopped")
         await asyncio.sleep(0.002)
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     await worker.stop()
     await task
-    return elapsed
+    return elapsed, cpu
 
 
-def w3(url: str, ns: str, variant: str, n: int) -> None:
+def w3(url: str, ns: str, variant: str, n: int, repeat: int) -> None:
     from scheduler import Client
     install_sdk(variant)
-    with Client.from_url(url, namespace=ns).connect() as client, producer_span(variant):
-        for s in range(0, n, 1000):
-            client.schedule_many([(timedelta(0), PAYLOAD)] * min(1000, n - s))
-    print(json.dumps({"seconds": asyncio.run(drain(url, ns, n))}), flush=True)
+    best = (float("inf"), float("inf"))
+    for i in range(repeat):  # the best of a few drains: other load on the machine only slows one down
+        with Client.from_url(url, namespace=f"{ns}{i}").connect() as client, producer_span(variant):
+            for s in range(0, n, 1000):
+                client.schedule_many([(timedelta(0), PAYLOAD)] * min(1000, n - s))
+        seconds, cpu = asyncio.run(drain(url, f"{ns}{i}", n))
+        best = (min(best[0], seconds), min(best[1], cpu))
+    print(json.dumps({"seconds": best[0], "cpu_seconds": best[1]}), flush=True)
 
 
 def main() -> None:
@@ -113,12 +120,13 @@ def main() -> None:
     p.add_argument("--url", required=True)
     p.add_argument("--ns", required=True)
     p.add_argument("--jobs", type=int, default=10_000)
+    p.add_argument("--repeat", type=int, default=3, help="w3: drains in this process, the best one counts")
     a = p.parse_args()
     load(a.root, a.variant)
     if a.mode == "w1":
         w1(a.url, a.ns, a.variant)
     else:
-        w3(a.url, a.ns, a.variant, a.jobs)
+        w3(a.url, a.ns, a.variant, a.jobs, a.repeat)
 
 
 if __name__ == "__main__":

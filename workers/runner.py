@@ -177,6 +177,7 @@ class HandlerRunner:
         self.threads = threads
         self.alarm = make_alarm(loop)
         self.pool: ThreadPoolExecutor | None = None
+        self.trace_all = False  # a tracer provider is installed: every attempt gets a span (dispatch)
         if any(spec is not None and not spec.is_async for spec in specs.values()):
             self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="zsched-handler")
 
@@ -200,6 +201,7 @@ class HandlerRunner:
         then is lengthened by the clocks' largest rate difference (``MAX_RATE_DIFF``)."""
         stats = self.qstats[q]
         stats.claimed += len(jobs)
+        self.trace_all = tracing.provider_installed()
         spec = self.specs[q]
         limit = self.max_payload_bytes
         create_task = self.loop.create_task
@@ -234,7 +236,7 @@ class HandlerRunner:
 
     def _started(self, r: Attempt) -> None:
         job, rec = r.job, r.rec
-        if job is not None and rec is not None and (rec.trace is not None or tracing.provider_installed()):
+        if job is not None and rec is not None and (rec.trace is not None or self.trace_all):
             r.span = tracing.start_attempt(r.queue, job.id, job.attempt, job.fence, self.namespace, rec.trace)
         if self.metrics is not None and r.job is not None:
             try:

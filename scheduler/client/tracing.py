@@ -49,11 +49,18 @@ if AVAILABLE:
         parent = carrier.get("traceparent")
         return None if parent is None else trace_section(parent, carrier.get("tracestate"))
 
+    _installed = False
+
     def provider_installed() -> bool:
         """True once the application installed a tracer provider (the SDK's): then a worker makes
-        a span for every attempt, also of jobs scheduled outside any trace."""
-        provider = trace.get_tracer_provider()
-        return not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+        a span for every attempt, also of jobs scheduled outside any trace. About 1 us until then
+        (the API reads the environment), so a worker asks once per claimed batch; a provider is
+        installed once per process, so True is kept."""
+        global _installed
+        if not _installed:
+            provider = trace.get_tracer_provider()
+            _installed = not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+        return _installed
 else:
     def current_trace() -> bytes | None:
         """None: without OpenTelemetry no trace is active."""
