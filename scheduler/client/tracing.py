@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..protocol.codec import TRACE_ID_BYTES
 from ..protocol.tracecontext import trace_headers, trace_section
 
 if TYPE_CHECKING:
@@ -98,12 +99,17 @@ def start_attempt(queue: str, job_id: str, attempt: int, fence: int, namespace: 
     attrs = attempt_attributes(queue, job_id, attempt, fence, namespace)
     parent = otel_context.Context()  # never the worker's own current context
     links = None
-    if trace_bytes is not None:
+    # The schedule script admits only well-formed sections; one written around it (a direct write)
+    # reads as no context: telemetry never stops a job from running.
+    if trace_bytes is not None and len(trace_bytes) >= TRACE_ID_BYTES:
         producer = _PROPAGATOR.extract(trace_headers(trace_bytes))
-        if attempt <= 1:
+        context = trace.get_current_span(producer).get_span_context()
+        if not context.is_valid:
+            pass  # the propagator found no W3C context in it: a root span, as for an untraced job
+        elif attempt <= 1:
             parent = producer
         else:
-            links = [trace.Link(trace.get_current_span(producer).get_span_context(), {"zsched.link": "producer"})]
+            links = [trace.Link(context, {"zsched.link": "producer"})]
     return _TRACER.start_span(f"process {queue}", context=parent, kind=trace.SpanKind.CONSUMER,
                               attributes=attrs, links=links)
 

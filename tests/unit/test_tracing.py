@@ -166,3 +166,26 @@ def test_zsched_schedules_and_claims_with_opentelemetry_absent() -> None:
     out = subprocess.run([sys.executable, "-c", NO_OTEL], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+# --------------------------------------------------------------------------- the worker's side
+
+def test_an_attempt_of_a_traced_job_continues_the_producers_context() -> None:
+    section = trace_section(TRACEPARENT)
+    first = tracing.start_attempt("q", "id", 1, 7, "ns", section)
+    # without a tracer provider the API's no-op span carries its parent's context; with one (the
+    # integration tests install the SDK's in this process) it is a child: the same trace either way
+    assert first is not None and first.get_span_context().trace_id == TRACE_ID
+    assert getattr(first, "parent", None) is None or first.parent.span_id == SPAN_ID  # type: ignore[attr-defined]
+    retry = tracing.start_attempt("q", "id", 2, 8, "ns", section)
+    assert retry is not None and retry.get_span_context().trace_id != TRACE_ID, "a retry is not the producer's child"
+    for span in (first, retry):
+        span.end()
+
+
+@pytest.mark.parametrize("section", [b"\x01\x02", bytes(25), bytes(16) + b"\x01" * 9])
+def test_a_malformed_trace_section_starts_an_untraced_attempt_instead_of_failing_the_job(section: bytes) -> None:
+    span = tracing.start_attempt("q", "id", 1, 7, "ns", section)
+    assert span is not None and getattr(span, "parent", None) is None, "a root span (or none: no provider)"
+    assert span.get_span_context().trace_id != TRACE_ID
+    tracing.end_attempt(span, "failed", ValueError("x"), dead=True)
