@@ -178,6 +178,7 @@ class HandlerRunner:
         self.alarm = make_alarm(loop)
         self.pool: ThreadPoolExecutor | None = None
         self.trace_all = False  # a tracer provider is installed: every attempt gets a span (dispatch)
+        self.trace_check_at = 0.0  # monotonic time of the next look for one
         if any(spec is not None and not spec.is_async for spec in specs.values()):
             self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="zsched-handler")
 
@@ -201,7 +202,9 @@ class HandlerRunner:
         then is lengthened by the clocks' largest rate difference (``MAX_RATE_DIFF``)."""
         stats = self.qstats[q]
         stats.claimed += len(jobs)
-        self.trace_all = tracing.provider_installed()
+        if not self.trace_all and t0 >= self.trace_check_at:
+            # the API's look costs about 1 us: at most once a second while no provider is installed
+            self.trace_all, self.trace_check_at = tracing.provider_installed(), t0 + 1.0
         spec = self.specs[q]
         limit = self.max_payload_bytes
         create_task = self.loop.create_task

@@ -55,7 +55,7 @@ if AVAILABLE:
     def provider_installed() -> bool:
         """True once the application installed a tracer provider (the SDK's): then a worker makes
         a span for every attempt, also of jobs scheduled outside any trace. About 1 us until then
-        (the API reads the environment), so a worker asks once per claimed batch; a provider is
+        (the API reads the environment), so a worker asks at most once a second; a provider is
         installed once per process, so True is kept."""
         global _installed
         if not _installed:
