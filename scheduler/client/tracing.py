@@ -11,6 +11,7 @@ It sits in the client layer, the lowest one both producers and workers import
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,8 @@ except ImportError:  # the extra is not installed: no tracing, at no cost
     AVAILABLE = False
 else:
     AVAILABLE = True
+
+log = logging.getLogger("zsched.tracing")
 
 SYSTEM = "zsched"
 """``messaging.system`` of zsched's spans."""
@@ -110,8 +113,12 @@ def start_attempt(queue: str, job_id: str, attempt: int, fence: int, namespace: 
             parent = producer
         else:
             links = [trace.Link(context, {"zsched.link": "producer"})]
-    return _TRACER.start_span(f"process {queue}", context=parent, kind=trace.SpanKind.CONSUMER,
-                              attributes=attrs, links=links)
+    try:
+        return _TRACER.start_span(f"process {queue}", context=parent, kind=trace.SpanKind.CONSUMER,
+                                  attributes=attrs, links=links)
+    except Exception:  # a tracing SDK's failure must not stop the job: it runs untraced
+        log.exception("starting the span of job %s (queue %r, attempt %d) failed", job_id, queue, attempt)
+        return None
 
 
 def enter(span: Span) -> object:
@@ -124,7 +131,7 @@ def leave(token: object) -> None:
     otel_context.detach(token)  # type: ignore[arg-type]
 
 
-OUTCOMES_IN_ERROR = frozenset({"failed", "permanent", "timeout", "poison"})
+OUTCOMES_IN_ERROR = frozenset({"failed", "permanent", "timeout"})
 """Attempt outcomes whose span ends with status ERROR; the others (ok, retry, skipped, released)
 leave it unset, as the semantic conventions ask of a span that did not fail."""
 
@@ -132,7 +139,16 @@ leave it unset, as the semantic conventions ask of a span that did not fail."""
 def end_attempt(span: Span, outcome: str, exc: BaseException | None = None, error_type: str | None = None,
                 dead: bool = False, extra: Mapping[str, Any] | None = None) -> None:
     """End an attempt's span with its outcome (``zsched.outcome``); a failure records the
-    exception and sets status ERROR and ``error.type``; ``dead``: the job was dead-lettered."""
+    exception and sets status ERROR and ``error.type``; ``dead``: the job was dead-lettered. An
+    error of the tracing SDK is logged, never raised: the outcome is reported to Redis all the same."""
+    try:
+        _end(span, outcome, exc, error_type, dead, extra)
+    except Exception:
+        log.exception("ending an attempt's span (outcome %s) failed", outcome)
+
+
+def _end(span: Span, outcome: str, exc: BaseException | None, error_type: str | None, dead: bool,
+         extra: Mapping[str, Any] | None) -> None:
     span.set_attribute("zsched.outcome", outcome)
     if dead:
         span.set_attribute("zsched.dead_lettered", True)

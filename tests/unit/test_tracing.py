@@ -189,3 +189,15 @@ def test_a_malformed_trace_section_starts_an_untraced_attempt_instead_of_failing
     assert span is not None and getattr(span, "parent", None) is None, "a root span (or none: no provider)"
     assert span.get_span_context().trace_id != TRACE_ID
     tracing.end_attempt(span, "failed", ValueError("x"), dead=True)
+
+
+class BrokenSpan(NonRecordingSpan):
+    """A span whose SDK fails at every call."""
+
+    def set_attribute(self, key: str, value: object) -> None:
+        raise RuntimeError("exporter queue is gone")
+
+
+def test_an_error_of_the_tracing_sdk_is_logged_and_never_reaches_the_job(caplog: pytest.LogCaptureFixture) -> None:
+    tracing.end_attempt(BrokenSpan(SpanContext(TRACE_ID, SPAN_ID, is_remote=False)), "ok")
+    assert "ending an attempt's span (outcome ok) failed" in caplog.text
