@@ -15,7 +15,9 @@ processes, spread and batched, one redis-server and a 3-master cluster; without 
 its section of RESULTS.md and its curves in docs/img; ``python -m bench fanout --help`` for its own
 options, ``--compare OTHER_CHECKOUT`` among them), idle_cost (what a round trip and a job cost a
 process that was idle: redis-py round trips back to back and after 1-50 ms sleeps, one worker's CPU
-per job at 20, 75 and 300 jobs/s; not part of all), all.
+per job at 20, 75 and 300 jobs/s; not part of all), tracing (what OpenTelemetry support costs W1 and W3
+unused, against another checkout: ``python -m bench tracing --other CHECKOUT [--quick]``; not part
+of all), all.
 """
 from __future__ import annotations
 
@@ -30,11 +32,11 @@ from typing import Any
 from bench import common
 
 SUITES = ("core", "drain", "lateness", "herd", "scale", "failover", "pg", "peers", "fanout", "transport", "soak",
-          "cluster", "migrate", "kit", "effects", "outbox", "idle_cost")
+          "cluster", "migrate", "kit", "effects", "outbox", "idle_cost", "tracing")
 # transport needs git and the old commit (minutes of interleaved runs); soak runs 30 minutes;
 # cluster needs redis-cli and takes about 15 minutes of alternating rounds
 # migrate fills 2.6 M jobs over 4 fresh servers (an admin operation, not a workload)
-NOT_IN_ALL = ("transport", "soak", "cluster", "migrate", "kit", "idle_cost")
+NOT_IN_ALL = ("transport", "soak", "cluster", "migrate", "kit", "idle_cost", "tracing")
 RUN_QUICK = {"peers": "bench.peers", "transport": "bench.transport_compare", "kit": "bench.kit",
              "effects": "bench.effects", "outbox": "bench.outbox", "idle_cost": "bench.idle_cost"}
 
@@ -104,6 +106,9 @@ def main() -> None:
         from bench import fanout
         fanout.main(sys.argv[2:])
         return
+    if sys.argv[1:2] == ["tracing"]:  # needs --other, the checkout to compare with
+        from bench import tracing
+        sys.exit(tracing.main(sys.argv[2:]))
     args = p.parse_args()
     if args.report:
         from bench.report import write_markdown

@@ -193,17 +193,20 @@ local function arg(kind, i, name, a, b, c)
 end
 -- A new job's record as codec.build_record makes it, at byte o + 1 of s (schedule passes the blob,
 -- the id before it; cron_set its template): the header with attempt 0, max_attempts 1-255 and
--- only the flags F_SKIP, F_OPTS, F_KEY and F_LEASE (cron occurrences are made here, not sent), then
--- exactly the sections they announce, in range (misfire grace up to 49 days, lease from 100 ms to
--- 7 days: options.MAX_GRACE_S and MAX_LEASE_S), the key section holding 'key' ('' for none: no
--- section). Returns nil, or what was expected. The limits are written here, not captured (a
+-- only the flags F_SKIP, F_OPTS, F_KEY, F_LEASE and F_TRACE (cron occurrences are made here, not
+-- sent), then exactly the sections they announce, in range (misfire grace up to 49 days, lease from
+-- 100 ms to 7 days: options.MAX_GRACE_S and MAX_LEASE_S), the key section holding 'key' ('' for
+-- none: no section), the trace section a W3C trace context (codec.trace_section: 25 to 255 bytes,
+-- trace and span ids not all zero, the tracestate printable ASCII): a worker hands it to the
+-- tracing library as a traceparent, so a bad one would break its attempts. Returns nil, or what
+-- was expected. The limits are written here, not captured (a
 -- captured local costs every call that builds the closure about 0.3 k instructions).
 local function record_problem(s, o, key)
   local n = #s
   if n < o + 9 then return 'a job record (9 bytes or more)' end
   local a, mx, flags = string.byte(s, o + 3, o + 5)
-  if a ~= 0 or mx == 0 or flags >= 16 then
-    return 'a new job record: attempt 0, max_attempts 1-255, flags F_SKIP, F_OPTS, F_KEY, F_LEASE only'
+  if a ~= 0 or mx == 0 or flags >= 64 or flags % 32 >= 16 then
+    return 'a new job record: attempt 0, max_attempts 1-255, flags F_SKIP, F_OPTS, F_KEY, F_LEASE, F_TRACE only'
   end
   if flags == 0 and key == '' then return nil end
   local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(s, o + 10, o + 17)
@@ -214,7 +217,7 @@ local function record_problem(s, o, key)
     end
     pos, b1, b2, b3, b4 = pos + 4, b5, b6, b7, b8
   end
-  if flags >= 8 then
+  if flags % 16 >= 8 then
     local lease = n >= pos + 3 and ((b1 * 256 + b2) * 256 + b3) * 256 + b4
     if not lease or lease < 100 or lease > 604800000 then return 'a record whose lease is 100-604800000 ms' end
     pos = pos + 4
@@ -232,6 +235,15 @@ local function record_problem(s, o, key)
     if n < pos + 1 then return 'a record whose options section fits' end
     local l1, l2 = string.byte(s, pos, pos + 1)
     pos = pos + 2 + l1 * 256 + l2
+  end
+  if flags >= 32 then
+    local t = n >= pos and string.byte(s, pos) or 0
+    if t < 25 or n < pos + t or string.sub(s, pos + 1, pos + 16) == string.rep('\0', 16) or
+        string.sub(s, pos + 17, pos + 24) == string.rep('\0', 8) or
+        string.find(string.sub(s, pos + 26, pos + t), '[^ -~]') then
+      return 'a record whose trace section is a W3C trace context (trace id, span id, flags, printable tracestate)'
+    end
+    pos = pos + 1 + t
   end
   if n < pos - 1 then return 'a record whose sections fit in it' end
   return nil

@@ -7,7 +7,8 @@
 -- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, a name
 --   or queue that is not a name (validate_name), a definition that is not a msgpack map (its first
 --   byte) or is longer than 4096 bytes (the client's is a few hundred), a head and tail that are not a job record template
---   (codec.split_template: the head is the header and its grace and lease sections, with no key;
+--   (codec.split_template: the head is the header and its grace and lease sections, with no key
+--   or trace section;
 --   record_problem), a tombstone_ttl_ms outside 0 to 9999-12-31 in ms, a count below 1 or not
 --   matching the number of arguments, a placement hash outside 0 to 2^32 - 1, an occurrence whose
 --   nominal ms is not after the previous one (or past 9999-12-31) or whose fire ms is not 0 to
@@ -27,7 +28,9 @@ end
 local problem = (not head or not tail) and 'a record template' or record_problem(head .. tail, 0, '')
 if not problem then
   local flags = string.byte(head, 5)
-  if #head ~= 9 + (flags % 2 == 1 and 4 or 0) + (flags >= 8 and 4 or 0) then
+  if flags >= 32 then
+    problem = 'a template without a trace section (each occurrence is a new trace, not the setter\'s)'
+  elseif #head ~= 9 + (flags % 2 == 1 and 4 or 0) + (flags >= 8 and 4 or 0) then
     problem = 'the header and its grace and lease sections (codec.split_template)'
   end
 end

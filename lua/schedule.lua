@@ -16,7 +16,7 @@
 --       flag other than 0 or 1, and any job whose blob is shorter than an id and a record or whose
 --       record is not one codec.build_record makes (record_problem: attempt 0, max_attempts 1-255,
 --       known flags, sections that fit, lease and grace in range, its key section the key
---       argument), whose run_at is not epoch ms up to 9999-12-31 or "ESTrDELTA" landing in that
+--       argument, a trace section a W3C trace context), whose run_at is not epoch ms up to 9999-12-31 or "ESTrDELTA" landing in that
 --       range, or whose key is longer than 200 bytes or starts with "cron:" (reserved for cron
 --       occurrences; the client refuses them too). Every job is checked before the first is
 --       written: a batch whose 5th run_at is bad writes nothing.

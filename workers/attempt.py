@@ -20,7 +20,7 @@ class Attempt:
     heartbeat) and how far it got. Plain slots: one is made per job on the hot path."""
 
     __slots__ = ("job", "p", "queue", "raw_id", "token", "lease_s", "rec", "handler", "stats", "task",
-                 "next_hb", "hb_pending", "lost", "state", "uncertain", "t0", "held", "started")
+                 "next_hb", "hb_pending", "lost", "state", "uncertain", "t0", "held", "started", "span")
 
     def __init__(self, p: int, queue: str, c: Claimed, handler: HandlerSpec | None, stats: WorkerStats,
                  t0: float) -> None:
@@ -44,3 +44,4 @@ class Attempt:
         self.uncertain = False  # re-sent after a connection error: a refusal may mean "applied"
         self.job: Job | None = None
         self.held = False  # on a prefetch slot (handed off ahead of its time), not a handler slot yet
+        self.span: Any = None  # the attempt's OpenTelemetry span while its handler runs (workers/runner.py)

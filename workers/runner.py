@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
+from scheduler.client import tracing
 from scheduler.protocol import codec
 from scheduler.protocol.calls import error_arg
 from scheduler.protocol.codec import Record
@@ -135,13 +136,17 @@ class ThreadCount:
         self.busy = 0
         self._lock = threading.Lock()
 
-    def call(self, fn: Handler, job: Job) -> Any:
-        """Run ``fn(job)`` in the calling (pool) thread, counted."""
+    def call(self, fn: Handler, job: Job, span: Any = None) -> Any:
+        """Run ``fn(job)`` in the calling (pool) thread, counted, inside ``span`` (the attempt's
+        trace span, or None): a pool thread does not inherit the loop's context."""
         with self._lock:
             self.busy += 1
+        token = tracing.enter(span) if span is not None else None
         try:
             return fn(job)
         finally:
+            if token is not None:
+                tracing.leave(token)
             with self._lock:
                 self.busy -= 1
 
@@ -172,6 +177,8 @@ class HandlerRunner:
         self.threads = threads
         self.alarm = make_alarm(loop)
         self.pool: ThreadPoolExecutor | None = None
+        self.trace_all = False  # a tracer provider is installed: every attempt gets a span (dispatch)
+        self.trace_check_at = 0.0  # monotonic time of the next look for one
         if any(spec is not None and not spec.is_async for spec in specs.values()):
             self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="zsched-handler")
 
@@ -195,6 +202,9 @@ class HandlerRunner:
         then is lengthened by the clocks' largest rate difference (``MAX_RATE_DIFF``)."""
         stats = self.qstats[q]
         stats.claimed += len(jobs)
+        if not self.trace_all and t0 >= self.trace_check_at:
+            # the API's look costs about 1 us: at most once a second while no provider is installed
+            self.trace_all, self.trace_check_at = tracing.provider_installed(), t0 + 1.0
         spec = self.specs[q]
         limit = self.max_payload_bytes
         create_task = self.loop.create_task
@@ -228,6 +238,9 @@ class HandlerRunner:
                 hb.wake.set()
 
     def _started(self, r: Attempt) -> None:
+        job, rec = r.job, r.rec
+        if job is not None and rec is not None and (rec.trace is not None or self.trace_all):
+            r.span = tracing.start_attempt(r.queue, job.id, job.attempt, job.fence, self.namespace, rec.trace)
         if self.metrics is not None and r.job is not None:
             try:
                 self.metrics.job_started(r.job)
@@ -278,6 +291,7 @@ class HandlerRunner:
     async def _run_async(self, r: Attempt) -> None:
         spec = r.handler
         assert spec is not None and r.job is not None
+        token = tracing.enter(r.span) if r.span is not None else None  # the handler's spans nest in it
         try:
             if spec.timeout is None:
                 await spec.fn(r.job)
@@ -299,11 +313,14 @@ class HandlerRunner:
             self._finish_exc(r, exc)
         else:
             self._finish_ok(r)
+        finally:
+            if token is not None:
+                tracing.leave(token)
 
     async def _run_sync(self, r: Attempt) -> None:
         spec = r.handler
         assert spec is not None and r.job is not None and self.pool is not None
-        fut = self.loop.run_in_executor(self.pool, self.threads.call, spec.fn, r.job)
+        fut = self.loop.run_in_executor(self.pool, self.threads.call, spec.fn, r.job, r.span)
         try:
             if spec.timeout is None:
                 await fut
@@ -335,8 +352,16 @@ class HandlerRunner:
         self.slots.give_back()
 
     # -- outcomes -------------------------------------------------------------------------------
-    def _end(self, r: Attempt, outcome: str, keep_slot: bool = False) -> None:
+    def _end(self, r: Attempt, outcome: str, keep_slot: bool = False, exc: BaseException | None = None,
+             f: Failure | None = None) -> None:
         r.state = DONE
+        if r.span is not None:
+            job = r.job
+            dead = f is not None and (f.kind is FailKind.PERMANENT or (
+                f.kind is not FailKind.RETRY and job is not None and job.attempt >= job.max_attempts))
+            tracing.end_attempt(r.span, outcome, exc, f.etype if f else None, dead,
+                                {"zsched.retry_delay_ms": f.delay_ms} if f and not dead else None)
+            r.span = None
         self.running.discard(r)
         r.task = None  # no reference cycles: finished jobs are freed by refcounting, not the GC
         if not keep_slot:
@@ -360,10 +385,10 @@ class HandlerRunner:
             return
         spec = r.handler
         assert spec is not None and spec.timeout is not None
-        self._end(r, "timeout", keep_slot)
-        r.stats.failed += 1
         assert r.rec is not None
         f = timeout_failure(r.queue, spec.timeout, r.rec)
+        self._end(r, "timeout", keep_slot, f=f)
+        r.stats.failed += 1
         self._report_failure(r, f.kind, f.delay_ms, f.error, f.etype, f.message)
 
     def _finish_exc(self, r: Attempt, exc: BaseException) -> None:
@@ -380,7 +405,7 @@ class HandlerRunner:
                 self.outbox.ack(r)
             return
         f = failure_of(exc, r.rec)
-        self._end(r, f.outcome)
+        self._end(r, f.outcome, exc=exc, f=f)
         if f.kind is FailKind.RETRY:
             log.debug("job %s (queue %r, attempt %d) asked for a retry in %.3g s", encode_id(r.raw_id), r.queue,
                       r.rec.attempt, f.delay_ms / 1000)
@@ -418,6 +443,9 @@ class HandlerRunner:
         for r in left:
             r.state = RELEASED
             self.running.discard(r)
+            if r.span is not None:
+                tracing.end_attempt(r.span, "released")
+                r.span = None
             if not r.lost:
                 self.outbox.release(r)
             if self.metrics is not None and r.job is not None:

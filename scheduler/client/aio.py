@@ -35,6 +35,7 @@ from .settings import (
     tombstone_ttl_fields,
 )
 from .sync import Client
+from .tracing import current_trace
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -151,7 +152,7 @@ class AsyncClient:
                        options: JobOptions | None = None, durable: str | None = UNSET,
                        **job_options: Unpack[JobOptionFields]) -> str:
         calls = self._calls or await self._connected()
-        call = calls.prepare_one(at, payload, key, with_overrides(options, job_options))
+        call = calls.prepare_one(at, payload, key, with_overrides(options, job_options), current_trace())
         d = await self._durability(durable)
         replies = await self.transport.call_many([call], resend=self._opts.resend_schedule,
                                                  then=d.command() if d else None)
@@ -167,7 +168,7 @@ class AsyncClient:
                             **job_options: Unpack[JobOptionFields]) -> list[str]:
         calls = await self._connected()
         items = list(jobs)
-        batch, pos = calls.prepare(items, with_overrides(options, job_options), ids_from)
+        batch, pos = calls.prepare(items, with_overrides(options, job_options), ids_from, current_trace())
         if not batch:
             return []
         d = await self._durability(durable)

@@ -35,6 +35,7 @@ from .settings import (
     retention_fields,
     tombstone_ttl_fields,
 )
+from .tracing import current_trace
 
 
 class Client:
@@ -181,7 +182,7 @@ class Client:
         (timeout, dropped connection) is re-sent under the client's retry policy; the script makes
         the re-send idempotent, so a job is never created twice."""
         calls = self._calls or self.calls
-        call = calls.prepare_one(at, payload, key, with_overrides(options, job_options))
+        call = calls.prepare_one(at, payload, key, with_overrides(options, job_options), current_trace())
         d = self._durability(durable)
         if d is None and self._opts.resend_schedule:
             return calls.one_id(self.transport.call(*call))
@@ -205,7 +206,7 @@ class Client:
         finished within the tombstone TTL, and returns their ids; what ``zsched relay`` uses."""
         calls = self.calls
         items = list(jobs)
-        batch, pos = calls.prepare(items, with_overrides(options, job_options), ids_from)
+        batch, pos = calls.prepare(items, with_overrides(options, job_options), ids_from, current_trace())
         if not batch:
             return []
         d = self._durability(durable)

@@ -140,11 +140,13 @@ class Calls:
         return validate_key(key)
 
     def prepare(self, items: Iterable[Sequence[Any]], opts: JobOptions,
-                ids_from: Sequence[str] | None = None) -> tuple[list[Call], list[list[int]]]:
+                ids_from: Sequence[str] | None = None,
+                trace: bytes | None = None) -> tuple[list[Call], list[list[int]]]:
         """Validate every job, then build the schedule calls (one per partition and BATCH jobs) and,
         per call, the input positions of its jobs. Nothing is written if any job is bad.
         ``ids_from``: a stable name per job, its id derived from it (:func:`~.ids.derived_id`);
-        the calls carry the re-send flag, so a batch sent again creates nothing twice."""
+        the calls carry the re-send flag, so a batch sent again creates nothing twice. ``trace``:
+        the producer's trace context (:func:`~.tracecontext.trace_section`), stored in every job."""
         items = list(items)
         names = id_names(ids_from, len(items))
         now_s = self.clock()
@@ -168,7 +170,7 @@ class Calls:
                 raise ValueError(f"job {n}: expected (at, payload) or (at, payload, key), got {len(item)} items")
             ms, when = self.run_at(at, opts.jitter_ms, now_s)
             data = pack_payload(payload, self.max_payload)
-            rec = build_record(data, created_s=created, key=key, **rec_opts)
+            rec = build_record(data, created_s=created, key=key, trace=trace, **rec_opts)
             if names is None:
                 raw, p = new_id(ms, parts, key)
             elif isinstance(when, str):
@@ -192,7 +194,8 @@ class Calls:
                 positions.append(idx[s : s + BATCH])
         return calls, positions
 
-    def prepare_one(self, at: At, payload: Any, key: str | None, opts: JobOptions) -> Call:
+    def prepare_one(self, at: At, payload: Any, key: str | None, opts: JobOptions,
+                    trace: bytes | None = None) -> Call:
         """Fast path of :meth:`prepare` for one job (the common producer call)."""
         key = self.validate_key(key)
         now_s = self.clock()
@@ -200,7 +203,7 @@ class Calls:
         rec = build_record(pack_payload(payload, self.max_payload), created_s=int(now_s), key=key,
                            max_attempts=opts.max_attempts, lease_ms=opts.lease_ms,
                            misfire_skip=opts.misfire_skip, misfire_grace_ms=opts.misfire_grace_ms,
-                           backoff_base_ms=opts.backoff_base_ms, backoff_cap_ms=opts.backoff_cap_ms)
+                           backoff_base_ms=opts.backoff_base_ms, backoff_cap_ms=opts.backoff_cap_ms, trace=trace)
         raw, p = self.ids.new(ms, self.ks.partitions, key)
         return self.call("schedule", p, opts.queue, self.tomb_ms, 1, 0, raw + rec, when, key or "")
 

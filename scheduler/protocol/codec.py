@@ -8,6 +8,8 @@ Record layout (big-endian), designed so Lua reads it at fixed offsets without a 
   F_SKIP   uint32 misfire grace ms      F_LEASE  uint32 lease ms (default 30 000)
   F_KEY    uint8 length + key bytes     F_CRON   uint48 nominal ms + uint16 missed (cron occurrences)
   F_OPTS   uint16 length + msgpack map (backoff, ...)
+  F_TRACE  uint8 length + the producer's W3C trace context: trace id (16) + span id (8) + trace
+           flags (1), then its tracestate as ASCII (at most MAX_TRACESTATE bytes; docs/tracing.md)
   then the payload, msgpack.
 
 With a 98-byte payload a timer member (15-byte id + 9-byte header + payload) is 122 bytes, which
@@ -30,6 +32,7 @@ F_OPTS = 2
 F_KEY = 4
 F_LEASE = 8
 F_CRON = 16  # a cron occurrence: uint48 nominal ms + uint16 missed occurrences follow the key
+F_TRACE = 32  # the producer's trace context follows the options (scheduler/client/tracing.py)
 
 DEFAULT_LEASE_MS = 30_000
 DEFAULT_BACKOFF_BASE_MS = 1_000
@@ -37,6 +40,8 @@ DEFAULT_BACKOFF_CAP_MS = 3_600_000
 DEFAULT_MAX_PAYLOAD = 512 * 1024
 MAX_ATTEMPTS_LIMIT = 255
 MAX_KEY_BYTES = 200
+TRACE_ID_BYTES = 25  # trace id (16) + parent span id (8) + trace flags (1): a W3C traceparent, version 00
+MAX_TRACESTATE = 255 - TRACE_ID_BYTES  # the section's length is one byte
 
 _HDR = struct.Struct(">HBBBI")
 _U32 = struct.Struct(">I")
@@ -61,6 +66,7 @@ class Record:
     payload_bytes: bytes
     cron_nominal_ms: int | None = None  # cron occurrences: the nominal time this run stands for
     cron_missed: int = 0                # cron occurrences: earlier occurrences coalesced into it
+    trace: bytes | None = None          # the producer's trace context (F_TRACE section), or None
 
 
 def pack_payload(payload: Any, limit: int) -> bytes:
@@ -107,8 +113,10 @@ def build_record(
     backoff_cap_ms: int = DEFAULT_BACKOFF_CAP_MS,
     queue_index: int = 0,
     attempt: int = 0,
+    trace: bytes | None = None,
 ) -> bytes:
-    """Assemble a record. Inputs are assumed validated by the caller (see client.validate_*)."""
+    """Assemble a record. Inputs are assumed validated by the caller (see client.validate_*);
+    ``trace``: a trace section's content as :func:`trace_section` makes it."""
     flags = 0
     tail = []
     if misfire_skip:
@@ -125,6 +133,9 @@ def build_record(
         opts = msgpack.packb({"bb": backoff_base_ms, "bc": backoff_cap_ms})
         flags |= F_OPTS
         tail.append(_U16.pack(len(opts)) + opts)
+    if trace is not None:
+        flags |= F_TRACE
+        tail.append(bytes((len(trace),)) + trace)
     head = _HDR.pack(queue_index, attempt, max_attempts, flags, created_s)
     if tail:
         return head + b"".join(tail) + payload_bytes
@@ -135,8 +146,8 @@ def split_template(rec: bytes) -> tuple[bytes, bytes]:
     """Split a record built without key into (head: header + grace + lease, tail: opts + payload)
     so Lua can insert a key and a cron section between them for each cron occurrence."""
     flags = rec[4]
-    if flags & (F_KEY | F_CRON):
-        raise ValueError("cron templates carry no key or cron section")
+    if flags & (F_KEY | F_CRON | F_TRACE):
+        raise ValueError("cron templates carry no key, cron or trace section")
     pos = HEADER_SIZE + (4 if flags & F_SKIP else 0) + (4 if flags & F_LEASE else 0)
     return rec[:pos], rec[pos:]
 
@@ -170,12 +181,17 @@ def decode_record(rec: bytes) -> Record:
             opts = msgpack.unpackb(rec[pos + 2 : pos + 2 + n], max_str_len=n, max_map_len=n)
             bb, bc = int(opts.get("bb", bb)), int(opts.get("bc", bc))
             pos += 2 + n
+        trace = None
+        if flags & F_TRACE:
+            n = rec[pos]
+            trace = rec[pos + 1 : pos + 1 + n]
+            pos += 1 + n
         if pos > len(rec):
             raise ValueError("truncated")
     except Exception as exc:
         raise PayloadError(f"job record is malformed ({type(exc).__name__}: {exc})") from None
     return Record(q, attempt, max_attempts, created, bool(flags & F_SKIP), grace, lease, key, bb, bc, rec[pos:],
-                  cron_nominal, cron_missed)
+                  cron_nominal, cron_missed, trace)
 
 
 TOMBSTONE_HEADER = 28

@@ -179,7 +179,8 @@ _IMPORT_NAME = {"redis": "redis", "msgpack": "msgpack", "etcd3aio": "etcd3aio",
                 "hypothesis": "hypothesis", "fakeredis": "fakeredis", "pyyaml": "yaml", "psycopg": "psycopg",
                 "huey": "huey", "celery": "celery", "starlette": "starlette", "jinja2": "jinja2",
                 "uvicorn": "uvicorn", "playwright": "playwright", "uvloop": "uvloop",
-                "matplotlib": "matplotlib", "kubernetes-validate": "kubernetes_validate"}
+                "matplotlib": "matplotlib", "kubernetes-validate": "kubernetes_validate",
+                "opentelemetry-api": "opentelemetry", "opentelemetry-sdk": "opentelemetry.sdk"}
 # used without an import: pytest plugins and command-line tools
 _USED_OTHERWISE = {
     "pytest-asyncio": lambda: 'asyncio_mode = "auto"' in (ROOT / "pyproject.toml").read_text(),
