@@ -71,6 +71,7 @@ class Outbox:
         self.releases: defaultdict[int, list[Attempt]] = defaultdict(list)
         self.n = 0              # outcomes queued
         self.flushing = False   # the outcome loop has a round trip in flight
+        self.in_flight = 0      # outcomes in that round trip (back in ``n`` if it fails)
         self.wake = asyncio.Event()
 
     # -- queueing -------------------------------------------------------------------------------
@@ -237,10 +238,11 @@ class Outbox:
                 continue
             if self.n < FLUSH_BIG:
                 await asyncio.sleep(FLUSH_DELAY)  # let more outcomes join this round trip
+            sending = self.n
             calls, meta = self.take()
             if not calls:
                 continue  # the claim loop took them along with its claims
-            self.flushing = True
+            self.flushing, self.in_flight = True, sending
             try:
                 t_flush = time.perf_counter()
                 results = await send(calls, "flush")
@@ -248,12 +250,12 @@ class Outbox:
                     roundtrip("ack", time.perf_counter() - t_flush)
             except REDIS_ERRORS as exc:
                 self.requeue(meta)
-                self.flushing = False
+                self.flushing, self.in_flight = False, 0
                 if life.stopping and life.drain_deadline < time.monotonic():
                     return
                 await asyncio.sleep(self.retry_wait(outage.failed(exc)))
                 continue
-            self.flushing = False
+            self.flushing, self.in_flight = False, 0
             node_down = self.apply(meta, results)
             if node_down is None:
                 outage.ok()
@@ -269,5 +271,6 @@ class Outbox:
             self.wake.set()
             await asyncio.sleep(0.005)
         if self.n or self.flushing:
+            # a round trip still in flight (e.g. stuck connecting) holds its outcomes out of ``n``
             log.error("could not deliver %d outcome(s) before exiting; those jobs run again after their leases "
-                      "expire", self.n)
+                      "expire", self.n + self.in_flight)

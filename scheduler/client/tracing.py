@@ -1,4 +1,5 @@
-"""OpenTelemetry, optional (``pip install 'zsched[otel]'``): the one module that imports it.
+"""OpenTelemetry, optional (the ``otel`` extra: ``pip install -e '/path/to/zsched[otel]'``): the one
+module that imports it.
 
 A producer's ``schedule`` stores the trace context of its current span in the job
 (:func:`current_trace`); a worker runs each attempt inside a CONSUMER span named ``process
