@@ -21,7 +21,6 @@ from functools import partial
 from pathlib import Path
 
 from ..client import Client
-from ..coord import EtcdCoordinator
 from ..metrics import bucket_quantile, scrape_histogram
 from ..protocol import config
 from ..protocol.etcd_endpoints import check_etcd_endpoints
@@ -319,6 +318,8 @@ class View:
 
     def owners(self) -> dict[str, list[int]]:
         async def read() -> dict[str, list[int]]:
+            from ..coord import EtcdCoordinator  # gRPC loads only once zsched dev runs
+
             async with EtcdCoordinator.from_endpoints(self.stack.etcd, timeout=0.5) as c:
                 kvs, _ = await c.get_prefix(f"/zsched/{self.stack.ns}/owners/")
             out: dict[str, list[int]] = {}

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from ..client import AsyncClient, parse_dead_retention, parse_queue_idle, parse_rate_limits
-from ..coord import Coordinator, CoordinatorUnavailable, EtcdCoordinator
+from ..coord import Coordinator, CoordinatorUnavailable
 from ..health import STALE_AFTER_S, Health, Verdict
 from ..metrics import PartitionStatsCollector, SchedulerMetrics, WorkerRegistryCollector, metrics_url, serve
 from ..protocol import config
@@ -92,6 +92,8 @@ class SchedulerProcess:
         self.transport = AsyncScriptTransport(self.redis, TIER_RETRY)
         self.batcher = TickBatcher(self.transport)  # the partitions' ticks that wake together: one round trip
         # TLS material comes from files named in the environment (URLs carry user:password and https)
+        from ..coord import EtcdCoordinator  # gRPC loads only in a process that runs the tier
+
         self.coord = coord or EtcdCoordinator.from_endpoints(
             cfg.etcd_endpoints, **config.etcd_tls()._asdict())
         self.runners: dict[int, PartitionRunner] = {}

@@ -292,3 +292,16 @@ def test_no_import_circles() -> None:
                     seen.add(nxt)
                     stack.append((nxt, [*trail, nxt]))
     assert not circles, "import circles:\n" + "\n".join(sorted(circles))
+
+
+def test_the_zsched_command_loads_grpc_only_for_the_commands_that_talk_to_etcd() -> None:
+    """Building the ``zsched`` parser (every one-shot command's start) does not import etcd3aio or
+    gRPC (about 80 ms a process): ``scheduler.coord`` gives ``EtcdCoordinator`` lazily."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom scheduler.shell.cli import build_parser\nbuild_parser()\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('etcd3aio', 'grpc')))\n"
+            "from scheduler.coord import EtcdCoordinator\nprint('etcd3aio' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split("\n")[:2] == ["[]", "True"], out.stdout
