@@ -163,3 +163,30 @@ def _end(span: Span, outcome: str, exc: BaseException | None, error_type: str | 
         description = f"{etype}: {exc}" if exc is not None else etype
         span.set_status(trace.Status(trace.StatusCode.ERROR, description[:200]))
     span.end()
+
+
+def record_firing(namespace: str, partition: int, replica: str, fired: int, moved: int, lateness_max_ms: int,
+                  start_ns: int, end_ns: int) -> None:
+    """Record one firing tick of the scheduler tier as an INTERNAL span ``fire NAMESPACE`` from
+    ``start_ns`` to ``end_ns`` (epoch ns): ``fired`` jobs made ready (``messaging.batch.message_count``),
+    ``moved`` timers taken, the latest job's lateness. Recorded only once a tracer provider is
+    installed (e.g. by ``opentelemetry-instrument``); the replica samples which ticks it records
+    (``zsched scheduler --trace-firing``). An error of the tracing SDK is logged, never raised."""
+    if not provider_installed():
+        return
+    attrs: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.batch.message_count": fired,
+        "zsched.namespace": namespace,
+        "zsched.partition": partition,
+        "zsched.replica": replica,
+        "zsched.timers_moved": moved,
+        "zsched.lateness_max_ms": lateness_max_ms,
+    }
+    try:
+        span = _TRACER.start_span(f"fire {namespace}", context=otel_context.Context(),
+                                  kind=trace.SpanKind.INTERNAL, attributes=attrs, start_time=start_ns)
+        span.end(end_time=end_ns)
+    except Exception:
+        log.exception("recording the firing span of partition %d failed", partition)
+

@@ -38,6 +38,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         f"{RunnerConfig.handoff_lead * 1000:g}); the "
                         "worker starts each at its due time, never before, so the hops in between do "
                         "not make it late. 0: fire at the due time")
+    p.add_argument("--trace-firing", type=float, default=RunnerConfig.trace_firing, metavar="RATIO",
+                   help="share of the ticks that fire jobs recorded as OpenTelemetry spans, 0 to 1 (default "
+                        f"{RunnerConfig.trace_firing:g}: none); needs a tracer provider in this process, e.g. "
+                        "'opentelemetry-instrument zsched scheduler ...' (docs/tracing.md)")
     p.add_argument("--redis-timeout", type=float, default=SchedulerConfig.redis_timeout, metavar="S",
                    help=f"socket timeout of a Redis call, seconds (default {SchedulerConfig.redis_timeout:g}): "
                         "a reply slower than this is "
@@ -82,6 +86,8 @@ def config_from_args(args: argparse.Namespace) -> SchedulerConfig:
         raise ValueError(f"--batch must be from 1 to 5000, got {args.batch}")
     if not 0 <= args.handoff_lead <= 1000:
         raise ValueError(f"--handoff-lead must be from 0 to 1000 ms, got {args.handoff_lead}")
+    if not 0 <= args.trace_firing <= 1:  # refuses nan too
+        raise ValueError(f"--trace-firing must be from 0 to 1 (a share of the firing ticks), got {args.trace_firing}")
     if not 0.01 <= args.redis_timeout <= 3600:
         raise ValueError(f"--redis-timeout must be from 0.01 to 3600 seconds, got {args.redis_timeout}")
     if not MIN_HORIZON <= args.due_soon_horizon <= MAX_HORIZON:  # refuses nan too
@@ -102,4 +108,5 @@ def config_from_args(args: argparse.Namespace) -> SchedulerConfig:
     )
     cfg.runner.batch = args.batch
     cfg.runner.handoff_lead = args.handoff_lead / 1000.0
+    cfg.runner.trace_firing = args.trace_firing
     return cfg

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 from zoneinfo import ZoneInfo
 
+from ..client import tracing
 from ..metrics import SchedulerMetrics
 from ..protocol.calls import Calls
 from ..protocol.cron import LOOKAHEAD, occurrences, with_jitter
@@ -88,6 +89,9 @@ class RunnerConfig:
     backoff_max: float = 0.5
     conflict_retry_min: float = 1.0   # first retry after an epoch conflict (then doubling, with jitter)
     conflict_retry_max: float = 30.0  # cap: a conflict costs each partition ~2 refused calls per minute
+    # share of the ticks that fire jobs recorded as OpenTelemetry spans (docs/tracing.md), once a
+    # tracer provider is installed in the replica's process; 0: none, and nothing is checked
+    trace_firing: float = 0.0
 
 
 class PartitionRunner:
@@ -333,10 +337,15 @@ class PartitionRunner:
         if do_reap:
             calls.append(reap_call(self._core, self.partition, self.epoch, cfg.reap_batch))
         t0 = time.perf_counter()
+        start_ns = time.time_ns() if cfg.trace_firing else 0
         replies = await self._send_ticks(calls)
         received = time.monotonic()
         self._m.tick_duration.labels(self._m.replica).observe(time.perf_counter() - t0)
         tick = parse_tick(replies[0])
+        if start_ns and not isinstance(tick, EpochRefused) and tick.lateness_ms \
+                and random.random() < cfg.trace_firing:
+            tracing.record_firing(self._core.ks.namespace, self.partition, self._m.replica, len(tick.lateness_ms),
+                                  tick.moved, max(tick.lateness_ms), start_ns, time.time_ns())
         if isinstance(tick, EpochRefused):
             await self._refused(tick.newest_epoch)
         held_any = self._account_tokens(tick.queues, grants)

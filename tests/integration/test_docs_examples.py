@@ -116,6 +116,8 @@ NOT_RUN = {
     ("docs/workers.md", "zsched worker myapp.tasks:worker --redis redis://10.0.0.5"):
         "production set-up; parsed and run against a loopback Redis below",
     ("docs/architecture.md", "             schedule (due later)"): "a diagram",
+    ("docs/tracing.md", "OTEL_SERVICE_NAME=zsched-scheduler"):
+        "production set-up: an OpenTelemetry collector; tests/integration/test_tracing.py runs the firing spans",
     ("docs/effects.md", "zsched relay --postgres URL"): "a synopsis; tests/integration/test_outbox.py runs relays",
     ("docs/operations.md", "kubectl create namespace zsched"):
         "production set-up: Kubernetes (tests/unit/test_kubernetes_manifests.py validates the manifests)",

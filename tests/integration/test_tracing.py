@@ -160,3 +160,39 @@ async def test_a_job_scheduled_outside_any_trace_stores_no_context_and_its_attem
         await wait_for(lambda: len(attempts(spans, jid)) == 1, 10, what="the attempt's span")
     (span,) = attempts(spans, jid)
     assert span.parent is None and not span.links, "a worker with a provider traces every attempt, as a root"
+
+
+async def test_the_tier_records_the_share_of_its_firing_ticks_it_is_asked_to(
+        redis_url: str, etcd_endpoint: str, spans: InMemorySpanExporter) -> None:
+    """``zsched scheduler --trace-firing``: by default no tick is recorded; at 1.0 every tick that
+    fires jobs is an INTERNAL span ``fire NAMESPACE`` (a root: no job's trace is stretched over it)
+    naming the partition, the replica and how many jobs it fired."""
+    from scheduler.tier import SchedulerConfig, SchedulerProcess
+    from scheduler.tier.runner import RunnerConfig
+
+    def fired(ns: str) -> list[ReadableSpan]:
+        return [s for s in spans.get_finished_spans() if s.name == f"fire {ns}"]
+
+    for ns, ratio in (("trf0", RunnerConfig.trace_firing), ("trf1", 1.0)):
+        c = Client.from_url(redis_url, namespace=ns, partitions=2)
+        runner = RunnerConfig(trace_firing=ratio)
+        proc = SchedulerProcess(SchedulerConfig(redis_url=redis_url, etcd_endpoints=etcd_endpoint, namespace=ns,
+                                                replica_id="r1", lease_ttl=2.0, runner=runner))
+        task = asyncio.create_task(proc.run())
+        try:
+            ids = c.schedule_many([(timedelta(seconds=0.3), i) for i in range(5)])
+            await wait_for(lambda c=c, ids=ids: all(c.get(j).state.value == "ready" for j in ids), 15,
+                           what="the jobs fired")
+        finally:
+            proc.stop()
+            await asyncio.wait_for(task, 10)
+            c.close()
+        if ratio == 0:
+            assert fired(ns) == [], "no tick is recorded by default"
+            continue
+        got = fired(ns)
+        assert sum(s.attributes["messaging.batch.message_count"] for s in got) == 5, got
+        for s in got:
+            assert s.kind is SpanKind.INTERNAL and s.parent is None and s.end_time >= s.start_time
+            assert s.attributes["zsched.partition"] in (0, 1) and s.attributes["zsched.replica"] == "r1"
+            assert s.attributes["messaging.system"] == "zsched" and s.attributes["zsched.namespace"] == ns

@@ -56,6 +56,13 @@ def test_a_due_soon_horizon_out_of_range_is_refused_before_connecting(horizon: s
     assert f"--due-soon-horizon must be from 0 to 86400 seconds, got {float(horizon):g}" in line
 
 
+@pytest.mark.parametrize("ratio", ["nan", "-0.1", "1.5"])
+def test_a_firing_trace_share_out_of_range_is_refused_before_connecting(ratio: str,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    line = _one_error_line([*SCHEDULER, "--trace-firing", ratio], capsys)
+    assert "--trace-firing must be from 0 to 1 (a share of the firing ticks)" in line
+
+
 def test_a_bad_lease_ttl_variable_stops_only_the_scheduler(capsys: pytest.CaptureFixture[str],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZSCHED_LEASE_TTL", "five")
