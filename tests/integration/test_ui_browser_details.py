@@ -9,12 +9,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
 from playwright.sync_api import Browser, Response
 
-from scheduler import Client
+from scheduler import Client, JobState
+from scheduler.protocol.ids import encode_id
 from scheduler.shell.servers import ui_proc
 from scheduler.shell.servers.ports import free_port
 from scheduler.testing import Ops
@@ -134,4 +136,68 @@ def test_times_use_utc_digits_when_the_viewer_is_in_utc(console_url: tuple[str, 
     page.goto(url + f"/job/{jid}")
     hover = page.locator("#job-fields .f-run_at time").get_attribute("title") or ""
     assert "10:30:15" in hover and hover.endswith("(UTC)"), hover
+    ctx.close()
+
+
+def test_the_job_queue_and_dead_letter_actions_the_other_browser_tests_leave(
+        console_url: tuple[str, Client], browser: Browser) -> None:
+    """Run now, cancel and purge on the job page (cancel and purge behind the browser's confirm
+    dialog, accepted here), a queue paused and resumed from the overview, and dead letters purged by
+    selection after the dry-run count: each leaves Redis as the route says."""
+    url, client = console_url
+    ops = Ops(client)
+    soon, later = (client.schedule(timedelta(hours=3), {}, queue="acts") for _ in range(2))
+    for _ in range(2):
+        client.schedule(timedelta(0), {}, queue="acts")
+    dead_page, dead_picked = ops.claim("acts", 2)
+    for j in (dead_page, dead_picked):
+        ops.fail(j, "p")
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = ctx.new_page()
+    page.set_default_timeout(20_000)
+    dialogs: list[str] = []
+
+    def accept(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        dialog.accept()
+    page.on("dialog", accept)
+    page.goto(url + f"/login?next=/job/{soon}")
+    page.fill("#login-name", "actions-test")
+    page.fill("#login-token", TOKEN)
+    page.click("#login-form button")
+    page.wait_for_url(url + f"/job/{soon}")
+
+    page.click("#run-now")
+    page.wait_for_selector("#flash")
+    assert client.get(soon).state is JobState.READY  # type: ignore[union-attr]
+
+    page.goto(url + f"/job/{later}")
+    page.click("#cancel")
+    page.wait_for_selector("#flash")
+    assert dialogs and later in dialogs[-1]
+    assert client.get(later).state is JobState.CANCELLED  # type: ignore[union-attr]
+
+    dead_id = encode_id(dead_page.raw_id)
+    page.goto(url + f"/job/{dead_id}")
+    page.click("#purge")
+    page.wait_for_selector("#flash")
+    assert client.get(dead_id) is None, "purged for good"
+
+    page.goto(url + "/")
+    row = page.locator('#queues tr[data-queue="acts"]')
+    row.locator("button.pause").click()
+    page.wait_for_selector('#queues tr[data-queue="acts"] button.resume')
+    assert "acts" in client.paused()
+    page.locator('#queues tr[data-queue="acts"] button.resume').click()
+    page.wait_for_selector('#queues tr[data-queue="acts"] button.pause')
+    assert "acts" not in client.paused()
+
+    picked = encode_id(dead_picked.raw_id)
+    page.goto(url + "/dead")
+    page.locator(f'input.pick[value="{picked}"]').check()
+    page.click("#purge-selected")
+    assert page.locator("#dry-run-count").inner_text() == "1", "a dry-run count before confirming"
+    page.click("#confirm-button")
+    assert "purged 1" in page.locator("#flash").inner_text()
+    assert client.get(picked) is None
     ctx.close()
