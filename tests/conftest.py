@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from scheduler.shell.servers import HOST, etcd_delete_all, etcd_revoke_all_leases
+from scheduler.shell.servers.ports import PORT_RANGE_ENV, PORTS_FLOOR, port_range
 from scheduler.shell.servers.postgres import PostgresServer
 from tests.support.helpers import BACKENDS
 from tests.support.servers import ClusterServer, ClusterSet, EtcdCluster, EtcdServer, RedisServer, SentinelSet
@@ -24,6 +25,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """What the processes the tests start inherit from this one."""
     _sigint_as_from_a_terminal()
     _bytecode_cache_for_children()
+    _ports_of_this_test_worker()
 
 
 def _sigint_as_from_a_terminal() -> None:
@@ -55,6 +57,19 @@ def _bytecode_cache_for_children() -> None:
     # this process too, for the test modules it imports from now on
     sys.pycache_prefix = str(cache)
     sys.dont_write_bytecode = False
+
+
+def _ports_of_this_test_worker() -> None:
+    """Under pytest-xdist (``-n N``, scripts/test's default) each test worker, and every process it
+    starts, takes its ports from its own slice of the range: a server a fault test kills and
+    restarts on its port must find that port free, not taken by another worker's new server."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and count.isdigit()) or os.environ.get(PORT_RANGE_ENV):
+        return
+    lo, hi = port_range() or (PORTS_FLOOR, 32767)
+    size = (hi - lo + 1) // int(count)
+    first = lo + int(worker[2:]) * size
+    os.environ[PORT_RANGE_ENV] = f"{first}-{first + size - 1}"
 
 
 def _revive(server: RedisServer | EtcdServer) -> None:

@@ -140,6 +140,10 @@ class PostgresStore:
     def attempts(self) -> list[tuple[str, int]]:
         return [(str(j), int(p)) for j, p in self._rows("SELECT job_id, pid FROM attempts")]  # type: ignore[call-overload]
 
+    def attempt_pids(self, job_id: str) -> list[int]:
+        with psycopg.connect(self.dsn) as c:
+            return [int(r[0]) for r in c.execute("SELECT pid FROM attempts WHERE job_id = %s", (job_id,))]
+
 
 class RedisStore:
     """The ledger, balances and attempts as keys of a Redis of the application's own."""
@@ -162,6 +166,9 @@ class RedisStore:
             job_id, _attempt, pid = line.decode().split()
             out.append((job_id, int(pid)))
         return out
+
+    def attempt_pids(self, job_id: str) -> list[int]:
+        return [p for j, p in self.attempts() if j == job_id]
 
 
 def _state(pid: int) -> str:
@@ -210,9 +217,18 @@ async def test_fenced_effects_apply_once_per_job_through_kills_a_stop_and_a_redi
             # The job runs again elsewhere once its lease is reaped; then the frozen attempt resumes,
             # and one of the two commits its block while the other is skipped.
             stop_id = ids[STOP_BEFORE]
-            await wait_for(lambda: (keep_two_running() or
-                                    any(j == stop_id and p != frozen.pid for j, p in store.attempts())),
-                           60, what="job 600 to run again on another worker")
+
+            def rerun_elsewhere() -> bool:
+                keep_two_running()
+                return any(p != frozen.pid for p in store.attempt_pids(stop_id))
+
+            def why_not() -> str:  # what the timeout reports: where job 600 and the workers are
+                info = client.get(stop_id)
+                workers = ", ".join(f"{p.pid}:{_state(p.pid)}" for p in procs)
+                tails = "\n".join(f"--- worker {p.pid}\n" + "\n".join(p.output().splitlines()[-15:]) for p in procs)
+                return (f"job 600 to run again on another worker: job {info!r}; queue {client.stats().get('pay')}; "
+                        f"reaped {tier.reaped}; workers {workers}; frozen {frozen.pid}\n{tails}")
+            await wait_for(rerun_elsewhere, 60, interval=0.1, what=why_not)
             os.kill(frozen.pid, signal.SIGCONT)
 
             def progressed() -> bool:

@@ -18,7 +18,8 @@ PER_JOB = ("worker_cpu_us_per_job", "redis_cpu_us_per_job", "replica_cpu_us_per_
 def test_a_tiny_run_gives_per_job_figures_per_shape_and_worker_count(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fanout, "IDLE_S", 0.3)
-    monkeypatch.setattr(fanout, "LEAD_S", 1.0)
+    # LEAD_S stays the bench's own (2 s): the scheduling child must be done 0.5 s before the first
+    # due time, and with 1 s a loaded machine (the suite's parallel workers) missed that
     r = fanout.run(workers=[1], backends=["single"], rounds=1, jobs=60, seconds=0.6, bursts=2)
     assert {(x["shape"], x["workers"]) for x in r["runs"]} == {("spread", 1), ("batched", 1)}
     for run in r["runs"]:

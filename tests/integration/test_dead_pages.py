@@ -17,7 +17,7 @@ from scheduler.protocol.transitions import Failure, fail_call
 from scheduler.shell import admin
 from scheduler.shell.cli import main
 from scheduler.testing.transitions import Ops
-from tests.support.ui import console
+from tests.support.ui import console, namespace_client
 
 NS = "deadpages"
 TB = 'Traceback (most recent call last):\n  File "pay.py", line 7, in charge\nRuntimeError: declined'
@@ -25,9 +25,7 @@ TB = 'Traceback (most recent call last):\n  File "pay.py", line 7, in charge\nRu
 
 @pytest.fixture
 def client(redis_url: str) -> Iterator[Client]:
-    c = Client.from_url(redis_url, namespace=NS, partitions=4).connect()
-    yield c
-    c.close()
+    yield from namespace_client(redis_url, NS, partitions=4)
 
 
 def kill(client: Client, queue: str, n: int, msg: str) -> list[str]:

@@ -15,6 +15,7 @@ import pytest
 from scheduler import AsyncClient, Client
 from scheduler.protocol.tick import NO_RETENTION, tick_call
 from scheduler.testing.transitions import Ops
+from tests.support.ui import namespace_client
 from tests.support.waits import wait_until_time
 
 NS = "listorder"
@@ -22,9 +23,7 @@ NS = "listorder"
 
 @pytest.fixture
 def client(redis_url: str) -> Iterator[Client]:
-    c = Client.from_url(redis_url, namespace=NS, partitions=4).connect()
-    yield c
-    c.close()
+    yield from namespace_client(redis_url, NS, partitions=4)
 
 
 def ms(dt: datetime | None) -> int:

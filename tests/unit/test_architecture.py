@@ -185,6 +185,7 @@ _IMPORT_NAME = {"redis": "redis", "msgpack": "msgpack", "etcd3aio": "etcd3aio",
 _USED_OTHERWISE = {
     "pytest-asyncio": lambda: 'asyncio_mode = "auto"' in (ROOT / "pyproject.toml").read_text(),
     "pytest-timeout": lambda: re.search(r"^timeout = \d+", (ROOT / "pyproject.toml").read_text(), re.M) is not None,
+    "pytest-xdist": lambda: " -n 2 " in (ROOT / "scripts" / "test").read_text(),
     "ruff": lambda: "ruff check" in (ROOT / "scripts" / "lint").read_text(),
     "mypy": lambda: "mypy" in (ROOT / "scripts" / "lint").read_text(),
     # starlette's form parser and test client import them
