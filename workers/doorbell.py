@@ -84,6 +84,19 @@ class Doorbell:
         if conn is not None and self._pool is not None:
             await self._pool.release(conn)
 
+    async def take_waiting(self, count: int) -> list[tuple[str, bytes, float]]:
+        """Take up to ``count`` rings waiting on each of the bells now, without blocking: (queue,
+        member, score), oldest first. For a worker that stayed busy: a ring still in a bell is one
+        no idle worker was there to take."""
+        pipe = self.redis.pipeline(transaction=False)
+        for k in self.keys:
+            pipe.zpopmin(k, count)
+        replies = await pipe.execute()
+        out = [(self.queue_of[k.encode()], m if isinstance(m, bytes) else str(m).encode(), float(score))
+               for k, reply in zip(self.keys, replies) for m, score in reply]
+        out.sort(key=lambda r: r[2])
+        return out
+
     async def sweep_turns(self, queues: Sequence[str], period: float, token: str) -> list[str]:
         """Which of ``queues`` this worker sweeps this period: those whose turn it took (``SET NX``
         of :meth:`Keyspace.sweep_turn` for ``period`` s). The workers of a queue take turns, so a

@@ -64,6 +64,12 @@ CLAIM_RECEIPT_MS = 30_000  # how long Redis keeps a claim's receipt for a re-sen
 # it). Given up, the claim's jobs, if it ran, are reaped when their leases expire and run then;
 # never twice, since this worker never started them.
 ORPHAN_PATIENCE_S = 0.5
+# A worker waits on the bells only when it has nothing else to claim. One that always has (a
+# partition kept busy, jobs retried there) would leave the rings of the queue's other partitions
+# in the bells, and their jobs waiting, for as long as that lasts when no idle worker is there to
+# take them: it takes the rings waiting there itself after this long without listening, at most
+# as many as it has free slots, and claims there first. Per worker and second, not per job.
+BELL_NEGLECT_S = 0.5
 
 
 
@@ -174,6 +180,7 @@ class DoorbellFetch(Fetch):
         self._orphan_rids: dict[str, float] = {}  # request id -> when it was first orphaned
         self._orphans_at = 0.0
         self._last_sweep = time.monotonic()  # the first sweep starts the listen loop
+        self._bells_heard = time.monotonic()  # when the worker last waited on the bells or took from them
         # Redis's clock on ours (workers/clock.py): one server, or a cluster's nodes (each claim alone)
         self.clock = RedisClock(keep=not is_cluster(ctx.redis))
         self.bells = Doorbell(ctx.redis, ctx.calls.ks, ctx.queues)
@@ -203,7 +210,11 @@ class DoorbellFetch(Fetch):
             plan = self._lost  # the same request ids: Redis answers from the receipts; slots still reserved
             if plan is None:
                 orphans = self._due_orphans()
-                new = self._plan() if ctx.slots.free > 0 and self.planner.has_candidates() else []
+                if ctx.slots.free > 0 and self.planner.has_candidates():
+                    await self._while_busy(every)
+                    new = self._plan()
+                else:
+                    new = []
                 if not orphans and not new:
                     await self._idle(every)
                     continue
@@ -231,6 +242,35 @@ class DoorbellFetch(Fetch):
                 outage.ok()
             else:  # one cluster node failed; the others answered
                 self._orphans_at = time.monotonic() + outage.failed(node_down)
+
+    async def _while_busy(self, every: float) -> None:
+        """A slot is free and there are candidates, so the worker claims without listening: what
+        it would miss if that went on (the listen loop and the safety net run only when it has
+        nothing to claim). After :data:`BELL_NEGLECT_S` it takes the rings left in the bells; after
+        the sweep period it sweeps, as an idle worker would."""
+        now = time.monotonic()
+        if now - self._last_sweep >= every:
+            await self._safety_sweep(every)
+        if now - self._bells_heard >= BELL_NEGLECT_S:
+            await self._take_waiting_rings()
+
+    async def _take_waiting_rings(self) -> None:
+        """Take up to as many waiting rings as there are free slots and claim there first; any
+        more go back to the bell for another worker."""
+        self._bells_heard = time.monotonic()
+        free = self.ctx.slots.free
+        try:
+            rungs = await self.bells.take_waiting(free)
+        except REDIS_ERRORS as exc:  # the claims that follow find out whether Redis is there
+            log.debug("could not look at the bells: %s", exc)
+            return
+        for i, (queue, member, score) in enumerate(rungs):
+            if i >= free:
+                self._ring(queue, member, score)
+                continue
+            p = self._ringed_partition(queue, member)
+            if p is not None:
+                self.planner.notify(queue, p, resumed=True, first=True)
 
     def _due_orphans(self) -> list[Claim]:
         """The orphaned claims, once their retry time has come (then they leave the list). Those
@@ -264,6 +304,7 @@ class DoorbellFetch(Fetch):
         slots.wake.clear()
         if slots.free > 0 and not self.planner.has_candidates():
             self.hungry.set()
+            self._bells_heard = time.monotonic()
         else:
             self.hungry.clear()
         wait = self._last_sweep + every * random.uniform(0.8, 1.0) - time.monotonic()
@@ -409,14 +450,22 @@ class DoorbellFetch(Fetch):
             if rung is not None:
                 self._rung(*rung)
 
-    def _rung(self, queue: str, member: bytes, score: float) -> None:
-        """A ring taken from ``queue``'s bell: claim there, or hand it on when the slots filled meanwhile."""
+    def _ringed_partition(self, queue: str, member: bytes) -> int | None:
+        """The partition a ring taken from ``queue``'s bell names (counted as a notification);
+        None, logged, for a malformed one."""
         try:
             p, _resumed = ready_message(member)
         except ValueError:
             log.warning("ignoring a malformed ring %r on queue %r's bell", member, queue)
-            return
+            return None
         self.ctx.stats[queue].notified += 1
+        return p
+
+    def _rung(self, queue: str, member: bytes, score: float) -> None:
+        """A ring taken from ``queue``'s bell: claim there, or hand it on when the slots filled meanwhile."""
+        p = self._ringed_partition(queue, member)
+        if p is None:
+            return
         if self.ctx.slots.free <= 0:
             # busy now: another worker takes it, and this one stops waiting on the bells until a
             # slot frees (else it would take its own ring back at once, again and again)

@@ -23,7 +23,9 @@ class ClaimPlanner:
     came back full. Queues are served in rotating order and each queue's partitions from a
     rotating offset, so no queue or partition starves. ``paused[queue]`` holds the partitions whose
     last claim said the queue is paused (lua/pause.lua): ready notifications for them are ignored
-    (no claim is sent) until a resume notification or the next full sweep.
+    (no claim is sent) until a resume notification or the next full sweep. ``first`` holds the
+    (queue, partition)s notified with ``first=True`` (rings a busy worker took from the bell):
+    the next plan serves them before the rotation.
     """
 
     def __init__(self, queues: Sequence[str], partitions: int, chunk: int = CLAIM_CHUNK) -> None:
@@ -33,14 +35,16 @@ class ClaimPlanner:
         self.candidates: dict[str, dict[int, int]] = {q: {} for q in queues}
         self.hot: dict[str, set[int]] = {q: set() for q in queues}
         self.paused: dict[str, set[int]] = {q: set() for q in queues}
+        self.first: list[tuple[str, int]] = []
         self.gen = 0
         self._qrot = 0
         self._prot: dict[str, int] = {q: 0 for q in queues}
 
-    def notify(self, queue: str, p: int, resumed: bool = False) -> bool:
-        """Partition ``p`` of ``queue`` has ready jobs (``resumed``: the queue was resumed there).
-        False (ignored) for a queue this worker does not serve, a partition out of range, or one
-        where the queue is paused (unless this is its resume)."""
+    def notify(self, queue: str, p: int, resumed: bool = False, first: bool = False) -> bool:
+        """Partition ``p`` of ``queue`` has ready jobs (``resumed``: the queue was resumed there;
+        ``first``: the next plan serves it before the other candidates). False (ignored) for a
+        queue this worker does not serve, a partition out of range, or one where the queue is
+        paused (unless this is its resume)."""
         cands = self.candidates.get(queue)
         if cands is None or not 0 <= p < self.partitions:
             return False
@@ -51,6 +55,8 @@ class ClaimPlanner:
             paused.discard(p)
         self.gen += 1
         cands[p] = self.gen
+        if first:
+            self.first.append((queue, p))
         return True
 
     def mark_all(self) -> None:
@@ -93,6 +99,11 @@ class ClaimPlanner:
             for q, order in orders:
                 if i < len(order):
                     seq.append((q, order[i]))
+        if self.first:  # the rings a busy worker took from the bell (they waited longest) go first
+            front = [x for x in dict.fromkeys(self.first) if x[1] in self.candidates[x[0]]]
+            self.first.clear()
+            taken = set(front)
+            seq = front + [x for x in seq if x not in taken]
         plan: list[Step] = []
         left = len(seq)
         for q, p in seq:

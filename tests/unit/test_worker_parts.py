@@ -180,6 +180,20 @@ def test_planner_sweep_marks_every_queue_and_partition_and_zero_slots_plan_nothi
     assert not planner.notify("a", -1) and planner.notify("b", 0)
 
 
+def test_planner_serves_rings_taken_while_busy_before_its_rotation_and_once() -> None:
+    planner = ClaimPlanner(["a", "b"], 8)
+    for p in (0, 1, 2):
+        planner.notify("a", p)
+    planner.notify("b", 6, first=True)
+    planner.notify("a", 5, first=True)
+    planner.notify("b", 6, first=True)  # taken twice: planned once
+    steps = planner.plan(2)
+    assert [(q, p) for q, p, *_ in steps] == [("b", 6), ("a", 5)]
+    assert planner.first == []
+    later = planner.plan(8)  # then the rotation, every candidate once
+    assert sorted((q, p) for q, p, *_ in later) == [("a", 0), ("a", 1), ("a", 2), ("a", 5), ("b", 6)]
+
+
 # -- outbox ---------------------------------------------------------------------------------------
 
 
