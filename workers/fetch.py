@@ -246,13 +246,15 @@ class DoorbellFetch(Fetch):
     async def _while_busy(self, every: float) -> None:
         """A slot is free and there are candidates, so the worker claims without listening: what
         it would miss if that went on (the listen loop and the safety net run only when it has
-        nothing to claim). After :data:`BELL_NEGLECT_S` it takes the rings left in the bells; after
-        the sweep period it sweeps, as an idle worker would."""
+        nothing to claim). Once it has not listened for :data:`BELL_NEGLECT_S` it takes the rings
+        left in the bells, and sweeps if the sweep period is over, as an idle worker would. A
+        burst that keeps it busy for less than that costs nothing more."""
         now = time.monotonic()
+        if now - self._bells_heard < BELL_NEGLECT_S:  # it listened a moment ago: nothing was missed
+            return
         if now - self._last_sweep >= every:
             await self._safety_sweep(every)
-        if now - self._bells_heard >= BELL_NEGLECT_S:
-            await self._take_waiting_rings()
+        await self._take_waiting_rings()
 
     async def _take_waiting_rings(self) -> None:
         """Take up to as many waiting rings as there are free slots and claim there first; any
@@ -436,6 +438,7 @@ class DoorbellFetch(Fetch):
                     ctx.life.ready.set()
                 await self.hungry.wait()
                 rung = await self.bells.take()
+                self._bells_heard = time.monotonic()  # it listened until now
                 outage.ok()
             except REDIS_ERRORS as exc:
                 swept = False

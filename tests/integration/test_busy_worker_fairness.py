@@ -89,7 +89,9 @@ async def test_a_worker_kept_busy_by_one_partition_takes_the_rings_left_for_the_
 
 async def test_a_busy_worker_sweeps_on_its_period_so_a_lost_ring_costs_one_period(
         client: Client, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fetch_module, "BELL_NEGLECT_S", 1e9)  # as if the ring were lost: only the sweep finds the job
+    async def nothing_waiting(self: Doorbell, count: int) -> list[tuple[str, bytes, float]]:
+        return []  # as if the ring were lost: only the sweep can find the job
+    monkeypatch.setattr(Doorbell, "take_waiting", nothing_waiting)
     waited = await run_cold_job_beside_hot_ones(client, redis_url, idle_sweep=1.0)
     assert waited < 1.0 + 1.5, waited
 
