@@ -62,8 +62,13 @@ def add_parsers(sub: SubParsers) -> None:
                    help="how long --durable waits, seconds (default 1)")
 
     job = cmds.group("job", help="show, cancel or reschedule one job", description="Operations on one job.")
-    p = cmds.leaf(job, "show", _job_show, help="show a job's state, times, attempts, error and payload")
-    p.add_argument("id", type=job_id_arg, metavar="ID", help="the job's id, as printed by zsched schedule")
+    p = cmds.leaf(job, "show", _job_show, help="show a job's state, times, attempts, error and payload",
+                  description="Show one job, by its id or by its idempotency key: the live job holding the key, "
+                              "else the one that last finished with it while its tombstone lives.")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("id", nargs="?", type=job_id_arg, metavar="ID",
+                       help="the job's id, as printed by zsched schedule")
+    which.add_argument("--key", metavar="K", help="the job's idempotency key instead of its id")
     p = cmds.leaf(job, "cancel", _job_cancel, help="cancel a scheduled or ready job")
     p.add_argument("id", type=job_id_arg, metavar="ID", help="the job's id, as printed by zsched schedule")
     p = cmds.leaf(job, "reschedule", _job_reschedule, help="move a scheduled or ready job to another time")
@@ -117,7 +122,7 @@ def _schedule(client: Client, args: argparse.Namespace) -> int:
 
 
 def _job_show(client: Client, args: argparse.Namespace) -> int:
-    info = admin.get_job(client, args.id)
+    info = admin.get_job(client, args.id) if args.id is not None else admin.get_job_by_key(client, args.key)
     if args.json:
         print_json(admin.job_doc(info))
     else:

@@ -231,6 +231,25 @@ def test_schedule_bad_input_exits_2(cli: Cli, client: Client, args: list[str], n
     assert client.stats() == {}, "nothing was scheduled"
 
 
+def test_job_show_by_key_finds_the_live_job_then_the_finished_one_then_says_none(cli: Cli, client: Client,
+                                                                                  ops: Ops) -> None:
+    jid = client.schedule(timedelta(0), {"n": 1}, queue="bykey", key="invoice-42")
+    doc = cli.json("job", "show", "--key", "invoice-42")
+    assert doc["id"] == jid and doc["state"] == "ready" and doc["key"] == "invoice-42"
+    [job] = ops.claim("bykey", 1)
+    ops.ack(job)  # finished: the key is free again, its tombstone still names the job
+    rc, out, err = cli("job", "show", "--key", "invoice-42")
+    assert rc == 0, err
+    assert jid in out and "done" in out
+    rc, _, err = cli("job", "show", "--key", "no-such-key")
+    assert rc == 1 and err.count("\n") == 1
+    assert "zsched: error: no job with key 'no-such-key'" in err and "tombstones expire" in err
+    rc, _, err = cli("job", "show")
+    assert rc == 2 and "one of the arguments ID --key is required" in err
+    rc, _, err = cli("job", "show", jid, "--key", "invoice-42")
+    assert rc == 2 and "not allowed with argument" in err
+
+
 def test_job_not_found_and_bad_ids(cli: Cli, client: Client) -> None:
     missing = "00000000000000010000000000000a"
     for cmd in (["job", "show", missing], ["job", "cancel", missing], ["job", "reschedule", missing, "--at", "+1h"],

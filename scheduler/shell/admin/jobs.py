@@ -57,6 +57,21 @@ def get_job(client: Client, job_id: str) -> JobInfo:
     return info
 
 
+def get_job_by_key(client: Client, key: str) -> JobInfo:
+    """The live job holding idempotency ``key``, else the one that last finished with it while its
+    tombstone lives (:func:`find_finished_by_key`); NotFound naming how far the search went."""
+    info = client.get_by_key(key)
+    if info is not None:
+        return info
+    info, complete = find_finished_by_key(client, key)
+    if info is not None:
+        return info
+    searched = ("" if complete else
+                f"; only the first {FINISHED_SCAN_LIMIT} tombstones of its partition were searched")
+    raise NotFound(f"no job with key {key!r} in namespace {client.keyspace.namespace!r}: none holds it now and no "
+                   f"finished one with it is still remembered (tombstones expire){searched}")
+
+
 def _refused(client: Client, job_id: str, outcome: Outcome, action: str, done: str, allowed: str,
              hints: dict[JobState, str]) -> AdminError:
     """Explain why ``action`` was refused. When the outcome does not name the job's state (it was
