@@ -191,7 +191,10 @@ def test_move_slots_with_keys_under_concurrent_writes_loses_nothing(
         assert len(batches) >= 10 and batches[-1] == moved  # 1000+ keys in batches of 100, writes between
         assert moved >= 1000 + 1  # the prefill, the counter and the new keys written before each batch
         assert at_move_end >= 20 + 5 * len(batches)
-        assert asked == sorted(asked) and asked[0] >= 5 and asked[-1] >= 5 * len(batches)
+        # each wait_more(5) saw 5 rounds whose new keys went to dst through -ASK, but for the first
+        # callback: the round in flight when the slot began migrating may have set its key on src
+        # before MIGRATING (that key moved with a later batch) and be one of its 5 (seen under load)
+        assert asked == sorted(asked) and asked[0] >= 4 and asked[-1] >= 5 * len(batches) - 1
         assert c.node_for_slot(slot) is dst and c.node_for_slot(neighbour) is dst
         assert rc.get(f"{tag}:k0") == b"v0"  # this client had the old owner cached: MOVED taught it
         assert rc.get_node_from_key(f"{tag}:k0").port == dst.port
