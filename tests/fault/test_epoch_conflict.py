@@ -28,10 +28,10 @@ import pytest
 import redis
 
 from scheduler import Client, JobState
-from scheduler.protocol.ids import partition_for_key
 from scheduler.protocol.keys import Keyspace
 from scheduler.shell.servers import ServerError, ZschedProc, etcd_put, etcd_request, scheduler_proc, stop_all
 from tests.fault.test_scheduler_faults import etcd_owners, owned_by, tails, wait_settled
+from tests.support.helpers import key_in
 from tests.support.servers import EtcdServer, RedisServer
 from tests.support.waits import wait_until
 
@@ -67,11 +67,6 @@ def evalsha_calls(srv: RedisServer) -> int:
     text = srv.command("INFO", "commandstats").decode()
     m = re.search(r"^cmdstat_evalsha:calls=(\d+)", text, re.M)
     return int(m.group(1)) if m else 0
-
-
-def key_in(partition: int, parts: int, tag: str) -> str:
-    """An idempotency key that lands in ``partition``."""
-    return next(k for k in (f"{tag}-{i}" for i in range(10_000)) if partition_for_key(k, parts) == partition)
 
 
 def start(url: str, etcd: str, ns: str, replica: str) -> ZschedProc:

@@ -16,8 +16,8 @@ import redis.asyncio as aioredis
 
 from scheduler import Client
 from scheduler.protocol import bells
-from scheduler.protocol.ids import partition_for_key
 from scheduler.protocol.keys import Keyspace
+from tests.support.helpers import key_in, keys_in
 from tests.support.ui import namespace_client
 from tests.support.waits import wait_for
 from tests.support.workers import serving
@@ -34,18 +34,6 @@ HOT_RUN_S = 0.05   # per hot attempt: 8 jobs over 2 slots stay within max_attemp
 @pytest.fixture
 def client(redis_url: str) -> Iterator[Client]:
     yield from namespace_client(redis_url, NS, partitions=PARTS)
-
-
-def keys_in(partition: int, n: int, tag: str) -> list[str]:
-    """``n`` idempotency keys whose jobs land in ``partition``."""
-    out = []
-    i = 0
-    while len(out) < n:
-        k = f"{tag}-{i}"
-        if partition_for_key(k, PARTS) == partition:
-            out.append(k)
-        i += 1
-    return out
 
 
 def busy_worker(url: str, hot_runs: list[float], cold_runs: list[float], idle_sweep: float) -> Worker:
@@ -69,11 +57,11 @@ async def run_cold_job_beside_hot_ones(client: Client, url: str, idle_sweep: flo
     hot_runs: list[float] = []
     cold_runs: list[float] = []
     async with serving(busy_worker(url, hot_runs, cold_runs, idle_sweep)):
-        for k in keys_in(0, HOT_JOBS, "hot"):
+        for k in keys_in(0, PARTS, "hot", HOT_JOBS):
             client.schedule(timedelta(0), "hot", queue="q", key=k, max_attempts=255)
         await wait_for(lambda: len(hot_runs) >= 20, 10, what="the hot jobs to keep the worker busy")
         t0 = time.monotonic()
-        client.schedule(timedelta(0), "cold", queue="q", key=keys_in(1, 1, "cold")[0])
+        client.schedule(timedelta(0), "cold", queue="q", key=key_in(1, PARTS, "cold"))
         await wait_for(lambda: cold_runs, 10, what="the job on the other partition to run")
         after = len(hot_runs) + 3
         await wait_for(lambda: len(hot_runs) >= after, 10, what="the hot jobs to go on running")

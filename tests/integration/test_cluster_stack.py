@@ -17,22 +17,17 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from scheduler import AsyncClient, Client, JobState
 from scheduler.protocol.errors import DurabilityUnsupported
-from scheduler.protocol.ids import partition_for_key
 from scheduler.protocol.keys import Keyspace
 from scheduler.redisio.transport import NodeFailed, RedisRetry
 from scheduler.shell.cli import main
 from scheduler.shell.servers import free_port
+from tests.support.helpers import key_in
 from tests.support.servers import ClusterServer, ClusterSet
 from tests.support.waits import wait_for, wait_until
 from tests.support.workers import serving
 from workers import Job, Worker
 
 LATER = 3600.0  # seconds ahead: nothing fires during the test
-
-
-def key_in(partition: int, partitions: int, tag: str) -> str:
-    """An idempotency key whose job lands in ``partition``."""
-    return next(k for n in range(10_000) if partition_for_key(k := f"{tag}-{n}", partitions) == partition)
 
 
 def manual_failover(cluster: ClusterSet, master: ClusterServer) -> ClusterServer:

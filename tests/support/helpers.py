@@ -14,7 +14,7 @@ import pytest
 from scheduler import Client
 from scheduler.protocol.calls import Calls
 from scheduler.protocol.codec import TOMBSTONE_HEADER, decode_tombstone
-from scheduler.protocol.ids import ID_BYTES, encode_id, partition_of
+from scheduler.protocol.ids import ID_BYTES, encode_id, partition_for_key, partition_of
 from scheduler.redisio.connection import SyncRedis
 
 PAST = 1_000_000_000.0
@@ -181,3 +181,16 @@ def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, str]:
         return exc.code, bytes(exc.read()).decode()
     except OSError as exc:
         return 0, str(exc)
+
+
+def keys_in(partition: int, partitions: int, tag: str, n: int = 1) -> list[str]:
+    """``n`` idempotency keys (``TAG-I``) whose jobs land in ``partition`` of ``partitions``."""
+    keys = (f"{tag}-{i}" for i in range(10_000 * n))
+    out = [k for k in keys if partition_for_key(k, partitions) == partition][:n]
+    assert len(out) == n, f"fewer than {n} keys of partition {partition} among the first tried"
+    return out
+
+
+def key_in(partition: int, partitions: int, tag: str) -> str:
+    """An idempotency key whose job lands in ``partition`` of ``partitions``."""
+    return keys_in(partition, partitions, tag)[0]
