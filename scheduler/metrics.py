@@ -63,6 +63,9 @@ class SchedulerMetrics:
         self.epoch_conflict_partitions = Gauge("zsched_epoch_conflict_partitions",
                                                "Owned partitions stuck in an epoch conflict now (nothing "
                                                "fires there until 'zsched epochs reset')", ["replica"], registry=r)
+        self.coalescing_partitions = Gauge("zsched_coalescing_partitions",
+                                           "Owned partitions whose hand-off lead is widened now (busy with "
+                                           "spread traffic: --coalesce-lead)", ["replica"], registry=r)
         self.deadline_pauses = Counter("zsched_ownership_deadline_pauses_total",
                                        "Times ticking stopped because ownership could not be confirmed in time",
                                        ["replica"], registry=r)

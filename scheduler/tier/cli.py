@@ -38,6 +38,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         f"{RunnerConfig.handoff_lead * 1000:g}); the "
                         "worker starts each at its due time, never before, so the hops in between do "
                         "not make it late. 0: fire at the due time")
+    p.add_argument("--coalesce-lead", type=float, default=RunnerConfig.coalesce_lead * 1000, metavar="MS",
+                   help="a partition firing many jobs per second hands them off up to this many ms ahead "
+                        f"(default {RunnerConfig.coalesce_lead * 1000:g}), doubling its --handoff-lead only "
+                        "as far as needed for a tick and a claim to carry several jobs; jobs still start at "
+                        "their due time. At or below --handoff-lead: never widened")
     p.add_argument("--trace-firing", type=float, default=RunnerConfig.trace_firing, metavar="RATIO",
                    help="share of the ticks that fire jobs recorded as OpenTelemetry spans, 0 to 1 (default "
                         f"{RunnerConfig.trace_firing:g}: none); needs a tracer provider in this process, e.g. "
@@ -86,6 +91,8 @@ def config_from_args(args: argparse.Namespace) -> SchedulerConfig:
         raise ValueError(f"--batch must be from 1 to 5000, got {args.batch}")
     if not 0 <= args.handoff_lead <= 1000:
         raise ValueError(f"--handoff-lead must be from 0 to 1000 ms, got {args.handoff_lead}")
+    if not 0 <= args.coalesce_lead <= 1000:  # refuses nan too
+        raise ValueError(f"--coalesce-lead must be from 0 to 1000 ms, got {args.coalesce_lead}")
     if not 0 <= args.trace_firing <= 1:  # refuses nan too
         raise ValueError(f"--trace-firing must be from 0 to 1 (a share of the firing ticks), got {args.trace_firing}")
     if not 0.01 <= args.redis_timeout <= 3600:
@@ -108,5 +115,6 @@ def config_from_args(args: argparse.Namespace) -> SchedulerConfig:
     )
     cfg.runner.batch = args.batch
     cfg.runner.handoff_lead = args.handoff_lead / 1000.0
+    cfg.runner.coalesce_lead = args.coalesce_lead / 1000.0
     cfg.runner.trace_firing = args.trace_firing
     return cfg

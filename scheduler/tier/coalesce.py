@@ -9,6 +9,13 @@ later than the lead minus the grid step) and send their calls through one :class
 which sends every call submitted in one turn of the event loop as one pipelined round trip and
 hands each runner its own replies. A runner whose calls failed gets their first error, as from the
 transport, and the others are not affected; a round trip that fails as a whole fails them all.
+
+A busy partition also **widens its own hand-off lead** (:class:`HandoffLead`): under spread traffic
+each tick, each claim and each wake-up carried about one job, and their fixed costs were most of
+what a spread job costs Redis and the replicas. A partition that fires enough jobs per second
+doubles its lead (and its grid step with it) until a step holds a few due jobs, up to the
+``--coalesce-lead`` ceiling; a quiet partition keeps the configured lead. Jobs are handed off
+earlier, never later, and workers still start each one at its due time.
 """
 from __future__ import annotations
 
@@ -25,14 +32,78 @@ is then handed off at least half the lead ahead of its due time (10-20 ms with t
 and the partitions due within one step share a round trip."""
 
 
-def aligned_sleep(seconds: float, now: float, lead: float) -> float:
-    """``seconds`` stretched so that the wake-up falls on the next point of the grid (``now``: the
-    monotonic clock); unchanged without a hand-off lead, where a later tick would be a later job."""
-    step = min(GRID_S, lead / 2)
+JOBS_PER_STEP = 2.0
+"""A busy partition widens its lead until one grid step holds this many due jobs on average."""
+MIN_JOBS_PER_STEP = 1.0
+"""...and only when the widest step would hold at least this many: below, a wider lead would still
+move about one job per tick, buying nothing for the longer window in which a job is ``ready``."""
+RATE_WINDOW_S = 1.0
+"""The partition's firing rate is measured over windows this long (its lead changes at most this
+often)."""
+
+
+def grid_step(lead: float) -> float:
+    """The grid step of the configured hand-off ``lead``: at most half of it (0: no grid)."""
+    return min(GRID_S, lead / 2)
+
+
+def aligned_sleep(seconds: float, now: float, step: float) -> float:
+    """``seconds`` stretched so that the wake-up falls on the next point of the grid of ``step``
+    (``now``: the monotonic clock); unchanged without a grid (no hand-off lead, where a later tick
+    would be a later job). The grids of the steps a :class:`HandoffLead` uses nest (each step is
+    the configured one times a power of two), so partitions on different steps still meet."""
     if step <= 0:
         return seconds
     wake = now + seconds
     return (-(-wake // step)) * step - now
+
+
+class HandoffLead:
+    """The hand-off lead of one partition and the grid step that goes with it.
+
+    ``base`` is the configured lead (``zsched scheduler --handoff-lead``), ``widest`` the ceiling
+    (``--coalesce-lead``). While the partition fires at ``rate`` jobs per second, the lead is the
+    smallest ``base * 2**k`` (at most ``widest``) whose step holds :data:`JOBS_PER_STEP` jobs,
+    provided the widest allowed step holds :data:`MIN_JOBS_PER_STEP`; otherwise ``base``. The step
+    scales with the lead, so a job is still handed off at least half the configured lead ahead of
+    its due time, and more than that once widened."""
+
+    def __init__(self, base: float, widest: float) -> None:
+        self.base = base
+        self.base_step = grid_step(base)
+        self.levels = [base]  # base * 2**k up to widest; just [base] when widening is off
+        while base > 0 and self.base_step > 0 and self.levels[-1] * 2 <= widest + 1e-9:
+            self.levels.append(self.levels[-1] * 2)
+        self.lead = base
+        self.step = self.base_step
+        self._moved = 0
+        self._since: float | None = None
+
+    @property
+    def widened(self) -> bool:
+        """Whether the lead is wider than the configured one now."""
+        return self.lead > self.base
+
+    def choose(self, rate: float) -> float:
+        """The lead for a partition firing ``rate`` jobs per second."""
+        if len(self.levels) == 1:
+            return self.base
+        per_s = rate * self.base_step / self.base  # jobs per grid step, per second of lead
+        if per_s * self.levels[-1] < MIN_JOBS_PER_STEP:
+            return self.base
+        return next((lead for lead in self.levels if per_s * lead >= JOBS_PER_STEP), self.levels[-1])
+
+    def observe(self, moved: int, now: float) -> None:
+        """A tick moved ``moved`` jobs at ``now`` (monotonic); once per :data:`RATE_WINDOW_S` the
+        lead is chosen again from the rate of that window."""
+        if self._since is None:
+            self._since = now
+        self._moved += moved
+        elapsed = now - self._since
+        if elapsed >= RATE_WINDOW_S:
+            self.lead = self.choose(self._moved / elapsed)
+            self.step = self.base_step * self.lead / self.base if self.widened else self.base_step
+            self._moved, self._since = 0, now
 
 
 class TickBatcher:

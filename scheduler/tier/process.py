@@ -97,6 +97,8 @@ class SchedulerProcess:
         self.coord = coord or EtcdCoordinator.from_endpoints(
             cfg.etcd_endpoints, **config.etcd_tls()._asdict())
         self.runners: dict[int, PartitionRunner] = {}
+        self.metrics.coalescing_partitions.labels(cfg.replica_id).set_function(
+            lambda: sum(1 for r in self.runners.values() if r.lead.widened))  # read at each scrape
         self.ringer: BellRinger | None = None  # set once the layout is known (_start)
         # owned partitions whose epoch Redis refuses although etcd says they are ours (epoch
         # conflict) -> the newest epoch Redis has seen; exported as zsched_epoch_conflict_partitions

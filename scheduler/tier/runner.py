@@ -50,7 +50,7 @@ from ..protocol.tick import (
 )
 from ..redisio.errors import REDIS_ERRORS
 from ..redisio.transport import AsyncScriptTransport
-from .coalesce import TickBatcher, aligned_sleep
+from .coalesce import HandoffLead, TickBatcher, aligned_sleep
 from .limits import TokenLedger
 
 if TYPE_CHECKING:
@@ -82,6 +82,12 @@ class RunnerConfig:
     # claim) then happen ahead of time, and the worker starts the job on its own timer at its due
     # time, never before it (workers/runner.py). 0 fires at the due time, as before.
     handoff_lead: float = 0.020
+    # A partition firing enough jobs per second widens its lead, doubling it up to this, so that
+    # one tick, one claim and one wake-up carry several spread jobs instead of one each
+    # (tier/coalesce.py HandoffLead). Jobs still start at their due time; what grows is the window
+    # in which a job is already ready (a cancel there finds it running). At or below
+    # handoff_lead: never widened.
+    coalesce_lead: float = 0.160
     # Redis retry backoff cap. Short: a partition must fire again within a second of Redis
     # answering (a Redis Cluster failover takes 2-3 s; with a 2 s cap the first retry after it
     # could come ~2.5 s late). Each step already retries for the transport's budget (0.5 s), so an
@@ -131,6 +137,7 @@ class PartitionRunner:
         self._ringer = ringer
         self._send_ticks = batcher.call_many if batcher is not None else scripts.call_many
         self._tokens = TokenLedger(core.ks, partition)  # rate-limited queues: held jobs, unused tokens
+        self.lead = HandoffLead(config.handoff_lead, config.coalesce_lead)
         self.wake = asyncio.Event()
         self._stopping = False
         # set only by stop(): the epoch-conflict backoff waits on this, not on ``wake``, so that
@@ -332,7 +339,7 @@ class PartitionRunner:
             self._next_housekeeping = now_local + HOUSEKEEPING_EVERY
         retention = self._retention() if housekeeping else NO_RETENTION
         calls = [tick_call(self._core, self.partition, self.epoch, cfg.batch, TokenLedger.tick_tokens(limits, grants),
-                           retention, round(cfg.handoff_lead * 1000), housekeeping)]
+                           retention, round(self.lead.lead * 1000), housekeeping)]
         do_reap = now_local >= self._next_reap
         if do_reap:
             calls.append(reap_call(self._core, self.partition, self.epoch, cfg.reap_batch))
@@ -342,6 +349,8 @@ class PartitionRunner:
         received = time.monotonic()
         self._m.tick_duration.labels(self._m.replica).observe(time.perf_counter() - t0)
         tick = parse_tick(replies[0])
+        if not isinstance(tick, EpochRefused):
+            self.lead.observe(tick.moved, received)
         if start_ns and not isinstance(tick, EpochRefused) and tick.lateness_ms \
                 and random.random() < cfg.trace_firing:
             tracing.record_firing(self._core.ks.namespace, self.partition, self._m.replica, len(tick.lateness_ms),
@@ -407,14 +416,14 @@ class PartitionRunner:
         cfg = self._cfg
         sleep_for = cfg.idle_check
         if tick.next_due_ms is not None:  # wake when the next timer enters the hand-off window
-            until_due = (tick.next_due_ms - tick.now_ms) / 1000.0 - cfg.handoff_lead
+            until_due = (tick.next_due_ms - tick.now_ms) / 1000.0 - self.lead.lead
             sleep_for = min(sleep_for, until_due - (time.monotonic() - received))
         if held_any:
             sleep_for = min(sleep_for, token_wait if token_wait != float("inf") else 0.01)
         sleep_for = min(sleep_for, max(0.0, self._next_reap - time.monotonic()), self._valid_for())
         sleep_for = max(cfg.min_sleep, sleep_for)
         # wake on the replica's grid, with the other partitions due about then: one round trip
-        return aligned_sleep(sleep_for, time.monotonic(), cfg.handoff_lead)
+        return aligned_sleep(sleep_for, time.monotonic(), self.lead.step)
 
     async def sweep_crons(self) -> None:
         """On taking a partition: make sure every cron has its pending occurrence and a full table
