@@ -39,10 +39,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "worker starts each at its due time, never before, so the hops in between do "
                         "not make it late. 0: fire at the due time")
     p.add_argument("--coalesce-lead", type=float, default=RunnerConfig.coalesce_lead * 1000, metavar="MS",
-                   help="a partition firing many jobs per second hands them off up to this many ms ahead "
-                        f"(default {RunnerConfig.coalesce_lead * 1000:g}), doubling its --handoff-lead only "
-                        "as far as needed for a tick and a claim to carry several jobs; jobs still start at "
-                        "their due time. At or below --handoff-lead: never widened")
+                   help="a partition firing many jobs per second hands them off up to this many ms ahead, "
+                        "doubling its --handoff-lead only as far as needed for a tick and a claim to carry "
+                        "several jobs (cheaper spread traffic); jobs still start at their due time, but each "
+                        "worker's --prefetch must cover its jobs due within this lead (default "
+                        f"{RunnerConfig.coalesce_lead * 1000:g}: off; at or below --handoff-lead: off)")
     p.add_argument("--trace-firing", type=float, default=RunnerConfig.trace_firing, metavar="RATIO",
                    help="share of the ticks that fire jobs recorded as OpenTelemetry spans, 0 to 1 (default "
                         f"{RunnerConfig.trace_firing:g}: none); needs a tracer provider in this process, e.g. "

@@ -11,6 +11,7 @@ import redis
 
 from scheduler import Client, JobState, Outcome
 from scheduler.coord import EtcdCoordinator
+from scheduler.protocol.ids import run_at_of
 from scheduler.protocol.tick import NO_RETENTION, reap_call, tick_call
 from scheduler.redisio.connection import SyncRedis, sync_redis
 from scheduler.testing.transitions import Ops
@@ -325,3 +326,56 @@ async def test_housekeeping_rides_on_at_most_one_tick_per_second_of_a_busy_parti
     assert len(passes) >= 2
     gaps = [b - a for a, b in zip(passes, passes[1:])]
     assert min(gaps) >= runner_mod.HOUSEKEEPING_EVERY * 0.99, gaps
+
+
+async def test_a_busy_partition_widens_its_hand_off_lead_and_narrows_it_when_traffic_stops(
+        redis_url: str, etcd_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Spread traffic at 40 jobs/s on one partition: one job per 10 ms grid step would cost a tick
+    # each, so with --coalesce-lead 160 the runner doubles its lead, a level per second, up to
+    # 160 ms (an 80 ms step, about three jobs per tick), exports it, and goes back to the
+    # configured lead once traffic stops.
+    # Every job reaches ready, none earlier than the widest lead ahead of its due time.
+    from scheduler.tier import runner as runner_mod
+
+    leads: list[int] = []
+    real_tick_call = runner_mod.tick_call
+
+    def recording(calls, partition, epoch, batch, tokens, retention, lead_ms=0, housekeeping=True):  # type: ignore[no-untyped-def]
+        leads.append(lead_ms)
+        return real_tick_call(calls, partition, epoch, batch, tokens, retention, lead_ms, housekeeping)
+
+    monkeypatch.setattr(runner_mod, "tick_call", recording)
+    client = Client.from_url(redis_url, namespace=NS, partitions=1).connect()
+    r = redis.Redis.from_url(redis_url)
+    ready_key = client.calls.ks.ready(0, "spread")
+    widest = 0.160
+    proc, task = await start_replica(redis_url, etcd_endpoint, "solo",
+                                     runner=runner_mod.RunnerConfig(coalesce_lead=widest))
+
+    def widened() -> float | None:
+        return proc.metrics.registry.get_sample_value("zsched_coalescing_partitions", {"replica": "solo"})
+
+    n, gap = 160, 0.025
+    early: list[float] = []
+    try:
+        await settled(etcd_endpoint, [proc], 1)
+        assert widened() == 0
+        t0 = time.time() + 0.5
+        client.schedule_many([(t0 + i * gap, i) for i in range(n)], queue="spread")
+        seen_widened = False
+        while time.time() < t0 + n * gap:
+            seen_widened = seen_widened or widened() == 1
+            now = time.time()
+            for raw in r.lrange(ready_key, 0, -1):  # how far ahead of its due time each ready job is
+                early.append(run_at_of(raw) / 1000 - now)
+            await asyncio.sleep(0.02)
+        await wait_for(lambda: r.llen(ready_key) == n, 5, what="every job to reach ready")
+        ticks_under_load = len(leads)
+        await wait_for(lambda: widened() == 0, 5, what="the lead to narrow again")
+    finally:
+        await stop_replica(proc, task)
+        client.close()
+    assert seen_widened
+    assert leads[0] == 20 and max(leads) == 160, leads  # and back to 20: the gauge went to 0
+    assert ticks_under_load < n * 0.8, f"{ticks_under_load} ticks for {n} jobs: not coalesced (one per job without)"
+    assert early and max(early) <= widest + 0.005, max(early)
