@@ -37,6 +37,7 @@ driver are shared), the sides' order alternating per round, and gives per figure
 from __future__ import annotations
 
 import argparse
+import shlex
 import json
 import os
 import random
@@ -86,6 +87,8 @@ class Side:
 
     name: str
     code: Path
+    scheduler_args: tuple[str, ...] = ()  # extra `zsched scheduler` arguments (this side only: --scheduler-args)
+    worker_args: tuple[str, ...] = ()     # extra `zsched worker` arguments (--worker-args)
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "PYTHONPATH": str(self.code)}
@@ -99,7 +102,8 @@ class Side:
         # the code only: a run leaves RESULTS.md and the curves changed, the next run's code is the same
         dirty = None if commit == "unknown" else bool(git("status", "--porcelain", "--untracked-files=no", "--",
                                                           ".", ":!bench/RESULTS.md", ":!docs"))
-        return {"path": str(self.code), "commit": commit, "dirty": dirty, "imports": verify(self)}
+        return {"path": str(self.code), "commit": commit, "dirty": dirty, "imports": verify(self),
+                "scheduler_args": list(self.scheduler_args), "worker_args": list(self.worker_args)}
 
 
 _IMPORTS = """
@@ -253,7 +257,7 @@ def wait_up(st: Stack, timeout: float = 120.0) -> None:
 
 def with_workers(st: Stack, side: Side, n: int, loads: dict[str, list[float]], concurrency: int) -> dict[str, Any]:
     """Start ``n`` workers, measure them idle, then each load in ``loads``' order; stop them."""
-    st.start_workers(n, concurrency=concurrency, settle=0)  # wait_up() waits for them
+    st.start_workers(n, concurrency=concurrency, settle=0, extra=side.worker_args)  # wait_up() waits for them
     try:
         wait_up(st)
         out: dict[str, Any] = {"idle": idle(st)}
@@ -275,12 +279,12 @@ def stack(backend: str, side: Side) -> Iterator[Stack]:
     """A fresh stack on one redis-server or a balanced 3-master cluster, replicas running ``side``'s code."""
     if backend == "single":
         with Stack(partitions=PARTITIONS, code=side.code) as st:
-            st.start_schedulers(REPLICAS)
+            st.start_schedulers(REPLICAS, side.scheduler_args)
             yield st
         return
     with side_redis("cluster", NS, PARTITIONS) as (srv, _), Stack(partitions=PARTITIONS, redis=srv,
                                                                    code=side.code) as st:
-        st.start_schedulers(REPLICAS)
+        st.start_schedulers(REPLICAS, side.scheduler_args)
         yield st
 
 
@@ -298,7 +302,8 @@ def orders(rnd: int, items: Sequence[Any]) -> list[Any]:
 def run(quick: bool = False, workers: Sequence[int] | None = None, shapes: Sequence[str] = SHAPES,
         backends: Sequence[str] | None = None, rounds: int | None = None, jobs: int | None = None,
         seconds: float | None = None, bursts: int | None = None, concurrency: int = CONCURRENCY,
-        other: Path | None = None) -> dict[str, Any]:
+        other: Path | None = None, scheduler_args: Sequence[str] = (),
+        worker_args: Sequence[str] = ()) -> dict[str, Any]:
     """The suite; its JSON result (``runs``: one entry per round, side, backend, W and shape)."""
     q: dict[str, Any] = QUICK if quick else {}
     workers = tuple(workers or q.get("workers", WORKERS))
@@ -307,7 +312,8 @@ def run(quick: bool = False, workers: Sequence[int] | None = None, shapes: Seque
     jobs = jobs or q.get("jobs", JOBS)
     seconds = seconds or q.get("seconds", SECONDS)
     bursts = bursts or q.get("bursts", BURSTS)
-    sides = [Side("this", ROOT)] + ([Side("other", other.resolve())] if other else [])
+    sides = [Side("this", ROOT, tuple(scheduler_args), tuple(worker_args))] + (
+        [Side("other", other.resolve())] if other else [])
     t_start = time.time()
     m = machine()
     m["loadavg_start"] = os.getloadavg()
@@ -398,6 +404,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, help=f"span of a load's due times (default {SECONDS:g})")
     p.add_argument("--bursts", type=int, help=f"instants of the batched shape (default {BURSTS})")
     p.add_argument("--concurrency", type=int, default=CONCURRENCY, help="per worker process (default %(default)s)")
+    p.add_argument("--scheduler-args", default="", metavar="ARGS",
+                   help="extra arguments of this side's replicas, e.g. '--coalesce-lead 160' (the other side's "
+                        "run with their defaults)")
+    p.add_argument("--worker-args", default="", metavar="ARGS",
+                   help="extra arguments of this side's workers, e.g. '--prefetch 64'")
     p.add_argument("--out", type=Path, help="where to keep the JSON (default bench/out/fanout*.json)")
     p.add_argument("--plots", type=Path, help="where to draw the PNGs (default docs/img for a full run, else "
                                               "bench/out)")
@@ -418,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise UsageError(f"--compare {a.compare}: no zsched checkout there (give the root of another "
                              "worktree, the folder holding scheduler/ and workers/)")
         r = run(a.quick, a.workers, shapes, backends, a.rounds, a.jobs, a.seconds, a.bursts, a.concurrency,
-                a.compare)
+                a.compare, shlex.split(a.scheduler_args), shlex.split(a.worker_args))
     except UsageError as exc:
         print(f"bench fanout: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
