@@ -37,10 +37,10 @@ driver are shared), the sides' order alternating per round, and gives per figure
 from __future__ import annotations
 
 import argparse
-import shlex
 import json
 import os
 import random
+import shlex
 import subprocess
 import sys
 import time
@@ -87,8 +87,8 @@ class Side:
 
     name: str
     code: Path
-    scheduler_args: tuple[str, ...] = ()  # extra `zsched scheduler` arguments (this side only: --scheduler-args)
-    worker_args: tuple[str, ...] = ()     # extra `zsched worker` arguments (--worker-args)
+    scheduler_args: tuple[str, ...] = ()  # extra `zsched scheduler` arguments (--scheduler-args, --other-...)
+    worker_args: tuple[str, ...] = ()     # extra `zsched worker` arguments (--worker-args, --other-...)
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "PYTHONPATH": str(self.code)}
@@ -303,7 +303,8 @@ def run(quick: bool = False, workers: Sequence[int] | None = None, shapes: Seque
         backends: Sequence[str] | None = None, rounds: int | None = None, jobs: int | None = None,
         seconds: float | None = None, bursts: int | None = None, concurrency: int = CONCURRENCY,
         other: Path | None = None, scheduler_args: Sequence[str] = (),
-        worker_args: Sequence[str] = ()) -> dict[str, Any]:
+        worker_args: Sequence[str] = (), other_scheduler_args: Sequence[str] = (),
+        other_worker_args: Sequence[str] = ()) -> dict[str, Any]:
     """The suite; its JSON result (``runs``: one entry per round, side, backend, W and shape)."""
     q: dict[str, Any] = QUICK if quick else {}
     workers = tuple(workers or q.get("workers", WORKERS))
@@ -313,7 +314,7 @@ def run(quick: bool = False, workers: Sequence[int] | None = None, shapes: Seque
     seconds = seconds or q.get("seconds", SECONDS)
     bursts = bursts or q.get("bursts", BURSTS)
     sides = [Side("this", ROOT, tuple(scheduler_args), tuple(worker_args))] + (
-        [Side("other", other.resolve())] if other else [])
+        [Side("other", other.resolve(), tuple(other_scheduler_args), tuple(other_worker_args))] if other else [])
     t_start = time.time()
     m = machine()
     m["loadavg_start"] = os.getloadavg()
@@ -405,10 +406,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--bursts", type=int, help=f"instants of the batched shape (default {BURSTS})")
     p.add_argument("--concurrency", type=int, default=CONCURRENCY, help="per worker process (default %(default)s)")
     p.add_argument("--scheduler-args", default="", metavar="ARGS",
-                   help="extra arguments of this side's replicas, e.g. '--coalesce-lead 160' (the other side's "
-                        "run with their defaults)")
+                   help="extra arguments of this side's replicas, e.g. '--coalesce-lead 160'")
     p.add_argument("--worker-args", default="", metavar="ARGS",
                    help="extra arguments of this side's workers, e.g. '--prefetch 64'")
+    p.add_argument("--other-scheduler-args", default="", metavar="ARGS",
+                   help="extra arguments of the other side's replicas (with --compare)")
+    p.add_argument("--other-worker-args", default="", metavar="ARGS",
+                   help="extra arguments of the other side's workers (with --compare)")
     p.add_argument("--out", type=Path, help="where to keep the JSON (default bench/out/fanout*.json)")
     p.add_argument("--plots", type=Path, help="where to draw the PNGs (default docs/img for a full run, else "
                                               "bench/out)")
@@ -429,7 +433,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise UsageError(f"--compare {a.compare}: no zsched checkout there (give the root of another "
                              "worktree, the folder holding scheduler/ and workers/)")
         r = run(a.quick, a.workers, shapes, backends, a.rounds, a.jobs, a.seconds, a.bursts, a.concurrency,
-                a.compare, shlex.split(a.scheduler_args), shlex.split(a.worker_args))
+                a.compare, shlex.split(a.scheduler_args), shlex.split(a.worker_args),
+                shlex.split(a.other_scheduler_args), shlex.split(a.other_worker_args))
     except UsageError as exc:
         print(f"bench fanout: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -691,6 +691,57 @@ async def test_held_jobs_wait_on_prefetch_slots_and_take_a_handler_slot_only_whe
     runner.close()
 
 
+async def test_a_held_job_that_comes_due_takes_the_handler_slot_of_a_job_due_later() -> None:
+    # A worker whose prefetch allowance is full takes its next claim's early jobs onto handler
+    # slots; the held jobs due before them must not wait until those run (before: up to the whole
+    # hand-off lead late). The two trade slots; both start at their own due times, none early.
+    reg = HandlerRegistry()
+    started: list[tuple[int, float]] = []
+
+    async def handler(job: Job) -> None:
+        started.append((job.payload, time.monotonic()))
+
+    reg.register("q", handler)
+    runner, box, slots = make_runner(reg, concurrency=1, prefetch=1)
+    redis_now_us = 1_700_000_000_000_000
+    clock = time.monotonic() - redis_now_us / 1_000_000
+    now_ms = redis_now_us // 1000
+    soon = dataclasses.replace(claimed(1, payload=1), due_ms=now_ms + 40)   # on the prefetch slot
+    assert slots.reserve(1) == 1  # a first claim: one handler slot, no prefetch slot was asked for
+    slots.hold -= 1               # and a second one took the prefetch slot
+    later = dataclasses.replace(claimed(2, payload=2), due_ms=now_ms + 140)  # on the handler slot
+    runner.dispatch("q", 0, [soon], time.monotonic(), clock, [True])
+    runner.dispatch("q", 0, [later], time.monotonic(), clock, [False])
+    await asyncio.sleep(0.01)
+    assert started == [] and len(runner.parked) == 1 and (slots.free, slots.hold) == (0, 0)
+    soon_local, later_local = soon.due_ms / 1000 + clock, later.due_ms / 1000 + clock
+    await asyncio.sleep(soon_local - time.monotonic() + 0.03)
+    assert [p for p, _ in started] == [1], "the job due first ran at its time, not after the later one"
+    assert started[0][1] >= soon_local and started[0][1] < later_local - 0.05
+    for _ in range(100):
+        if len(started) == 2:
+            break
+        await asyncio.sleep(0.005)
+    assert [p for p, _ in started] == [1, 2] and started[1][1] >= later_local, "never before its due time"
+    await settle(runner)
+    assert not runner.running and not runner.parked and (slots.free, slots.hold) == (1, 1)
+    runner.close()
+
+
+async def test_a_parked_job_handed_back_leaves_the_parked_set() -> None:
+    reg = HandlerRegistry()
+    reg.register("q", lambda job: None)
+    runner, box, slots = make_runner(reg, concurrency=1)
+    c, clock = handed_off(1, 30.0)
+    assert slots.reserve(1) == 1
+    runner.dispatch("q", 0, [c], time.monotonic(), clock, [False])
+    await asyncio.sleep(0.01)
+    assert len(runner.parked) == 1
+    await asyncio.gather(*runner.hand_back(), return_exceptions=True)
+    assert not runner.parked
+    runner.close()
+
+
 async def test_a_held_job_handed_back_at_shutdown_returns_its_prefetch_slot() -> None:
     reg = HandlerRegistry()
     reg.register("q", lambda job: None)
