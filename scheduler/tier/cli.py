@@ -91,9 +91,9 @@ def config_from_args(args: argparse.Namespace) -> SchedulerConfig:
     if args.batch < 1 or args.batch > 5000:
         raise ValueError(f"--batch must be from 1 to 5000, got {args.batch}")
     if not 0 <= args.handoff_lead <= 1000:
-        raise ValueError(f"--handoff-lead must be from 0 to 1000 ms, got {args.handoff_lead}")
+        raise ValueError(f"--handoff-lead must be from 0 to 1000 ms, got {args.handoff_lead:g}")
     if not 0 <= args.coalesce_lead <= 1000:  # refuses nan too
-        raise ValueError(f"--coalesce-lead must be from 0 to 1000 ms, got {args.coalesce_lead}")
+        raise ValueError(f"--coalesce-lead must be from 0 to 1000 ms, got {args.coalesce_lead:g}")
     if not 0 <= args.trace_firing <= 1:  # refuses nan too
         raise ValueError(f"--trace-firing must be from 0 to 1 (a share of the firing ticks), got {args.trace_firing}")
     if not 0.01 <= args.redis_timeout <= 3600:
