@@ -41,8 +41,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--coalesce-lead", type=float, default=RunnerConfig.coalesce_lead * 1000, metavar="MS",
                    help="a partition firing many jobs per second hands them off up to this many ms ahead, "
                         "doubling its --handoff-lead only as far as needed for a tick and a claim to carry "
-                        "several jobs (cheaper spread traffic); jobs still start at their due time, but each "
-                        "worker's --prefetch must cover its jobs due within this lead (default "
+                        "several jobs (cheaper spread traffic); jobs still start at their due time; give each "
+                        "worker a --prefetch covering its jobs due within this lead (default "
                         f"{RunnerConfig.coalesce_lead * 1000:g}: off; at or below --handoff-lead: off)")
     p.add_argument("--trace-firing", type=float, default=RunnerConfig.trace_firing, metavar="RATIO",
                    help="share of the ticks that fire jobs recorded as OpenTelemetry spans, 0 to 1 (default "
