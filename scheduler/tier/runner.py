@@ -354,7 +354,11 @@ class PartitionRunner:
         self._m.tick_duration.labels(self._m.replica).observe(time.perf_counter() - t0)
         tick = parse_tick(replies[0])
         if not isinstance(tick, EpochRefused):
+            before = self.lead.lead
             self.lead.observe(tick.moved, received)
+            if self.lead.lead != before:
+                log.debug("partition %d: hand-off lead %.0f ms -> %.0f ms (--coalesce-lead)", self.partition,
+                          before * 1000, self.lead.lead * 1000)
         if start_ns and not isinstance(tick, EpochRefused) and tick.lateness_ms \
                 and random.random() < cfg.trace_firing:
             tracing.record_firing(self._core.ks.namespace, self.partition, self._m.replica, len(tick.lateness_ms),

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -124,8 +125,10 @@ class Stack:
 
     def __init__(self, hist: Path, *, seed: int, namespace: str = "chaos", partitions: int = 8,
                  schedulers: int = 3, workers: int = 3, ttl: float = 2.0, params: Params | None = None,
-                 rate: float = 80.0, producers: int = 2, max_attempts: int = 200) -> None:
+                 rate: float = 80.0, producers: int = 2, max_attempts: int = 200,
+                 scheduler_args: Sequence[str] = ()) -> None:
         self.hist, self.seed, self.ns, self.partitions = hist, seed, namespace, partitions
+        self.scheduler_args = list(scheduler_args)  # extra `zsched scheduler` arguments (ZSCHED_CHAOS_SCHEDULER_ARGS)
         self.n_sched, self.n_workers, self.ttl = schedulers, workers, ttl
         self.params = params or Params()
         self.rate, self.n_producers, self.max_attempts = rate, producers, max_attempts
@@ -142,7 +145,8 @@ class Stack:
     # -- processes
     def sched_proc(self, i: int) -> Proc:
         return Proc(["scheduler", "--redis", self.sentinel.url, "--etcd", self.etcd.endpoints, "--namespace", self.ns,
-                     "--replica-id", f"s{i}", "--lease-ttl", str(self.ttl)], self.hist, "sched", f"s{i}")
+                     "--replica-id", f"s{i}", "--lease-ttl", str(self.ttl), *self.scheduler_args], self.hist,
+                    "sched", f"s{i}")
 
     def worker_proc(self, i: int) -> Proc:
         return Proc(["worker", "chaosapp:worker", "--redis", self.sentinel.url, "--namespace", self.ns,
@@ -263,7 +267,8 @@ class Stack:
 
     def describe(self) -> dict[str, Any]:
         return {"sentinel_url": self.sentinel.url, "etcd": self.etcd.endpoints, "namespace": self.ns,
-                "partitions": self.partitions, "ttl": self.ttl, "rate": self.rate}
+                "partitions": self.partitions, "ttl": self.ttl, "rate": self.rate,
+                "scheduler_args": self.scheduler_args}
 
 
 def dump(path: Path, obj: Any) -> None:

@@ -29,6 +29,7 @@ On failure the history directory is kept and named in the message; check it agai
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import tempfile
 import time
@@ -49,6 +50,9 @@ SEED = int(os.environ.get("ZSCHED_CHAOS_SEED", "7"))
 # two more by weight; the long run is where faults pile up
 SECONDS = float(os.environ.get("ZSCHED_CHAOS_SECONDS", "45"))
 KEEP = os.environ.get("ZSCHED_CHAOS_KEEP") == "1"
+# extra arguments of every scheduler replica, e.g. "--coalesce-lead 160" (busy partitions hand jobs
+# off up to 160 ms ahead: at the producers' ~10 jobs/s per partition they widen to it)
+SCHEDULER_ARGS = shlex.split(os.environ.get("ZSCHED_CHAOS_SCHEDULER_ARGS", ""))
 AFTER_HEAL = 150  # jobs scheduled after the heal, all of which the healed stack must run
 
 
@@ -56,7 +60,7 @@ AFTER_HEAL = 150  # jobs scheduled after the heal, all of which the healed stack
 def test_chaos_short(capsys: pytest.CaptureFixture[str]) -> None:
     hist = Path(tempfile.mkdtemp(prefix=f"zsched-chaos-seed{SEED}-", dir=os.environ.get("ZSCHED_CHAOS_DIR")))
     params = Params(lease=4.0, retry_budget=10.0, durable_timeout=1.5)
-    stack = Stack(hist, seed=SEED, params=params)
+    stack = Stack(hist, seed=SEED, params=params, scheduler_args=SCHEDULER_ARGS)
     nemesis: Nemesis | None = None
     problems: list[str] = []
     t_start = time.time()
