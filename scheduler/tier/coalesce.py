@@ -94,13 +94,14 @@ class HandoffLead:
             return self.base
         return next((lead for lead in self.levels if per_s * lead >= JOBS_PER_STEP), self.levels[-1])
 
-    def observe(self, moved: int, now: float) -> None:
+    def observe(self, moved: int, now: float) -> bool:
         """A tick moved ``moved`` jobs at ``now`` (monotonic); once per :data:`RATE_WINDOW_S` the
-        lead is chosen again from the rate of that window."""
+        lead is chosen again from the rate of that window. True when the lead changed."""
         if self._since is None:
             self._since = now
         self._moved += moved
         elapsed = now - self._since
+        before = self.lead
         if elapsed >= RATE_WINDOW_S:
             # Up one level per window, down at once. The first tick on a wider lead hands off every
             # job due before the new edge at once, from all the replica's partitions on the same
@@ -111,6 +112,7 @@ class HandoffLead:
             self.lead = min(want, self.lead * 2) if want > self.lead else want
             self.step = self.base_step * self.lead / self.base if self.widened else self.base_step
             self._moved, self._since = 0, now
+        return self.lead != before
 
 
 class TickBatcher:

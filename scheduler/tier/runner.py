@@ -84,13 +84,9 @@ class RunnerConfig:
     handoff_lead: float = 0.020
     # A partition firing enough jobs per second widens its lead, doubling it up to this, so that
     # one tick, one claim and one wake-up carry several spread jobs instead of one each
-    # (tier/coalesce.py HandoffLead). Jobs still start at their due time; what grows is the window
-    # in which a job is already ready (a cancel there finds it running), and the jobs each worker
-    # holds: past its prefetch allowance they wait in the ready list and are claimed a slot at a
-    # time (one worker at 300 jobs/s with 160 ms and the default 32: 0.97 claims per job instead
-    # of 0.61), and the widened partitions' jobs reach the workers in bursts (a higher p99 on a
-    # small host). The tier sees neither the allowances nor the hosts, so it is off unless asked
-    # for (docs/architecture.md, "On time"). At or below handoff_lead: never widened.
+    # (tier/coalesce.py HandoffLead). Jobs still start at their due time, but a cancel finds them
+    # claimed earlier, workers need the prefetch for them, and they reach the workers in bursts:
+    # off unless asked for (docs/architecture.md, "On time"). At or below handoff_lead: never.
     coalesce_lead: float = 0.0
     # Redis retry backoff cap. Short: a partition must fire again within a second of Redis
     # answering (a Redis Cluster failover takes 2-3 s; with a 2 s cap the first retry after it
@@ -353,12 +349,8 @@ class PartitionRunner:
         received = time.monotonic()
         self._m.tick_duration.labels(self._m.replica).observe(time.perf_counter() - t0)
         tick = parse_tick(replies[0])
-        if not isinstance(tick, EpochRefused):
-            before = self.lead.lead
-            self.lead.observe(tick.moved, received)
-            if self.lead.lead != before:
-                log.debug("partition %d: hand-off lead %.0f ms -> %.0f ms (--coalesce-lead)", self.partition,
-                          before * 1000, self.lead.lead * 1000)
+        if not isinstance(tick, EpochRefused) and self.lead.observe(tick.moved, received):
+            log.debug("partition %d: hand-off lead now %.0f ms", self.partition, 1000 * self.lead.lead)
         if start_ns and not isinstance(tick, EpochRefused) and tick.lateness_ms \
                 and random.random() < cfg.trace_firing:
             tracing.record_firing(self._core.ks.namespace, self.partition, self._m.replica, len(tick.lateness_ms),

@@ -130,9 +130,9 @@ def test_the_lead_changes_at_most_once_per_window_and_returns_when_traffic_stops
     lead = HandoffLead(BASE, WIDEST)
     at = settle(lead, 19.0)
     assert lead.lead == pytest.approx(0.160)
-    lead.observe(50, at + RATE_WINDOW_S / 2)  # a burst inside the window changes nothing yet
+    assert not lead.observe(50, at + RATE_WINDOW_S / 2)  # a burst inside the window changes nothing yet
     assert lead.lead == pytest.approx(0.160)
-    lead.observe(0, at + RATE_WINDOW_S * 20)  # then 19.5 quiet seconds (idle ticks)
+    assert lead.observe(0, at + RATE_WINDOW_S * 20)  # then 19.5 quiet seconds (idle ticks): changed
     assert lead.lead == pytest.approx(BASE)  # 50 jobs over 20 s: 2.5/s, too few to widen
     assert lead.step == pytest.approx(grid_step(BASE))
 
