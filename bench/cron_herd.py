@@ -9,6 +9,7 @@ from typing import Any
 import redis
 
 from bench.common import emit, machine, percentiles, redis_server
+from bench.stack import LIFELINE
 from scheduler import Client
 from scheduler.shell.servers import EtcdServer, scheduler_proc
 from scheduler.testing.transitions import Ops
@@ -31,7 +32,8 @@ def run(crons: int = 10_000, jitter: float = 60.0, rate: float = 250.0, replicas
         add_s = time.perf_counter() - t0
         if time.time() > nominal - 2:
             raise SystemExit("adding the crons took too long for the chosen minute; use fewer --crons")
-        procs = [scheduler_proc(rs.url, etcd.endpoint, NS, f"r{i}", ttl=5.0).start() for i in range(replicas)]
+        procs = [scheduler_proc(rs.url, etcd.endpoint, NS, f"r{i}", ttl=5.0, lifeline=LIFELINE).start()
+                 for i in range(replicas)]
         try:
             time.sleep(max(0.0, nominal - time.time()))
             samples = []

@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bench.common import cpu_seconds, emit, machine
-from bench.stack import NS, Stack
+from bench.stack import LIFELINE, NS, Stack
 
 GAPS_MS = (0, 1, 10, 50)
 RATES = (20, 75, 300)
@@ -85,7 +85,8 @@ def _worker_cpu_per_job(st: Stack, rate: float, seconds: float) -> float:
     n = int(rate * seconds)
     acked0 = st.counter("acked")
     proc = ZschedProc(["worker", "bench.handlers:worker", "--redis", st.url, "--namespace", NS], metrics=False,
-                      env={"BENCH_CONCURRENCY": "4", "PYTHONPATH": str(ROOT)}, cwd=str(ROOT)).start()
+                      env={"BENCH_CONCURRENCY": "4", "PYTHONPATH": str(ROOT)}, cwd=str(ROOT),
+                      lifeline=LIFELINE).start()
     try:
         time.sleep(2.0)  # imported, connected, waiting on its bells
         start = time.time() + 1.0

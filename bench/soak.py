@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import PAYLOAD, emit, machine
-from bench.stack import NS, Stack
+from bench.stack import LIFELINE, NS, Stack
 from scheduler import Client
 from scheduler.shell.servers import ZschedProc
 
@@ -79,7 +79,8 @@ def run(minutes: float = 30.0, rate: int = 2000) -> dict[str, Any]:
         st.start_schedulers(2)
         root = Path(__file__).resolve().parent.parent
         workers = [ZschedProc(["worker", "bench.soak_handlers:worker", "--redis", st.url, "--namespace", NS],
-                              env={"PYTHONPATH": str(root), "SOAK_TOMBSTONE_TTL": str(TTL)}, cwd=str(root)).start()
+                              env={"PYTHONPATH": str(root), "SOAK_TOMBSTONE_TTL": str(TTL)}, cwd=str(root),
+                              lifeline=LIFELINE).start()
                    for _ in range(2)]
         time.sleep(1.5)
         prod = Producer(st.url, rate)

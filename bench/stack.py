@@ -18,7 +18,7 @@ from bench.common import cpu_seconds
 from scheduler import Client
 from scheduler.metrics import bucket_quantile, scrape_histogram
 from scheduler.redisio.connection import sync_redis
-from scheduler.shell.servers import ClusterSet, EtcdServer, RedisServer, ZschedProc, scheduler_proc
+from scheduler.shell.servers import ClusterSet, EtcdServer, Lifeline, RedisServer, ZschedProc, scheduler_proc
 
 NS = "bench"
 ROOT = Path(__file__).resolve().parent.parent  # the checkout this bench runs from
@@ -43,6 +43,12 @@ def redis_cpu(srv: RedisServer | ClusterSet) -> dict[int, float]:
         info = n.info("cpu")
         out[n.port] = float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
     return out
+
+
+# The replicas and workers a bench starts stop by themselves once the bench process is gone, however
+# it ended: a bench killed mid-run (SIGTERM skips the stack's cleanup, SIGKILL everything) left them
+# running, retrying a Redis that was gone, through the next measurements.
+LIFELINE = Lifeline(grace=10.0)
 
 
 class Stack:
@@ -82,7 +88,8 @@ class Stack:
     def start_schedulers(self, n: int, extra: Sequence[str] = ()) -> None:
         for _ in range(n):
             proc = scheduler_proc(self.url, self.etcd.endpoint, NS, f"s{len(self.schedulers)}",
-                                  ttl=self.lease_ttl, extra=extra, env={"PYTHONPATH": str(self.code)})
+                                  ttl=self.lease_ttl, extra=extra, env={"PYTHONPATH": str(self.code)},
+                                  lifeline=LIFELINE)
             proc.cwd = str(self.code)  # `python -m` puts the working directory first on sys.path
             self.schedulers.append(proc.start())
         self.wait_owned()
@@ -116,7 +123,7 @@ class Stack:
             p = ZschedProc(["worker", "bench.handlers:worker", "--redis", self.url, "--namespace", NS, *extra],
                            env={"BENCH_RECORD": str(rec), "BENCH_CONCURRENCY": str(concurrency),
                                 "PYTHONPATH": str(self.code)},
-                           cwd=str(self.code)).start()
+                           cwd=str(self.code), lifeline=LIFELINE).start()
             self.workers.append((p, rec))
         time.sleep(settle)
 

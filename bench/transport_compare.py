@@ -47,7 +47,7 @@ from typing import Any
 import redis
 
 from bench.common import PAYLOAD, REPO, machine, redis_server
-from bench.stack import NS, Stack
+from bench.stack import LIFELINE, NS, Stack
 from bench.workloads import records_summary, wait_acked
 from scheduler.shell.servers import ZschedProc
 
@@ -317,7 +317,7 @@ class SideStack(Stack):
             self.schedulers.append(ZschedProc(
                 ["scheduler", "--redis", self.url, "--etcd", self.etcd.endpoint, "--namespace", NS,
                  "--replica-id", rid, "--lease-ttl", str(self.lease_ttl)],
-                env=self.side.env, cwd=str(self.side.root)).start())
+                env=self.side.env, cwd=str(self.side.root), lifeline=LIFELINE).start())
         self.wait_owned()
 
     def start_workers(self, n: int, concurrency: int = 16) -> None:
@@ -326,7 +326,7 @@ class SideStack(Stack):
             rec = self.tmp / f"worker-{len(self.workers)}.txt"
             p = ZschedProc(["worker", "bench.handlers:worker", "--redis", self.url, "--namespace", NS],
                            env={**self.side.env, "BENCH_RECORD": str(rec), "BENCH_CONCURRENCY": str(concurrency)},
-                           cwd=str(self.side.root)).start()
+                           cwd=str(self.side.root), lifeline=LIFELINE).start()
             self.workers.append((p, rec))
         time.sleep(1.5)  # imported, connected, subscribed
 

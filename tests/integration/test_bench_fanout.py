@@ -2,6 +2,8 @@
 RESULTS.md section and the curves it draws. Shape only: benchmark figures are never asserted."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,3 +46,35 @@ def test_compare_refuses_a_folder_that_is_not_a_checkout(tmp_path: Path, capsys:
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("bench fanout: error: --compare") and "worktree" in err[0]
+
+
+_KILLED_BENCH = """
+import sys, time
+from bench.stack import Stack
+st = Stack(partitions=4).__enter__()
+st.start_schedulers(1)
+st.start_workers(1, concurrency=1, settle=0)
+print(st.schedulers[0].pid, st.workers[0][0].pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_bench_leaves_no_replica_or_worker_running() -> None:
+    # Before, a bench ended by a signal (its stack's cleanup skipped) left its replicas and workers
+    # running for as long as nobody noticed, retrying a Redis that was gone and taking CPU from the
+    # next measurements. They hold the bench's lifeline now and stop once it is gone.
+    from tests.support.devstack import start_time, still_alive, wait_gone
+
+    bench = subprocess.Popen([sys.executable, "-c", _KILLED_BENCH], stdout=subprocess.PIPE, text=True,
+                             cwd=str(Path(fanout.__file__).resolve().parent.parent))
+    try:
+        line = bench.stdout.readline() if bench.stdout else ""
+        assert line.strip(), f"the bench stack did not start (exit {bench.poll()})"
+        names = {int(p): name for p, name in zip(line.split(), ("replica", "worker"))}
+        pids = {p: start_time(p) for p in names}
+        assert sorted(still_alive(pids)) == sorted(names)
+    finally:
+        bench.kill()  # SIGKILL: no cleanup of its own at all
+        bench.wait(10)
+    left = wait_gone(pids, 30.0)
+    assert not left, f"still running after the bench was killed: {[names[p] for p in left]}"

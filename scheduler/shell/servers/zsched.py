@@ -159,12 +159,15 @@ def scheduler_proc(
     ttl: float = 2.0,
     env: dict[str, str] | None = None,
     extra: Sequence[str] = (),
+    lifeline: Lifeline | None = None,
 ) -> ZschedProc:
     """A ``zsched scheduler`` replica (not started) with a metrics port; the Redis URL and the etcd
-    endpoints go through the environment (they may carry passwords), over any in ``env``."""
+    endpoints go through the environment (they may carry passwords), over any in ``env``.
+    ``lifeline``: it stops by itself once this process is gone (:class:`ZschedProc`)."""
     return ZschedProc(
         ["scheduler", "--namespace", namespace, "--replica-id", replica, "--lease-ttl", str(ttl), *extra],
         env={**(env or {}), "ZSCHED_REDIS_URL": redis_url, "ZSCHED_ETCD_ENDPOINTS": etcd},
+        lifeline=lifeline,
     )
 
 
