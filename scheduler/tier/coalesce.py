@@ -73,7 +73,7 @@ class HandoffLead:
         self.base = base
         self.base_step = grid_step(base)
         self.levels = [base]  # base * 2**k up to widest; just [base] when widening is off
-        while base > 0 and self.base_step > 0 and self.levels[-1] * 2 <= widest + 1e-9:
+        while base > 0 and self.levels[-1] * 2 <= widest + 1e-9:
             self.levels.append(self.levels[-1] * 2)
         self.lead = base
         self.step = self.base_step

@@ -71,19 +71,6 @@ def test_a_hand_off_lead_out_of_range_is_refused_before_connecting(flag: str, ms
     assert f"{flag} must be from 0 to 1000 ms, got {float(ms):g}" in line
 
 
-def test_the_coalescing_lead_reaches_the_partition_runners() -> None:
-    import argparse
-
-    from scheduler.tier.cli import add_parser, config_from_args
-
-    parser = argparse.ArgumentParser()
-    add_parser(parser.add_subparsers())
-    base = ["scheduler", "--redis", "redis://127.0.0.1:1", "--etcd", "127.0.0.1:1"]
-    cfg = config_from_args(parser.parse_args([*base, "--coalesce-lead", "160"]))
-    assert cfg.runner.coalesce_lead == 0.160 and cfg.runner.handoff_lead == 0.020
-    assert config_from_args(parser.parse_args(base)).runner.coalesce_lead == 0.0  # off unless asked for
-
-
 def test_a_bad_lease_ttl_variable_stops_only_the_scheduler(capsys: pytest.CaptureFixture[str],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZSCHED_LEASE_TTL", "five")

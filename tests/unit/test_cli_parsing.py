@@ -220,6 +220,15 @@ def _parse(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(list(argv))
 
 
+def test_the_coalescing_lead_reaches_the_partition_runners() -> None:
+    from scheduler.tier.cli import config_from_args
+
+    base = ("scheduler", "--redis", "redis://127.0.0.1:1", "--etcd", "127.0.0.1:1")
+    cfg = config_from_args(_parse(*base, "--coalesce-lead", "160"))
+    assert cfg.runner.coalesce_lead == 0.160 and cfg.runner.handoff_lead == 0.020
+    assert config_from_args(_parse(*base)).runner.coalesce_lead == 0.0  # off unless asked for
+
+
 def test_parser_wiring() -> None:
     a = _parse("schedule", "--at", "+1h", "--queue", "q", "--payload", '{"a": 1}', "--json")
     assert a.queue == "q" and a.payload == {"a": 1} and a.json and a.max_attempts == 5 and a.misfire == "run_late"
