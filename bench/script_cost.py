@@ -1,9 +1,9 @@
-"""Redis instructions per one-job call of the hot scripts, counted by callgrind: ``schedule`` (the
-shipped script, fast path first; the same script without its fast path, general path only), a
+"""Redis instructions per one-job call of the hot scripts, counted by callgrind: ``schedule``, a
 ``tick`` that moves one due job to its ready list, a ``claim`` that takes one ready job (as a
-worker sends it: request id, receipt, the previous request id, a due-job limit), an ``ack`` of one
-running job, and for each an
-empty script with the same keys and arguments (what any EVALSHA of that shape costs).
+worker sends it: request id, receipt, the previous request id, a due-job limit) and an ``ack`` of
+one running job; each as shipped (its fast path first), the same script without its fast path
+(general path only), and an empty script with the same keys and arguments (what any EVALSHA of
+that shape costs).
 
 ``python -m bench.script_cost [--calls N] [--only NAME]`` (needs valgrind; a few minutes).
 Instruction counts do not depend on what else the machine is doing, unlike times: the figures
@@ -20,7 +20,10 @@ time under valgrind, and blurred the figures by a percent or two.
   namespace; each measured tick (epoch 1, batch 1000, no rate limit or retention) passes a
   hand-off lead that reaches exactly the next timer, so it moves one job, as the tier's ticks
   with their hand-off lead do.
-- ``claim``: the ready jobs are set up first; each measured claim asks for one job.
+- ``claim``: the ready jobs are set up first; each measured claim asks for one job. The jobs it
+  claims stay running, so the partition's lease hash 'l' holds 200-600 entries, a listpack up to
+  512 (Redis's hash-max-listpack-entries), which every write to it scans: about 45 k of a one-job
+  claim's instructions (callgrind's lpFind), which a partition with a few running jobs does not pay.
 - ``ack``: the running jobs are set up first (scheduled due, claimed in one call); each measured
   ack finishes one, leaving its tombstone.
 """
@@ -65,7 +68,7 @@ PAST = 1_000_000_000.0  # 2001-09-09: due at once, sent as an absolute run_at (s
 def general_only(name: str = "schedule") -> str:
     """A script without its fast path's block (from its first ``local A = ARGV``, or in schedule.lua
     older than the argument checks ``if ARGV[6] == '1'``, to ``--@library``); also the general path
-    of tests/integration/test_schedule_fast_path.py and test_tick_fast_path.py."""
+    of tests/integration/test_*_fast_path.py (schedule, tick, claim, ack)."""
     lines = script_source(name).splitlines(keepends=True)
     start = next(i for i, line in enumerate(lines) if line.startswith(("local A = ARGV", "if ARGV[6] == '1'")))
     mark = next(i for i, line in enumerate(lines) if line.strip() == LIBRARY_MARKER)
@@ -261,8 +264,10 @@ def run(calls: int, only: str | None = None) -> dict[str, Any]:
                                      "empty_script": EMPTY}),
         "tick": (lambda: tick_side(calls), {"shipped": shipped["tick"].source,
                                             "general_path_only": general_only("tick"), "empty_script": EMPTY}),
-        "claim": (lambda: claim_side(calls), {"shipped": shipped["claim"].source, "empty_script": EMPTY}),
-        "ack": (lambda: ack_side(calls), {"shipped": shipped["ack"].source, "empty_script": EMPTY}),
+        "claim": (lambda: claim_side(calls), {"shipped": shipped["claim"].source,
+                                              "general_path_only": general_only("claim"), "empty_script": EMPTY}),
+        "ack": (lambda: ack_side(calls), {"shipped": shipped["ack"].source, "general_path_only": general_only("ack"),
+                                          "empty_script": EMPTY}),
     }
     out: dict[str, Any] = {"calls": calls, "machine": machine()}
     for workload in WORKLOADS:

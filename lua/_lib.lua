@@ -319,6 +319,26 @@ end
 -- A queue paused in this partition (pause.lua) is not rung: its workers would take the ring only to
 -- find the queue paused. ring() looks for the pause in the partition of 'prefix' (PREFIX); resume.lua
 -- rings "P:resume" with prefix false (that ring always goes out).
+-- claim's due-job limit: of the jobs it popped (ids, and their 'j' values recs; RPOP took them
+-- from the tail of 'list'), the first due one (due_ms <= now) past the first max_due and every job
+-- after it go back to the list, in their order (pushed back last-first, so the first is the tail
+-- again), and leave ids and recs. True when some went back.
+local function keep_due_over(list, ids, recs, max_due, now)
+  local due_n = 0
+  for i = 1, #ids do
+    local v = recs[i]
+    if v and u48(v, 1) <= now then
+      due_n = due_n + 1
+      if due_n > max_due then
+        local back = {}
+        for j = #ids, i, -1 do back[#back + 1] = ids[j]; ids[j] = nil; recs[j] = nil end
+        redis.call('RPUSH', list, unpack(back))
+        return true
+      end
+    end
+  end
+  return false
+end
 local function paused_here(prefix, qname) return redis.call('HEXISTS', prefix .. 'paused', qname) == 1 end
 local function ring(chan, prefix, qname, member, now)
   if prefix and paused_here(prefix, qname) then return end

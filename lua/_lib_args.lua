@@ -64,6 +64,14 @@ local COMMON_NS, PART, LAYOUT = string.match(
 local COMMON = COMMON_NS ~= nil and #COMMON_NS <= NAME_MAX and #PART <= 4 and not (#PART == 4 and PART > '4095') and
   (LAYOUT ~= '' or #ARGV[3] == #PART) and (LAYOUT == '' or (#LAYOUT <= 4 and not (#LAYOUT == 4 and LAYOUT > '4096') and
     (#LAYOUT > #PART or (#LAYOUT == #PART and LAYOUT > PART))))
+-- The fast paths' check (tick, claim and ack start with one: before the library's closures, see
+-- LIBRARY_MARKER in scheduler/protocol/scripts.py) of what their own pattern, COMMON's with their
+-- arguments after it, read: NS, P and COUNT, and ARGV[3] ('part'). COMMON's rules; true when good.
+local function common_ok(ns, p, count, part)
+  return ns ~= nil and #ns <= NAME_MAX and #p <= 4 and not (#p == 4 and p > '4095') and
+    (count == '' and #part == #p or #count <= 4 and not (#count == 4 and count > '4096') and
+      (#count > #p or (#count == #p and count > p)))
+end
 local refusal = nil -- the call's refusal (an error reply) once a check found a bad argument
 -- One check of an argument, by kind; returns the argument as the script uses it, or records the
 -- call's refusal (the first one only) and returns nil ('common' and 'refuse' return the refusal).

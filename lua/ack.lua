@@ -13,9 +13,67 @@
 -- visited per job acked (sweep_after_tombstones), so trimming keeps up with any ack rate.
 -- Arguments: tested inline (a worker acks every job: no call or closure for a good ack), named
 -- through arg when the test failed. The two lists go together.
--- Uses: COMMON, ID_LEN, K_C, K_E, K_F, K_G, K_I, K_J, K_K, K_L, K_META, K_Q, MAX_INT, MAX_MS,
---       PREFIX, arg, bump, flush_bumps, jget, now_ms, queue_name, rec_qidx, refusal, release_key,
---       sweep_after_tombstones, tally, tombstone, touch_queue
+-- Uses: COMMON, HISTORY_TTL_S, ID_LEN, K_C, K_E, K_F, K_G, K_I, K_J, K_K, K_L, K_META, K_Q,
+--       MAX_INT, MAX_MS, PREFIX, TOMB_SWEEP_EVERY, TOMB_SWEEP_MIN, arg, bump, common_ok,
+--       flush_bumps, jget, now_ms, p48, queue_name, rec_qidx, rec_valid, refusal, release_key,
+--       sweep_after_tombstones, tally, tombstone, touch_queue, u16
+-- Fast path: the ack of one job, as a worker sends it when its handler returns, whose record is
+-- valid, has no idempotency key and names a queue the partition knows, with no error kept from
+-- an earlier attempt and no tombstone sweep due (the sweep's turn comes to one ack in
+-- TOMB_SWEEP_EVERY, and only once 'f' has TOMB_SWEEP_MIN entries). It runs before the library
+-- (see "--@library" below), so Redis does not build the closures the general path needs, and
+-- writes exactly what the general path writes, with the same reply; a stale token is refused
+-- here too. Anything else falls through to the general path before any write.
+-- tests/integration/test_ack_fast_path.py compares the two.
+local A = ARGV
+if #A == 6 and #KEYS == 14 and #A[5] == ID_LEN then
+  local call, string, tonumber, prefix, id, token = redis.call, string, tonumber, A[1], A[5], A[6]
+  local plain = A[2] ~= prefix
+  -- ARGV 1-3, KEYS[1] and the channel prefix as COMMON reads them (_lib_args.lua), then the
+  -- tombstone ttl and the token as digits (their ranges below)
+  local ns, p, count, ttl_s = string.match(
+    prefix .. '|' .. A[3] .. '|' .. KEYS[1] .. '|' .. (plain and A[2] or '') .. '|' .. A[4],
+    plain and '^{([A-Za-z0-9][A-Za-z0-9_.%-]*):(%d+)}:|%2/?(%d*)|{%1:%2}:t|%1:|(%d+)$' or
+      '^{([A-Za-z0-9][A-Za-z0-9_.%-]*):(%d+)}:|%2/?(%d*)|{%1:%2}:t||(%d+)$')
+  local t = tonumber(token)
+  if common_ok(ns, p, count, A[3]) and
+      (#ttl_s < 15 or (#ttl_s == 15 and ttl_s <= '253402300799999')) and
+      t and t >= 1 and t <= MAX_INT and t % 1 == 0 then
+    local k_j, k_l, k_q = KEYS[3], KEYS[5], KEYS[10]
+    if call('HGET', k_l, id) ~= token then return {0} end -- refused: nothing written
+    local v = call('HGET', k_j, id)
+    local rec = v and string.sub(v, 7)
+    local ttl, pick = tonumber(ttl_s), string.byte(id, -1)
+    if rec and rec_valid(rec) and string.byte(rec, 5) % 8 < 4 and call('HEXISTS', KEYS[7], id) == 0 and
+        (ttl == 0 or pick % TOMB_SWEEP_EVERY ~= 0 or call('HLEN', KEYS[14]) <= TOMB_SWEEP_MIN) then
+      local idx = u16(rec, 1)
+      local idx_s = string.format('%d', idx)
+      local q = call('HGET', k_q, 'i:' .. idx_s)
+      if q then
+        local clock = call('TIME')
+        local us = tonumber(clock[2])
+        local now = tonumber(clock[1]) * 1000 + (us - us % 1000) / 1000
+        local now_s = string.format('%d', now)
+        call('ZREM', KEYS[4], id)
+        call('HDEL', k_l, id)
+        call('HDEL', k_j, id)
+        if ttl > 0 then
+          -- tombstone() of _lib_finish.lua: the record's queue, attempt and max, the due time, its
+          -- creation time and an empty key
+          call('HSET', KEYS[14], id, 'd' .. p48(now) .. p48(now + ttl) .. string.sub(rec, 1, 4) .. string.sub(v, 1, 6) ..
+            string.sub(rec, 6, 9) .. '\0')
+        end
+        call('HINCRBY', KEYS[11], 'a:' .. q, '-1')
+        call('HINCRBY', KEYS[12], 'acked:' .. q, '1')
+        local hk = prefix .. 'hist:' .. string.format('%d', (now - now % 60000) / 60000) -- tally's minute
+        if call('HINCRBY', hk, 'acked:' .. q, '1') == 1 then call('EXPIRE', hk, HISTORY_TTL_S) end
+        call('HSET', k_q, 'u:' .. idx_s, now_s)
+        return {1}
+      end
+    end
+  end
+end
+--@library
 local A = ARGV
 local ttl = tonumber(A[4] or '')
 local good = COMMON and #KEYS == 14 and ttl and ttl >= 0 and ttl <= MAX_MS and ttl % 1 == 0 and #A >= 6 and #A % 2 == 0

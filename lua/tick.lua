@@ -50,10 +50,10 @@
 -- instead (see Returns).
 -- Uses: BATCH_LIMIT_MAX, CHAN, COMMON, HISTORY_TTL_S, ID_LEN, K_C, K_D, K_E, K_F, K_G, K_J, K_K,
 --       K_M, K_META, K_Q, K_T, K_X, LAYOUT, MAX_INT, MAX_MS, NAME_MAX, NAME_PATTERN, PART, PREFIX,
---       arg, bump, check_epoch, cron_advance, error_blob, flag, flush_bumps, fmt, head_score, jget,
---       jval, layout_fence, multi, now_ms, p48, paused_here, queue_name, rec_is_cron, rec_opts,
---       rec_qidx, rec_valid, refusal, release_key, retire_queues, ring, tally, tombstone,
---       trim_dead, trim_tombstones, u16, u32
+--       arg, bump, check_epoch, common_ok, cron_advance, error_blob, flag, flush_bumps, fmt,
+--       head_score, jget, jval, layout_fence, multi, now_ms, p48, paused_here, queue_name,
+--       rec_is_cron, rec_opts, rec_qidx, rec_valid, refusal, release_key, retire_queues, ring,
+--       tally, tombstone, trim_dead, trim_tombstones, u16, u32
 local FIRING_SWEEP_MS = 1000
 -- Fast path: the common tick of a busy partition, which the tier sends on all but about one tick
 -- per second per partition (housekeeping 0, no rate-limited queue, no retention pass): due jobs,
@@ -75,9 +75,7 @@ if #A == 12 and A[7] == '0' and A[8] == '0' and A[9] == '0' and A[10] == '0' and
     plain and '^{([A-Za-z0-9][A-Za-z0-9_.%-]*):(%d+)}:|%2/?(%d*)|{%1:%2}:t|%1:|(%d+)|(%d+)|(%d+)|(%d+)$' or
       '^{([A-Za-z0-9][A-Za-z0-9_.%-]*):(%d+)}:|%2/?(%d*)|{%1:%2}:t||(%d+)|(%d+)|(%d+)|(%d+)$')
   local epoch, batch = tonumber(epoch_s or ''), tonumber(batch_s or '')
-  if ns and #ns <= 64 and #p <= 4 and not (#p == 4 and p > '4095') and
-      (count == '' and #A[3] == #p or #count <= 4 and not (#count == 4 and count > '4096') and
-        (#count > #p or (#count == #p and count > p))) and
+  if common_ok(ns, p, count, A[3]) and
       #epoch_s <= 16 and epoch <= MAX_INT and batch >= 1 and batch <= BATCH_LIMIT_MAX and
       (#ttl_s < 15 or (#ttl_s == 15 and ttl_s <= '253402300799999')) and
       (#lead_s < 15 or (#lead_s == 15 and lead_s <= '253402300799999')) then

@@ -19,35 +19,19 @@ from typing import Any
 import pytest
 import redis
 
-from bench.script_cost import general_only
-from scheduler import Client
-from scheduler.protocol.keys import Keyspace
 from scheduler.protocol.options import JobOptions
-from scheduler.protocol.scripts import load_scripts
+from tests.support.fastpath import ScriptPair, assert_same
 from tests.support.helpers import namespace_state
 
 PARTITIONS = 2
 HOUR_MS = 3_600_000
 
 
-class Pair:
+class Pair(ScriptPair):
     """The two namespaces and their tick scripts."""
 
     def __init__(self, url: str) -> None:
-        self.r = redis.Redis.from_url(url)
-        scripts = load_scripts()
-        self.fast = self.r.script_load(scripts["tick"].source)
-        self.general = self.r.script_load(general_only("tick"))
-        assert self.fast != self.general
-        self.sha = {name: self.r.script_load(scripts[name].source) for name in ("schedule", "reschedule", "pause")}
-        self.client = Client.from_url(url, namespace="fa", partitions=PARTITIONS).connect()
-        Client.from_url(url, namespace="ge", partitions=PARTITIONS).connect().close()
-        self.ks = {ns: Keyspace(ns, PARTITIONS) for ns in ("fa", "ge")}
-        self.fast_runs = 0
-
-    def close(self) -> None:
-        self.client.close()
-        self.r.close()
+        super().__init__(url, "tick", PARTITIONS, ("schedule", "reschedule", "pause"))
 
     def both(self, name: str, partition: int, args: list[Any], *, sharded: bool = False) -> tuple[Any, Any]:
         """Script ``name`` (tick: fast on ``fa``, general on ``ge``) on both namespaces with ``args``
@@ -55,7 +39,7 @@ class Pair:
         out = []
         for ns in ("fa", "ge"):
             ks = self.ks[ns]
-            sha = self.sha.get(name) or (self.fast if ns == "fa" else self.general)
+            sha = self.script(ns, name)
             chan = ks.prefix(partition) if sharded else ks.channel_prefix(partition)
             before = self.counts()
             try:
@@ -67,17 +51,14 @@ class Pair:
                 # Only the fast path reads meta with HMGET; when it falls through after that, the
                 # general path asks for TIME again (or refuses the epoch before it does): one HMGET,
                 # one TIME and a reply that is not a refusal is the fast path taken.
-                hmget, times = (a - b for a, b in zip(self.counts(), before))
+                sent = self.counts() - before
+                hmget, times = sent["hmget"], sent["time"]
                 if ns == "fa":
                     refused = isinstance(out[-1], tuple) or out[-1][0] == -1
                     self.fast_runs += hmget == 1 and times == 1 and not refused
                 else:
                     assert hmget == 0, "the general path ran the fast path's code"
         return out[0], out[1]
-
-    def counts(self) -> tuple[int, int]:
-        stats = self.r.info("commandstats")
-        return tuple(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("hmget", "time"))  # type: ignore[return-value]
 
     def schedule(self, at: float, queue: str, partition: int, **opts: Any) -> None:
         """The same job (same id and record) on both sides, due at ``at`` (epoch s)."""
@@ -109,8 +90,7 @@ class Pair:
             assert abs(fast[2] - general[2]) < 1000 and len(fast) == len(general), f"{step}: {fast!r} vs {general!r}"
             assert all(abs(a - b) < 1000 for a, b in zip(fast[late:], general[late:])), f"{step}: lateness differs"
         a, b = self.state("fa"), self.state("ge")
-        diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
-        assert not diff, f"{step}: the namespaces differ (key: fast path's, general path's): {diff}"
+        assert_same(step, a, b)
 
 
 @pytest.fixture

@@ -1,0 +1,185 @@
+"""lua/ack.lua's fast path ends in exactly the state and reply of its general path, on a real
+redis-server.
+
+Two namespaces live side by side: ``fa`` runs the shipped script (fast path first), ``ge`` the same
+script without the fast path's block (general path only). Both get the same jobs (same ids,
+records and times), claimed on each side by the same claim (tokens come from each side's clock, so
+each side acks with its own), then every step acks the same jobs on both and compares the replies
+and every key of the two namespaces. The steps cover the ways in and out of the fast path: a
+tombstone kept and none kept, per-job options in the record, a stale token (refused on the fast
+path too), Redis Cluster's channel prefix, and what only the general path does: an error kept from
+an earlier attempt, an idempotency key to free, a record that is missing, corrupt or names a queue
+the partition no longer knows, the tombstone sweep's turn, and two jobs in one call.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from scheduler.protocol.calls import error_arg
+from scheduler.protocol.options import JobOptions
+from tests.support.fastpath import SIDES, ScriptPair, assert_same
+from tests.support.helpers import namespace_state
+
+PARTITIONS = 2
+TOMB_MS = 3_600_000
+
+
+class Pair(ScriptPair):
+    """The two namespaces and their ack scripts."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url, "ack", PARTITIONS, ("schedule", "claim", "fail"))
+        self.tokens: dict[str, dict[bytes, int]] = {ns: {} for ns in SIDES}
+        self.blur: set[bytes] = set()  # jobs whose times each side's own clock set (a retry's)
+
+    def call(self, ns: str, name: str, partition: int, args: list[Any], *, sharded: bool = False) -> Any:
+        ks = self.ks[ns]
+        sha = self.script(ns, name)
+        chan = ks.prefix(partition) if sharded else ks.channel_prefix(partition)
+        part = str(partition) if name == "ack" else f"{partition}/{PARTITIONS}"
+        try:
+            return self.r.evalsha(sha, 14, *ks.partition_keys(partition), ks.prefix(partition), chan, part, *args)
+        except redis.ResponseError as exc:
+            return ("error", str(exc))
+
+    def run_one(self, partition: int, queue: str = "mail", key: str | None = None, **opts: Any) -> bytes:
+        """The same job (same id and record) on both sides, due now and claimed; its id."""
+        while True:  # an id of the wanted partition
+            _, _, args = self.client.calls.prepare_one(time.time() - 1, {"q": queue}, key,
+                                                       JobOptions(queue=queue, **opts))
+            if int(str(args[2]).split("/")[0]) == partition:
+                break
+        raw = bytes(args[7])[:15]
+        for ns in SIDES:
+            assert self.call(ns, "schedule", partition, list(args[3:]))[2] == raw
+            self.claim(ns, partition, queue)
+        return raw
+
+    def claim(self, ns: str, partition: int, queue: str = "mail") -> None:
+        reply = self.call(ns, "claim", partition, [queue, 100, "", "", "", ""])
+        for i in range(1, len(reply), 5):
+            self.tokens[ns][reply[i]] = int(reply[i + 2])
+
+    def ack(self, partition: int, ids: list[bytes], *, ttl: int = TOMB_MS, stale: bool = False,
+            sharded: bool = False) -> tuple[Any, Any]:
+        out, deltas = [], []
+        for ns in SIDES:
+            args: list[Any] = [ttl]
+            for raw in ids:
+                args += [raw, self.tokens[ns][raw] - (1 if stale else 0)]
+            before = self.counts()
+            out.append(self.call(ns, "ack", partition, args, sharded=sharded))
+            deltas.append(self.counts() - before)
+        # The fast path asks whether an error is kept with HEXISTS where the general path reads it
+        # with HGET: a fast side that sent some command more often than the general side (beyond
+        # that HEXISTS, or the sweep's HLEN) fell through; one that sent fewer did not.
+        more = Counter(deltas[0])
+        more.subtract(deltas[1])
+        if all(v <= 0 for k, v in more.items() if k not in ("hexists", "hlen")) and any(v < 0 for v in more.values()):
+            self.fast_runs += 1
+        return out[0], out[1]
+
+    def state(self, ns: str) -> dict[str, Any]:
+        """The namespace's keys (tests/support/helpers.py), with what TIME stamps by shape."""
+        def hashes(name: str, h: dict[bytes, bytes]) -> dict[bytes, bytes]:
+            if name.endswith(":meta"):  # the token fence: when, not whether
+                return {k: (b"<us>" if k == b"fence" else v) for k, v in h.items()}
+            if name.endswith(":l"):
+                return {k: b"<token>" for k in h}
+            if name.endswith(":e"):  # errors: when, then what
+                return {k: v[v.index(b"\0"):] for k, v in h.items()}
+            if name.endswith(":f"):  # a retried job's due time and error came from each side's clock
+                return {k: (v[:5] + v[11:16] + v[16:].split(b"\0", 1)[-1] if k in self.blur else v)
+                        for k, v in h.items()}
+            return h
+
+        def zsets(name: str, z: list[Any]) -> list[Any]:
+            return sorted(m for m, _ in z) if name.endswith((":i", ":d", ":t")) else z
+        return namespace_state(self.r, ns, hash_fix=hashes, zset_fix=zsets)
+
+    def check(self, step: str, replies: tuple[Any, Any]) -> None:
+        assert replies[0] == replies[1], f"{step}: replies differ: {replies[0]!r} vs {replies[1]!r}"
+        a, b = self.state("fa"), self.state("ge")
+        assert_same(step, a, b)
+        for ns in SIDES:  # the last hour's minute hashes expire (namespace_state compares contents)
+            ttls = [self.r.ttl(k) for k in self.r.scan_iter(match=f"{{{ns}:*}}:hist:*")]
+            assert ttls and all(3600 < t <= 3720 for t in ttls), f"{step}: {ns}'s minute hashes expire in {ttls} s"
+
+
+@pytest.fixture
+def pair(redis_url: str) -> Iterator[Pair]:
+    p = Pair(redis_url)
+    yield p
+    p.close()
+
+
+def test_the_fast_path_and_the_general_path_leave_the_same_state_and_replies(pair: Pair) -> None:
+    p = 0
+
+    def run(name: str, fast: bool, ids: list[bytes], **kw: Any) -> tuple[Any, Any]:
+        runs = pair.fast_runs
+        replies = pair.ack(p, ids, **kw)
+        pair.check(name, replies)
+        took = pair.fast_runs - runs
+        assert took == int(fast), f"{name}: fast path taken {took} times, expected {int(fast)}"
+        return replies
+
+    def each(edit: Any) -> None:
+        for ns in SIDES:
+            edit(pair.ks[ns].partition_keys(p), ns)
+
+    job = pair.run_one(p)
+    fa, _ = run("one job, its tombstone kept", True, [job])
+    assert fa == [1]
+    assert pair.r.hexists(pair.ks["fa"].partition_keys(p)[13], job)
+    run("the same job again: no longer running", True, [job])
+    run("one job, no tombstone", True, [pair.run_one(p)], ttl=0)
+    run("one job, its tombstone kept for a millisecond", True, [pair.run_one(p)], ttl=1)
+    for opts in ({"lease": 45.0}, {"misfire": "skip", "misfire_grace": 30.0, "lease": 7.0},
+                 {"max_attempts": 9}, {"queue": "sms"}):
+        run(f"a job with {opts}", True, [pair.run_one(p, **opts)])
+    stale = pair.run_one(p)
+    fa, _ = run("a stale token (refused)", True, [stale], stale=True)
+    assert fa == [0]
+    run("then its own", True, [stale])
+    run("Redis Cluster's channel prefix", True, [pair.run_one(p)], sharded=True)
+
+    retried = pair.run_one(p)
+    for ns in SIDES:
+        f = pair.call(ns, "fail", p, [retried, pair.tokens[ns][retried], b"f", 0, error_arg("E", "boom")])
+        assert f == [1], f
+        pair.claim(ns, p)
+    pair.blur.add(retried)
+    run("an error kept from an earlier attempt", False, [retried])
+    run("an idempotency key to free", False, [pair.run_one(p, key="once")])
+
+    missing = pair.run_one(p)
+    each(lambda keys, ns: pair.r.hdel(keys[2], missing))
+    run("a missing record", False, [missing])
+    corrupt = pair.run_one(p)
+    each(lambda keys, ns: pair.r.hset(keys[2], corrupt, (pair.r.hget(keys[2], corrupt) or b"")[:12]))
+    run("a corrupt record", False, [corrupt])
+    unknown = pair.run_one(p, queue="gone")
+    each(lambda keys, ns: pair.r.hdel(keys[9], "i:" + str(pair.r.hget(keys[9], "n:gone"), "ascii")))
+    run("a queue the partition no longer knows", False, [unknown])
+    run("two jobs in one call", False, [pair.run_one(p), pair.run_one(p)])
+
+    # the tombstone sweep's turn (an id whose last byte is a multiple of 8, 'f' over 512 entries)
+    f_key = pair.ks["fa"].partition_keys(p)[13]
+    some = pair.r.hgetall(f_key)
+    stone = next(iter(some.values()))
+    for ns in SIDES:
+        pair.r.hset(pair.ks[ns].partition_keys(p)[13], mapping={b"%015d" % i: stone for i in range(520)})
+    while True:
+        turn = pair.run_one(p)
+        if turn[-1] % 8 == 0:
+            break
+        run("not the sweep's turn", True, [turn])
+    run("the tombstone sweep's turn", False, [turn])
+    assert pair.fast_runs >= 10

@@ -1,0 +1,56 @@
+"""The fast-path differential tests' pair of namespaces (tests/integration/test_*_fast_path.py):
+``fa`` runs a script as shipped (fast path first), ``ge`` the same script without its fast path's
+block (general path only, ``bench.script_cost.general_only``); a test sends both the same calls
+and compares replies and state."""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import redis
+
+from bench.script_cost import general_only
+from scheduler import Client
+from scheduler.protocol.keys import Keyspace
+from scheduler.protocol.scripts import load_scripts
+
+SIDES = ("fa", "ge")
+"""The fast path's namespace, then the general path's."""
+
+
+class ScriptPair:
+    """Both namespaces of ``partitions`` partitions on the redis-server at ``url``, ``script``'s
+    two variants loaded (``fast``, ``general``) and the shipped ``others`` (``sha``) to set them up;
+    ``client`` is a client of ``fa`` (its calls builder prepares jobs for both)."""
+
+    def __init__(self, url: str, script: str, partitions: int, others: tuple[str, ...]) -> None:
+        self.r = redis.Redis.from_url(url)
+        scripts = load_scripts()
+        self.fast = self.r.script_load(scripts[script].source)
+        self.general = self.r.script_load(general_only(script))
+        assert self.fast != self.general
+        self.sha = {name: self.r.script_load(scripts[name].source) for name in others}
+        self.client = Client.from_url(url, namespace="fa", partitions=partitions).connect()
+        Client.from_url(url, namespace="ge", partitions=partitions).connect().close()
+        self.ks = {ns: Keyspace(ns, partitions) for ns in SIDES}
+        self.fast_runs = 0  # calls on fa that took the fast path to its end (each test counts its own way)
+
+    def close(self) -> None:
+        self.client.close()
+        self.r.close()
+
+    def script(self, ns: str, name: str) -> str:
+        """The sha to run ``name`` with on side ``ns``: the pair's script's variant, or a shipped one."""
+        return self.sha.get(name) or (self.fast if ns == "fa" else self.general)
+
+    def counts(self) -> Counter[str]:
+        """Redis's calls per command so far (scripts' commands included): what a call sent is the
+        difference of two readings."""
+        stats = self.r.info("commandstats")
+        return Counter({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()})
+
+
+def assert_same(step: str, a: dict[str, Any], b: dict[str, Any]) -> None:
+    """The two sides' states (``namespace_state``) are equal, or the differing keys are named."""
+    diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+    assert not diff, f"{step}: the namespaces differ (key: fast path's, general path's): {diff}"
