@@ -1,5 +1,6 @@
 -- ack: running -> done. Run by workers after a handler returned.
--- KEYS: the 14 partition keys (see _lib.lua).
+-- KEYS: the 14 partition keys (see _lib.lua), or off a Redis Cluster the timer set alone, the others
+--   named from the prefix (scheduler/protocol/calls.py ONE_KEY_OFF_CLUSTER).
 -- ARGV: 1-3 common; 4 tombstone ttl ms (0 = keep none); then pairs: id, token.
 -- Refuses (ZSCHED_ARG, before any write; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, a
 --   tombstone_ttl_ms outside 0 to 9999-12-31 in ms, no pair or half a pair, an id that is not 15
@@ -26,7 +27,7 @@
 -- here too. Anything else falls through to the general path before any write.
 -- tests/integration/test_ack_fast_path.py compares the two.
 local A = ARGV
-if #A == 6 and #KEYS == 14 and #A[5] == ID_LEN then
+if #A == 6 and (#KEYS == 14 or #KEYS == 1) and #A[5] == ID_LEN then
   local call, string, tonumber, prefix, id, token = redis.call, string, tonumber, A[1], A[5], A[6]
   local plain = A[2] ~= prefix
   -- ARGV 1-3, KEYS[1] and the channel prefix as COMMON reads them (_lib_args.lua), then the
@@ -39,13 +40,14 @@ if #A == 6 and #KEYS == 14 and #A[5] == ID_LEN then
   if common_ok(ns, p, count, A[3]) and
       (#ttl_s < 15 or (#ttl_s == 15 and ttl_s <= '253402300799999')) and
       t and t >= 1 and t <= MAX_INT and t % 1 == 0 then
-    local k_j, k_l, k_q = KEYS[3], KEYS[5], KEYS[10]
+    local k_j, k_l, k_q, k_f = KEYS[3] or prefix .. 'j', KEYS[5] or prefix .. 'l', KEYS[10] or prefix .. 'q',
+      KEYS[14] or prefix .. 'f'
     if call('HGET', k_l, id) ~= token then return {0} end -- refused: nothing written
     local v = call('HGET', k_j, id)
     local rec = v and string.sub(v, 7)
     local ttl, pick = tonumber(ttl_s), string.byte(id, -1)
-    if rec and rec_valid(rec) and string.byte(rec, 5) % 8 < 4 and call('HEXISTS', KEYS[7], id) == 0 and
-        (ttl == 0 or pick % TOMB_SWEEP_EVERY ~= 0 or call('HLEN', KEYS[14]) <= TOMB_SWEEP_MIN) then
+    if rec and rec_valid(rec) and string.byte(rec, 5) % 8 < 4 and call('HEXISTS', KEYS[7] or prefix .. 'e', id) == 0 and
+        (ttl == 0 or pick % TOMB_SWEEP_EVERY ~= 0 or call('HLEN', k_f) <= TOMB_SWEEP_MIN) then
       local idx = u16(rec, 1)
       local idx_s = string.format('%d', idx)
       local q = call('HGET', k_q, 'i:' .. idx_s)
@@ -54,17 +56,17 @@ if #A == 6 and #KEYS == 14 and #A[5] == ID_LEN then
         local us = tonumber(clock[2])
         local now = tonumber(clock[1]) * 1000 + (us - us % 1000) / 1000
         local now_s = string.format('%d', now)
-        call('ZREM', KEYS[4], id)
+        call('ZREM', KEYS[4] or prefix .. 'i', id)
         call('HDEL', k_l, id)
         call('HDEL', k_j, id)
         if ttl > 0 then
           -- tombstone() of _lib_finish.lua: the record's queue, attempt and max, the due time, its
           -- creation time and an empty key
-          call('HSET', KEYS[14], id, 'd' .. p48(now) .. p48(now + ttl) .. string.sub(rec, 1, 4) .. string.sub(v, 1, 6) ..
+          call('HSET', k_f, id, 'd' .. p48(now) .. p48(now + ttl) .. string.sub(rec, 1, 4) .. string.sub(v, 1, 6) ..
             string.sub(rec, 6, 9) .. '\0')
         end
-        call('HINCRBY', KEYS[11], 'a:' .. q, '-1')
-        call('HINCRBY', KEYS[12], 'acked:' .. q, '1')
+        call('HINCRBY', KEYS[11] or prefix .. 'g', 'a:' .. q, '-1')
+        call('HINCRBY', KEYS[12] or prefix .. 'c', 'acked:' .. q, '1')
         local hk = prefix .. 'hist:' .. string.format('%d', (now - now % 60000) / 60000) -- tally's minute
         if call('HINCRBY', hk, 'acked:' .. q, '1') == 1 then call('EXPIRE', hk, HISTORY_TTL_S) end
         call('HSET', k_q, 'u:' .. idx_s, now_s)
@@ -76,13 +78,13 @@ end
 --@library
 local A = ARGV
 local ttl = tonumber(A[4] or '')
-local good = COMMON and #KEYS == 14 and ttl and ttl >= 0 and ttl <= MAX_MS and ttl % 1 == 0 and #A >= 6 and #A % 2 == 0
+local good = COMMON and (#KEYS == 14 or #KEYS == 1) and ttl and ttl >= 0 and ttl <= MAX_MS and ttl % 1 == 0 and #A >= 6 and #A % 2 == 0
 for b = 5, good and #A or 0, 2 do
   local t = tonumber(A[b + 1])
   if not (#A[b] == ID_LEN and t and t >= 1 and t <= MAX_INT and t % 1 == 0) then good = false end
 end
 if not good then
-  if not (COMMON and #KEYS == 14) then return arg('common', 14) end
+  if not (COMMON and (#KEYS == 14 or #KEYS == 1)) then return arg('common', 1) end
   arg('int', 4, 'tombstone_ttl_ms', 0, MAX_MS)
   arg('groups', 5, '(id, token) pairs', 2, 1)
   for b = 5, #A - 1, 2 do arg('id', b); arg('token', b + 1) end

@@ -1,5 +1,6 @@
 -- claim: ready -> running. Run by workers.
--- KEYS: the 14 partition keys (see _lib.lua).
+-- KEYS: the 14 partition keys (see _lib.lua), or off a Redis Cluster the timer set alone, the others
+--   named from the prefix (scheduler/protocol/calls.py ONE_KEY_OFF_CLUSTER).
 -- ARGV: 1-3 common; 4 queue name; 5 max jobs to claim; 6 request id (optional, '' for none);
 --       7 receipt ttl ms (with a request id); 8 an earlier request id of the same caller whose
 --       reply arrived, so its receipt can go now (optional, '' for none); 9 the most jobs that
@@ -52,7 +53,7 @@ local RECEIPT_MAX_MS = 86400000 -- a day: a receipt answers re-sends after a los
 -- was (the earlier receipt's DEL aside, which the general path repeats). tests/integration/
 -- test_claim_fast_path.py compares the two.
 local A = ARGV
-if #A == 9 and #KEYS == 14 and A[6] ~= '' and #A[6] <= 64 and #A[8] <= 64 then
+if #A == 9 and (#KEYS == 14 or #KEYS == 1) and A[6] ~= '' and #A[6] <= 64 and #A[8] <= 64 then
   local call, string, tonumber, prefix, queue = redis.call, string, tonumber, A[1], A[4]
   local plain = A[2] ~= prefix
   -- ARGV 1-3, KEYS[1] and the channel prefix as COMMON reads them (_lib_args.lua), then the job
@@ -66,7 +67,8 @@ if #A == 9 and #KEYS == 14 and A[6] ~= '' and #A[6] <= 64 and #A[8] <= 64 then
   if common_ok(ns, p, count, A[3]) and
       #queue <= NAME_MAX and string.find(queue, NAME_PATTERN) and n >= 1 and n <= BATCH_MAX and
       ttl >= 1 and ttl <= RECEIPT_MAX_MS and #due_s <= 16 and max_due <= MAX_INT then
-    local k_meta, k_j, k_i, k_l = KEYS[13], KEYS[3], KEYS[4], KEYS[5]
+    local k_meta, k_j, k_i, k_l = KEYS[13] or prefix .. 'meta', KEYS[3] or prefix .. 'j', KEYS[4] or prefix .. 'i',
+      KEYS[5] or prefix .. 'l'
     local m = call('HMGET', k_meta, 'layout', 'fence')
     local receipt = prefix .. 'cr:' .. A[6]
     if not (count ~= '' and m[1] and m[1] ~= count) and not call('GET', receipt) and
@@ -126,7 +128,7 @@ if #A == 9 and #KEYS == 14 and A[6] ~= '' and #A[6] <= 64 and #A[8] <= 64 then
         call('HSET', k_j, unpack(jargs))
         call('ZADD', k_i, unpack(zargs))
         call('HSET', k_l, unpack(largs))
-        call('HINCRBY', KEYS[11], 'a:' .. queue, string.format('%d', #ids))
+        call('HINCRBY', KEYS[11] or prefix .. 'g', 'a:' .. queue, string.format('%d', #ids))
         call('SET', receipt, table.concat(kept), 'PX', string.format('%d', ttl))
         return out
       end
@@ -145,11 +147,11 @@ if A[7] ~= nil and A[7] ~= '' or rid ~= '' then receipt_ms = tonumber(A[7] or ''
 local max_due = -1 -- absent or '': no limit on due jobs
 local due_limit = A[9] ~= nil and A[9] ~= ''
 if due_limit then max_due = tonumber(A[9]) end
-if not (COMMON and #KEYS == 14 and queue and #queue <= NAME_MAX and string.find(queue, NAME_PATTERN) and
+if not (COMMON and (#KEYS == 14 or #KEYS == 1) and queue and #queue <= NAME_MAX and string.find(queue, NAME_PATTERN) and
     n and n >= 1 and n <= BATCH_LIMIT_MAX and n % 1 == 0 and #rid <= 64 and #prev_rid <= 64 and receipt_ms and
     receipt_ms >= (rid == '' and 0 or 1) and receipt_ms <= RECEIPT_MAX_MS and receipt_ms % 1 == 0 and
     (not due_limit or (max_due and max_due >= 0 and max_due <= MAX_INT and max_due % 1 == 0)) and #A <= 9) then
-  if not (COMMON and #KEYS == 14) then return arg('common', 14) end
+  if not (COMMON and (#KEYS == 14 or #KEYS == 1)) then return arg('common', 1) end
   arg('name', 4, 'queue')
   arg('int', 5, 'max_jobs', 1, BATCH_LIMIT_MAX)
   rid = arg('request_id', 6)

@@ -81,13 +81,15 @@ UNFENCED = frozenset({"ack", "fail", "extend", "release", "epoch_reset", "migrat
 ``zsched migrate-partitions`` lets happen while it moves the others (see docs/scaling.md)."""
 
 
-TIMER_KEY_ONLY = frozenset({"schedule"})
+ONE_KEY_OFF_CLUSTER = frozenset({"schedule", "claim", "ack"})
 """Scripts that may declare only the partition's timer set and name its other keys from the prefix
-(lua/_lib.lua, K_T): the producers' hot path, where 13 more declared keys cost an eighth of a
-one-job call's Redis instructions. Only off a cluster (``Calls(declare_all_keys=False)``): while a
-slot migrates, Redis Cluster decides between running a script, ASK and TRYAGAIN by its declared
-keys, and a script that wrote undeclared keys on the importing node would make the migration fail
-with BUSYKEY (tests/fault/test_cluster_faults.py reshards under load)."""
+(lua/_lib.lua, K_T): the hot paths of producers (schedule) and workers (claim, ack), where 13 more
+declared keys cost about 11-15 k Redis instructions per call (callgrind: a tenth of a one-job
+schedule's, 5 % of a claim's or an ack's) and their bytes on the wire. Only off a cluster
+(``Calls(declare_all_keys=False)``): while a slot migrates, Redis Cluster decides between running a
+script, ASK and TRYAGAIN by its declared keys, and a script that wrote undeclared keys on the
+importing node would make the migration fail with BUSYKEY (tests/fault/test_cluster_faults.py
+reshards under load)."""
 
 
 class Calls:
@@ -96,7 +98,7 @@ class Calls:
     def __init__(self, keyspace: Keyspace, *, max_payload_bytes: int, tombstone_ttl: float,
                  declare_all_keys: bool = True) -> None:
         self.ks = keyspace
-        # False: the server is not a cluster, the scripts of TIMER_KEY_ONLY declare one key
+        # False: the server is not a cluster, the scripts of ONE_KEY_OFF_CLUSTER declare one key
         self.declare_all_keys = declare_all_keys
         self.max_payload = int(max_payload_bytes)
         self.tomb_ms = tombstone_ms(tombstone_ttl)
@@ -120,7 +122,7 @@ class Calls:
         prefix, partition[/count]), then ``args`` (see the script's ARGV header)."""
         common = self._common_unfenced if name in UNFENCED else self._common
         keys = self._keys[partition]
-        if name in TIMER_KEY_ONLY and not self.declare_all_keys:
+        if name in ONE_KEY_OFF_CLUSTER and not self.declare_all_keys:
             keys = keys[:1]
         return name, keys, common[partition] + list(args)
 

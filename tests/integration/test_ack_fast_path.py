@@ -33,8 +33,8 @@ TOMB_MS = 3_600_000
 class Pair(ScriptPair):
     """The two namespaces and their ack scripts."""
 
-    def __init__(self, url: str) -> None:
-        super().__init__(url, "ack", PARTITIONS, ("schedule", "claim", "fail"))
+    def __init__(self, url: str, declared: int) -> None:
+        super().__init__(url, "ack", PARTITIONS, ("schedule", "claim", "fail"), declared)
         self.tokens: dict[str, dict[bytes, int]] = {ns: {} for ns in SIDES}
         self.blur: set[bytes] = set()  # jobs whose times each side's own clock set (a retry's)
 
@@ -44,7 +44,8 @@ class Pair(ScriptPair):
         chan = ks.prefix(partition) if sharded else ks.channel_prefix(partition)
         part = str(partition) if name == "ack" else f"{partition}/{PARTITIONS}"
         try:
-            return self.r.evalsha(sha, 14, *ks.partition_keys(partition), ks.prefix(partition), chan, part, *args)
+            keys = self.keys(ns, name, partition)
+            return self.r.evalsha(sha, len(keys), *keys, ks.prefix(partition), chan, part, *args)
         except redis.ResponseError as exc:
             return ("error", str(exc))
 
@@ -112,9 +113,9 @@ class Pair(ScriptPair):
             assert ttls and all(3600 < t <= 3720 for t in ttls), f"{step}: {ns}'s minute hashes expire in {ttls} s"
 
 
-@pytest.fixture
-def pair(redis_url: str) -> Iterator[Pair]:
-    p = Pair(redis_url)
+@pytest.fixture(params=[14, 1], ids=["every key declared", "the timer set alone (off a cluster)"])
+def pair(redis_url: str, request: pytest.FixtureRequest) -> Iterator[Pair]:
+    p = Pair(redis_url, request.param)
     yield p
     p.close()
 

@@ -34,8 +34,8 @@ RECEIPT_MS = 30_000
 class Pair(ScriptPair):
     """The two namespaces and their claim scripts."""
 
-    def __init__(self, url: str) -> None:
-        super().__init__(url, "claim", PARTITIONS, ("schedule", "tick", "pause", "ack"))
+    def __init__(self, url: str, declared: int) -> None:
+        super().__init__(url, "claim", PARTITIONS, ("schedule", "tick", "pause", "ack"), declared)
         self.rids = 0
 
     def both(self, name: str, partition: int, args: list[Any], *, sharded: bool = False,
@@ -50,7 +50,8 @@ class Pair(ScriptPair):
             part = f"{partition}/{PARTITIONS}" if layout else str(partition)
             before = self.counts()
             try:
-                out.append(self.r.evalsha(sha, 14, *ks.partition_keys(partition), ks.prefix(partition), chan, part,
+                keys = self.keys(ns, name, partition)
+                out.append(self.r.evalsha(sha, len(keys), *keys, ks.prefix(partition), chan, part,
                                           *args))
             except redis.ResponseError as exc:
                 out.append(("error", str(exc)))
@@ -127,9 +128,9 @@ class Pair(ScriptPair):
         assert_same(step, a, b)
 
 
-@pytest.fixture
-def pair(redis_url: str) -> Iterator[Pair]:
-    p = Pair(redis_url)
+@pytest.fixture(params=[14, 1], ids=["every key declared", "the timer set alone (off a cluster)"])
+def pair(redis_url: str, request: pytest.FixtureRequest) -> Iterator[Pair]:
+    p = Pair(redis_url, request.param)
     yield p
     p.close()
 

@@ -21,10 +21,12 @@ SIDES = ("fa", "ge")
 class ScriptPair:
     """Both namespaces of ``partitions`` partitions on the redis-server at ``url``, ``script``'s
     two variants loaded (``fast``, ``general``) and the shipped ``others`` (``sha``) to set them up;
-    ``client`` is a client of ``fa`` (its calls builder prepares jobs for both)."""
+    ``client`` is a client of ``fa`` (its calls builder prepares jobs for both). ``declared``: how many
+    of the partition's keys ``script``'s calls declare (14, or 1 as off a cluster: the timer set)."""
 
-    def __init__(self, url: str, script: str, partitions: int, others: tuple[str, ...]) -> None:
+    def __init__(self, url: str, script: str, partitions: int, others: tuple[str, ...], declared: int = 14) -> None:
         self.r = redis.Redis.from_url(url)
+        self.name, self.declared = script, declared
         scripts = load_scripts()
         self.fast = self.r.script_load(scripts[script].source)
         self.general = self.r.script_load(general_only(script))
@@ -42,6 +44,11 @@ class ScriptPair:
     def script(self, ns: str, name: str) -> str:
         """The sha to run ``name`` with on side ``ns``: the pair's script's variant, or a shipped one."""
         return self.sha.get(name) or (self.fast if ns == "fa" else self.general)
+
+    def keys(self, ns: str, name: str, partition: int) -> list[str]:
+        """The keys a call of ``name`` on side ``ns`` declares."""
+        keys = self.ks[ns].partition_keys(partition)
+        return keys[:self.declared] if name == self.name else keys
 
     def counts(self) -> Counter[str]:
         """Redis's calls per command so far (scripts' commands included): what a call sent is the

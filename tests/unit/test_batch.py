@@ -11,7 +11,7 @@ import pytest
 from redis._parsers.base import BaseParser
 from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError
 
-from scheduler.protocol.calls import Calls
+from scheduler.protocol.calls import ONE_KEY_OFF_CLUSTER, Calls
 from scheduler.protocol.keys import PARTITION_KEYS, Keyspace
 from scheduler.protocol.options import JobOptions
 from scheduler.protocol.scripts import (
@@ -29,7 +29,7 @@ from scheduler.protocol.scripts import (
     script_source,
     strip_comments,
 )
-from scheduler.protocol.transitions import claim_call
+from scheduler.protocol.transitions import ack_call, claim_call, fail_call
 from scheduler.redisio.batch import NO_TAIL, RESEND, RESEND_FLAG, Batch, any_ran, merge_tails, not_run
 from scheduler.redisio.routing import slot_of
 
@@ -149,14 +149,22 @@ def test_a_library_marker_puts_the_helpers_after_a_fast_path_except_those_the_fa
 def test_the_keys_a_script_does_not_declare_are_named_as_the_keyspace_names_them() -> None:
     lib = library_source()
     named = dict(re.findall(r"KEYS\[(\d+)\] or PREFIX \.\. '(\w+)'", lib))
-    assert named == {str(i + 1): name for i, name in enumerate(PARTITION_KEYS) if i > 0}
+    expected = {str(i + 1): name for i, name in enumerate(PARTITION_KEYS) if i > 0}
+    assert named == expected
+    for name in ONE_KEY_OFF_CLUSTER:  # the fast paths name theirs from their own local 'prefix'
+        fast = re.findall(r"KEYS\[(\d+)\] or prefix \.\. '(\w+)'", script_source(name))
+        assert all(expected[i] == key for i, key in fast), (name, fast)
+    assert {"schedule", "claim", "ack"} <= ONE_KEY_OFF_CLUSTER
     ks = Keyspace("ns", 4)
     for declare_all in (False, True):  # True on a Redis Cluster: a migrating slot is judged by declared keys
         calls = Calls(ks, max_payload_bytes=1024, tombstone_ttl=60, declare_all_keys=declare_all)
         call = calls.prepare_one(timedelta(0), None, None, JobOptions())
         keys = ks.partition_keys(int(call[2][2].split("/")[0]))
         assert call[0] == "schedule" and list(call[1]) == (keys if declare_all else keys[:1])
-        assert list(claim_call(calls, 1, "q", 1)[1]) == ks.partition_keys(1)
+        one = ks.partition_keys(1) if declare_all else ks.partition_keys(1)[:1]
+        assert list(claim_call(calls, 1, "q", 1)[1]) == one
+        assert list(ack_call(calls, 1, [(b"x" * 15, 1)])[1]) == one
+        assert list(fail_call(calls, 1, [])[1]) == ks.partition_keys(1)  # the rest declare every key
 
 
 def test_scripts_reach_redis_without_their_comments_but_with_every_string_intact() -> None:
