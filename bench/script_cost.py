@@ -15,7 +15,8 @@ ten times a second by default) run while the calls are measured, as often as the
 time under valgrind, and blurred the figures by a percent or two.
 
 - ``schedule``: one job due in an hour per call, as a producer sends them (16 partitions,
-  only the timer set declared: not a cluster; so for ``claim`` and ``ack``, as workers send them).
+  only the timer set declared: not a cluster; so for ``tick``, ``claim`` and ``ack``, as replicas and
+  workers send them).
 - ``tick``: the timers are set up first, 10 s apart, in the one partition of a 1-partition
   namespace; each measured tick (epoch 1, batch 1000, no rate limit or retention) passes a
   hand-off lead that reaches exactly the next timer, so it moves one job, as the tier's ticks
@@ -184,7 +185,7 @@ def tick_side(calls: int) -> Side:
     agree far better than that). Without housekeeping, as the tier sends all but about one tick per
     second per partition (the fast path's call; the tombstone sweep still goes through the general
     path once a second of Redis's clock, slowed down by callgrind)."""
-    builder = Calls(Keyspace("bench", 1), max_payload_bytes=65536, tombstone_ttl=3600)
+    builder = Calls(Keyspace("bench", 1), max_payload_bytes=65536, tombstone_ttl=3600, declare_all_keys=False)
     opts = JobOptions()
     base_ms = int(time.time() * 1000) + 3_600_000
 

@@ -46,7 +46,8 @@ if #A == 6 and (#KEYS == 14 or #KEYS == 1) and #A[5] == ID_LEN then
     local v = call('HGET', k_j, id)
     local rec = v and string.sub(v, 7)
     local ttl, pick = tonumber(ttl_s), string.byte(id, -1)
-    if rec and rec_valid(rec) and string.byte(rec, 5) % 8 < 4 and call('HEXISTS', KEYS[7] or prefix .. 'e', id) == 0 and
+    if rec and rec_valid(rec) and string.byte(rec, 5) % 8 < 4 and
+        call('HEXISTS', KEYS[7] or prefix .. 'e', id) == 0 and
         (ttl == 0 or pick % TOMB_SWEEP_EVERY ~= 0 or call('HLEN', k_f) <= TOMB_SWEEP_MIN) then
       local idx = u16(rec, 1)
       local idx_s = string.format('%d', idx)
@@ -78,7 +79,8 @@ end
 --@library
 local A = ARGV
 local ttl = tonumber(A[4] or '')
-local good = COMMON and (#KEYS == 14 or #KEYS == 1) and ttl and ttl >= 0 and ttl <= MAX_MS and ttl % 1 == 0 and #A >= 6 and #A % 2 == 0
+local good = COMMON and (#KEYS == 14 or #KEYS == 1) and ttl and ttl >= 0 and ttl <= MAX_MS and ttl % 1 == 0 and
+  #A >= 6 and #A % 2 == 0
 for b = 5, good and #A or 0, 2 do
   local t = tonumber(A[b + 1])
   if not (#A[b] == ID_LEN and t and t >= 1 and t <= MAX_INT and t % 1 == 0) then good = false end

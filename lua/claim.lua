@@ -147,7 +147,8 @@ if A[7] ~= nil and A[7] ~= '' or rid ~= '' then receipt_ms = tonumber(A[7] or ''
 local max_due = -1 -- absent or '': no limit on due jobs
 local due_limit = A[9] ~= nil and A[9] ~= ''
 if due_limit then max_due = tonumber(A[9]) end
-if not (COMMON and (#KEYS == 14 or #KEYS == 1) and queue and #queue <= NAME_MAX and string.find(queue, NAME_PATTERN) and
+if not (COMMON and (#KEYS == 14 or #KEYS == 1) and queue and #queue <= NAME_MAX and
+    string.find(queue, NAME_PATTERN) and
     n and n >= 1 and n <= BATCH_LIMIT_MAX and n % 1 == 0 and #rid <= 64 and #prev_rid <= 64 and receipt_ms and
     receipt_ms >= (rid == '' and 0 or 1) and receipt_ms <= RECEIPT_MAX_MS and receipt_ms % 1 == 0 and
     (not due_limit or (max_due and max_due >= 0 and max_due <= MAX_INT and max_due % 1 == 0)) and #A <= 9) then

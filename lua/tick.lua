@@ -1,5 +1,6 @@
 -- tick: fire due timers. Run only by the partition's owner (scheduler tier).
--- KEYS: the 14 partition keys (see _lib.lua).
+-- KEYS: the 14 partition keys (see _lib.lua), or off a Redis Cluster the timer set alone, the others
+--   named from the prefix (scheduler/protocol/calls.py ONE_KEY_OFF_CLUSTER).
 -- ARGV: 1-3 common; 4 epoch (ownership fencing; 0 = unfenced); 5 batch limit; 6 tombstone ttl ms;
 --       7 number n of rate-limited queues (optional, default 0); then n pairs: queue name, tokens granted for this tick;
 --       then (optional) dead-letter retention: dead ttl ms (0 = keep), max dead jobs in this
@@ -64,7 +65,8 @@ local FIRING_SWEEP_MS = 1000
 -- tick, a sweep due, a job the general path must look at) falls through to the general path
 -- before any write. tests/integration/test_tick_fast_path.py compares the two.
 local A = ARGV
-if #A == 12 and A[7] == '0' and A[8] == '0' and A[9] == '0' and A[10] == '0' and A[12] == '0' and #KEYS == 14 then
+if #A == 12 and A[7] == '0' and A[8] == '0' and A[9] == '0' and A[10] == '0' and A[12] == '0' and
+    (#KEYS == 14 or #KEYS == 1) then
   local call, string, tonumber, prefix = redis.call, string, tonumber, A[1]
   local plain = A[2] ~= prefix
   -- ARGV 1-3, KEYS[1] and the channel prefix as COMMON reads them (_lib_args.lua), then the epoch,
@@ -79,7 +81,7 @@ if #A == 12 and A[7] == '0' and A[8] == '0' and A[9] == '0' and A[10] == '0' and
       #epoch_s <= 16 and epoch <= MAX_INT and batch >= 1 and batch <= BATCH_LIMIT_MAX and
       (#ttl_s < 15 or (#ttl_s == 15 and ttl_s <= '253402300799999')) and
       (#lead_s < 15 or (#lead_s == 15 and lead_s <= '253402300799999')) then
-    local k_meta = KEYS[13]
+    local k_meta = KEYS[13] or prefix .. 'meta'
     local m = call('HMGET', k_meta, 'layout', 'epoch', 'tsw')
     local cur = tonumber(m[2] or '0')
     local t = call('TIME')
@@ -106,7 +108,7 @@ if #A == 12 and A[7] == '0' and A[8] == '0' and A[9] == '0' and A[10] == '0' and
         local idx = u16(rec, 1)
         local q = names[idx]
         if q == nil then
-          q = call('HGET', KEYS[10], 'i:' .. idx)
+          q = call('HGET', KEYS[10] or prefix .. 'q', 'i:' .. idx)
           names[idx] = q
         end
         if not q then ok = false; break end
@@ -120,18 +122,20 @@ if #A == 12 and A[7] == '0' and A[8] == '0' and A[9] == '0' and A[10] == '0' and
       end
       if ok then
         if epoch > cur then call('HSET', k_meta, 'epoch', epoch_s) end
-        if call('HLEN', KEYS[2]) > 0 then
-          for i = 1, #jargs, 2 do call('HDEL', KEYS[2], jargs[i]) end
+        local k_m = KEYS[2] or prefix .. 'm'
+        if call('HLEN', k_m) > 0 then
+          for i = 1, #jargs, 2 do call('HDEL', k_m, jargs[i]) end
         end
         call('ZREMRANGEBYRANK', k_t, '0', string.format('%d', nd - 1))
-        multi('HSET', KEYS[3], jargs)
+        multi('HSET', KEYS[3] or prefix .. 'j', jargs)
         local to_ring, bell = {}, '{' .. ns .. '}:bell:'
+        local k_g, k_c = KEYS[11] or prefix .. 'g', KEYS[12] or prefix .. 'c'
         local hk = prefix .. 'hist:' .. string.format('%d', (now - now % 60000) / 60000) -- tally's minute
         for _, q in ipairs(order) do
           local ids = per_queue[q]
           multi('LPUSH', prefix .. 'r:' .. q, ids)
-          call('HINCRBY', KEYS[11], 's:' .. q, string.format('%d', -#ids))
-          call('HINCRBY', KEYS[12], 'fired:' .. q, string.format('%d', #ids))
+          call('HINCRBY', k_g, 's:' .. q, string.format('%d', -#ids))
+          call('HINCRBY', k_c, 'fired:' .. q, string.format('%d', #ids))
           if call('HINCRBY', hk, 'fired:' .. q, string.format('%d', #ids)) == #ids then
             call('EXPIRE', hk, HISTORY_TTL_S)
           end
@@ -164,8 +168,8 @@ if A[at + 3] ~= nil and A[at + 3] ~= '' then lead = tonumber(A[at + 3]) end
 local housekeeping = 1 -- optional: absent or '' is 1
 if A[at + 4] ~= nil and A[at + 4] ~= '' then housekeeping = tonumber(A[at + 4]) end
 local tokens, used, newly, lim_order = {}, {}, {}, {}
-local good = COMMON and #KEYS == 14 and epoch and epoch >= 0 and epoch <= MAX_INT and epoch % 1 == 0 and
-  limit and limit >= 1 and limit <= BATCH_LIMIT_MAX and limit % 1 == 0 and ttl and ttl >= 0 and ttl <= MAX_MS and
+local good = COMMON and (#KEYS == 14 or #KEYS == 1) and epoch and epoch >= 0 and epoch <= MAX_INT and
+  epoch % 1 == 0 and limit and limit >= 1 and limit <= BATCH_LIMIT_MAX and limit % 1 == 0 and ttl and ttl >= 0 and ttl <= MAX_MS and
   ttl % 1 == 0 and nlim and nlim >= 0 and nlim % 1 == 0 and #A <= at + 4 and (nlim == 0 or #A >= at - 1) and
   dead_ttl and dead_ttl >= 0 and dead_ttl <= MAX_MS and dead_ttl % 1 == 0 and max_dead and max_dead >= 0 and
   max_dead <= MAX_INT and max_dead % 1 == 0 and queue_idle and queue_idle >= 0 and queue_idle <= MAX_MS and
@@ -182,7 +186,7 @@ for i = 0, (good and nlim or 0) - 1 do -- rate-limited queues: a name and its to
   end
 end
 if not good then
-  if not (COMMON and #KEYS == 14) then return arg('common', 14) end
+  if not (COMMON and (#KEYS == 14 or #KEYS == 1)) then return arg('common', 1) end
   arg('int', 4, 'epoch', 0, MAX_INT)
   arg('int', 5, 'batch', 1, BATCH_LIMIT_MAX)
   arg('int', 6, 'tombstone_ttl_ms', 0, MAX_MS)

@@ -30,8 +30,8 @@ HOUR_MS = 3_600_000
 class Pair(ScriptPair):
     """The two namespaces and their tick scripts."""
 
-    def __init__(self, url: str) -> None:
-        super().__init__(url, "tick", PARTITIONS, ("schedule", "reschedule", "pause"))
+    def __init__(self, url: str, declared: int) -> None:
+        super().__init__(url, "tick", PARTITIONS, ("schedule", "reschedule", "pause"), declared)
 
     def both(self, name: str, partition: int, args: list[Any], *, sharded: bool = False) -> tuple[Any, Any]:
         """Script ``name`` (tick: fast on ``fa``, general on ``ge``) on both namespaces with ``args``
@@ -43,7 +43,8 @@ class Pair(ScriptPair):
             chan = ks.prefix(partition) if sharded else ks.channel_prefix(partition)
             before = self.counts()
             try:
-                out.append(self.r.evalsha(sha, 14, *ks.partition_keys(partition), ks.prefix(partition), chan,
+                keys = self.keys(ns, name, partition)
+                out.append(self.r.evalsha(sha, len(keys), *keys, ks.prefix(partition), chan,
                                           f"{partition}/{PARTITIONS}", *args))
             except redis.ResponseError as exc:
                 out.append(("error", str(exc)))
@@ -93,9 +94,9 @@ class Pair(ScriptPair):
         assert_same(step, a, b)
 
 
-@pytest.fixture
-def pair(redis_url: str) -> Iterator[Pair]:
-    p = Pair(redis_url)
+@pytest.fixture(params=[14, 1], ids=["every key declared", "the timer set alone (off a cluster)"])
+def pair(redis_url: str, request: pytest.FixtureRequest) -> Iterator[Pair]:
+    p = Pair(redis_url, request.param)
     yield p
     p.close()
 

@@ -29,6 +29,7 @@ from scheduler.protocol.scripts import (
     script_source,
     strip_comments,
 )
+from scheduler.protocol.tick import Retention, tick_call
 from scheduler.protocol.transitions import ack_call, claim_call, fail_call
 from scheduler.redisio.batch import NO_TAIL, RESEND, RESEND_FLAG, Batch, any_ran, merge_tails, not_run
 from scheduler.redisio.routing import slot_of
@@ -154,7 +155,7 @@ def test_the_keys_a_script_does_not_declare_are_named_as_the_keyspace_names_them
     for name in ONE_KEY_OFF_CLUSTER:  # the fast paths name theirs from their own local 'prefix'
         fast = re.findall(r"KEYS\[(\d+)\] or prefix \.\. '(\w+)'", script_source(name))
         assert all(expected[i] == key for i, key in fast), (name, fast)
-    assert {"schedule", "claim", "ack"} <= ONE_KEY_OFF_CLUSTER
+    assert {"schedule", "tick", "claim", "ack"} <= ONE_KEY_OFF_CLUSTER
     ks = Keyspace("ns", 4)
     for declare_all in (False, True):  # True on a Redis Cluster: a migrating slot is judged by declared keys
         calls = Calls(ks, max_payload_bytes=1024, tombstone_ttl=60, declare_all_keys=declare_all)
@@ -164,6 +165,7 @@ def test_the_keys_a_script_does_not_declare_are_named_as_the_keyspace_names_them
         one = ks.partition_keys(1) if declare_all else ks.partition_keys(1)[:1]
         assert list(claim_call(calls, 1, "q", 1)[1]) == one
         assert list(ack_call(calls, 1, [(b"x" * 15, 1)])[1]) == one
+        assert list(tick_call(calls, 1, 0, 100, {}, Retention(), 0)[1]) == one
         assert list(fail_call(calls, 1, [])[1]) == ks.partition_keys(1)  # the rest declare every key
 
 
