@@ -242,7 +242,9 @@ async def test_held_jobs_can_be_inspected_cancelled_and_released_by_clearing_the
         assert client.reschedule(held[-2], time.time() + 3600)
         assert client.stats()["slow"]["scheduled"] >= len(held) - 1
         assert client.clear_rate_limit("slow") is Outcome.DONE
-        deadline = time.monotonic() + 3
+        # promptly, not at once: a replica whose 2 s etcd lease lapsed in a stall of a loaded
+        # machine registers again and takes its partitions back first (seen once, 3 s were short)
+        deadline = time.monotonic() + 10
         while sum(1 for i in ids if snapshot(r, client).get(i) == "ready") < 48:
             assert time.monotonic() < deadline, "clearing the limit did not release held jobs"
             await asyncio.sleep(0.05)
