@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import redis
 
 from scheduler.protocol.calls import error_arg
 from scheduler.protocol.options import JobOptions
-from tests.support.fastpath import SIDES, ScriptPair, assert_same
+from tests.support.fastpath import SIDES, ScriptPair, pair_fixture
 from tests.support.helpers import namespace_state
 
 PARTITIONS = 2
@@ -106,18 +104,13 @@ class Pair(ScriptPair):
 
     def check(self, step: str, replies: tuple[Any, Any]) -> None:
         assert replies[0] == replies[1], f"{step}: replies differ: {replies[0]!r} vs {replies[1]!r}"
-        a, b = self.state("fa"), self.state("ge")
-        assert_same(step, a, b)
+        self.assert_same_state(step)
         for ns in SIDES:  # the last hour's minute hashes expire (namespace_state compares contents)
             ttls = [self.r.ttl(k) for k in self.r.scan_iter(match=f"{{{ns}:*}}:hist:*")]
             assert ttls and all(3600 < t <= 3720 for t in ttls), f"{step}: {ns}'s minute hashes expire in {ttls} s"
 
 
-@pytest.fixture(params=[14, 1], ids=["every key declared", "the timer set alone (off a cluster)"])
-def pair(redis_url: str, request: pytest.FixtureRequest) -> Iterator[Pair]:
-    p = Pair(redis_url, request.param)
-    yield p
-    p.close()
+pair = pair_fixture(Pair)
 
 
 def test_the_fast_path_and_the_general_path_leave_the_same_state_and_replies(pair: Pair) -> None:

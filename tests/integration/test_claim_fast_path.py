@@ -17,14 +17,12 @@ a corrupt record, a missing body: put back first).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import redis
 
 from scheduler.protocol.options import JobOptions
-from tests.support.fastpath import ScriptPair, assert_same
+from tests.support.fastpath import ScriptPair, pair_fixture
 from tests.support.helpers import namespace_state
 
 PARTITIONS = 2
@@ -133,15 +131,10 @@ class Pair(ScriptPair):
             # a re-sent claim answers with its first call's (compared side by side in claim())
             if not resent:
                 assert leases(fast) == leases(general), f"{step}: {fast!r} vs {general!r}"
-        a, b = self.state("fa"), self.state("ge")
-        assert_same(step, a, b)
+        self.assert_same_state(step)
 
 
-@pytest.fixture(params=[14, 1], ids=["every key declared", "the timer set alone (off a cluster)"])
-def pair(redis_url: str, request: pytest.FixtureRequest) -> Iterator[Pair]:
-    p = Pair(redis_url, request.param)
-    yield p
-    p.close()
+pair = pair_fixture(Pair)
 
 
 def test_the_fast_path_and_the_general_path_leave_the_same_state_and_replies(pair: Pair) -> None:

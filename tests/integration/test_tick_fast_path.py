@@ -13,14 +13,12 @@ partition (its tombstone sweep), an idle tick, housekeeping, a rate-limited queu
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import redis
 
 from scheduler.protocol.options import JobOptions
-from tests.support.fastpath import ScriptPair, assert_same
+from tests.support.fastpath import ScriptPair, pair_fixture
 from tests.support.helpers import namespace_state
 
 PARTITIONS = 2
@@ -98,15 +96,10 @@ class Pair(ScriptPair):
             assert fast[:2] + fast[3:late] == general[:2] + general[3:late], f"{step}: {fast!r} vs {general!r}"
             assert abs(fast[2] - general[2]) < 1000 and len(fast) == len(general), f"{step}: {fast!r} vs {general!r}"
             assert all(abs(a - b) < 1000 for a, b in zip(fast[late:], general[late:])), f"{step}: lateness differs"
-        a, b = self.state("fa"), self.state("ge")
-        assert_same(step, a, b)
+        self.assert_same_state(step)
 
 
-@pytest.fixture(params=[14, 1], ids=["every key declared", "the timer set alone (off a cluster)"])
-def pair(redis_url: str, request: pytest.FixtureRequest) -> Iterator[Pair]:
-    p = Pair(redis_url, request.param)
-    yield p
-    p.close()
+pair = pair_fixture(Pair)
 
 
 def test_the_fast_path_and_the_general_path_leave_the_same_state_and_replies(pair: Pair) -> None:

@@ -5,14 +5,17 @@ and compares replies and state."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
+import pytest
 import redis
 
 from bench.script_cost import general_only
 from scheduler import Client
 from scheduler.protocol.keys import Keyspace
 from scheduler.protocol.scripts import load_scripts
+from tests.support.helpers import namespace_state
 
 SIDES = ("fa", "ge")
 """The fast path's namespace, then the general path's."""
@@ -56,8 +59,27 @@ class ScriptPair:
         stats = self.r.info("commandstats")
         return Counter({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()})
 
+    def state(self, ns: str) -> dict[str, Any]:
+        """Side ``ns``'s keys as ``namespace_state`` reads them; a test overrides this to normalise
+        what its calls stamp differently on the two sides (times, tokens)."""
+        return namespace_state(self.r, ns)
 
-def assert_same(step: str, a: dict[str, Any], b: dict[str, Any]) -> None:
-    """The two sides' states (``namespace_state``) are equal, or the differing keys are named."""
-    diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
-    assert not diff, f"{step}: the namespaces differ (key: fast path's, general path's): {diff}"
+    def assert_same_state(self, step: str) -> None:
+        """The two sides' states are equal, or the differing keys are named."""
+        a, b = self.state("fa"), self.state("ge")
+        diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+        assert not diff, f"{step}: the namespaces differ (key: fast path's, general path's): {diff}"
+
+
+P = TypeVar("P", bound=ScriptPair)
+
+
+def pair_fixture(make: Callable[[str, int], P]) -> Any:
+    """A ``pair`` fixture (assign it to ``pair`` in the test module): ``make(redis_url, declared)``,
+    run once with every key declared and once with the timer set alone, as off a cluster."""
+    @pytest.fixture(params=[14, 1], ids=["every key declared", "the timer set alone (off a cluster)"])
+    def pair(redis_url: str, request: pytest.FixtureRequest) -> Iterator[P]:
+        p = make(redis_url, request.param)
+        yield p
+        p.close()
+    return pair
