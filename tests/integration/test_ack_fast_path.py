@@ -20,7 +20,6 @@ from typing import Any
 import redis
 
 from scheduler.protocol.calls import error_arg
-from scheduler.protocol.options import JobOptions
 from tests.support.fastpath import SIDES, ScriptPair, pair_fixture
 from tests.support.helpers import namespace_state
 
@@ -49,14 +48,10 @@ class Pair(ScriptPair):
 
     def run_one(self, partition: int, queue: str = "mail", key: str | None = None, **opts: Any) -> bytes:
         """The same job (same id and record) on both sides, due now and claimed; its id."""
-        while True:  # an id of the wanted partition
-            _, _, args = self.client.calls.prepare_one(time.time() - 1, {"q": queue}, key,
-                                                       JobOptions(queue=queue, **opts))
-            if int(str(args[2]).split("/")[0]) == partition:
-                break
-        raw = bytes(args[7])[:15]
+        args = self.schedule_args(time.time() - 1, partition, queue, key, **opts)
+        raw = bytes(args[4])[:15]
         for ns in SIDES:
-            assert self.call(ns, "schedule", partition, list(args[3:]))[2] == raw
+            assert self.call(ns, "schedule", partition, args)[2] == raw
             self.claim(ns, partition, queue)
         return raw
 

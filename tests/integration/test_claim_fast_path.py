@@ -21,7 +21,6 @@ from typing import Any
 
 import redis
 
-from scheduler.protocol.options import JobOptions
 from tests.support.fastpath import ScriptPair, pair_fixture
 from tests.support.helpers import namespace_state
 
@@ -69,13 +68,10 @@ class Pair(ScriptPair):
 
     def schedule(self, at: float, partition: int, queue: str = "mail", **opts: Any) -> bytes:
         """The same job (same id and record) on both sides, due at ``at`` (epoch s); its id."""
-        while True:  # an id of the wanted partition
-            _, _, args = self.client.calls.prepare_one(at, {"q": queue}, None, JobOptions(queue=queue, **opts))
-            if int(str(args[2]).split("/")[0]) == partition:
-                break
-        fa, ge = self.both("schedule", partition, list(args[3:]))
+        args = self.schedule_args(at, partition, queue, **opts)
+        fa, ge = self.both("schedule", partition, args)
         assert fa[1:] == ge[1:], (fa, ge)
-        return bytes(args[7])[:15]
+        return bytes(args[4])[:15]
 
     def claim(self, partition: int, n: int, *, queue: str = "mail", rid: str | None = None, prev: str = "",
               max_due: int | str = 1000, receipt_ms: int | str = RECEIPT_MS, **kw: Any) -> tuple[Any, Any]:

@@ -17,7 +17,6 @@ from typing import Any
 
 import redis
 
-from scheduler.protocol.options import JobOptions
 from tests.support.fastpath import ScriptPair, pair_fixture
 from tests.support.helpers import namespace_state
 
@@ -61,11 +60,7 @@ class Pair(ScriptPair):
 
     def schedule(self, at: float, queue: str, partition: int, **opts: Any) -> None:
         """The same job (same id and record) on both sides, due at ``at`` (epoch s)."""
-        while True:  # an id of the wanted partition
-            _, _, args = self.client.calls.prepare_one(at, {"q": queue}, None, JobOptions(queue=queue, **opts))
-            if int(str(args[2]).split("/")[0]) == partition:
-                break
-        fa, ge = self.both("schedule", partition, list(args[3:]))
+        fa, ge = self.both("schedule", partition, self.schedule_args(at, partition, queue, **opts))
         assert fa[1:] == ge[1:], (fa, ge)
 
     def tick(self, partition: int, *, epoch: int = 0, lead_ms: int = 0, housekeeping: int = 0,

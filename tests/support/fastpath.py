@@ -14,6 +14,7 @@ import redis
 from bench.script_cost import general_only
 from scheduler import Client
 from scheduler.protocol.keys import Keyspace
+from scheduler.protocol.options import JobOptions
 from scheduler.protocol.scripts import load_scripts
 from tests.support.helpers import namespace_state
 
@@ -58,6 +59,16 @@ class ScriptPair:
         difference of two readings."""
         stats = self.r.info("commandstats")
         return Counter({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()})
+
+    def schedule_args(self, at: float, partition: int, queue: str, key: str | None = None,
+                      **opts: Any) -> list[Any]:
+        """A ``schedule`` call's arguments after the common ones for a new job of ``queue`` in
+        ``partition``, due at ``at`` (epoch s): ids are drawn until one falls there. Sent to both
+        sides, it makes the same job (same id and record) on each."""
+        while True:
+            _, _, args = self.client.calls.prepare_one(at, {"q": queue}, key, JobOptions(queue=queue, **opts))
+            if int(str(args[2]).split("/")[0]) == partition:
+                return list(args[3:])
 
     def state(self, ns: str) -> dict[str, Any]:
         """Side ``ns``'s keys as ``namespace_state`` reads them; a test overrides this to normalise
