@@ -20,6 +20,7 @@ import ctypes.util
 import heapq
 import itertools
 import logging
+import math
 import os
 import sys
 import threading
@@ -41,6 +42,10 @@ class Waker(Protocol):
 
     def at(self, when: float) -> asyncio.Future[None]:
         """A future that is resolved once ``time.monotonic() >= when``."""
+
+    def next_at(self) -> float:
+        """The earliest instant a future waits for (``math.inf``: none); a cancelled wait may
+        still count until its instant passes, so it can only be early, never late."""
 
     def close(self) -> None:
         """Stop (futures still pending are left unresolved: their waits are cancelled)."""
@@ -67,6 +72,10 @@ class Alarm:
             if self._heap[0][2] is fut:
                 self._cond.notify()
         return fut
+
+    def next_at(self) -> float:
+        with self._cond:
+            return self._heap[0][0] if self._heap else math.inf
 
     def close(self) -> None:
         with self._cond:
@@ -173,6 +182,11 @@ class TimerFdAlarm:
         if not self._armed or when < self._armed:
             self._arm(when)
         return fut
+
+    def next_at(self) -> float:
+        if self._fallback is not None:
+            return self._fallback.next_at()
+        return self._heap[0][0] if self._heap else math.inf
 
     def close(self) -> None:
         self._closed = True

@@ -20,7 +20,8 @@ class Attempt:
     heartbeat) and how far it got. Plain slots: one is made per job on the hot path."""
 
     __slots__ = ("job", "p", "queue", "raw_id", "token", "lease_s", "rec", "handler", "stats", "task",
-                 "next_hb", "hb_pending", "lost", "state", "uncertain", "t0", "held", "started", "span")
+                 "next_hb", "hb_pending", "lost", "state", "uncertain", "t0", "held", "started", "executing",
+                 "span")
 
     def __init__(self, p: int, queue: str, c: Claimed, handler: HandlerSpec | None, stats: WorkerStats,
                  t0: float) -> None:
@@ -35,6 +36,7 @@ class Attempt:
         self.task: asyncio.Future[Any] | None = None
         self.t0 = t0
         self.started = t0  # when its handler started (monotonic): the claim, or its due time if held
+        self.executing = False  # its handler runs now (counted in HandlerRunner.executing)
         # The claim was sent at t0, so Redis's deadline is at least t0 + lease: extending at
         # lease/3 from t0 leaves two thirds of the lease as margin for a slow round trip.
         self.next_hb = t0 + self.lease_s / 3.0

@@ -1,7 +1,9 @@
 """The outbox: outcomes (ack, fail, extend, release) queued per partition and sent in batches.
 
 An outcome waits about a millisecond (:data:`FLUSH_DELAY`) so others can share its round trip,
-unless :data:`FLUSH_BIG` are queued; the outcome loop has at most one round trip in flight, and
+unless :data:`FLUSH_BIG` are queued, or the worker is quiet (no handler running, no job starting
+within that millisecond: nothing would join, and the wait would cost a wake-up of its own per
+job); the outcome loop has at most one round trip in flight, and
 the claim loop takes whatever is queued along with its claims. A round trip that fails puts its
 outcomes back (the jobs keep their leases meanwhile) and marks them uncertain: once re-sent, a
 refusal may mean "already applied".
@@ -226,17 +228,19 @@ class Outbox:
                 self.on_refused(r, "release")
 
     # -- the outcome loop -----------------------------------------------------------------------
-    async def run(self, send: Send, life: Lifecycle, roundtrip: Callable[[str, float], None] | None) -> None:
+    async def run(self, send: Send, life: Lifecycle, roundtrip: Callable[[str, float], None] | None,
+                  quiet: Callable[[float], bool] | None = None) -> None:
         """Send queued outcomes, one round trip at a time, until cancelled (or, while stopping,
         until Redis stays unreachable past ``life.drain_deadline``). ``roundtrip(op, seconds)``
-        observes each round trip's duration when histograms are exported."""
+        observes each round trip's duration when histograms are exported. ``quiet(seconds)``:
+        True when no other outcome is expected that soon (then the outcomes go at once)."""
         outage = Outage("outcomes")
         while True:
             if not self.n:
                 self.wake.clear()
                 await self.wake.wait()
                 continue
-            if self.n < FLUSH_BIG:
+            if self.n < FLUSH_BIG and (quiet is None or not quiet(FLUSH_DELAY)):
                 await asyncio.sleep(FLUSH_DELAY)  # let more outcomes join this round trip
             sending = self.n
             calls, meta = self.take()

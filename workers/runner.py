@@ -180,6 +180,7 @@ class HandlerRunner:
         # them than prefetch slots), with their start instants: a held job that comes due first
         # takes such a slot over (_swap_parked) instead of waiting behind a job due later.
         self.parked: dict[Attempt, float] = {}
+        self.executing = 0  # handlers running now (started, not ended): the outbox's quiet()
         self.pool: ThreadPoolExecutor | None = None
         self.trace_all = False  # a tracer provider is installed: every attempt gets a span (dispatch)
         self.trace_check_at = 0.0  # monotonic time of the next look for one
@@ -242,6 +243,8 @@ class HandlerRunner:
                 hb.wake.set()
 
     def _started(self, r: Attempt) -> None:
+        r.executing = True
+        self.executing += 1
         job, rec = r.job, r.rec
         if job is not None and rec is not None and (rec.trace is not None or self.trace_all):
             r.span = tracing.start_attempt(r.queue, job.id, job.attempt, job.fence, self.namespace, rec.trace)
@@ -381,6 +384,9 @@ class HandlerRunner:
     def _end(self, r: Attempt, outcome: str, keep_slot: bool = False, exc: BaseException | None = None,
              f: Failure | None = None) -> None:
         r.state = DONE
+        if r.executing:
+            r.executing = False
+            self.executing -= 1
         if r.span is not None:
             job = r.job
             dead = f is not None and (f.kind is FailKind.PERMANENT or (
@@ -453,6 +459,12 @@ class HandlerRunner:
             return
         self.outbox.fail(r, kind, delay_ms, err)
 
+    def quiet(self, horizon: float) -> bool:
+        """No other outcome is likely within ``horizon`` s: no handler runs, no held job starts
+        by then. The outbox then sends at once: waiting for others to share the round trip cost
+        a worker that runs one job at a time a sleep and a cold wake-up per job, for nothing."""
+        return self.executing == 0 and self.alarm.next_at() > time.monotonic() + horizon
+
     # -- shutdown -------------------------------------------------------------------------------
     def tasks(self) -> list[asyncio.Future[Any]]:
         """The tasks of the handlers running now."""
@@ -468,6 +480,9 @@ class HandlerRunner:
         cancelled: list[asyncio.Future[Any]] = []
         for r in left:
             r.state = RELEASED
+            if r.executing:
+                r.executing = False
+                self.executing -= 1
             self.running.discard(r)
             if r.span is not None:
                 tracing.end_attempt(r.span, "released")

@@ -443,7 +443,7 @@ class Worker:
             raise TypeError(f"fetch returned a {type(fetch).__name__}, expected a workers.fetch.Fetch")
 
         async def flush() -> None:
-            await outbox.run(send, life, roundtrip)
+            await outbox.run(send, life, roundtrip, runner.quiet)
 
         loops = (("doorbell", fetch.listen_loop), ("claim", fetch.claim_loop), ("flush", flush),
                  ("heartbeat", heartbeats.run), ("settings", functools.partial(follow_settings, client)))

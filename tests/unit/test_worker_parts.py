@@ -21,7 +21,7 @@ from workers.fetch import held_slots
 from workers.heartbeat import Heartbeats
 from workers.lifecycle import Lifecycle
 from workers.options import WorkerOptions
-from workers.outbox import CALL_BATCH, Outbox
+from workers.outbox import CALL_BATCH, FLUSH_DELAY, Outbox
 from workers.planner import CLAIM_CHUNK, ClaimPlanner
 from workers.registry import HandlerRegistry
 from workers.runner import HandlerRunner, ThreadCount
@@ -317,16 +317,12 @@ def test_outbox_retry_wait_is_the_backoff_bounded_by_a_tenth_of_the_shortest_que
     assert box.retry_wait(4.0) == outbox_mod.RETRY_FLOOR, "a 1 ms lease: the floor, not a busy loop"
 
 
-def test_outbox_delivers_an_ack_within_a_tenth_of_its_lease_after_a_long_outage(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Redis refuses every round trip for a while (a cluster failover: CLUSTERDOWN on every node),
-    then answers. The outage's backoff doubles up to 1 s; the outcome loop must not sleep that
-    long while a finished job's 3 s lease runs out, or the job runs again once Redis is back."""
+def run_outbox_until_acked(monkeypatch: pytest.MonkeyPatch, box: Outbox, a: Attempt, send: Any,
+                           quiet: Any = None) -> list[float]:
+    """Run the outcome loop with ``send`` until ``a`` is acked (or 1 000 loop turns); returns
+    every wait it asked asyncio.sleep for (each is made a single loop turn)."""
     import workers.outbox as outbox_mod
 
-    box, _ = outbox()
-    a = attempt(1, lease_ms=3000)
-    box.ack(a)
     waits: list[float] = []
     real_sleep = asyncio.sleep
 
@@ -334,18 +330,9 @@ def test_outbox_delivers_an_ack_within_a_tenth_of_its_lease_after_a_long_outage(
         waits.append(delay)
         await real_sleep(0)
 
-    sent = 0
-
-    async def send(calls: Any, lane: str) -> list[Any]:
-        nonlocal sent
-        sent += 1
-        if sent <= 12:  # 12 refusals: the backoff alone would reach its 1 s cap
-            raise ConnectionError("CLUSTERDOWN The cluster is down")
-        return [[1]]
-
     async def main() -> None:
         monkeypatch.setattr(outbox_mod.asyncio, "sleep", sleep)
-        task = asyncio.create_task(box.run(send, Lifecycle(), None))
+        task = asyncio.create_task(box.run(send, Lifecycle(), None, quiet))
         try:
             for _ in range(1000):
                 if a.stats.acked:
@@ -356,9 +343,52 @@ def test_outbox_delivers_an_ack_within_a_tenth_of_its_lease_after_a_long_outage(
             await asyncio.gather(task, return_exceptions=True)
 
     asyncio.run(main())
+    return waits
+
+
+def test_outbox_delivers_an_ack_within_a_tenth_of_its_lease_after_a_long_outage(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redis refuses every round trip for a while (a cluster failover: CLUSTERDOWN on every node),
+    then answers. The outage's backoff doubles up to 1 s; the outcome loop must not sleep that
+    long while a finished job's 3 s lease runs out, or the job runs again once Redis is back."""
+    box, _ = outbox()
+    a = attempt(1, lease_ms=3000)
+    box.ack(a)
+    sent = 0
+
+    async def send(calls: Any, lane: str) -> list[Any]:
+        nonlocal sent
+        sent += 1
+        if sent <= 12:  # 12 refusals: the backoff alone would reach its 1 s cap
+            raise ConnectionError("CLUSTERDOWN The cluster is down")
+        return [[1]]
+
+    waits = run_outbox_until_acked(monkeypatch, box, a, send)
     assert a.stats.acked == 1 and sent == 13
-    retries = [w for w in waits if w != outbox_mod.FLUSH_DELAY]
+    retries = [w for w in waits if w != FLUSH_DELAY]
     assert len(retries) == 12 and max(retries) <= 0.3 + 1e-9, retries
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_outbox_sends_at_once_when_the_worker_is_quiet_else_waits_for_outcomes_to_share_the_trip(
+        monkeypatch: pytest.MonkeyPatch, quiet: bool) -> None:
+    """A worker running one job at a time: waiting FLUSH_DELAY for company that cannot come cost a
+    sleep and a wake-up of its own per job. Busy (a handler running), the outcome waits."""
+    box, _ = outbox()
+    a = attempt(1)
+    box.ack(a)
+    asked: list[float] = []
+
+    async def send(calls: Any, lane: str) -> list[Any]:
+        return [[1]]
+
+    def is_quiet(horizon: float) -> bool:
+        asked.append(horizon)
+        return quiet
+
+    waits = run_outbox_until_acked(monkeypatch, box, a, send, is_quiet)
+    assert a.stats.acked == 1 and asked == [FLUSH_DELAY]
+    assert waits == ([] if quiet else [FLUSH_DELAY])
 
 
 # -- heartbeats -----------------------------------------------------------------------------------
@@ -540,6 +570,44 @@ async def test_a_job_handed_off_ahead_of_time_starts_at_its_due_time_never_befor
     assert len(started) == 2
     runner.close()
 
+
+
+async def test_runner_is_quiet_only_while_no_handler_runs_and_no_held_job_starts_within_the_horizon() -> None:
+    """What the outbox asks before sending an outcome at once (Outbox.run)."""
+    reg = HandlerRegistry()
+    go = asyncio.Event()
+
+    async def handler(job: Job) -> None:
+        if job.payload == "wait":
+            await go.wait()
+
+    reg.register("q", handler)
+    runner, box, slots = make_runner(reg)
+    assert runner.quiet(0.001) and runner.executing == 0
+    slots.free -= 1
+    runner.dispatch("q", 0, [claimed(1, payload="wait")], time.monotonic())
+    await asyncio.sleep(0)
+    assert runner.executing == 1 and not runner.quiet(0.001)  # its outcome may come any moment
+    go.set()
+    await settle(runner)
+    assert runner.executing == 0 and runner.quiet(0.001) and len(box.acks[0]) == 1
+    # a job handed off ahead of its time: quiet until its start comes within the horizon
+    c, clock = handed_off(2, 0.3)
+    slots.free -= 1
+    runner.dispatch("q", 0, [c], time.monotonic(), clock)
+    await asyncio.sleep(0)  # its task sets the alarm
+    assert runner.executing == 0 and runner.quiet(0.001) and not runner.quiet(1.0)
+    await asyncio.wait_for(asyncio.gather(*runner.tasks()), 5)
+    assert runner.executing == 0 and runner.quiet(1.0) and len(box.acks[0]) == 2
+    # a handler handed back at shutdown no longer counts
+    slots.free -= 1
+    runner.dispatch("q", 0, [claimed(3, payload="wait")], time.monotonic())
+    go.clear()
+    await asyncio.sleep(0)
+    assert runner.executing == 1
+    await asyncio.wait(runner.hand_back(), timeout=1)
+    assert runner.executing == 0 and runner.quiet(1.0)
+    runner.close()
 
 async def test_a_job_held_for_its_due_time_is_handed_back_unrun_at_shutdown() -> None:
     reg = HandlerRegistry()

@@ -3,6 +3,7 @@ timerfd alarm (workers/alarm.py)."""
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import sys
 import time
@@ -120,6 +121,31 @@ async def test_timerfd_alarm_waits_on_the_kernel_timer_not_on_an_asyncio_timer()
     finally:
         alarm.close()
 
+
+
+@pytest.mark.parametrize("kind", ["timerfd", "thread"])
+async def test_alarm_next_at_is_the_earliest_pending_wait(kind: str) -> None:
+    """What the runner's quiet() reads: no wait pending is infinity, then the earliest instant,
+    then the next once it is met."""
+    if kind == "timerfd" and not sys.platform.startswith("linux"):
+        pytest.skip("timerfd is Linux only")
+    loop = asyncio.get_running_loop()
+    alarm = TimerFdAlarm(loop) if kind == "timerfd" else Alarm(loop)
+    try:
+        assert alarm.next_at() == math.inf
+        t0 = time.monotonic()
+        only = alarm.at(t0 + 0.01)
+        assert alarm.next_at() == t0 + 0.01
+        await asyncio.wait_for(only, 2)
+        assert alarm.next_at() == math.inf
+        t1 = time.monotonic()
+        later, sooner = alarm.at(t1 + 60), alarm.at(t1 + 0.01)  # 60 s: met long after this test
+        assert alarm.next_at() == t1 + 0.01
+        await asyncio.wait_for(sooner, 2)
+        assert alarm.next_at() == t1 + 60
+        later.cancel()
+    finally:
+        alarm.close()
 
 async def test_make_alarm_falls_back_to_the_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     loop = asyncio.get_running_loop()
