@@ -81,13 +81,20 @@ async def test_due_jobs_fire_once_on_time(redis_url: str, etcd_endpoint: str) ->
         await settled(etcd_endpoint, [p for p, _ in procs], 8)
         t0 = time.time() + 0.5
         ids = client.schedule_many([(t0 + i * 0.002, i) for i in range(500)])
+        late_at_birth = max(0.0, time.time() - t0)  # in a full run on 2 cores: not the tier's lateness
         r = redis.Redis.from_url(redis_url)
-        await wait_for(lambda: all(s == "ready" for s in map(snapshot(r, client).get, ids)), 5,
-                       what="every job fired onto its ready list")
-        fired = sum(int(r.hget(client.keyspace.key(p, "c"), "fired:default") or 0) for p in range(8))
-        assert fired == 500, "each job fired exactly once"
+
+        def fired() -> int:
+            return sum(int(r.hget(client.keyspace.key(p, "c"), "fired:default") or 0) for p in range(8))
+
+        # a cheap look while they fire: a full snapshot reads every key of 8 partitions with a
+        # blocking client, and the replicas, which share this event loop, waited for it (10-100 ms
+        # late firings, measured); in a thread it raced with them
+        await wait_for(lambda: fired() >= 500, 5, what="every job fired")
+        assert fired() == 500, "each job fired exactly once"
+        assert all(s == "ready" for s in map(snapshot(r, client).get, ids)), "every job on its ready list"
         lateness = [v for p, _ in procs for v in _hist_samples(p)]
-        assert lateness and max(lateness) < 0.25
+        assert lateness and max(lateness) < 0.25 + late_at_birth
     finally:
         for p, t in procs:
             await stop_replica(p, t)
