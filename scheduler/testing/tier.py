@@ -3,7 +3,7 @@
 A scheduler replica owns partitions and, for each, calls ``tick`` (fire due timers, schedule each
 fired cron's next occurrence), ``reap`` (expired leases) and, when a tick says a cron's table of
 occurrences runs low, ``cron_fill`` with occurrences computed in Python
-(:func:`scheduler.tier.runner.plan_occurrences`). Before a tick it takes the rate-limited queues'
+(:func:`scheduler.tier.crons.plan_occurrences`). Before a tick it takes the rate-limited queues'
 tokens from their buckets (``ratelimit``) and passes them, with the namespace's dead-letter
 retention and queue retirement settings, as the tier does (:mod:`scheduler.tier.limits`).
 :class:`TierPass` sends the same calls, built by the same functions, for every partition at once,
@@ -32,8 +32,8 @@ from ..protocol.tick import (
     reap_call,
     tick_call,
 )
+from ..tier.crons import plan_occurrences
 from ..tier.limits import TokenLedger, retention_args
-from ..tier.runner import plan_occurrences
 
 __all__ = ["Fired", "TierPass"]
 

@@ -2,7 +2,8 @@
 ``tick`` (and ``reap`` when a lease may have expired) with the ownership epoch, repeat.
 
 Work per wake-up is bounded by the batch size; an idle partition costs one tick per ``idle_check``
-seconds (a safety net for lost wake-up messages), never a tight poll.
+seconds (a safety net for lost wake-up messages) and one reap per ``reap_interval``, never a tight
+poll. A wake-up that only a reap is due for sends the reap alone.
 
 When Redis refuses the epoch, the runner asks (``check_conflict``) whether that is a hand-over
 (another replica owns the partition now: stop) or an **epoch conflict** (etcd still says this
@@ -22,27 +23,20 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
-from zoneinfo import ZoneInfo
 
 from ..client import tracing
 from ..metrics import SchedulerMetrics
 from ..protocol.calls import Calls
-from ..protocol.cron import LOOKAHEAD, occurrences, with_jitter
 from ..protocol.errors import ZschedError, failure_kind
 from ..protocol.ids import encode_id
 from ..protocol.tick import (
-    CRON_FIELDS,
     NO_RETENTION,
-    CronTable,
     EpochRefused,
     QueueTokens,
     Retention,
     TickReply,
-    cron_fill_call,
-    cron_key,
     crons_key,
     parse_cron_fill,
-    parse_cron_table,
     parse_reap,
     parse_tick,
     reap_call,
@@ -51,6 +45,7 @@ from ..protocol.tick import (
 from ..redisio.errors import REDIS_ERRORS
 from ..redisio.transport import AsyncScriptTransport
 from .coalesce import HandoffLead, TickBatcher, aligned_sleep
+from .crons import fill_calls
 from .limits import TokenLedger
 
 if TYPE_CHECKING:
@@ -149,6 +144,7 @@ class PartitionRunner:
         self._conflict_base = 0.0                  # current backoff step (0: not backing off)
         self._task: asyncio.Task[None] | None = None
         self._next_reap = 0.0
+        self._next_tick = 0.0  # monotonic time by which the next tick is due (0: at once)
         self._next_housekeeping = 0.0  # monotonic time of the next housekeeping tick (the first is one)
         self._paused_logged = False
         self._backoff = INITIAL_BACKOFF            # next wait after a failed step
@@ -237,9 +233,10 @@ class PartitionRunner:
                 continue
             if not await self._confirmed():
                 continue
+            woken = self.wake.is_set()  # a producer's wake-up (or stop()): tick whatever else is due
             self.wake.clear()  # before the call: a wake-up during the call makes the loop run again
             try:
-                sleep_for = await self._step()
+                sleep_for = await self._step(woken)
             except _Refused:
                 return
             except _EpochConflict:
@@ -326,10 +323,15 @@ class PartitionRunner:
             return {}, float("inf")
         return self._tokens.grants(want, await self._scripts.call_many(calls))
 
-    async def _step(self) -> float:
-        """One tick (+ reap); returns how long to sleep (0 = more work right now)."""
+    async def _step(self, woken: bool = True) -> float:
+        """One tick (+ reap), or the reap alone when only it is due; returns how long to sleep
+        (0 = more work right now). ``woken``: a wake-up came (the tick is due whatever the clock
+        says)."""
         cfg = self._cfg
         now_local = time.monotonic()
+        if not (woken or now_local + cfg.min_sleep >= self._next_tick or now_local >= self._next_housekeeping):
+            return await self._reap_only(now_local)
+        self._next_tick = 0.0  # until this tick went through: a failed one is sent again
         limits = self._limits()
         # a queue whose limit was removed is forgotten by the ledger: tick releases what it holds without tokens
         grants, token_wait = (await self._take_tokens(limits) if limits or self._tokens.held
@@ -340,7 +342,9 @@ class PartitionRunner:
         retention = self._retention() if housekeeping else NO_RETENTION
         calls = [tick_call(self._core, self.partition, self.epoch, cfg.batch, TokenLedger.tick_tokens(limits, grants),
                            retention, round(self.lead.lead * 1000), housekeeping)]
-        do_reap = now_local >= self._next_reap
+        # a reap due within half its interval goes along: sent on its own a moment later it would
+        # cost the replica a wake-up and Redis a round trip of their own
+        do_reap = now_local >= self._next_reap - cfg.reap_interval / 2
         if do_reap:
             calls.append(reap_call(self._core, self.partition, self.epoch, cfg.reap_batch))
         t0 = time.perf_counter()
@@ -375,8 +379,21 @@ class PartitionRunner:
         if do_reap and await self._reaped(replies[1], received):
             more = True
         if more:
+            self._next_tick = 0.0
             return 0.0
-        return self._idle_time(tick, received, held_any, token_wait)
+        self._next_tick = received + self._tick_wait(tick, received, held_any, token_wait)
+        return self._sleep_time()
+
+    async def _reap_only(self, now_local: float) -> float:
+        """A wake-up for the reap alone (an idle partition's reap turns come twice as often as its
+        ticks): the tick's call would only have said "nothing due" again."""
+        if now_local >= self._next_reap:
+            replies = await self._send_ticks([reap_call(self._core, self.partition, self.epoch,
+                                                        self._cfg.reap_batch)])
+            if await self._reaped(replies[0], time.monotonic()):
+                self._next_tick = 0.0
+                return 0.0
+        return self._sleep_time()
 
     def _account_tokens(self, queues: list[QueueTokens], grants: dict[str, int]) -> bool:
         """Record what the tick held back and did not spend (refunded next time); True when a
@@ -411,19 +428,25 @@ class PartitionRunner:
         self._next_reap = received + wait
         return False
 
-    def _idle_time(self, tick: TickReply, received: float, held_any: bool, token_wait: float) -> float:
-        """How long to sleep after a tick that left no work for right now."""
-        cfg = self._cfg
-        sleep_for = cfg.idle_check
+    def _tick_wait(self, tick: TickReply, received: float, held_any: bool, token_wait: float) -> float:
+        """How long after ``received`` the next tick is due, after a tick that left no work for
+        right now: when the next timer enters the hand-off window, a rate-limited queue gets a
+        token, or ``idle_check`` passed."""
+        wait = self._cfg.idle_check
         if tick.next_due_ms is not None:  # wake when the next timer enters the hand-off window
-            until_due = (tick.next_due_ms - tick.now_ms) / 1000.0 - self.lead.lead
-            sleep_for = min(sleep_for, until_due - (time.monotonic() - received))
+            wait = min(wait, (tick.next_due_ms - tick.now_ms) / 1000.0 - self.lead.lead)
         if held_any:
-            sleep_for = min(sleep_for, token_wait if token_wait != float("inf") else 0.01)
-        sleep_for = min(sleep_for, max(0.0, self._next_reap - time.monotonic()), self._valid_for())
-        sleep_for = max(cfg.min_sleep, sleep_for)
+            wait = min(wait, token_wait if token_wait != float("inf") else 0.01)
+        return wait
+
+    def _sleep_time(self) -> float:
+        """How long to sleep: until the next tick or reap is due, or the ownership must be
+        confirmed again, whichever comes first."""
+        now = time.monotonic()
+        sleep_for = min(self._next_tick, self._next_reap) - now
+        sleep_for = max(self._cfg.min_sleep, min(sleep_for, self._valid_for()))
         # wake on the replica's grid, with the other partitions due about then: one round trip
-        return aligned_sleep(sleep_for, time.monotonic(), self.lead.step)
+        return aligned_sleep(sleep_for, now, self.lead.step)
 
     async def sweep_crons(self) -> None:
         """On taking a partition: make sure every cron has its pending occurrence and a full table
@@ -434,22 +457,7 @@ class PartitionRunner:
 
     async def refill_crons(self, names: list[str], only_if_needed: bool = False) -> None:
         """Compute upcoming occurrences (croniter, time zones) and hand them to ``cron_fill``."""
-        ks = self._core.ks
-        pipe = self._scripts.redis.pipeline(transaction=False)
-        for name in names:
-            pipe.hmget(cron_key(ks, self.partition, name), *CRON_FIELDS)
-        rows = await pipe.execute()
-        now_ms = int(time.time() * 1000)
-        calls = []
-        for name, row in zip(names, rows):
-            table = parse_cron_table(row)
-            if table is None:
-                continue  # removed
-            if only_if_needed and table.pending and table.upcoming >= LOOKAHEAD // 2:
-                continue
-            planned = plan_occurrences(name, table, now_ms)
-            if planned:
-                calls.append(cron_fill_call(self._core, self.partition, self.epoch, name, table.version, planned))
+        calls = await fill_calls(self._scripts, self._core, self.partition, self.epoch, names, only_if_needed)
         if calls:
             for reply in await self._scripts.call_many(calls):
                 filled = parse_cron_fill(reply)
@@ -469,21 +477,6 @@ class PartitionRunner:
         self._stopping = True
         await self._on_refused(self.partition, current)
         raise _Refused()
-
-
-def plan_occurrences(name: str, table: CronTable, now_ms: int) -> list[tuple[int, int]]:
-    """The next ``(nominal ms, fire ms)`` occurrences of a cron after what its table has planned (or
-    after ``now_ms`` when nothing is pending), jittered; [] (logged) when the definition cannot be
-    evaluated. Also used by :mod:`scheduler.testing`, which refills crons on its fake clock."""
-    spec = table.spec()
-    after = now_ms if table.last_planned_ms is None else table.last_planned_ms
-    try:
-        nominals = occurrences(spec["expr"], ZoneInfo(spec["tz"]), after, LOOKAHEAD)
-    except Exception as exc:  # a definition we cannot evaluate any more: say so, keep going
-        log.error("cron %r: cannot compute occurrences (%s)", name, exc)
-        return []
-    jitter_ms = int(float(spec.get("jitter") or 0) * 1000)
-    return with_jitter(nominals, jitter_ms)
 
 
 class _Refused(ZschedError):

@@ -7,49 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
-from typing import Any
 
 import pytest
 
 from scheduler.metrics import SchedulerMetrics
-from scheduler.protocol.keys import Keyspace
 from scheduler.shell.admin import BadInput
 from scheduler.shell.epochs import select_partitions
 from scheduler.tier.runner import PartitionRunner, RunnerConfig
-
-
-class FakeRedis:
-    async def smembers(self, key: str) -> set[bytes]:
-        return set()  # no crons
-
-
-class FakeTransport:
-    """Refuses tick/reap (Redis has seen epoch 100) until ``accept`` is set."""
-
-    def __init__(self) -> None:
-        self.redis = FakeRedis()
-        self.accept = False
-        self.ticks: list[float] = []
-
-    async def call_many(self, calls: Sequence[tuple[str, Sequence[Any], Sequence[Any]]]) -> list[Any]:
-        now_ms = int(time.time() * 1000)
-        out: list[Any] = []
-        for name, _keys, _args in calls:
-            if name == "tick":
-                self.ticks.append(time.monotonic())
-                out.append([0, -1, now_ms, 0, 0, 0, 0] if self.accept else [-1, 100])  # no limits, crons, drops, rings
-            elif name == "reap":
-                out.append([0, -1, now_ms] if self.accept else [-1, 100])
-        return out
-
-
-class FakeCore:
-    tomb_ms = 0
-    ks = Keyspace("t", 8)
-
-    def call(self, name: str, partition: int, *args: Any) -> tuple[str, list[str], list[Any]]:
-        return name, [], [partition, *args]
+from tests.support.tierfakes import FakeCore, FakeTransport
 
 
 def make_runner(transport: FakeTransport, cfg: RunnerConfig, *, conflict: bool,

@@ -1,0 +1,80 @@
+"""How often a partition's firing loop calls Redis when nothing is due, without servers: one tick
+per ``idle_check``, one reap per ``reap_interval``, and the reap alone when only it is due; a
+wake-up, housekeeping or a failed tick still tick at once."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from scheduler.metrics import SchedulerMetrics
+from scheduler.tier.runner import PartitionRunner, RunnerConfig
+from tests.support.tierfakes import FakeCore, FakeTransport
+
+
+def make_runner(transport: FakeTransport, cfg: RunnerConfig) -> PartitionRunner:
+    async def on_refused(p: int, current: int) -> None:
+        raise AssertionError("no refusal expected")
+
+    return PartitionRunner(3, 5, scripts=transport, core=FakeCore(),  # type: ignore[arg-type]
+                           metrics=SchedulerMetrics("t"), config=cfg, is_valid=lambda: True,
+                           valid_for=lambda: 3600.0, on_refused=on_refused)
+
+
+async def run_for(runner: PartitionRunner, seconds: float) -> None:
+    runner.start()
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        await runner.stop()
+
+
+async def test_an_idle_partition_ticks_once_per_idle_check_and_reaps_alone_in_between() -> None:
+    transport = FakeTransport(accept=True)
+    # no hand-off lead: no grid to round the wake-ups up to
+    cfg = RunnerConfig(idle_check=0.3, reap_interval=0.05, handoff_lead=0.0)
+    await run_for(make_runner(transport, cfg), 1.2)
+    ticks = [t for t, names in transport.trips if "tick" in names]
+    reaps = [t for t, names in transport.trips if names == ["reap"]]
+    # the first step, one tick per 0.3 s and the housekeeping tick once a second (on the first
+    # reap turn after it is due): 5 in 1.2 s; with a tick on every reap turn there were 20 or more
+    assert 3 <= len(ticks) <= 6, [round(t - ticks[0], 3) for t in ticks]
+    assert len(reaps) >= 10, "the reaps between the ticks went alone"
+
+
+async def test_a_wake_up_ticks_at_once_between_idle_checks() -> None:
+    transport = FakeTransport(accept=True)
+    runner = make_runner(transport, RunnerConfig(idle_check=30.0, reap_interval=0.05, handoff_lead=0.0))
+    runner.start()
+    try:
+        while len(transport.trips) < 3:  # the first step, then reaps alone
+            await asyncio.sleep(0.005)
+        assert len(transport.ticks) == 1
+        t_wake = time.monotonic()
+        runner.wake.set()  # a producer scheduled a job earlier than everything the partition had
+        while len(transport.ticks) < 2:
+            # the next idle check is 30 s away, the next reap turns tick nothing: only the wake-up ticks
+            assert time.monotonic() < t_wake + 1, "the wake-up did not tick"
+            await asyncio.sleep(0.001)
+    finally:
+        await runner.stop()
+
+
+async def test_a_tick_that_failed_is_sent_again_not_skipped_for_a_reap() -> None:
+    """A woken tick that hit a Redis error: the retry must tick (the wake-up is not lost), even
+    though no wake-up and no idle check is due any more."""
+    transport = FakeTransport(accept=True)
+    runner = make_runner(transport, RunnerConfig(idle_check=30.0, reap_interval=0.05, handoff_lead=0.0))
+    runner.start()
+    try:
+        while len(transport.trips) < 3:
+            await asyncio.sleep(0.005)
+        transport.fail_next = 1
+        runner.wake.set()
+        t_wake = time.monotonic()
+        while len(transport.ticks) < 2:
+            assert time.monotonic() < t_wake + 2, "the failed tick was not sent again"
+            await asyncio.sleep(0.001)
+        failed = next(names for t, names in transport.trips if t >= t_wake)
+        assert "tick" in failed  # the woken step's round trip, refused; the next tick is its retry
+    finally:
+        await runner.stop()
