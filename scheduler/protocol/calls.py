@@ -81,13 +81,14 @@ UNFENCED = frozenset({"ack", "fail", "extend", "release", "epoch_reset", "migrat
 ``zsched migrate-partitions`` lets happen while it moves the others (see docs/scaling.md)."""
 
 
-ONE_KEY_OFF_CLUSTER = frozenset({"schedule", "tick", "claim", "ack"})
+ONE_KEY_OFF_CLUSTER = frozenset({"schedule", "tick", "claim", "ack", "reap"})
 """Scripts that may declare only the partition's timer set and name its other keys from the prefix
-(lua/_lib.lua, K_T): the hot paths of producers (schedule), the tier (tick) and workers (claim,
-ack), where 13 more declared keys cost about 11-15 k Redis instructions per call (callgrind: a
-tenth of a one-job schedule's, 5 % of a tick's, a claim's or an ack's) and their bytes on the wire. Only off a cluster
-(``Calls(declare_all_keys=False)``): while a slot migrates, Redis Cluster decides between running a
-script, ASK and TRYAGAIN by its declared keys, and a script that wrote undeclared keys on the
+(lua/_lib.lua, K_T): the hot paths of producers (schedule), the tier (tick, and reap: two a second
+per partition, idle or not) and workers (claim, ack), where 13 more declared keys cost about 11-15 k
+Redis instructions per call (callgrind: a tenth of a one-job schedule's, 5 % of a tick's, a claim's
+or an ack's) and their bytes on the wire. Only off a cluster (``Calls(declare_all_keys=False)``):
+while a slot migrates, Redis Cluster decides between running a script, ASK and TRYAGAIN by its
+declared keys, and a script that wrote undeclared keys on the
 importing node would make the migration fail with BUSYKEY (tests/fault/test_cluster_faults.py
 reshards under load)."""
 

@@ -111,6 +111,9 @@ class SchedulerProcess:
         self.dead_retention: tuple[int | None, float | None] = (None, None)
         self.queue_idle: float | None = None  # until the config is read: retire nothing
         self._closing = False
+        # the wake-up subscription is up: while it is not, producers' wake-ups are lost and each
+        # partition ticks on every wake-up of its loop (PartitionRunner's ``listening``)
+        self._listening = False
         self._stop = asyncio.Event()
         self._wake_task: asyncio.Task[None] | None = None
         self._config_task: asyncio.Task[None] | None = None
@@ -286,7 +289,8 @@ class SchedulerProcess:
             p, epoch, scripts=self.transport, core=core, metrics=self.metrics, config=self.cfg.runner,
             is_valid=lambda: own.owns(p, epoch), valid_for=own.valid_for, on_refused=self._refused,
             limits=lambda: self.rate_limits, retention=self._retention_args, check_conflict=self._check_conflict,
-            on_conflict_resolved=self._conflict_resolved, ringer=self.ringer, batcher=self.batcher)
+            on_conflict_resolved=self._conflict_resolved, ringer=self.ringer, batcher=self.batcher,
+            listening=lambda: self._listening)
         self.runners[p] = runner
         runner.start()
         self._owners_changed(p)
@@ -425,6 +429,7 @@ class SchedulerProcess:
             try:
                 await pubsub.subscribe(channels)
                 delay = 0.1
+                self._listening = True
                 for runner in list(self.runners.values()):  # we may have missed wake-ups while away
                     runner.wake.set()
                 while True:
@@ -448,6 +453,7 @@ class SchedulerProcess:
                 await _close(pubsub)
                 raise
             except Exception as exc:  # Redis errors, or anything unexpected: never stop listening
+                self._listening = False
                 # a cluster node still down: retried about once a second, said once when it broke
                 level = logging.DEBUG if isinstance(exc, ChannelsPending) else logging.WARNING
                 log.log(level, "wake-up subscription lost (%s: %s); resubscribing in %.1fs",

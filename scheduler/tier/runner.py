@@ -106,7 +106,8 @@ class PartitionRunner:
                  retention: Callable[[], Retention] = Retention,
                  check_conflict: Callable[[int, int, int], Awaitable[bool]] | None = None,
                  on_conflict_resolved: Callable[[int, int, int, float], None] | None = None,
-                 ringer: BellRinger | None = None, batcher: TickBatcher | None = None) -> None:
+                 ringer: BellRinger | None = None, batcher: TickBatcher | None = None,
+                 listening: Callable[[], bool] = lambda: True) -> None:
         """``on_refused(partition, newest_epoch)``: a hand-over, the runner has stopped.
         ``check_conflict(partition, epoch, newest_epoch)``: asked on every refusal; True means an
         epoch conflict (keep the partition, retry with backoff). Without it every refusal is a
@@ -115,7 +116,9 @@ class PartitionRunner:
         ``retention()`` (tick's housekeeping arguments) are read before every tick. ``ringer``: on
         Redis Cluster, rings the doorbells of the queues a tick fired into (tier/bells.py).
         ``batcher``: sends the ticks of the replica's partitions that wake together as one round
-        trip (tier/coalesce.py); without it each tick is a round trip of its own."""
+        trip (tier/coalesce.py); without it each tick is a round trip of its own. ``listening()``:
+        False while producers' wake-ups cannot arrive (the subscription is down): then every
+        wake-up of the loop ticks, the reap's turns too, not only the idle checks."""
         self.partition = partition
         self.epoch = epoch
         self._scripts = scripts
@@ -131,6 +134,7 @@ class PartitionRunner:
         self._retention = retention
         self._ringer = ringer
         self._send_ticks = batcher.call_many if batcher is not None else scripts.call_many
+        self._listening = listening
         self._tokens = TokenLedger(core.ks, partition)  # rate-limited queues: held jobs, unused tokens
         self.lead = HandoffLead(config.handoff_lead, config.coalesce_lead)
         self.wake = asyncio.Event()
@@ -329,7 +333,8 @@ class PartitionRunner:
         says)."""
         cfg = self._cfg
         now_local = time.monotonic()
-        if not (woken or now_local + cfg.min_sleep >= self._next_tick or now_local >= self._next_housekeeping):
+        if not (woken or now_local + cfg.min_sleep >= self._next_tick or now_local >= self._next_housekeeping
+                or not self._listening()):
             return await self._reap_only(now_local)
         self._next_tick = 0.0  # until this tick went through: a failed one is sent again
         limits = self._limits()

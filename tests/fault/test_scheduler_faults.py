@@ -34,7 +34,8 @@ import redis
 
 from scheduler import Client, JobState
 from scheduler.protocol.ids import decode_id, encode_id, partition_for_key, partition_of, run_at_of
-from scheduler.protocol.keys import PARTITION_KEYS, Keyspace
+from scheduler.protocol.keys import Keyspace
+from scheduler.protocol.scripts import load_scripts
 from scheduler.redisio.connection import SyncRedis, sync_redis
 from scheduler.shell.servers import ServerError, ZschedProc, etcd_request, free_port, scheduler_proc, stop_all
 from scheduler.tier.runner import RunnerConfig
@@ -189,11 +190,13 @@ class FireWatcher:
 
 
 class StaleEpochMonitor:
-    """Redis ``MONITOR`` (raw socket) recording every scheduler script call (tick/reap: the partition keys, ARGV[4]
-    = epoch) that carries one of the given stale epochs: direct evidence of what a replica that lost
-    its partitions sent to Redis, whether or not the fence refused it."""
+    """Redis ``MONITOR`` (raw socket) recording every scheduler script call (tick/reap, by SHA; the
+    partition's keys or, off a cluster, its timer set alone; ARGV[4] = epoch) that carries one of
+    the given stale epochs: direct evidence of what a replica that lost its partitions sent to
+    Redis, whether or not the fence refused it."""
 
     _ARG = re.compile(rb'"((?:[^"\\]|\\.)*)"')
+    TIER_SHAS = frozenset(load_scripts()[name].sha.encode() for name in ("tick", "reap"))
 
     def __init__(self, port: int, ns: str, stale: dict[int, int]) -> None:  # epoch -> partition
         self.prefix = ("{%s:" % ns).encode()
@@ -210,8 +213,10 @@ class StaleEpochMonitor:
         try:
             for line in self.f:
                 args = self._ARG.findall(line)
-                nk = len(PARTITION_KEYS)
-                if len(args) < 3 + nk + 4 or args[0].lower() != b"evalsha" or args[2] != str(nk).encode():
+                if len(args) < 4 or args[0].lower() != b"evalsha" or args[1] not in self.TIER_SHAS:
+                    continue
+                nk = int(args[2])
+                if len(args) < 3 + nk + 4:
                     continue
                 argv = args[3 + nk:]
                 if not argv[0].startswith(self.prefix) or not argv[3].isdigit():

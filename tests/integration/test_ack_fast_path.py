@@ -20,7 +20,7 @@ from typing import Any
 import redis
 
 from scheduler.protocol.calls import error_arg
-from tests.support.fastpath import SIDES, ScriptPair, pair_fixture
+from tests.support.fastpath import SIDES, ScriptPair, members_only, pair_fixture, stamped_by_shape
 from tests.support.helpers import namespace_state
 
 PARTITIONS = 2
@@ -82,20 +82,12 @@ class Pair(ScriptPair):
     def state(self, ns: str) -> dict[str, Any]:
         """The namespace's keys (tests/support/helpers.py), with what TIME stamps by shape."""
         def hashes(name: str, h: dict[bytes, bytes]) -> dict[bytes, bytes]:
-            if name.endswith(":meta"):  # the token fence: when, not whether
-                return {k: (b"<us>" if k == b"fence" else v) for k, v in h.items()}
-            if name.endswith(":l"):
-                return {k: b"<token>" for k in h}
-            if name.endswith(":e"):  # errors: when, then what
-                return {k: v[v.index(b"\0"):] for k, v in h.items()}
             if name.endswith(":f"):  # a retried job's due time and error came from each side's clock
                 return {k: (v[:5] + v[11:16] + v[16:].split(b"\0", 1)[-1] if k in self.blur else v)
                         for k, v in h.items()}
-            return h
+            return stamped_by_shape(name, h)
 
-        def zsets(name: str, z: list[Any]) -> list[Any]:
-            return sorted(m for m, _ in z) if name.endswith((":i", ":d", ":t")) else z
-        return namespace_state(self.r, ns, hash_fix=hashes, zset_fix=zsets)
+        return namespace_state(self.r, ns, hash_fix=hashes, zset_fix=members_only)
 
     def check(self, step: str, replies: tuple[Any, Any]) -> None:
         assert replies[0] == replies[1], f"{step}: replies differ: {replies[0]!r} vs {replies[1]!r}"

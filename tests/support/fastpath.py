@@ -82,6 +82,24 @@ class ScriptPair:
         assert not diff, f"{step}: the namespaces differ (key: fast path's, general path's): {diff}"
 
 
+def stamped_by_shape(name: str, h: dict[bytes, bytes]) -> dict[bytes, bytes]:
+    """A hash of ``namespace_state`` with what each side's clock stamps replaced by its shape:
+    meta's token fence, the lease tokens of 'l', the time of each error in 'e'."""
+    if name.endswith(":meta"):  # the token fence: when, not whether
+        return {k: (b"<us>" if k == b"fence" else v) for k, v in h.items()}
+    if name.endswith(":l"):
+        return {k: b"<token>" for k in h}
+    if name.endswith(":e"):  # errors: when, then what
+        return {k: v[v.index(b"\0"):] for k, v in h.items()}
+    return h
+
+
+def members_only(name: str, z: list[Any]) -> list[Any]:
+    """A sorted set of ``namespace_state`` without its scores where each side's clock sets them:
+    leases 'i', dead jobs 'd', timers 't'."""
+    return sorted(m for m, _ in z) if name.endswith((":i", ":d", ":t")) else z
+
+
 P = TypeVar("P", bound=ScriptPair)
 
 

@@ -11,13 +11,13 @@ from scheduler.tier.runner import PartitionRunner, RunnerConfig
 from tests.support.tierfakes import FakeCore, FakeTransport
 
 
-def make_runner(transport: FakeTransport, cfg: RunnerConfig) -> PartitionRunner:
+def make_runner(transport: FakeTransport, cfg: RunnerConfig, listening: bool = True) -> PartitionRunner:
     async def on_refused(p: int, current: int) -> None:
         raise AssertionError("no refusal expected")
 
     return PartitionRunner(3, 5, scripts=transport, core=FakeCore(),  # type: ignore[arg-type]
                            metrics=SchedulerMetrics("t"), config=cfg, is_valid=lambda: True,
-                           valid_for=lambda: 3600.0, on_refused=on_refused)
+                           valid_for=lambda: 3600.0, on_refused=on_refused, listening=lambda: listening)
 
 
 async def run_for(runner: PartitionRunner, seconds: float) -> None:
@@ -39,6 +39,15 @@ async def test_an_idle_partition_ticks_once_per_idle_check_and_reaps_alone_in_be
     # reap turn after it is due): 5 in 1.2 s; with a tick on every reap turn there were 20 or more
     assert 3 <= len(ticks) <= 6, [round(t - ticks[0], 3) for t in ticks]
     assert len(reaps) >= 10, "the reaps between the ticks went alone"
+
+
+async def test_without_the_wake_up_subscription_every_reap_turn_ticks() -> None:
+    """Producers' wake-ups cannot arrive (Redis restarted, the subscription not back yet): a job
+    scheduled then is found on the next reap turn, not only by the next idle check."""
+    transport = FakeTransport(accept=True)
+    cfg = RunnerConfig(idle_check=30.0, reap_interval=0.05, handoff_lead=0.0)
+    await run_for(make_runner(transport, cfg, listening=False), 0.5)
+    assert len(transport.trips) >= 4 and all("tick" in names for _, names in transport.trips), transport.trips
 
 
 async def test_a_wake_up_ticks_at_once_between_idle_checks() -> None:
