@@ -1,7 +1,7 @@
 """Redis instructions per one-job call of the hot scripts, counted by callgrind: ``schedule``, a
 ``tick`` that moves one due job to its ready list, a ``claim`` that takes one ready job (as a
-worker sends it: request id, receipt, the previous request id, a due-job limit) and an ``ack`` of
-one running job; each as shipped (its fast path first), the same script without its fast path
+worker sends it: request id, receipt, the previous request id, a due-job limit), an ``ack`` of
+one running job and a ``reap`` that finds nothing; each as shipped (its fast path first), the same script without its fast path
 (general path only), and an empty script with the same keys and arguments (what any EVALSHA of
 that shape costs).
 
@@ -27,6 +27,8 @@ time under valgrind, and blurred the figures by a percent or two.
   claim's instructions (callgrind's lpFind), which a partition with a few running jobs does not pay.
 - ``ack``: the running jobs are set up first (scheduled due, claimed in one call); each measured
   ack finishes one, leaving its tombstone.
+- ``reap``: the owner's reap of an idle partition (epoch 1, batch 1000), which finds no expired
+  lease: what every partition sends twice a second, idle or busy.
 """
 from __future__ import annotations
 
@@ -56,7 +58,7 @@ from scheduler.protocol.scripts import (
     restate_uses,
     script_source,
 )
-from scheduler.protocol.tick import Retention, tick_call
+from scheduler.protocol.tick import Retention, reap_call, tick_call
 from scheduler.protocol.transitions import ack_call, claim_call
 
 WARM_UP = 200
@@ -69,7 +71,7 @@ PAST = 1_000_000_000.0  # 2001-09-09: due at once, sent as an absolute run_at (s
 def general_only(name: str = "schedule") -> str:
     """A script without its fast path's block (from its first ``local A = ARGV``, or in schedule.lua
     older than the argument checks ``if ARGV[6] == '1'``, to ``--@library``); also the general path
-    of tests/integration/test_*_fast_path.py (schedule, tick, claim, ack)."""
+    of tests/integration/test_*_fast_path.py (schedule, tick, claim, ack, reap)."""
     lines = script_source(name).splitlines(keepends=True)
     start = next(i for i, line in enumerate(lines) if line.startswith(("local A = ARGV", "if ARGV[6] == '1'")))
     mark = next(i for i, line in enumerate(lines) if line.strip() == LIBRARY_MARKER)
@@ -255,7 +257,23 @@ def ack_side(calls: int) -> Side:
     return Side(setup, nth, check)
 
 
-WORKLOADS = ("schedule", "tick", "claim", "ack")
+def reap_side() -> Side:
+    """The owner's reap of an idle partition: no lease in flight, nothing to reap; off a cluster."""
+    builder = Calls(Keyspace("bench", 1), max_payload_bytes=65536, tombstone_ttl=3600, declare_all_keys=False)
+
+    def nth(i: int) -> Call:
+        _, keys, args = reap_call(builder, 0, 1, 1000)
+        return list(keys), list(args)
+
+    def check(r: redis.Redis, n: int) -> None:
+        epoch = r.hget(builder.ks.partition_keys(0)[12], "epoch")
+        if epoch != b"1":
+            raise RuntimeError(f"reap side: the partition's epoch is {epoch!r} after {n} reaps with epoch 1")
+
+    return Side(nothing, nth, check)
+
+
+WORKLOADS = ("schedule", "tick", "claim", "ack", "reap")
 
 
 def run(calls: int, only: str | None = None) -> dict[str, Any]:
@@ -269,6 +287,8 @@ def run(calls: int, only: str | None = None) -> dict[str, Any]:
                                               "general_path_only": general_only("claim"), "empty_script": EMPTY}),
         "ack": (lambda: ack_side(calls), {"shipped": shipped["ack"].source, "general_path_only": general_only("ack"),
                                           "empty_script": EMPTY}),
+        "reap": (reap_side, {"shipped": shipped["reap"].source, "general_path_only": general_only("reap"),
+                             "empty_script": EMPTY}),
     }
     out: dict[str, Any] = {"calls": calls, "machine": machine()}
     for workload in WORKLOADS:

@@ -386,7 +386,7 @@ class PartitionRunner:
         if more:
             self._next_tick = 0.0
             return 0.0
-        self._next_tick = received + self._tick_wait(tick, received, held_any, token_wait)
+        self._next_tick = received + self._tick_wait(tick, held_any, token_wait)
         return self._sleep_time()
 
     async def _reap_only(self, now_local: float) -> float:
@@ -433,8 +433,8 @@ class PartitionRunner:
         self._next_reap = received + wait
         return False
 
-    def _tick_wait(self, tick: TickReply, received: float, held_any: bool, token_wait: float) -> float:
-        """How long after ``received`` the next tick is due, after a tick that left no work for
+    def _tick_wait(self, tick: TickReply, held_any: bool, token_wait: float) -> float:
+        """How long after its reply the next tick is due, after a tick that left no work for
         right now: when the next timer enters the hand-off window, a rate-limited queue gets a
         token, or ``idle_check`` passed."""
         wait = self._cfg.idle_check
