@@ -1,9 +1,9 @@
 """Redis instructions per one-job call of the hot scripts, counted by callgrind: ``schedule``, a
 ``tick`` that moves one due job to its ready list, a ``claim`` that takes one ready job (as a
 worker sends it: request id, receipt, the previous request id, a due-job limit), an ``ack`` of
-one running job and a ``reap`` that finds nothing; each as shipped (its fast path first), the same script without its fast path
-(general path only), and an empty script with the same keys and arguments (what any EVALSHA of
-that shape costs).
+one running job and a ``reap`` that finds nothing; each as shipped (its fast path first), the same
+script without its fast path (general path only), and an empty script with the same keys and
+arguments (what any EVALSHA of that shape costs).
 
 ``python -m bench.script_cost [--calls N] [--only NAME]`` (needs valgrind; a few minutes).
 Instruction counts do not depend on what else the machine is doing, unlike times: the figures
