@@ -209,11 +209,11 @@ def poll_acked(st: Stack, target: int, until: float | None, timeout: float) -> N
         time.sleep(POLL_S)
 
 
-def idle(st: Stack) -> dict[str, Any]:
-    """IDLE_S s with the workers up and nothing due: their cost per second (CPU in ms per s)."""
+def idle(st: Stack, seconds: float = IDLE_S) -> dict[str, Any]:
+    """``seconds`` with the workers up and nothing due: their cost per second (CPU in ms per s)."""
     c0 = worker_counters(st)
     w = Window(st)
-    poll_acked(st, 0, time.monotonic() + IDLE_S, IDLE_S + 5)
+    poll_acked(st, 0, time.monotonic() + seconds, seconds + 5)
     win = w.close()
     figs = window_figures(win, c0, worker_counters(st), win["seconds"], 1000)
     return {f"{k}_ms_per_s" if k.endswith("_cpu") else (k if k.endswith("_per_s") else f"{k}_per_s"): v
@@ -255,12 +255,14 @@ def wait_up(st: Stack, timeout: float = 120.0) -> None:
     time.sleep(1.0)  # subscribed, its first sweep answered
 
 
-def with_workers(st: Stack, side: Side, n: int, loads: dict[str, list[float]], concurrency: int) -> dict[str, Any]:
-    """Start ``n`` workers, measure them idle, then each load in ``loads``' order; stop them."""
+def with_workers(st: Stack, side: Side, n: int, loads: dict[str, list[float]], concurrency: int,
+                 idle_seconds: float = IDLE_S) -> dict[str, Any]:
+    """Start ``n`` workers, measure them idle (``idle_seconds``), then each load in ``loads``' order;
+    stop them."""
     st.start_workers(n, concurrency=concurrency, settle=0, extra=side.worker_args)  # wait_up() waits for them
     try:
         wait_up(st)
-        out: dict[str, Any] = {"idle": idle(st)}
+        out: dict[str, Any] = {"idle": idle(st, idle_seconds)}
         ids: dict[str, set[str]] = {}
         for shape, offsets in loads.items():
             out[shape], ids[shape] = load(st, side, offsets)
@@ -304,8 +306,9 @@ def run(quick: bool = False, workers: Sequence[int] | None = None, shapes: Seque
         seconds: float | None = None, bursts: int | None = None, concurrency: int = CONCURRENCY,
         other: Path | None = None, scheduler_args: Sequence[str] = (),
         worker_args: Sequence[str] = (), other_scheduler_args: Sequence[str] = (),
-        other_worker_args: Sequence[str] = ()) -> dict[str, Any]:
-    """The suite; its JSON result (``runs``: one entry per round, side, backend, W and shape)."""
+        other_worker_args: Sequence[str] = (), idle_seconds: float = IDLE_S) -> dict[str, Any]:
+    """The suite; its JSON result (``runs``: one entry per round, side, backend, W and shape;
+    ``idle``: one per round, side, backend and W, ``idle_seconds`` long)."""
     q: dict[str, Any] = QUICK if quick else {}
     workers = tuple(workers or q.get("workers", WORKERS))
     backends = tuple(backends or q.get("backends", BACKENDS))
@@ -321,6 +324,7 @@ def run(quick: bool = False, workers: Sequence[int] | None = None, shapes: Seque
     result: dict[str, Any] = {
         "machine": m, "quick": quick, "workers": list(workers), "shapes": list(shapes), "backends": list(backends),
         "rounds": rounds, "jobs": jobs, "seconds": seconds, "bursts": bursts, "concurrency": concurrency,
+        "idle_seconds": idle_seconds,
         "partitions": PARTITIONS, "replicas": REPLICAS, "sides": {s.name: s.describe() for s in sides},
         "lateness": "handler: each handler's start minus its job's due time (exact, from the no-op handler's "
                     "records); firing: landed in ready minus due time (replicas' histograms, bucket estimate)",
@@ -332,7 +336,7 @@ def run(quick: bool = False, workers: Sequence[int] | None = None, shapes: Seque
                 with stack(backend, side) as st:
                     for n in orders(rnd, workers):
                         loads = {s: loads_of[s] for s in orders(rnd % 2, shapes)}
-                        got = with_workers(st, side, n, loads, concurrency)
+                        got = with_workers(st, side, n, loads, concurrency, idle_seconds)
                         key = {"round": rnd, "side": side.name, "backend": backend, "workers": n}
                         result["order"].append(f"{rnd}:{side.name}:{backend}:{n}")
                         result["idle"].append({**key, **got.pop("idle")})
@@ -405,6 +409,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, help=f"span of a load's due times (default {SECONDS:g})")
     p.add_argument("--bursts", type=int, help=f"instants of the batched shape (default {BURSTS})")
     p.add_argument("--concurrency", type=int, default=CONCURRENCY, help="per worker process (default %(default)s)")
+    p.add_argument("--idle-seconds", type=float, default=IDLE_S,
+                   help="the idle window before each W's loads, seconds (default %(default)s)")
     p.add_argument("--scheduler-args", default="", metavar="ARGS",
                    help="extra arguments of this side's replicas, e.g. '--coalesce-lead 160'")
     p.add_argument("--worker-args", default="", metavar="ARGS",
@@ -429,12 +435,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         if bad:
             raise UsageError(f"unknown shape or backend {bad[0]!r} (shapes: {', '.join(SHAPES)}; backends: "
                              f"{', '.join(BACKENDS)})")
+        if not 0 < a.idle_seconds <= 3600:
+            raise UsageError(f"--idle-seconds {a.idle_seconds:g}: give a window from more than 0 to 3600 seconds")
         if a.compare and not (a.compare / "scheduler").is_dir():
             raise UsageError(f"--compare {a.compare}: no zsched checkout there (give the root of another "
                              "worktree, the folder holding scheduler/ and workers/)")
         r = run(a.quick, a.workers, shapes, backends, a.rounds, a.jobs, a.seconds, a.bursts, a.concurrency,
                 a.compare, shlex.split(a.scheduler_args), shlex.split(a.worker_args),
-                shlex.split(a.other_scheduler_args), shlex.split(a.other_worker_args))
+                shlex.split(a.other_scheduler_args), shlex.split(a.other_worker_args), a.idle_seconds)
     except UsageError as exc:
         print(f"bench fanout: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
