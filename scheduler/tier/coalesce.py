@@ -20,6 +20,7 @@ earlier, never later, and workers still start each one at its due time.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,6 +32,14 @@ GRID_S = 0.010
 is then handed off at least half the lead ahead of its due time (10-20 ms with the default 20 ms),
 and the partitions due within one step share a round trip."""
 
+IDLE_GRID_S = 0.25
+"""The grid of the wake-ups no job waits for: a partition's reap turns (``reap_interval``) and its
+idle checks (``idle_check``), rounded up to it. All runners of a replica share it, so their idle
+wake-ups meet, and the batcher sends them as one round trip: an idle replica wakes at most
+1 / IDLE_GRID_S times a second whatever the number of partitions it owns, where each partition
+woke on its own twice a second. A lease is reaped at most this much later than its turn; a reap
+for a lease deadline the last reap reported, and every tick a timer or a token waits for, keep
+their own time (and GRID_S)."""
 
 JOBS_PER_STEP = 2.0
 """A busy partition widens its lead until one grid step holds this many due jobs on average."""
@@ -45,6 +54,11 @@ often)."""
 def grid_step(lead: float) -> float:
     """The grid step of the configured hand-off ``lead``: at most half of it (0: no grid)."""
     return min(GRID_S, lead / 2)
+
+
+def on_idle_grid(t: float) -> float:
+    """Monotonic time ``t`` rounded up to the next point of :data:`IDLE_GRID_S` (inf stays inf)."""
+    return t if t == math.inf else math.ceil(t / IDLE_GRID_S) * IDLE_GRID_S
 
 
 def aligned_sleep(seconds: float, now: float, step: float) -> float:

@@ -44,7 +44,7 @@ from ..protocol.tick import (
 )
 from ..redisio.errors import REDIS_ERRORS
 from ..redisio.transport import AsyncScriptTransport
-from .coalesce import HandoffLead, TickBatcher, aligned_sleep
+from .coalesce import HandoffLead, TickBatcher, aligned_sleep, on_idle_grid
 from .crons import fill_calls
 from .limits import TokenLedger
 
@@ -149,6 +149,8 @@ class PartitionRunner:
         self._task: asyncio.Task[None] | None = None
         self._next_reap = 0.0
         self._next_tick = 0.0  # monotonic time by which the next tick is due (0: at once)
+        # next tick an idle check, next reap a turn (nothing waits for them): on coalesce.IDLE_GRID_S
+        self._tick_lazy = self._reap_lazy = False
         self._next_housekeeping = 0.0  # monotonic time of the next housekeeping tick (the first is one)
         self._paused_logged = False
         self._backoff = INITIAL_BACKOFF            # next wait after a failed step
@@ -336,7 +338,7 @@ class PartitionRunner:
         if not (woken or now_local + cfg.min_sleep >= self._next_tick or now_local >= self._next_housekeeping
                 or not self._listening()):
             return await self._reap_only(now_local)
-        self._next_tick = 0.0  # until this tick went through: a failed one is sent again
+        self._next_tick, self._tick_lazy = 0.0, False  # until this tick went through: a failed one is sent again
         limits = self._limits()
         # a queue whose limit was removed is forgotten by the ledger: tick releases what it holds without tokens
         grants, token_wait = (await self._take_tokens(limits) if limits or self._tokens.held
@@ -347,8 +349,7 @@ class PartitionRunner:
         retention = self._retention() if housekeeping else NO_RETENTION
         calls = [tick_call(self._core, self.partition, self.epoch, cfg.batch, TokenLedger.tick_tokens(limits, grants),
                            retention, round(self.lead.lead * 1000), housekeeping)]
-        # a reap due within half its interval goes along: sent on its own a moment later it would
-        # cost the replica a wake-up and Redis a round trip of their own
+        # a reap due within half its interval goes along, not in a wake-up and round trip of its own
         do_reap = now_local >= self._next_reap - cfg.reap_interval / 2
         if do_reap:
             calls.append(reap_call(self._core, self.partition, self.epoch, cfg.reap_batch))
@@ -384,19 +385,18 @@ class PartitionRunner:
         if do_reap and await self._reaped(replies[1], received):
             more = True
         if more:
-            self._next_tick = 0.0
-            return 0.0
-        self._next_tick = received + self._tick_wait(tick, held_any, token_wait)
+            return 0.0  # _next_tick is still 0
+        wait = self._tick_wait(tick, held_any, token_wait)
+        self._next_tick, self._tick_lazy = received + wait, wait >= cfg.idle_check
         return self._sleep_time()
 
     async def _reap_only(self, now_local: float) -> float:
-        """A wake-up for the reap alone (an idle partition's reap turns come twice as often as its
-        ticks): the tick's call would only have said "nothing due" again."""
+        """A wake-up for the reap alone: a tick would only have said "nothing due" again."""
         if now_local >= self._next_reap:
             replies = await self._send_ticks([reap_call(self._core, self.partition, self.epoch,
                                                         self._cfg.reap_batch)])
             if await self._reaped(replies[0], time.monotonic()):
-                self._next_tick = 0.0
+                self._next_tick, self._tick_lazy = 0.0, False
                 return 0.0
         return self._sleep_time()
 
@@ -425,11 +425,11 @@ class PartitionRunner:
         if reap.reaped:
             self._m.reaped.labels(self._m.replica).inc(reap.reaped)
         if reap.reaped >= self._cfg.reap_batch:
-            self._next_reap = 0.0
+            self._next_reap, self._reap_lazy = 0.0, False
             return True
-        wait = self._cfg.reap_interval
-        if reap.next_deadline_ms is not None:
-            wait = min(wait, max(0.0, (reap.next_deadline_ms - reap.now_ms) / 1000.0))
+        wait, self._reap_lazy = self._cfg.reap_interval, True
+        if reap.next_deadline_ms is not None and (reap.next_deadline_ms - reap.now_ms) / 1000.0 < wait:
+            wait, self._reap_lazy = max(0.0, (reap.next_deadline_ms - reap.now_ms) / 1000.0), False
         self._next_reap = received + wait
         return False
 
@@ -445,10 +445,16 @@ class PartitionRunner:
         return wait
 
     def _sleep_time(self) -> float:
-        """How long to sleep: until the next tick or reap is due, or the ownership must be
-        confirmed again, whichever comes first."""
+        """How long to sleep: until the next tick or reap is due (an idle check or a reap turn on
+        the replica's idle grid), or the ownership must be confirmed again, whichever comes first."""
         now = time.monotonic()
-        sleep_for = min(self._next_tick, self._next_reap) - now
+        lazy, due = math.inf, math.inf
+        for at, is_lazy in ((self._next_tick, self._tick_lazy), (self._next_reap, self._reap_lazy)):
+            if is_lazy:
+                lazy = min(lazy, at)
+            else:
+                due = min(due, at)
+        sleep_for = min(due, on_idle_grid(lazy)) - now
         sleep_for = max(self._cfg.min_sleep, min(sleep_for, self._valid_for()))
         # wake on the replica's grid, with the other partitions due about then: one round trip
         return aligned_sleep(sleep_for, now, self.lead.step)

@@ -26,19 +26,22 @@ class FakeCore:
 class FakeTransport:
     """An empty partition: ticks move nothing and know no next timer, reaps find no lease. Refuses
     tick/reap (Redis has seen epoch 100) until ``accept`` is set. ``trips``: the script names of
-    every round trip, with its monotonic time; ``fail_next``: that many round trips raise a
-    connection error first."""
+    every round trip, with its monotonic time, ``parts`` the partitions of its calls;
+    ``fail_next``: that many round trips raise a connection error first."""
 
     def __init__(self, accept: bool = False) -> None:
         self.redis = FakeRedis()
         self.accept = accept
         self.ticks: list[float] = []
         self.trips: list[tuple[float, list[str]]] = []
+        self.parts: list[set[int]] = []
         self.fail_next = 0
 
-    async def call_many(self, calls: Sequence[tuple[str, Sequence[Any], Sequence[Any]]]) -> list[Any]:
+    async def call_many(self, calls: Sequence[tuple[str, Sequence[Any], Sequence[Any]]],
+                        raise_on_error: bool = True) -> list[Any]:
         now = time.monotonic()
         self.trips.append((now, [name for name, _, _ in calls]))
+        self.parts.append({int(args[0]) for _, _, args in calls})
         if self.fail_next:
             self.fail_next -= 1
             raise ConnectionError("Connection refused")
