@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,15 +32,6 @@ GRID_S = 0.010
 """The step of the grid the runners' wake-ups are aligned to, at most half the hand-off lead: a job
 is then handed off at least half the lead ahead of its due time (10-20 ms with the default 20 ms),
 and the partitions due within one step share a round trip."""
-
-IDLE_GRID_S = 0.25
-"""The grid of the wake-ups no job waits for: a partition's reap turns (``reap_interval``) and its
-idle checks (``idle_check``), rounded up to it. All runners of a replica share it, so their idle
-wake-ups meet, and the batcher sends them as one round trip: an idle replica wakes at most
-1 / IDLE_GRID_S times a second whatever the number of partitions it owns, where each partition
-woke on its own twice a second. A lease is reaped at most this much later than its turn; a reap
-for a lease deadline the last reap reported, and every tick a timer or a token waits for, keep
-their own time (and GRID_S)."""
 
 JOBS_PER_STEP = 2.0
 """A busy partition widens its lead until one grid step holds this many due jobs on average."""
@@ -56,9 +48,57 @@ def grid_step(lead: float) -> float:
     return min(GRID_S, lead / 2)
 
 
-def on_idle_grid(t: float) -> float:
-    """Monotonic time ``t`` rounded up to the next point of :data:`IDLE_GRID_S` (inf stays inf)."""
-    return t if t == math.inf else math.ceil(t / IDLE_GRID_S) * IDLE_GRID_S
+def idle_turn(after: float, interval: float) -> float:
+    """The time of an idle check or reap turn due ``interval`` after ``after`` (monotonic), moved
+    down onto the multiples of ``interval``: the turns of a replica's partitions then fall on the
+    same instants whatever their phases, the replica wakes once for all of them and the batcher
+    sends their calls as one round trip (each partition woke twice a second at its own phase). The
+    turn comes at most ``interval`` after ``after``, and after it."""
+    if interval <= 0:
+        return after
+    point = math.floor((after + interval) / interval) * interval
+    return point if point > after else point + interval
+
+
+def next_wake(tick: float, tick_lazy: bool, reap: float, reap_lazy: bool) -> tuple[float, float | None]:
+    """When a runner wakes next (monotonic) for its next ``tick`` and ``reap`` (each ``_lazy``: an
+    idle check or a reap turn, on :func:`idle_turn`'s instants), and that instant when a lazy one
+    comes first (the runner waits for it on the :class:`IdleGrid`)."""
+    lazy, due = math.inf, math.inf
+    for at, is_lazy in ((tick, tick_lazy), (reap, reap_lazy)):
+        if is_lazy:
+            lazy = min(lazy, at)
+        else:
+            due = min(due, at)
+    return (lazy, lazy) if lazy < due else (due, None)
+
+
+class IdleGrid:
+    """One timer per instant of :func:`idle_turn` for all runners of a replica: those waiting for
+    the same instant resume in the same turn of the event loop, so their calls reach the
+    :class:`TickBatcher` together. (A timer each, set from different moments and rounded to whole
+    milliseconds, fired a millisecond apart and split the round trip.)"""
+
+    def __init__(self) -> None:
+        self._points: dict[float, asyncio.Future[None]] = {}
+
+    async def wait(self, point: float, wake: asyncio.Event) -> None:
+        """Until monotonic time ``point`` (a millisecond after, never before) or ``wake`` is set."""
+        fut = self._points.get(point)
+        if fut is None:
+            loop = asyncio.get_running_loop()
+            fut = self._points[point] = loop.create_future()
+            loop.call_later(max(0.0, point - time.monotonic()) + 0.001, self._fire, point)
+        waiter = asyncio.ensure_future(wake.wait())
+        try:
+            await asyncio.wait((waiter, fut), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+
+    def _fire(self, point: float) -> None:
+        fut = self._points.pop(point, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
 
 
 def aligned_sleep(seconds: float, now: float, step: float) -> float:

@@ -31,7 +31,7 @@ from ..redisio.pubsub import ChannelsPending, Subscription, subscription
 from ..redisio.transport import AsyncScriptTransport, RedisRetry
 from ..runtime import loop_name, run, settle_gc, stop_signals
 from .bells import BellRinger
-from .coalesce import TickBatcher
+from .coalesce import IdleGrid, TickBatcher
 from .limits import retention_args
 from .ownership import Ownership, default_replica_id
 from .runner import PartitionRunner, RunnerConfig
@@ -91,6 +91,7 @@ class SchedulerProcess:
         # Re-sending tick/reap/cron_fill is safe (epoch-fenced), see scheduler.transport.RESEND.
         self.transport = AsyncScriptTransport(self.redis, TIER_RETRY)
         self.batcher = TickBatcher(self.transport)  # the partitions' ticks that wake together: one round trip
+        self.grid = IdleGrid()  # the partitions' idle checks and reap turns: one wake-up
         # TLS material comes from files named in the environment (URLs carry user:password and https)
         from ..coord import EtcdCoordinator  # gRPC loads only in a process that runs the tier
 
@@ -290,7 +291,7 @@ class SchedulerProcess:
             is_valid=lambda: own.owns(p, epoch), valid_for=own.valid_for, on_refused=self._refused,
             limits=lambda: self.rate_limits, retention=self._retention_args, check_conflict=self._check_conflict,
             on_conflict_resolved=self._conflict_resolved, ringer=self.ringer, batcher=self.batcher,
-            listening=lambda: self._listening)
+            listening=lambda: self._listening, grid=self.grid)
         self.runners[p] = runner
         runner.start()
         self._owners_changed(p)

@@ -2,8 +2,7 @@
 ``tick`` (and ``reap`` when a lease may have expired) with the ownership epoch, repeat.
 
 Work per wake-up is bounded by the batch size; an idle partition costs one tick per ``idle_check``
-seconds (a safety net for lost wake-up messages) and one reap per ``reap_interval``, never a tight
-poll. A wake-up that only a reap is due for sends the reap alone.
+(a safety net for lost wake-up messages) and a reap per ``reap_interval``, on the replica's idle grid.
 
 When Redis refuses the epoch, the runner asks (``check_conflict``) whether that is a hand-over
 (another replica owns the partition now: stop) or an **epoch conflict** (etcd still says this
@@ -44,7 +43,7 @@ from ..protocol.tick import (
 )
 from ..redisio.errors import REDIS_ERRORS
 from ..redisio.transport import AsyncScriptTransport
-from .coalesce import HandoffLead, TickBatcher, aligned_sleep, on_idle_grid
+from .coalesce import HandoffLead, IdleGrid, TickBatcher, aligned_sleep, idle_turn, next_wake
 from .crons import fill_calls
 from .limits import TokenLedger
 
@@ -107,7 +106,7 @@ class PartitionRunner:
                  check_conflict: Callable[[int, int, int], Awaitable[bool]] | None = None,
                  on_conflict_resolved: Callable[[int, int, int, float], None] | None = None,
                  ringer: BellRinger | None = None, batcher: TickBatcher | None = None,
-                 listening: Callable[[], bool] = lambda: True) -> None:
+                 listening: Callable[[], bool] = lambda: True, grid: IdleGrid | None = None) -> None:
         """``on_refused(partition, newest_epoch)``: a hand-over, the runner has stopped.
         ``check_conflict(partition, epoch, newest_epoch)``: asked on every refusal; True means an
         epoch conflict (keep the partition, retry with backoff). Without it every refusal is a
@@ -118,7 +117,7 @@ class PartitionRunner:
         ``batcher``: sends the ticks of the replica's partitions that wake together as one round
         trip (tier/coalesce.py); without it each tick is a round trip of its own. ``listening()``:
         False while producers' wake-ups cannot arrive (the subscription is down): then every
-        wake-up of the loop ticks, the reap's turns too, not only the idle checks."""
+        wake-up of the loop ticks, the reap's turns too. ``grid``: the replica's idle grid."""
         self.partition = partition
         self.epoch = epoch
         self._scripts = scripts
@@ -135,6 +134,8 @@ class PartitionRunner:
         self._ringer = ringer
         self._send_ticks = batcher.call_many if batcher is not None else scripts.call_many
         self._listening = listening
+        self._grid = grid
+        self._lazy_point: float | None = None  # the idle-grid point the next sleep ends at, if one
         self._tokens = TokenLedger(core.ks, partition)  # rate-limited queues: held jobs, unused tokens
         self.lead = HandoffLead(config.handoff_lead, config.coalesce_lead)
         self.wake = asyncio.Event()
@@ -149,7 +150,7 @@ class PartitionRunner:
         self._task: asyncio.Task[None] | None = None
         self._next_reap = 0.0
         self._next_tick = 0.0  # monotonic time by which the next tick is due (0: at once)
-        # next tick an idle check, next reap a turn (nothing waits for them): on coalesce.IDLE_GRID_S
+        # next tick an idle check, next reap a turn (nothing waits for them): coalesce.idle_turn
         self._tick_lazy = self._reap_lazy = False
         self._next_housekeeping = 0.0  # monotonic time of the next housekeeping tick (the first is one)
         self._paused_logged = False
@@ -262,7 +263,7 @@ class PartitionRunner:
                     conflict_wait = self._next_conflict_wait()
                     continue
             if sleep_for > 0:
-                await self._sleep(sleep_for)
+                await self._sleep(sleep_for, self._lazy_point)
             else:
                 await asyncio.sleep(0)  # full batch: go again, but let other partitions run
 
@@ -308,8 +309,11 @@ class PartitionRunner:
             self._down_since = None
         self._backoff = INITIAL_BACKOFF
 
-    async def _sleep(self, seconds: float) -> None:
+    async def _sleep(self, seconds: float, point: float | None = None) -> None:
         if self._stopping:
+            return
+        if point is not None and self._grid is not None:  # with the replica's other idle wake-ups
+            await self._grid.wait(point, self.wake)
             return
         # whole milliseconds, rounded up: asyncio's epoll_wait does that anyway, and uvloop (libuv
         # timers) rounds to the nearest millisecond, so a 0.4 ms sleep would not sleep at all and a
@@ -387,7 +391,8 @@ class PartitionRunner:
         if more:
             return 0.0  # _next_tick is still 0
         wait = self._tick_wait(tick, held_any, token_wait)
-        self._next_tick, self._tick_lazy = received + wait, wait >= cfg.idle_check
+        self._tick_lazy = wait >= cfg.idle_check
+        self._next_tick = idle_turn(received, wait) if self._tick_lazy else received + wait
         return self._sleep_time()
 
     async def _reap_only(self, now_local: float) -> float:
@@ -430,7 +435,7 @@ class PartitionRunner:
         wait, self._reap_lazy = self._cfg.reap_interval, True
         if reap.next_deadline_ms is not None and (reap.next_deadline_ms - reap.now_ms) / 1000.0 < wait:
             wait, self._reap_lazy = max(0.0, (reap.next_deadline_ms - reap.now_ms) / 1000.0), False
-        self._next_reap = received + wait
+        self._next_reap = idle_turn(received, wait) if self._reap_lazy else received + wait
         return False
 
     def _tick_wait(self, tick: TickReply, held_any: bool, token_wait: float) -> float:
@@ -445,17 +450,12 @@ class PartitionRunner:
         return wait
 
     def _sleep_time(self) -> float:
-        """How long to sleep: until the next tick or reap is due (an idle check or a reap turn on
-        the replica's idle grid), or the ownership must be confirmed again, whichever comes first."""
+        """Until the next tick or reap (or the ownership must be confirmed again), whichever first."""
         now = time.monotonic()
-        lazy, due = math.inf, math.inf
-        for at, is_lazy in ((self._next_tick, self._tick_lazy), (self._next_reap, self._reap_lazy)):
-            if is_lazy:
-                lazy = min(lazy, at)
-            else:
-                due = min(due, at)
-        sleep_for = min(due, on_idle_grid(lazy)) - now
-        sleep_for = max(self._cfg.min_sleep, min(sleep_for, self._valid_for()))
+        at, point = next_wake(self._next_tick, self._tick_lazy, self._next_reap, self._reap_lazy)
+        valid_for = self._valid_for()
+        self._lazy_point = point if point is not None and at - now <= valid_for else None
+        sleep_for = max(self._cfg.min_sleep, min(at - now, valid_for))
         # wake on the replica's grid, with the other partitions due about then: one round trip
         return aligned_sleep(sleep_for, now, self.lead.step)
 

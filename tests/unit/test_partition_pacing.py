@@ -1,35 +1,27 @@
 """How often a partition's firing loop calls Redis when nothing is due, without servers: one tick
 per ``idle_check``, one reap per ``reap_interval``, and the reap alone when only it is due; a
-wake-up, housekeeping or a failed tick still tick at once; a replica's partitions meet on the
-idle grid. Most tests shrink the idle grid (coalesce.IDLE_GRID_S) to their short intervals."""
+wake-up, housekeeping or a failed tick still tick at once; a replica's idle partitions wake
+together (coalesce.idle_turn, IdleGrid)."""
 from __future__ import annotations
 
 import asyncio
 import time
 
-import pytest
-
 from scheduler.metrics import SchedulerMetrics
-from scheduler.tier import coalesce
-from scheduler.tier.coalesce import TickBatcher
+from scheduler.tier.coalesce import IdleGrid, TickBatcher
 from scheduler.tier.runner import PartitionRunner, RunnerConfig
 from tests.support.tierfakes import FakeCore, FakeTransport
 
 
-@pytest.fixture
-def fine_grid(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(coalesce, "IDLE_GRID_S", 0.005)
-
-
 def make_runner(transport: FakeTransport, cfg: RunnerConfig, listening: bool = True, partition: int = 3,
-                batcher: TickBatcher | None = None) -> PartitionRunner:
+                batcher: TickBatcher | None = None, grid: IdleGrid | None = None) -> PartitionRunner:
     async def on_refused(p: int, current: int) -> None:
         raise AssertionError("no refusal expected")
 
     return PartitionRunner(partition, 5, scripts=transport, core=FakeCore(),  # type: ignore[arg-type]
                            metrics=SchedulerMetrics("t"), config=cfg, is_valid=lambda: True,
                            valid_for=lambda: 3600.0, on_refused=on_refused, listening=lambda: listening,
-                           batcher=batcher)
+                           batcher=batcher, grid=grid)
 
 
 async def run_for(runner: PartitionRunner, seconds: float) -> None:
@@ -40,7 +32,7 @@ async def run_for(runner: PartitionRunner, seconds: float) -> None:
         await runner.stop()
 
 
-async def test_an_idle_partition_ticks_once_per_idle_check_and_reaps_alone_in_between(fine_grid: None) -> None:
+async def test_an_idle_partition_ticks_once_per_idle_check_and_reaps_alone_in_between() -> None:
     transport = FakeTransport(accept=True)
     # no hand-off lead: no grid to round the wake-ups up to
     cfg = RunnerConfig(idle_check=0.3, reap_interval=0.05, handoff_lead=0.0)
@@ -53,7 +45,7 @@ async def test_an_idle_partition_ticks_once_per_idle_check_and_reaps_alone_in_be
     assert len(reaps) >= 10, "the reaps between the ticks went alone"
 
 
-async def test_without_the_wake_up_subscription_every_reap_turn_ticks(fine_grid: None) -> None:
+async def test_without_the_wake_up_subscription_every_reap_turn_ticks() -> None:
     """Producers' wake-ups cannot arrive (Redis restarted, the subscription not back yet): a job
     scheduled then is found on the next reap turn, not only by the next idle check."""
     transport = FakeTransport(accept=True)
@@ -62,7 +54,7 @@ async def test_without_the_wake_up_subscription_every_reap_turn_ticks(fine_grid:
     assert len(transport.trips) >= 4 and all("tick" in names for _, names in transport.trips), transport.trips
 
 
-async def test_a_wake_up_ticks_at_once_between_idle_checks(fine_grid: None) -> None:
+async def test_a_wake_up_ticks_at_once_between_idle_checks() -> None:
     transport = FakeTransport(accept=True)
     runner = make_runner(transport, RunnerConfig(idle_check=30.0, reap_interval=0.05, handoff_lead=0.0))
     runner.start()
@@ -80,7 +72,7 @@ async def test_a_wake_up_ticks_at_once_between_idle_checks(fine_grid: None) -> N
         await runner.stop()
 
 
-async def test_a_tick_that_failed_is_sent_again_not_skipped_for_a_reap(fine_grid: None) -> None:
+async def test_a_tick_that_failed_is_sent_again_not_skipped_for_a_reap() -> None:
     """A woken tick that hit a Redis error: the retry must tick (the wake-up is not lost), even
     though no wake-up and no idle check is due any more."""
     transport = FakeTransport(accept=True)
@@ -103,15 +95,15 @@ async def test_a_tick_that_failed_is_sent_again_not_skipped_for_a_reap(fine_grid
 
 async def test_a_replicas_idle_partitions_wake_together_on_the_idle_grid() -> None:
     """Four idle partitions of one replica, started at different moments: their reap turns and idle
-    checks fall on the shared grid (0.25 s), so each round trip carries all four, and the replica
-    wakes about 4 times a second however many partitions it owns (each woke twice a second on
-    its own, at its own phase)."""
+    checks fall on the multiples of their intervals and resume on the grid's one timer per
+    instant, so each round trip carries all four, and the replica wakes twice a second however
+    many partitions it owns (each woke twice a second on its own, at its own phase)."""
     transport = FakeTransport(accept=True)
-    batcher = TickBatcher(transport)  # type: ignore[arg-type]
+    batcher, grid = TickBatcher(transport), IdleGrid()  # type: ignore[arg-type]
     cfg = RunnerConfig(idle_check=1.0, reap_interval=0.5, handoff_lead=0.0)
     runners = []
     for p in range(4):
-        runners.append(make_runner(transport, cfg, partition=p, batcher=batcher))
+        runners.append(make_runner(transport, cfg, partition=p, batcher=batcher, grid=grid))
         runners[-1].start()
         await asyncio.sleep(0.03)  # different phases
     try:
@@ -121,4 +113,4 @@ async def test_a_replicas_idle_partitions_wake_together_on_the_idle_grid() -> No
             await r.stop()
     settled = [parts for (t, _), parts in zip(transport.trips, transport.parts) if t > transport.trips[0][0] + 0.6]
     assert settled and all(parts == {0, 1, 2, 3} for parts in settled), transport.parts
-    assert len(settled) <= 7, f"{len(settled)} round trips in about 1.4 s"
+    assert len(settled) <= 4, f"{len(settled)} round trips in about 1.4 s"
