@@ -182,9 +182,9 @@ class AsyncScriptTransport:
             raise
         try:
             tail = await self._roundtrip(conn, batch, then, idx)
-        except (*TRANSIENT, AttributeError) as caught:
+        except (*TRANSIENT, AttributeError, RuntimeError) as caught:
             lost = closed_under_us(conn, caught)
-            if lost is None:  # an AttributeError of a live connection: a bug, not a lost connection
+            if lost is None:  # not a lost connection: a bug, raised
                 await asyncio.shield(_drop(conn))
                 node.release(conn)
                 raise
@@ -283,11 +283,16 @@ def closed_under_us(conn: Any, exc: BaseException) -> BaseException | None:
     """``exc`` as a connection lost in transit: a transport error as it is; an AttributeError of
     a connection that is no longer connected (redis-py's cluster client closes every connection of
     a node, those in use too, when a slot-map refresh drops or replaces it: the next write or read
-    meets a missing stream) as a :class:`~redis.exceptions.ConnectionError`; None for any other
-    AttributeError, which is a bug to raise."""
-    if not isinstance(exc, AttributeError):
+    meets a missing stream), or uvloop's RuntimeError for a write to a stream closed that way
+    ("unable to perform operation on <TCPTransport closed=True ...>; the handler is closed",
+    seen when a master was killed under load), as a :class:`~redis.exceptions.ConnectionError`;
+    None for any other AttributeError or RuntimeError, which is a bug to raise."""
+    if isinstance(exc, RuntimeError):
+        if "handler is closed" not in str(exc) and conn.is_connected:
+            return None
+    elif not isinstance(exc, AttributeError):
         return exc
-    if conn.is_connected:
+    elif conn.is_connected:
         return None
     return ConnectionError("the connection was closed while in use (the cluster client refreshed its slot map)")
 

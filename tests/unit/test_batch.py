@@ -283,7 +283,7 @@ def test_a_variant_of_a_script_gets_its_uses_line_restated_from_its_code() -> No
     assert "local function helper" in make_script("demo", LINK_LIB, restated).source
 
 
-def test_an_attribute_error_of_a_connection_closed_under_a_round_trip_counts_as_a_lost_connection() -> None:
+def test_an_error_of_a_connection_closed_under_a_round_trip_counts_as_a_lost_connection() -> None:
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     from scheduler.redisio.transport_async import closed_under_us
@@ -298,3 +298,9 @@ def test_an_attribute_error_of_a_connection_closed_under_a_round_trip_counts_as_
     assert closed_under_us(Conn(True), missing) is None, "a live connection's AttributeError is a bug: raised"
     timeout = TimeoutError("read")
     assert closed_under_us(Conn(True), timeout) is timeout
+    # uvloop's word for a write to a stream the cluster client closed under us
+    closed = RuntimeError("unable to perform operation on <TCPTransport closed=True reading=False 0x5>; "
+                          "the handler is closed")
+    assert isinstance(closed_under_us(Conn(True), closed), RedisConnectionError)
+    assert isinstance(closed_under_us(Conn(False), RuntimeError("boom")), RedisConnectionError)
+    assert closed_under_us(Conn(True), RuntimeError("boom")) is None, "any other RuntimeError is a bug: raised"
