@@ -353,7 +353,7 @@ class PartitionRunner:
         retention = self._retention() if housekeeping else NO_RETENTION
         calls = [tick_call(self._core, self.partition, self.epoch, cfg.batch, TokenLedger.tick_tokens(limits, grants),
                            retention, round(self.lead.lead * 1000), housekeeping)]
-        # a reap due within half its interval goes along, not in a wake-up and round trip of its own
+        # a reap due within half its interval goes along (its next turn counts from this one's time)
         do_reap = now_local >= self._next_reap - cfg.reap_interval / 2
         if do_reap:
             calls.append(reap_call(self._core, self.partition, self.epoch, cfg.reap_batch))
@@ -435,7 +435,7 @@ class PartitionRunner:
         wait, self._reap_lazy = self._cfg.reap_interval, True
         if reap.next_deadline_ms is not None and (reap.next_deadline_ms - reap.now_ms) / 1000.0 < wait:
             wait, self._reap_lazy = max(0.0, (reap.next_deadline_ms - reap.now_ms) / 1000.0), False
-        self._next_reap = idle_turn(received, wait) if self._reap_lazy else received + wait
+        self._next_reap = idle_turn(max(received, self._next_reap), wait) if self._reap_lazy else received + wait
         return False
 
     def _tick_wait(self, tick: TickReply, held_any: bool, token_wait: float) -> float:
