@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from scheduler.metrics import SchedulerMetrics
 from scheduler.tier.coalesce import IdleGrid, TickBatcher
@@ -114,3 +115,24 @@ async def test_a_replicas_idle_partitions_wake_together_on_the_idle_grid() -> No
     settled = [parts for (t, _), parts in zip(transport.trips, transport.parts) if t > transport.trips[0][0] + 0.6]
     assert settled and all(parts == {0, 1, 2, 3} for parts in settled), transport.parts
     assert len(settled) <= 4, f"{len(settled)} round trips in about 1.4 s"
+
+
+class BusyTransport(FakeTransport):
+    """A busy partition: every tick says the next timer is 30 ms away."""
+
+    async def call_many(self, calls: Any, raise_on_error: bool = True) -> list[Any]:
+        out = await super().call_many(calls, raise_on_error)
+        now_ms = int(time.time() * 1000)
+        return [[0, now_ms + 30, now_ms, 0, 0, 0, 0] if name == "tick" else reply
+                for (name, _, _), reply in zip(calls, out)]
+
+
+async def test_a_busy_partition_still_reaps_once_per_interval() -> None:
+    """Its ticks come every 30 ms and take along a reap due within half the interval; the next
+    turn counts from the turn served, so reaps stay one per interval (counted from the early
+    time, they came about twice as often)."""
+    transport = BusyTransport(accept=True)
+    await run_for(make_runner(transport, RunnerConfig(idle_check=1.0, reap_interval=0.5, handoff_lead=0.0)), 2.1)
+    reaps = sum(names.count("reap") for _, names in transport.trips)
+    assert len(transport.ticks) >= 30, "a busy partition ticks on its timers"
+    assert 4 <= reaps <= 6, f"{reaps} reaps in 2.1 s at a 0.5 s interval"
