@@ -368,6 +368,7 @@ class Worker:
         redis = async_redis(config.redis_url(self.redis_url), **kw)
         transport = AsyncScriptTransport(redis, WORKER_RETRY)
         crew: _Crew | None = None
+        client: AsyncClient | None = None
         failed_to_start = False
         probes = WorkerProbes(life, redis, queues)  # /livez and /readyz answer while Redis is still down
         exported: tuple[Any, PrometheusHistograms | None, Any] = (self.metrics, None, None)
@@ -400,6 +401,8 @@ class Worker:
                 life.remove_signals(loop, signals)
                 with contextlib.suppress(Exception):
                     await transport.close()
+                    if client is not None:
+                        await client.transport.close()
                     await redis.aclose()
             finally:
                 self._serving = False

@@ -129,6 +129,7 @@ class AsyncClient:
 
     async def close(self) -> None:
         """Close the Redis connections."""
+        await self.transport.close()
         await self.redis.aclose()
 
     async def __aenter__(self) -> AsyncClient:

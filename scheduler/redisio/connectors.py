@@ -261,6 +261,12 @@ class AsyncCluster(acluster.RedisCluster):
     def __init__(self, nodes: Sequence[Address], **kwargs: Any) -> None:
         super().__init__(startup_nodes=[acluster.ClusterNode(h, p) for h, p in nodes], **kwargs)
         self.start_nodes = tuple(nodes)
+        self._options = dict(kwargs)
+
+    def another(self) -> AsyncCluster:
+        """A new client of the same cluster with the same options, sharing no node or connection
+        with this one (it reads the slot map on first use)."""
+        return AsyncCluster(self.start_nodes, **self._options)
 
     async def initialize(self, *args: Any, **kwargs: Any) -> AsyncCluster:
         """Read the slot map (on first use, and again after a topology change)."""
@@ -272,4 +278,17 @@ class AsyncCluster(acluster.RedisCluster):
                 raise
             raise failure from exc
         return self
+
+    async def read_slot_map(self) -> None:
+        """Read the slot map only, for a transport that routes its calls itself. Unlike
+        :meth:`initialize` it does not ask one node for its command table (``COMMAND``), so a
+        master that is down (which redis-py may pick for that) does not fail it; the start-up
+        nodes that answer are enough."""
+        try:
+            await self.nodes_manager.initialize()
+        except RedisClusterException as exc:
+            failure = cluster_failure(self.start_nodes, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
 

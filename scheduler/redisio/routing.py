@@ -14,6 +14,7 @@ from redis.crc import key_slot
 from redis.exceptions import AskError, MovedError, RedisClusterException, RedisError
 
 from .batch import Batch
+from .connectors import AsyncCluster
 
 
 def slot_of(key: Any) -> int:
@@ -88,7 +89,10 @@ class AsyncRoutes:
     async def start(self) -> None:
         """Read the slot map once (the asyncio client connects lazily)."""
         if not self.ready:
-            await self.cluster.initialize()
+            if isinstance(self.cluster, AsyncCluster):
+                await self.cluster.read_slot_map()
+            else:  # a client not made by async_redis
+                await self.cluster.initialize()
             self.ready = True
 
     def groups(self, batch: Batch) -> list[tuple[Any, list[int]]]:

@@ -25,6 +25,7 @@ from .batch import (
     pack,
 )
 from .connection import is_cluster
+from .connectors import AsyncCluster
 from .routing import AsyncRoutes, isolate_failed
 
 
@@ -43,13 +44,24 @@ class AsyncScriptTransport:
         self.scripts = load_scripts()
         self.resends = 0
         self._lanes: dict[str, Any] = {}
-        self._routes = AsyncRoutes(redis) if is_cluster(redis) else None
+        # On a cluster the calls go through a client of their own. redis-py's cluster client
+        # answers CLUSTERDOWN, an uncovered slot or a failed pipeline by closing every connection
+        # to every node (``RedisCluster.aclose``), also those a round trip is reading replies from
+        # on a healthy node: a ring or a ping refused while a master fails over dropped the claims
+        # in flight elsewhere, and jobs those claims had taken waited for their leases to expire.
+        # Nothing else sends commands through this client, and the transport itself never closes
+        # a node's connections wholesale. A client not made by ``async_redis`` is shared as given.
+        self._own: AsyncCluster | None = redis.another() if isinstance(redis, AsyncCluster) else None
+        self._routes = AsyncRoutes(self._own or redis) if is_cluster(redis) else None
 
     async def close(self) -> None:
-        """Return the lanes' connections to the pool (a cluster transport holds none)."""
+        """Return the lanes' connections to the pool; on a cluster, close the transport's own
+        client (it is made again on the next call)."""
         lanes, self._lanes = self._lanes, {}
         for conn in lanes.values():
             await self.redis.connection_pool.release(conn)
+        if self._own is not None:
+            await self._own.aclose()
 
     async def _checkout(self, lane: str | None) -> Any:
         conn = self._lanes.pop(lane, None) if lane is not None else None

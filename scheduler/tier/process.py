@@ -252,7 +252,8 @@ class SchedulerProcess:
         with contextlib.suppress(Exception):
             await self.coord.close()
         with contextlib.suppress(Exception):
-            await self.redis.aclose()
+            await self.transport.close()
+            await self.client.close()  # and the replica's Redis client
 
     async def _shutdown(self) -> None:
         t0 = time.monotonic()
@@ -269,7 +270,8 @@ class SchedulerProcess:
                 except (asyncio.CancelledError, Exception):
                     pass
         await self.coord.close()
-        await self.redis.aclose()
+        await self.transport.close()
+        await self.client.close()  # and the replica's Redis client
         await self._stop_http()
         log.info("scheduler replica %s stopped in %.3fs", self.replica_id, time.monotonic() - t0)
 

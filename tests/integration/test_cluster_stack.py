@@ -11,16 +11,22 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
+import redis.asyncio.cluster as acluster
+from redis.exceptions import ClusterDownError, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from scheduler import AsyncClient, Client, JobState
 from scheduler.protocol.errors import DurabilityUnsupported
 from scheduler.protocol.keys import Keyspace
+from scheduler.protocol.replies import StatsReply, parse_stats
+from scheduler.redisio.routing import slot_of
 from scheduler.redisio.transport import NodeFailed, RedisRetry
+from scheduler.redisio.transport_async import AsyncScriptTransport
 from scheduler.shell.cli import main
-from scheduler.shell.servers import free_port
+from scheduler.shell.servers import HOST, free_port
 from tests.support.helpers import key_in
 from tests.support.servers import ClusterServer, ClusterSet
 from tests.support.waits import wait_for, wait_until
@@ -124,6 +130,58 @@ async def test_a_batch_with_one_node_down_returns_the_others_replies_at_once(deg
         with pytest.raises(RedisConnectionError):
             await client.transport.call_many(calls, retry=RedisRetry(budget=0.2, attempts=3))
     finally:
+        await client.close()
+
+
+async def in_flight_while_redis_py_resets(cluster: ClusterSet, client: AsyncClient, transport: Any,
+                                         reset_by: Any) -> Any:
+    """A worker's round trip (``stats`` on a partition of one master, held there by a stall)
+    while ``reset_by`` (a redis-py cluster client) gets CLUSTERDOWN from another master for a
+    slot it no longer serves; returns the round trip's reply."""
+    ks = client.keyspace
+    bell = ks.bell("q")
+    refusing = cluster.node_for_key(bell)
+    p = next(p for p in range(ks.partitions) if cluster.node_for_key(ks.prefix(p)) is not refusing)
+    held = cluster.node_for_key(ks.prefix(p))
+    calls = [client.calls.stats_call(p)]
+    await transport.call_many(calls)  # connected and routed before the stall
+    slot = slot_of(bell)
+    refusing.command("CLUSTER", "DELSLOTS", slot)
+    try:
+        with held.stall(900):
+            trip = asyncio.create_task(transport.call_many(calls, raise_on_error=False, resend=False))
+            await asyncio.sleep(0.3)  # written, waiting for the reply (the stall lasts 0.9 s)
+            assert not trip.done()
+            with pytest.raises((ClusterDownError, SlotNotCoveredError)):
+                await reset_by.get(bell)  # redis-py closes every node's connections here
+            return (await trip)[0]
+    finally:
+        refusing.command("CLUSTER", "ADDSLOTS", slot)
+
+
+async def test_a_command_refused_with_clusterdown_does_not_drop_script_calls_in_flight_elsewhere(
+        degraded_cluster: ClusterSet) -> None:
+    """redis-py's cluster client answers CLUSTERDOWN (a failover under way, a slot not served) by
+    closing every connection to every node, also those a round trip is reading replies from on a
+    healthy master. A worker's bell wait and a replica's rings, pings and pipelines go through its
+    Redis client while its claims are in flight; a claim that ran and lost its reply left its jobs
+    waiting for their leases to expire (seen as a 4 s stall in the cluster failover test). The
+    transport's calls go through a client of their own, so they are answered. The control, a
+    transport given a plain redis-py client (shared as given), shows the reset still happens: if
+    redis-py stops doing it, this test says so."""
+    client = AsyncClient.from_url(degraded_cluster.url, namespace="reset", partitions=8)
+    await client.connect()
+    plain = acluster.RedisCluster(host=HOST, port=degraded_cluster.startup_nodes[0][1])
+    shared = AsyncScriptTransport(plain, RedisRetry(budget=0.5, attempts=4))
+    try:
+        reply = await in_flight_while_redis_py_resets(degraded_cluster, client, client.transport, client.redis)
+        assert not isinstance(reply, Exception), reply
+        assert isinstance(parse_stats(reply), StatsReply)
+        lost = await in_flight_while_redis_py_resets(degraded_cluster, client, shared, plain)
+        assert isinstance(lost, NodeFailed) and lost.sent, lost
+    finally:
+        await shared.close()
+        await plain.aclose()
         await client.close()
 
 
