@@ -25,6 +25,7 @@ from ..metrics import bucket_quantile, scrape_histogram
 from ..protocol import config
 from ..protocol.etcd_endpoints import check_etcd_endpoints
 from ..protocol.masking import mask_secrets
+from ..protocol.replies import merge_stats, parse_stats
 from .admin import AdminError, BadInput
 from .cli_common import SubParsers
 from .cli_errors import EXIT_LOCAL
@@ -289,6 +290,7 @@ class View:
         self.prev_counts: dict[str, int] = {}
         self.prev_buckets: dict[float, float] = {}
         self.prev_t = time.monotonic()
+        self.prev_held = 0
 
     def counts(self) -> dict[str, int]:
         ks = self.client.keyspace
@@ -342,8 +344,18 @@ class View:
             rates = {k: (counts.get(k, 0) - self.prev_counts.get(k, 0)) / dt for k in ("scheduled", "fired", "acked")}
         self.prev_counts = counts
         p50, p99 = self.lateness()
-        return Sample(time.strftime("%H:%M:%S"), counts, rates, p50, p99, self.client.stats(), self.owners(),
-                      self.stack.dead_children())
+        stats, held = self.queue_counts()
+        # the interval's lateness covers jobs held at its start too (released since)
+        held_in_interval, self.prev_held = max(held, self.prev_held), held
+        return Sample(time.strftime("%H:%M:%S"), counts, rates, p50, p99, stats, self.owners(),
+                      self.stack.dead_children(), held_in_interval)
+
+    def queue_counts(self) -> tuple[dict[str, dict[str, int]], int]:
+        """Per queue: scheduled, ready, running and dead jobs; and how many of the scheduled ones
+        are due and held back by their queue's rate limit (one ``stats`` round trip)."""
+        replies = [parse_stats(r) for r in self.client.transport.call_many(self.client.calls.stats_calls())]
+        held = sum(n for st in replies for f, n in st.gauges.items() if f.startswith("h:"))
+        return merge_stats(replies), held
 
     def render(self, s: Sample) -> str:
         """The full view, redrawn on a terminal every interval."""
@@ -354,7 +366,7 @@ class View:
             lines.append("per second:  scheduled {scheduled:8.0f}   fired {fired:8.0f}   "
                          "acked {acked:8.0f}".format(**s.rates))
         counts = s.counts
-        lines.append(f"firing lateness (last interval): p50 {_ms(s.p50)}   p99 {_ms(s.p99)}")
+        lines.append(f"firing lateness (last interval): p50 {_ms(s.p50)}   p99 {_ms(s.p99)}{_held_note(s)}")
         lines.append(f"dead-lettered: {s.dead}   "
                      f"totals: scheduled {counts.get('scheduled', 0)}  fired {counts.get('fired', 0)}  "
                      f"acked {counts.get('acked', 0)}  retried {counts.get('retried', 0)}  "
@@ -382,6 +394,7 @@ class Sample:
     stats: dict[str, dict[str, int]]
     owners: dict[str, list[int]]
     exited: list[str]
+    held: int = 0  # due jobs waiting on their queue's rate limit, at most, this interval
 
     @property
     def dead(self) -> int:
@@ -392,6 +405,12 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:.1f} ms"
 
 
+def _held_note(s: Sample) -> str:
+    """Why the lateness may read seconds while the scheduler is on time: a job a rate limit held
+    back fires when the limit lets it, and its lateness counts from its due time."""
+    return f" (rate limits held up to {s.held} due jobs; they count as late)" if s.held else ""
+
+
 def compact_line(s: Sample) -> str:
     """The view as one line, printed every interval when the output is not a terminal (a log file)."""
     rates = "" if s.rates is None else "/s: scheduled {scheduled:.0f} fired {fired:.0f} acked {acked:.0f}; ".format(
@@ -399,8 +418,9 @@ def compact_line(s: Sample) -> str:
     depth = {k: sum(q[k] for q in s.stats.values()) for k in ("scheduled", "ready", "running")}
     owners = ", ".join(f"{rid} {len(parts)}" for rid, parts in sorted(s.owners.items())) or "none"
     exited = f"; exited: {', '.join(s.exited)}" if s.exited else ""
-    return (f"{s.clock} {rates}lateness p50 {_ms(s.p50)} p99 {_ms(s.p99)}; scheduled {depth['scheduled']} "
-            f"ready {depth['ready']} running {depth['running']} dead {s.dead}; owners: {owners}{exited}")
+    return (f"{s.clock} {rates}lateness p50 {_ms(s.p50)} p99 {_ms(s.p99)}{_held_note(s)}; "
+            f"scheduled {depth['scheduled']} ready {depth['ready']} running {depth['running']} dead {s.dead}; "
+            f"owners: {owners}{exited}")
 
 
 def banner(stack: Stack) -> list[str]:

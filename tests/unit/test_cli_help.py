@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import logging
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,7 +19,7 @@ from scheduler.shell import admin
 from scheduler.shell.admin import NotFound
 from scheduler.shell.cli import build_parser, main
 from scheduler.shell.cli_errors import EXIT_BAD_INPUT, EXIT_LOCAL, EXIT_UNAVAILABLE, explain
-from scheduler.shell.dev import Sample, compact_line
+from scheduler.shell.dev import Sample, View, compact_line
 
 
 def commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> Iterator[
@@ -142,6 +143,16 @@ def test_dev_view_off_a_terminal_is_one_line_per_interval() -> None:
     assert "\n" not in line and "\x1b" not in line
     assert line == ("09:00:01 /s: scheduled 12 fired 11 acked 10; lateness p50 0.4 ms p99 1.2 ms; scheduled 5 "
                     "ready 1 running 2 dead 3; owners: scheduler-1 3")
+
+
+def test_dev_view_says_when_rate_limits_hold_jobs_so_their_lateness_is_not_read_as_a_late_scheduler() -> None:
+    s = Sample("09:00:02", {}, None, 0.0004, 4.9, {"emails": {"scheduled": 800, "ready": 0, "running": 4, "dead": 0}},
+               {}, [], held=640)
+    assert "p99 4900.0 ms (rate limits held up to 640 due jobs; they count as late); scheduled 800" in compact_line(s)
+    view = View.__new__(View)  # render() reads only the stack's names
+    view.stack = SimpleNamespace(ns="zsched", redis_url="redis://127.0.0.1:1", etcd="http://127.0.0.1:2", home=".")
+    assert "p99 4900.0 ms (rate limits held up to 640 due jobs; they count as late)" in view.render(s)
+    assert "count as late" not in compact_line(Sample("09:00:03", {}, None, 0.0, 0.001, {}, {}, []))
 
 
 # ------------------------------------------------------------------------------ requeue spacing
