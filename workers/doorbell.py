@@ -18,11 +18,10 @@ worker on the bells each job woke a cold process: at 300 jobs/s over 16 workers,
 job of one worker. Among the workers serving the same queues, only one waits on the bells (the
 *listener*, :meth:`Keyspace.listener`: a key holding its id, taken with ``SET NX`` and renewed
 with an expiry while it listens); the others sleep on a wake-up key (:meth:`Keyspace.listen_wake`).
-The listener keeps taking rings while it has room, warm; when its slots are full, when it has been
-off the bells for 20 ms claiming elsewhere (:data:`HAND_OFF_S`), or when it stops, it gives the
-role up and wakes one sleeper, which takes it. A listener that dies keeps the role until its
-expiry (``LISTEN_TTL_MS``): its rings wait in the bells meanwhile, and the sleepers, whose waits
-time out every ``BELL_WAIT``, take the role then.
+The listener keeps taking rings while it has room, warm; when it has had no free handler slot for
+a few ms (:data:`HAND_OFF_S`) or stops, it gives the role up and wakes one sleeper, which takes
+it. A listener that dies keeps the role until its expiry (``LISTEN_TTL_MS``): its rings wait in the
+bells meanwhile, and the sleepers, whose waits time out every ``BELL_WAIT``, take the role then.
 Nothing is lost either way: the rings stay in the bells, and the busy workers' checks of the bells
 and the sweeps find the jobs too. Workers serving different sets of queues have different
 listeners (a queue served by both sets has two).
@@ -47,13 +46,10 @@ from .slots import Slots
 BELL_WAIT = 2.0  # seconds one BZPOPMIN waits before it is sent again (below any socket timeout we set)
 LISTEN_TTL_MS = 4_000  # a listener's role outlives its last check by this much (> BELL_WAIT + a check)
 LISTEN_CHECK_S = 1.0  # how often a listener renews its role (at most, and only when it waits again)
-# How long a listener with a free slot may stay off the bells (claiming on) before it hands the role
-# on: a ring waits at most about this long, plus a wake-up, while another worker has room. The
-# default hand-off lead (zsched scheduler --handoff-lead), so such a job still starts on time; and
-# far above a claim's round trip (about a millisecond), which a loaded machine can stretch: a
-# listener taking one ring after another keeps the role. One with no free slot hands it on at once
-# (a burst then spreads one hop per worker, as before).
-HAND_OFF_S = 0.020
+# How long a listener may go without a free handler slot before it hands the role on: a ring waits
+# at most about this long, plus a wake-up, while another worker has room. Short handlers free a
+# slot sooner and keep the role (and their warm process).
+HAND_OFF_S = 0.005
 
 
 class Doorbell:
@@ -123,19 +119,18 @@ class Doorbell:
         return self.listening
 
     async def wait_hungry(self, hungry: asyncio.Event, slots: Slots) -> None:
-        """Wait for ``hungry`` (the worker has a free slot and nothing else to claim). A listener
-        with no free handler slot hands its role on at once, and one that is not back on the bells
-        within :data:`HAND_OFF_S` (it keeps claiming elsewhere) does then: the rings would
-        otherwise wait for it while another worker has room. Raises the client's errors."""
+        """Wait for ``hungry`` (the worker has a free slot and nothing to claim). A listener that
+        stays without a free handler slot for :data:`HAND_OFF_S` hands its role on meanwhile: the
+        rings would otherwise wait for it while another worker has room. Raises the client's
+        errors."""
         if self.listening and not hungry.is_set():
-            if slots.free > 0:
-                try:
-                    async with asyncio.timeout(HAND_OFF_S):
-                        await hungry.wait()
-                    return
-                except TimeoutError:
-                    pass
-            await self.hand_off()
+            try:
+                async with asyncio.timeout(HAND_OFF_S):
+                    await hungry.wait()
+                return
+            except TimeoutError:
+                if slots.free <= 0:
+                    await self.hand_off()
         await hungry.wait()
 
     async def hand_off(self) -> None:

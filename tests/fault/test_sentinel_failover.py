@@ -366,13 +366,9 @@ def test_sentinel_failover_under_load_loses_no_durable_job(sentinel_set_launched
             f"the producer did not keep its rate after the failover{report}"
         for s, a, b in zip(schedulers, fired_at_promotion, fired_end):
             assert b > a >= 0, f"scheduler {s.args[8]} fired nothing after the promotion{report}{tails([s])}"
-        assert sum(acked_end) > sum(acked_at_promotion) >= 0, f"no worker acked after the promotion{report}"
-        assert post_pids, f"no worker ran a job after the promotion{report}"
-        # One worker may carry this load alone (the listener, workers/doorbell.py): each shows it
-        # found the new master by its log, the other by what it ran
-        for w in workers:
-            assert "Redis reachable again" in w.output(), \
-                f"worker pid {w.pid} did not get Redis back after the kill{report}{tails([w])}"
+        for w, a, b in zip(workers, acked_at_promotion, acked_end):
+            assert b > a >= 0, f"worker pid {w.pid} acked nothing after the promotion{report}{tails([w])}"
+        assert {w.pid for w in workers} <= post_pids, f"a worker ran nothing after the promotion{report}"
         assert not tracebacks, f"unhandled exception logged{report}{tails(tracebacks, 80)}"
     finally:
         producer.stop.set()

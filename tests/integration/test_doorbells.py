@@ -23,7 +23,7 @@ from scheduler.redisio.errors import REDIS_ERRORS
 from scheduler.shell.servers import RedisServer
 from tests.support.waits import wait_for
 from tests.support.workers import serving
-from workers import Job, Worker, doorbell
+from workers import Job, Worker
 from workers.doorbell import BELL_WAIT, LISTEN_TTL_MS, Doorbell
 from workers.fetch import DoorbellFetch, FetchContext
 
@@ -279,14 +279,10 @@ def listener_of(fetches: dict[int, DoorbellFetch], client: Client) -> int:
     return found[0]
 
 
-async def test_one_worker_takes_the_rings_while_it_has_room_and_the_others_sleep(
-        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_one_worker_takes_the_rings_while_it_has_room_and_the_others_sleep(redis_url: str) -> None:
     """Redis hands a ring to the client that waited longest, so with every idle worker on the bells
     each job woke a cold process; only the listener waits there, and it keeps the rings while it
     has room: spread jobs all go to one warm worker, the others are not woken."""
-    # a claim stretched past the hand-off time by a loaded machine would move the role on (as it
-    # should): not what this test is about
-    monkeypatch.setattr(doorbell, "HAND_OFF_S", 30.0)
     client = Client.from_url(redis_url, namespace=NS).connect()
     fetches: dict[int, DoorbellFetch] = {}
     ws, ran, made = workers(redis_url, WORKERS, by_worker=fetches)

@@ -42,9 +42,8 @@ async def test_jobs_for_the_next_seconds_run_once_each_at_their_time(
         lateness = sorted(r[4] - due[r[1]] for r in starts)
         assert lateness[0] >= -0.001, f"a job started {-lateness[0]:.4f}s before its run_at"
         assert lateness[len(lateness) // 2] < 0.05 and lateness[-1] < 0.5, lateness[-5:]
-        # (with several workers, one can carry 100 jobs/s alone: the listener, workers/doorbell.py;
-        # how the role moves is tests/integration/test_doorbells.py's)
-        assert {r[3] for r in starts} <= {w.pid for w in workers}, "a job ran outside the workers"
+        if n_workers > 1:
+            assert len({r[3] for r in starts}) > 1, "the work was shared between worker processes"
         assert all(client.get(j).state is JobState.DONE for j in list(due)[:20])
     finally:
         for p in workers + replicas:
