@@ -12,44 +12,19 @@ A bell holds a member until a worker takes it, so nothing is missed while no wor
 busy, or none running yet); ringing a member that is there already changes nothing (``NX``), so a
 bell holds at most two members per partition however many jobs wait. A worker that takes a member
 it can no longer use (its slots filled meanwhile) rings it again for another worker.
-
-**One listener.** Redis hands a member to the client that has waited longest, so with every idle
-worker on the bells each job woke a cold process: at 300 jobs/s over 16 workers, 1.8x the CPU per
-job of one worker. Among the workers serving the same queues, only one waits on the bells (the
-*listener*, :meth:`Keyspace.listener`: a key holding its id, taken with ``SET NX`` and renewed
-with an expiry while it listens); the others sleep on a wake-up key (:meth:`Keyspace.listen_wake`).
-The listener keeps taking rings while it has room, warm; when it has had no free handler slot for
-a few ms (:data:`HAND_OFF_S`) or stops, it gives the role up and wakes one sleeper, which takes
-it. A listener that dies keeps the role until its expiry (``LISTEN_TTL_MS``): its rings wait in the
-bells meanwhile, and the sleepers, whose waits time out every ``BELL_WAIT``, take the role then.
-Nothing is lost either way: the rings stay in the bells, and the busy workers' checks of the bells
-and the sweeps find the jobs too. Workers serving different sets of queues have different
-listeners (a queue served by both sets has two).
 """
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from scheduler.protocol import bells
 from scheduler.protocol.keys import Keyspace
 from scheduler.redisio.connection import is_cluster
-from scheduler.redisio.errors import REDIS_ERRORS
 from scheduler.redisio.transport_async import checkout, drop_and_release
 
-from .slots import Slots
-
 BELL_WAIT = 2.0  # seconds one BZPOPMIN waits before it is sent again (below any socket timeout we set)
-LISTEN_TTL_MS = 4_000  # a listener's role outlives its last check by this much (> BELL_WAIT + a check)
-LISTEN_CHECK_S = 1.0  # how often a listener renews its role (at most, and only when it waits again)
-# How long a listener may go without a free handler slot before it hands the role on: a ring waits
-# at most about this long, plus a wake-up, while another worker has room. Short handlers free a
-# slot sooner and keep the role (and their warm process).
-HAND_OFF_S = 0.005
 
 
 class Doorbell:
@@ -69,30 +44,15 @@ class Doorbell:
         # per job when the workers are not busy). A cluster client routes it itself.
         self._pool = None if is_cluster(redis) else redis.connection_pool
         self._held: Any | None = None
-        self._packed: dict[bool, list[bytes]] = {}
-        # One listener per set of queues (the module docstring): this worker's id in it, whether
-        # it held the role at its last check, and until when (monotonic) that check holds.
-        self.listener_key = ks.listener(queues)
-        self.wake_key = ks.listen_wake(queues)
-        self.id = os.urandom(8).hex().encode()
-        self.listening = False
-        self._checked_until = 0.0
+        self._packed: list[bytes] | None = None
 
     async def take(self) -> tuple[str, bytes, float] | None:
         """Wait up to :attr:`wait_s` for a ring on any of the bells and take it: (queue, member,
-        score), or None when nothing rang. A worker that is not the listener of its queues waits
-        for the role instead (None when it got it, or on a timeout: call again). Raises the
-        client's errors (the caller backs off)."""
-        listening = await self._listen_role()
-        keys = self.keys if listening else [self.wake_key]
+        score), or None when nothing rang. Raises the client's errors (the caller backs off)."""
         if self._pool is None:
-            reply = await self.redis.bzpopmin(keys, timeout=self.wait_s)
+            reply = await self.redis.bzpopmin(self.keys, timeout=self.wait_s)
         else:
-            reply = await self._wait(listening)
-        if not listening:
-            if reply is not None:  # handed the role: take it, if nobody did meanwhile
-                self._checked_until = 0.0
-            return None
+            reply = await self._wait()
         if reply is None:
             return None
         key, member, score = reply
@@ -101,62 +61,16 @@ class Doorbell:
             return None
         return queue, member if isinstance(member, bytes) else str(member).encode(), float(score)
 
-    async def _listen_role(self) -> bool:
-        """Whether this worker is its queues' listener: it takes the role when nobody holds it
-        (``SET NX``) and keeps it alive while it holds it (checked at most every
-        :data:`LISTEN_CHECK_S`, so a listener taking one ring after another pays no round trip
-        for it). A listener that died loses the role :data:`LISTEN_TTL_MS` after its last check;
-        until then its rings wait in the bells (the sweeps still find their jobs)."""
-        now = time.monotonic()
-        if now < self._checked_until:
-            return self.listening
-        r, key = self.redis, self.listener_key
-        held = await r.set(key, self.id, px=LISTEN_TTL_MS, nx=True)
-        if not held and await r.get(key) == self.id:
-            held = await r.pexpire(key, LISTEN_TTL_MS)  # False if it expired between the two
-        self.listening = bool(held)
-        self._checked_until = now + LISTEN_CHECK_S if held else 0.0
-        return self.listening
-
-    async def wait_hungry(self, hungry: asyncio.Event, slots: Slots) -> None:
-        """Wait for ``hungry`` (the worker has a free slot and nothing to claim). A listener that
-        stays without a free handler slot for :data:`HAND_OFF_S` hands its role on meanwhile: the
-        rings would otherwise wait for it while another worker has room. Raises the client's
-        errors."""
-        if self.listening and not hungry.is_set():
-            try:
-                async with asyncio.timeout(HAND_OFF_S):
-                    await hungry.wait()
-                return
-            except TimeoutError:
-                if slots.free <= 0:
-                    await self.hand_off()
-        await hungry.wait()
-
-    async def hand_off(self) -> None:
-        """Give the listener role up (this worker has no free slot left, or stops) and wake one
-        of the workers waiting for it. Raises the client's errors."""
-        if not self.listening:
-            return
-        self.listening, self._checked_until = False, 0.0
-        r = self.redis
-        if await r.get(self.listener_key) == self.id:
-            await r.delete(self.listener_key)  # a worker that takes it between the two loses it: harmless
-        await r.zadd(self.wake_key, {"w": time.time() * 1000})
-
-    async def _wait(self, listening: bool) -> Any:
-        """``BZPOPMIN`` on the bells (``listening``) or on the listener's wake-up key, on the kept
-        connection (a new one after a failure): a failed or cancelled wait closes it, since its
-        reply may be half read. A Sentinel client's connection turns a READONLY reply (its server
-        became a replica) into a connection error, as for any command."""
+    async def _wait(self) -> Any:
+        """``BZPOPMIN`` on the kept connection (a new one after a failure): a failed or cancelled
+        wait closes it, since its reply may be half read. A Sentinel client's connection turns a
+        READONLY reply (its server became a replica) into a connection error, as for any command."""
         pool = self._pool
         conn, self._held = await checkout(pool, self._held), None
         try:
-            packed = self._packed.get(listening)
-            if packed is None:
-                keys = self.keys if listening else [self.wake_key]
-                packed = self._packed[listening] = conn.pack_command("BZPOPMIN", *keys, self.wait_s)
-            await conn.send_packed_command(packed, check_health=False)
+            if self._packed is None:
+                self._packed = conn.pack_command("BZPOPMIN", *self.keys, self.wait_s)
+            await conn.send_packed_command(self._packed, check_health=False)
             reply = await conn.read_response()
         except BaseException:
             await asyncio.shield(drop_and_release(pool, conn))
@@ -165,10 +79,7 @@ class Doorbell:
         return reply
 
     async def close(self) -> None:
-        """Hand the listener role on (a stopping worker takes no more rings) and give the kept
-        connection back to the pool (the listen loop has ended)."""
-        with contextlib.suppress(*REDIS_ERRORS):
-            await self.hand_off()
+        """Give the kept connection back to the pool (the listen loop has ended)."""
         conn, self._held = self._held, None
         if conn is not None and self._pool is not None:
             await self._pool.release(conn)

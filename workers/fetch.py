@@ -436,7 +436,7 @@ class DoorbellFetch(Fetch):
                     self.mark_all()
                     swept = True
                     ctx.life.ready.set()
-                await self.bells.wait_hungry(self.hungry, self.ctx.slots)
+                await self.hungry.wait()
                 rung = await self.bells.take()
                 self._bells_heard = time.monotonic()  # it listened until now
                 outage.ok()
