@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import socket
 import ssl
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import redis
@@ -270,13 +270,7 @@ class AsyncCluster(acluster.RedisCluster):
 
     async def initialize(self, *args: Any, **kwargs: Any) -> AsyncCluster:
         """Read the slot map (on first use, and again after a topology change)."""
-        try:
-            await super().initialize(*args, **kwargs)
-        except RedisClusterException as exc:
-            failure = cluster_failure(self.start_nodes, exc)
-            if failure is exc:
-                raise
-            raise failure from exc
+        await self._named_failures(super().initialize(*args, **kwargs))
         return self
 
     async def read_slot_map(self) -> None:
@@ -284,8 +278,11 @@ class AsyncCluster(acluster.RedisCluster):
         :meth:`initialize` it does not ask one node for its command table (``COMMAND``), so a
         master that is down (which redis-py may pick for that) does not fail it; the start-up
         nodes that answer are enough."""
+        await self._named_failures(self.nodes_manager.initialize())
+
+    async def _named_failures(self, start: Awaitable[Any]) -> None:
         try:
-            await self.nodes_manager.initialize()
+            await start
         except RedisClusterException as exc:
             failure = cluster_failure(self.start_nodes, exc)
             if failure is exc:

@@ -21,6 +21,7 @@ from functools import partial
 from pathlib import Path
 
 from ..client import Client
+from ..client.layout import follows_layout
 from ..metrics import bucket_quantile, scrape_histogram
 from ..protocol import config
 from ..protocol.etcd_endpoints import check_etcd_endpoints
@@ -350,9 +351,15 @@ class View:
         return Sample(time.strftime("%H:%M:%S"), counts, rates, p50, p99, stats, self.owners(),
                       self.stack.dead_children(), held_in_interval)
 
+    def reload_layout(self) -> int:
+        """Re-read the namespace's partition count (after ``zsched migrate-partitions``)."""
+        return self.client.reload_layout()
+
+    @follows_layout
     def queue_counts(self) -> tuple[dict[str, dict[str, int]], int]:
         """Per queue: scheduled, ready, running and dead jobs; and how many of the scheduled ones
-        are due and held back by their queue's rate limit (one ``stats`` round trip)."""
+        are due and held back by their queue's rate limit (one ``stats`` round trip, following a
+        partition migration as ``Client.stats`` does)."""
         replies = [parse_stats(r) for r in self.client.transport.call_many(self.client.calls.stats_calls())]
         held = sum(n for st in replies for f, n in st.gauges.items() if f.startswith("h:"))
         return merge_stats(replies), held

@@ -313,3 +313,24 @@ def test_a_second_run_at_the_same_time_is_refused(redis_url: str) -> None:
     assert Migration(c, 4).run().moved > 0
     assert not c.redis.exists("{lock}:migrate-lock")
     c.close()
+
+
+def test_the_dev_view_keeps_counting_queues_after_a_migration(redis_url: str) -> None:
+    """``zsched dev``'s view read its partition count once; after migrate-partitions its stats
+    call met the layout fence. It re-reads the count and counts the same jobs."""
+    from types import SimpleNamespace
+
+    from scheduler.shell.dev import View
+
+    c = Client.from_url(redis_url, namespace="devmig", partitions=4).connect()
+    c.schedule_many([(time.time() + 3600, i) for i in range(30)], queue="later")
+    c.schedule_many([(timedelta(0), i) for i in range(12)], queue="now")
+    Ops(c).tick_all()
+    view = View(SimpleNamespace(redis_url=redis_url, ns="devmig"))  # type: ignore[arg-type]
+    before, _ = view.queue_counts()
+    assert view.client.keyspace.partitions == 4
+    Migration(c, 6).run()
+    after, held = view.queue_counts()
+    assert view.client.keyspace.partitions == 6
+    assert after == before and held == 0
+    assert after["later"]["scheduled"] == 30 and after["now"]["ready"] == 12
