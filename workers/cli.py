@@ -80,6 +80,10 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.Argument
     p.add_argument("--registry-interval", metavar="S", type=_seconds,
                    help="seconds between refreshes of this worker's record in the worker registry (zsched "
                         "workers; default 5): a killed worker drops out of the list 3 intervals after its last")
+    p.add_argument("--one-listener", action="store_true", default=None,
+                   help="of the workers serving the same queues only one waits on the doorbells, the others "
+                        "sleep until it fills up or a burst comes: less CPU per job with many workers and "
+                        "spread traffic, later starts in bursts (docs/scaling.md, Adding workers)")
     p.set_defaults(func=main)
     return p
 
@@ -123,7 +127,8 @@ def main(args: argparse.Namespace) -> int:
     worker.configure(redis_url=args.redis, namespace=args.namespace, queues=args.queues,
                      concurrency=args.concurrency, prefetch=args.prefetch, metrics_port=args.metrics_port,
                      metrics_host=args.metrics_host, shutdown_grace=args.shutdown_grace,
-                     registry_interval=args.registry_interval, drain_timeout=args.drain_timeout)
+                     registry_interval=args.registry_interval, drain_timeout=args.drain_timeout,
+                     one_listener=args.one_listener)
     args.redis = worker.redis_url  # the URL the worker uses, for zsched's error messages
     worker.run()
     return 0

@@ -12,19 +12,70 @@ A bell holds a member until a worker takes it, so nothing is missed while no wor
 busy, or none running yet); ringing a member that is there already changes nothing (``NX``), so a
 bell holds at most two members per partition however many jobs wait. A worker that takes a member
 it can no longer use (its slots filled meanwhile) rings it again for another worker.
+
+**One listener** (``Worker(one_listener=True)``, ``zsched worker --one-listener``; off by
+default). Redis hands a member to the client that has waited longest, so with every idle worker on
+the bells each spread job wakes a cold process: at 300 jobs/s over 16 workers, 1.8x the CPU per
+job of one worker. With the option, of the workers serving the same queues only one waits on the
+bells (the *listener*, :meth:`Keyspace.listener`: a key holding its id, taken with ``SET NX`` and
+renewed with an expiry while it listens); the others sleep on a wake-up key
+(:meth:`Keyspace.listen_wake`). The listener keeps taking rings while it has room, warm; when its
+slots are full, when it has been off the bells for 20 ms claiming elsewhere (:data:`HAND_OFF_S`),
+or when it stops, it gives the role up and wakes one sleeper, which takes it. A listener that dies
+keeps the role until its expiry (``LISTEN_TTL_MS``): its rings wait in the bells meanwhile, and
+the sleepers, whose waits time out every ``BELL_WAIT``, take the role then. Nothing is lost either
+way: the rings stay in the bells, and the busy workers' checks of the bells and the sweeps find
+the jobs too. Workers serving different sets of queues have different listeners (a queue served by
+both sets has two).
+
+**Helpers for bursts.** One listener takes rings one after another, so a burst (many partitions
+made ready at once) would reach the fleet only as fast as it fills up and hands on. A claim that
+brings more jobs than the worker has handler slots is such a burst: the worker wakes ``(jobs - 1)
+// concurrency`` sleepers (at most :data:`HELPERS_MAX`) as *helpers*. A helper waits on the bells
+beside the listener, Redis handing each ring to one of them, until no ring came for
+:data:`HELP_S`, then sleeps again; its own burst claims wake more. Spread traffic (claims of one or
+a few jobs) wakes none, so it stays on the warm listener. A wake costs one round trip per
+``concurrency`` jobs of a burst at most, whatever the fleet. Helpers wake cold, behind the warm
+listener, so bursts still start later than with every worker on the bells (docs/scaling.md
+"Adding workers"): that is why the option is off by default.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from scheduler.protocol import bells
 from scheduler.protocol.keys import Keyspace
 from scheduler.redisio.connection import is_cluster
+from scheduler.redisio.errors import REDIS_ERRORS
 from scheduler.redisio.transport_async import checkout, drop_and_release
 
+from .slots import Slots
+
+log = logging.getLogger("zsched.worker")
+
 BELL_WAIT = 2.0  # seconds one BZPOPMIN waits before it is sent again (below any socket timeout we set)
+LISTEN_TTL_MS = 4_000  # a listener's role outlives its last check by this much (> BELL_WAIT + a check)
+LISTEN_CHECK_S = 1.0  # how often a listener renews its role (at most, and only when it waits again)
+# How long a listener with a free slot may stay off the bells (claiming on) before it hands the role
+# on: a ring waits at most about this long, plus a wake-up, while another worker has room. The
+# default hand-off lead (zsched scheduler --handoff-lead), so such a job still starts on time; and
+# far above a claim's round trip (about a millisecond), which a loaded machine can stretch: a
+# listener taking one ring after another keeps the role. One with no free slot hands it on at once
+# (a burst then spreads one hop per worker, as before).
+HAND_OFF_S = 0.020
+HELPERS_MAX = 8  # sleepers one burst claim wakes at most (each woken helper's burst claims wake more)
+# How long a helper keeps waiting on the bells after its last ring: longer than the hops of a burst
+# (a claim round trip each), short enough that the spread traffic after it returns to the listener.
+HELP_S = 0.050
+WAKE_TTL_MS = 2_000  # wake-ups nobody took expire (no sleeper then: each would cost a wasted turn)
+
+LISTEN, HELP, SLEEP = "listen", "help", "sleep"
 
 
 class Doorbell:
@@ -32,7 +83,8 @@ class Doorbell:
     master or a cluster; every bell of a namespace carries the hash tag ``{NS}``, so one command
     waits on them all, on a cluster too)."""
 
-    def __init__(self, redis: Any, ks: Keyspace, queues: Sequence[str], wait: float = BELL_WAIT) -> None:
+    def __init__(self, redis: Any, ks: Keyspace, queues: Sequence[str], wait: float = BELL_WAIT,
+                 one_listener: bool = False) -> None:
         self.redis = redis
         self.ks = ks
         self.keys = [ks.bell(q) for q in queues]
@@ -44,33 +96,143 @@ class Doorbell:
         # per job when the workers are not busy). A cluster client routes it itself.
         self._pool = None if is_cluster(redis) else redis.connection_pool
         self._held: Any | None = None
-        self._packed: list[bytes] | None = None
+        self._packed: dict[str, list[bytes]] = {}
+        # One listener per set of queues (the module docstring): this worker's id in it, whether
+        # it held the role at its last check, and until when (monotonic) that check holds.
+        self.listener_key = ks.listener(queues)
+        self.wake_key = ks.listen_wake(queues)
+        self.id = os.urandom(8).hex().encode()
+        # Off (the default), every idle worker waits on the bells: each is a listener, with no
+        # role to take or hand on and no helpers to wake.
+        self.one_listener = one_listener
+        self.listening = not one_listener
+        self._checked_until = 0.0
+        self._helping_until = 0.0  # monotonic: a helper (not the listener) waits on the bells until then
+        self._calls: set[asyncio.Task[None]] = set()  # wake-ups of helpers in flight
 
     async def take(self) -> tuple[str, bytes, float] | None:
         """Wait up to :attr:`wait_s` for a ring on any of the bells and take it: (queue, member,
-        score), or None when nothing rang. Raises the client's errors (the caller backs off)."""
+        score), or None when nothing rang. A worker that is neither the listener of its queues nor
+        a helper waits to be woken instead (None when it was, or on a timeout: call again). Raises
+        the client's errors (the caller backs off)."""
+        listening = await self._listen_role()
+        mode = LISTEN if listening else HELP if self.helping else SLEEP
         if self._pool is None:
-            reply = await self.redis.bzpopmin(self.keys, timeout=self.wait_s)
+            keys, timeout = self._command(mode)
+            reply = await self.redis.bzpopmin(keys, timeout=timeout)
         else:
-            reply = await self._wait()
-        if reply is None:
+            reply = await self._wait(mode)
+        if mode == SLEEP:
+            if reply is not None:  # woken: take the role if it is free, else help
+                self._checked_until = 0.0
+                if bytes(reply[1]).startswith(b"h"):
+                    self._helping_until = time.monotonic() + HELP_S
             return None
+        if reply is None:
+            self._helping_until = 0.0  # no ring for HELP_S: back to sleep
+            return None
+        if mode == HELP:
+            self._helping_until = time.monotonic() + HELP_S
         key, member, score = reply
         queue = self.queue_of.get(key if isinstance(key, bytes) else str(key).encode())
         if queue is None:  # not one of ours: cannot happen with the keys we asked for
             return None
         return queue, member if isinstance(member, bytes) else str(member).encode(), float(score)
 
-    async def _wait(self) -> Any:
-        """``BZPOPMIN`` on the kept connection (a new one after a failure): a failed or cancelled
-        wait closes it, since its reply may be half read. A Sentinel client's connection turns a
-        READONLY reply (its server became a replica) into a connection error, as for any command."""
+    @property
+    def helping(self) -> bool:
+        """Whether this worker is a helper now: not the listener, woken by a burst, and waiting on
+        the bells until no ring came for :data:`HELP_S`."""
+        return time.monotonic() < self._helping_until
+
+    def _command(self, mode: str) -> tuple[list[str], float]:
+        """The keys and timeout of the wait in ``mode``: the bells (listener, helper) or the
+        wake-up key (sleeper)."""
+        if mode == SLEEP:
+            return [self.wake_key], self.wait_s
+        return self.keys, (self.wait_s if mode == LISTEN else HELP_S)
+
+    def claimed(self, got: int, concurrency: int) -> None:
+        """A claim brought ``got`` jobs to a worker with ``concurrency`` handler slots: when that
+        is more than it can start at once (a burst), wake helpers in the background (the module
+        docstring). A lost wake-up costs latency, never a job."""
+        helpers = min(HELPERS_MAX, (got - 1) // max(1, concurrency))
+        if not self.one_listener or helpers <= 0 or len(self._calls) >= HELPERS_MAX:
+            return
+        task = asyncio.create_task(self._call_helpers(helpers))
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+
+    async def _call_helpers(self, helpers: int) -> None:
+        now = time.time() * 1000
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zadd(self.wake_key, {f"h{i}": now for i in range(helpers)})
+        pipe.pexpire(self.wake_key, WAKE_TTL_MS)
+        try:
+            await pipe.execute()
+        except REDIS_ERRORS as exc:
+            log.debug("could not wake helpers: %s", exc)
+
+    async def _listen_role(self) -> bool:
+        """Whether this worker is its queues' listener: it takes the role when nobody holds it
+        (``SET NX``) and keeps it alive while it holds it (checked at most every
+        :data:`LISTEN_CHECK_S`, so a listener taking one ring after another pays no round trip
+        for it). A listener that died loses the role :data:`LISTEN_TTL_MS` after its last check;
+        until then its rings wait in the bells (the sweeps still find their jobs)."""
+        now = time.monotonic()
+        if not self.one_listener or now < self._checked_until:
+            return self.listening
+        r, key = self.redis, self.listener_key
+        held = await r.set(key, self.id, px=LISTEN_TTL_MS, nx=True)
+        if not held and await r.get(key) == self.id:
+            held = await r.pexpire(key, LISTEN_TTL_MS)  # False if it expired between the two
+        self.listening = bool(held)
+        self._checked_until = now + LISTEN_CHECK_S if held else 0.0
+        return self.listening
+
+    async def wait_hungry(self, hungry: asyncio.Event, slots: Slots) -> None:
+        """Wait for ``hungry`` (the worker has a free slot and nothing else to claim). A listener
+        with no free handler slot hands its role on at once, and one that is not back on the bells
+        within :data:`HAND_OFF_S` (it keeps claiming elsewhere) does then: the rings would
+        otherwise wait for it while another worker has room. Raises the client's errors."""
+        if self.one_listener and self.listening and not hungry.is_set():
+            if slots.free > 0:
+                try:
+                    async with asyncio.timeout(HAND_OFF_S):
+                        await hungry.wait()
+                    return
+                except TimeoutError:
+                    pass
+            await self.hand_off()
+        await hungry.wait()
+
+    async def hand_off(self) -> None:
+        """Give the listener role up (this worker has no free slot left, or stops) and wake one
+        of the workers waiting for it. Raises the client's errors."""
+        if not (self.one_listener and self.listening):
+            return
+        self.listening, self._checked_until = False, 0.0
+        r = self.redis
+        if await r.get(self.listener_key) == self.id:
+            await r.delete(self.listener_key)  # a worker that takes it between the two loses it: harmless
+        pipe = r.pipeline(transaction=False)
+        pipe.zadd(self.wake_key, {"w": time.time() * 1000})
+        pipe.pexpire(self.wake_key, WAKE_TTL_MS)
+        await pipe.execute()
+
+    async def _wait(self, mode: str) -> Any:
+        """``BZPOPMIN`` on the bells (listener, helper) or on the listeners' wake-up key, on the kept
+        connection (a new one after a failure): a failed or cancelled wait closes it, since its
+        reply may be half read. A Sentinel client's connection turns a READONLY reply (its server
+        became a replica) into a connection error, as for any command."""
         pool = self._pool
         conn, self._held = await checkout(pool, self._held), None
         try:
-            if self._packed is None:
-                self._packed = conn.pack_command("BZPOPMIN", *self.keys, self.wait_s)
-            await conn.send_packed_command(self._packed, check_health=False)
+            packed = self._packed.get(mode)
+            if packed is None:
+                keys, timeout = self._command(mode)
+                packed = self._packed[mode] = conn.pack_command("BZPOPMIN", *keys, timeout)
+            await conn.send_packed_command(packed, check_health=False)
             reply = await conn.read_response()
         except BaseException:
             await asyncio.shield(drop_and_release(pool, conn))
@@ -79,7 +241,12 @@ class Doorbell:
         return reply
 
     async def close(self) -> None:
-        """Give the kept connection back to the pool (the listen loop has ended)."""
+        """Hand the listener role on (a stopping worker takes no more rings) and give the kept
+        connection back to the pool (the listen loop has ended)."""
+        for task in list(self._calls):
+            task.cancel()
+        with contextlib.suppress(*REDIS_ERRORS):
+            await self.hand_off()
         conn, self._held = self._held, None
         if conn is not None and self._pool is not None:
             await self._pool.release(conn)

@@ -115,6 +115,7 @@ class FetchContext:
     idle_sweep: float
     roundtrip: Callable[[str, float], None] | None
     stats: Mapping[str, WorkerStats]
+    one_listener: bool = False  # Worker(one_listener=): one worker of a set of queues on the bells
 
 
 class Fetch(ABC):
@@ -183,7 +184,7 @@ class DoorbellFetch(Fetch):
         self._bells_heard = time.monotonic()  # when the worker last waited on the bells or took from them
         # Redis's clock on ours (workers/clock.py): one server, or a cluster's nodes (each claim alone)
         self.clock = RedisClock(keep=not is_cluster(ctx.redis))
-        self.bells = Doorbell(ctx.redis, ctx.calls.ks, ctx.queues)
+        self.bells = Doorbell(ctx.redis, ctx.calls.ks, ctx.queues, one_listener=ctx.one_listener)
         # Set while the worker has a free handler slot and nothing to claim: the listen loop waits
         # on the bells only then, so a busy worker takes no rings (they go to idle workers).
         self.hungry = asyncio.Event()
@@ -415,6 +416,7 @@ class DoorbellFetch(Fetch):
                 planner.claimed(q, p, n, gen, got)
             if self._ring_after_claims and p in planner.hot[q]:
                 self._ring(q, p)  # may have left jobs behind: the script could not ring (cluster)
+            self.bells.claimed(got, slots.concurrency)  # a burst wakes helpers
             if got:  # monotonic - Redis's time (an upper bound): maps due times onto our clock
                 dispatch(q, p, jobs, t0, self.clock.offset(now_us / 1_000_000, t0, received), held)
         return node_down
@@ -436,7 +438,7 @@ class DoorbellFetch(Fetch):
                     self.mark_all()
                     swept = True
                     ctx.life.ready.set()
-                await self.hungry.wait()
+                await self.bells.wait_hungry(self.hungry, self.ctx.slots)
                 rung = await self.bells.take()
                 self._bells_heard = time.monotonic()  # it listened until now
                 outage.ok()

@@ -98,6 +98,7 @@ class WorkerOptions:
     redis_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     sharded_pubsub: bool | None = None  # None: sharded exactly on a Redis Cluster (AsyncClient's rule)
     registry_interval: float = DEFAULT_REGISTRY_INTERVAL
+    one_listener: bool = False  # one worker of a set of queues waits on the bells (workers/doorbell.py)
 
     def __post_init__(self) -> None:
         # Normalised in place (frozen: through object.__setattr__); checking an already
@@ -134,6 +135,8 @@ class WorkerOptions:
         put("redis_options", MappingProxyType(dict(self.redis_options)))
         if self.sharded_pubsub is not None and not isinstance(self.sharded_pubsub, bool):
             raise TypeError(f"sharded_pubsub must be True, False or None (automatic), got {self.sharded_pubsub!r}")
+        if not isinstance(self.one_listener, bool):
+            raise TypeError(f"one_listener must be True or False, got {self.one_listener!r}")
 
     def updated(self, **changes: Any) -> WorkerOptions:
         """A copy with the given settings changed; ``None`` leaves a setting as it is, and

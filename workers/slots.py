@@ -21,9 +21,10 @@ class Slots:
     ``wake`` is the claim loop's wake-up: set when a slot comes back, when a notification makes a
     partition a candidate, and at shutdown."""
 
-    __slots__ = ("free", "hold", "wake", "waiting")
+    __slots__ = ("concurrency", "free", "hold", "wake", "waiting")
 
     def __init__(self, concurrency: int, prefetch: int = 0) -> None:
+        self.concurrency = concurrency
         self.free = concurrency
         self.hold = prefetch
         self.wake = asyncio.Event()

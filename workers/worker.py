@@ -125,12 +125,13 @@ class Worker:
     the Redis Cluster layout (the partitions' owners ring the doorbells for the scripts, Redis >=
     7); None (default): exactly when the URL is a Redis Cluster's. It must match the producers'
     and the scheduler replicas' layout, or the worker hears no rings and finds jobs only by its
-    ``idle_sweep``. ``registry_interval``: seconds between refreshes
-    of this process's record in the namespace's worker registry (``zsched workers``; default 5): a
-    worker that stops refreshing (killed) drops out of the live list 3 intervals after its last
-    refresh. ``fetch``: how jobs
-    are fetched: a :class:`~workers.fetch.Fetch` subclass (or any callable taking a
-    :class:`~workers.fetch.FetchContext` and returning a ``Fetch``); default
+    ``idle_sweep``. ``registry_interval``: seconds between refreshes of this process's record in
+    the namespace's worker registry (``zsched workers``; default 5): a worker that stops refreshing
+    (killed) drops out of the live list 3 intervals after its last refresh. ``one_listener``: of
+    the workers serving the same queues only one waits on the doorbells, the others sleep until it
+    fills up or a burst comes (default False: every idle worker waits; docs/scaling.md "Adding
+    workers"). ``fetch``: how jobs are fetched: a :class:`~workers.fetch.Fetch` subclass (or any
+    callable taking a :class:`~workers.fetch.FetchContext` and returning a ``Fetch``); default
     :class:`~workers.fetch.DoorbellFetch`. The settings are in :attr:`options`.
     """
 
@@ -156,6 +157,7 @@ class Worker:
         sharded_pubsub: bool | None = None,
         registry_interval: float | None = None,
         redis_kwargs: Mapping[str, Any] | None = None,
+        one_listener: bool | None = None,
     ) -> None:
         redis_options = redis_options_arg(redis_options, redis_kwargs)
         # None leaves the first group at its default, as configure() does.
@@ -165,7 +167,7 @@ class Worker:
         self.options: WorkerOptions = base.updated(
             redis_url=redis_url, namespace=namespace, queues=queues, concurrency=concurrency, prefetch=prefetch,
             handler_timeouts=handler_timeouts, shutdown_grace=shutdown_grace, metrics_port=metrics_port,
-            drain_timeout=drain_timeout)
+            drain_timeout=drain_timeout, one_listener=one_listener)
         if not callable(fetch):
             raise TypeError(f"fetch must be a Fetch subclass or factory, got {type(fetch).__name__}")
         self.fetch = fetch
@@ -199,6 +201,7 @@ class Worker:
         metrics_host: str | None = None,
         registry_interval: float | None = None,
         drain_timeout: float | None = None,
+        one_listener: bool | None = None,
     ) -> Worker:
         """Change settings before the worker starts (the CLI uses this for its overrides); ``None``
         leaves a setting unchanged."""
@@ -207,7 +210,8 @@ class Worker:
         self.options = self.options.updated(
             redis_url=redis_url, namespace=namespace, queues=queues, concurrency=concurrency, prefetch=prefetch,
             handler_timeouts=handler_timeouts, shutdown_grace=shutdown_grace, metrics_port=metrics_port,
-            metrics_host=metrics_host, registry_interval=registry_interval, drain_timeout=drain_timeout)
+            metrics_host=metrics_host, registry_interval=registry_interval, drain_timeout=drain_timeout,
+            one_listener=one_listener)
         return self
 
     def handler(self, queue: str, *, timeout: float | None = None) -> Callable[[Handler], Handler]:
@@ -441,7 +445,7 @@ class Worker:
         fetch = self.fetch(FetchContext(
             queues=tuple(queues), partitions=calls.ks.partitions, calls=calls, redis=redis, send=send, slots=slots,
             outbox=outbox, dispatch=runner.dispatch, life=life, idle_sweep=self.idle_sweep, roundtrip=roundtrip,
-            stats=self._qstats))
+            stats=self._qstats, one_listener=self.options.one_listener))
         if not isinstance(fetch, Fetch):
             raise TypeError(f"fetch returned a {type(fetch).__name__}, expected a workers.fetch.Fetch")
 

@@ -53,7 +53,9 @@ Pub/sub, two layouts (the scripts publish on ``CHAN .. name`` with CHAN = :meth:
 """
 from __future__ import annotations
 
+import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
@@ -77,6 +79,11 @@ def validate_name(kind: str, name: object) -> str:
             "starting with a letter or digit (no spaces, '{', '}' or ':')"
         )
     return name
+
+
+def _queue_set(queues: Sequence[str]) -> str:
+    """A short, fixed-length name for a set of queues (order and repeats ignored)."""
+    return hashlib.sha1("\n".join(sorted(set(queues))).encode()).hexdigest()[:16]
 
 
 def validate_partitions(n: object) -> int:
@@ -166,6 +173,19 @@ class Keyspace:
         when they were rung (ms). Hash tag ``{ns}``: every bell of the namespace is in one slot, so a
         worker waits on all its queues' bells with one command, on Redis Cluster too."""
         return "{%s}:bell:%s" % (self.namespace, queue)
+
+    def listener(self, queues: Sequence[str]) -> str:
+        """Which worker serving exactly ``queues`` waits on their bells now (workers/doorbell.py):
+        a string holding its id, set with NX and kept alive with an expiry while it listens. The
+        others of that set sleep on :meth:`listen_wake`, so rings go to one warm worker instead of
+        the one that has waited longest. Hash tag ``{ns}``, beside the bells."""
+        return "{%s}:listen:%s" % (self.namespace, _queue_set(queues))
+
+    def listen_wake(self, queues: Sequence[str]) -> str:
+        """Where the workers serving ``queues`` that are not listening wait (a sorted set, one
+        member ``w``): a listener with no free slot left hands its role on by adding it, and the
+        worker that has waited longest takes it."""
+        return "{%s}:listen:%s:wake" % (self.namespace, _queue_set(queues))
 
     def sweep_turn(self, queue: str) -> str:
         """Whose turn it is to sweep ``queue`` (workers/doorbell.py): a string set with NX and an

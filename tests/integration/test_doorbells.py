@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from datetime import timedelta
 from typing import Any
@@ -18,12 +19,13 @@ from scheduler import Client
 from scheduler.protocol import bells
 from scheduler.protocol.ids import decode_id, partition_of
 from scheduler.protocol.keys import Keyspace
+from scheduler.protocol.tick import NO_RETENTION, parse_tick, tick_call
 from scheduler.redisio.errors import REDIS_ERRORS
 from scheduler.shell.servers import RedisServer
 from tests.support.waits import wait_for
 from tests.support.workers import serving
-from workers import Job, Worker
-from workers.doorbell import Doorbell
+from workers import Job, Worker, doorbell
+from workers.doorbell import BELL_WAIT, LISTEN_TTL_MS, Doorbell
 from workers.fetch import DoorbellFetch, FetchContext
 
 NS = "bells"
@@ -31,20 +33,24 @@ WORKERS = 4
 
 
 def workers(url: str, n: int, *, concurrency: int = 4, idle_sweep: float = 600.0, gate: asyncio.Event | None = None,
-            namespace: str = NS) -> tuple[list[Worker], list[str], list[DoorbellFetch]]:
+            namespace: str = NS, by_worker: dict[int, DoorbellFetch] | None = None,
+            one_listener: bool = False) -> tuple[list[Worker], list[str], list[DoorbellFetch]]:
     """``n`` workers of queue "q" (a long sweep period: only rings make them claim), the ids they
-    ran, and their fetch strategies. ``gate``: handlers wait on it."""
+    ran, and their fetch strategies (in the order the workers made them; ``by_worker`` gets them
+    by the worker's index). ``gate``: handlers wait on it."""
     ran: list[str] = []
     made: list[DoorbellFetch] = []
 
-    def fetch(ctx: FetchContext) -> DoorbellFetch:
+    def fetch(ctx: FetchContext, i: int) -> DoorbellFetch:
         made.append(DoorbellFetch(ctx))
+        if by_worker is not None:
+            by_worker[i] = made[-1]
         return made[-1]
 
     out = []
-    for _ in range(n):
+    for i in range(n):
         w = Worker.from_url(url, namespace=namespace, queues=["q"], concurrency=concurrency, idle_sweep=idle_sweep,
-                            fetch=fetch, shutdown_grace=2.0)
+                            fetch=functools.partial(fetch, i=i), shutdown_grace=2.0, one_listener=one_listener)
 
         @w.handler("q")
         async def handle(job: Job) -> None:
@@ -261,3 +267,162 @@ async def test_a_doorbell_waits_again_after_redis_restarts(fresh_redis: RedisSer
     finally:
         await bell.close()
         await redis.aclose()
+
+
+# ------------------------------------------------------------------------------- one listener
+
+
+def listener_of(fetches: dict[int, DoorbellFetch], client: Client) -> int:
+    """Which worker (its index) holds the listener role of queue "q"."""
+    held = client.redis.get(client.keyspace.listener(["q"]))
+    found = [i for i, f in fetches.items() if f.bells.id == held]
+    assert len(found) == 1, f"listener key {held!r}, worker ids {[f.bells.id for f in fetches.values()]}"
+    return found[0]
+
+
+async def test_one_worker_takes_the_rings_while_it_has_room_and_the_others_sleep(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redis hands a ring to the client that waited longest, so with every idle worker on the bells
+    each job woke a cold process; only the listener waits there, and it keeps the rings while it
+    has room: spread jobs all go to one warm worker, the others are not woken."""
+    # a claim stretched past the hand-off time by a loaded machine would move the role on (as it
+    # should): not what this test is about
+    monkeypatch.setattr(doorbell, "HAND_OFF_S", 30.0)
+    client = Client.from_url(redis_url, namespace=NS).connect()
+    fetches: dict[int, DoorbellFetch] = {}
+    ws, ran, made = workers(redis_url, WORKERS, by_worker=fetches, one_listener=True)
+    try:
+        async with serving(*ws):
+            await all_waiting(made, client, WORKERS)
+            hot = listener_of(fetches, client)
+            for n in range(12):
+                jid = client.schedule(timedelta(0), n, queue="q")
+                await wait_for(lambda jid=jid: jid in ran, 5, what=f"job {n}")
+            assert [w.stats.notified for w in ws] == [12 if i == hot else 0 for i in range(WORKERS)]
+            assert [w.stats.claimed for w in ws] == [12 if i == hot else 0 for i in range(WORKERS)]
+    finally:
+        client.close()
+
+
+async def test_a_listener_with_no_free_slot_hands_its_role_on_at_once(redis_url: str) -> None:
+    """A listener whose handlers hold every slot gives the role up and wakes a sleeper, so the
+    next job starts at once on another worker instead of waiting for a slot or a timeout."""
+    client = Client.from_url(redis_url, namespace=NS).connect()
+    gate = asyncio.Event()
+    fetches: dict[int, DoorbellFetch] = {}
+    ws, ran, made = workers(redis_url, 3, concurrency=1, gate=gate, by_worker=fetches, one_listener=True)
+    try:
+        async with serving(*ws):
+            await all_waiting(made, client, 3)
+            order = []
+            for n in range(3):
+                t0 = time.monotonic()
+                who = listener_of(fetches, client)
+                client.schedule(timedelta(0), n, queue="q")
+                await wait_for(lambda who=who: ws[who].stats.claimed == 1, 5, what=f"job {n} on the listener")
+                order.append(who)
+                took = time.monotonic() - t0
+                assert took < 1.0, f"job {n} waited {took:.2f}s for a worker with a free slot"
+                # it holds its only slot now: the role moves on within a few ms (after the last
+                # one, nobody has room to take it: it is left free, and the wake-up waits)
+                moved_on = (lambda who=who: client.redis.get(client.keyspace.listener(["q"]))
+                            not in (None, fetches[who].bells.id)) if n < 2 else \
+                    (lambda: client.redis.get(client.keyspace.listener(["q"])) is None)
+                await wait_for(moved_on, 2, what="the role to move on")
+            assert sorted(order) == [0, 1, 2], f"each job on another worker: {order}"
+            gate.set()
+            await wait_for(lambda: len(ran) == 3, 5, what="the held handlers to finish")
+    finally:
+        client.close()
+
+
+async def test_when_the_listener_dies_a_sleeper_takes_the_role_when_it_expires(redis_url: str) -> None:
+    """A listener that dies keeps the role until its expiry; its rings wait in the bell, and a
+    sleeper whose wait times out takes the role and the ring (no sweep: their period is 600 s)."""
+    client = Client.from_url(redis_url, namespace=NS).connect()
+    key = client.keyspace.listener(["q"])
+    client.redis.set(key, b"a-worker-that-died", px=LISTEN_TTL_MS)
+    ws, ran, made = workers(redis_url, 2, one_listener=True)
+    try:
+        async with serving(*ws):
+            await all_waiting(made, client, 2)
+            assert not any(f.bells.listening for f in made)
+            jid = client.schedule(timedelta(0), "after", queue="q")
+            await wait_for(lambda: jid in ran, LISTEN_TTL_MS / 1000 + BELL_WAIT + 3,
+                           what="the job, once the role expired")
+            assert client.redis.ttl(key) > 0 and client.redis.get(key) in {f.bells.id for f in made}
+            assert total(ws, "notified") == 1
+    finally:
+        client.close()
+
+
+async def test_a_stopping_listener_hands_its_role_on(redis_url: str) -> None:
+    client = Client.from_url(redis_url, namespace=NS).connect()
+    fetches: dict[int, DoorbellFetch] = {}
+    ws, ran, made = workers(redis_url, 2, by_worker=fetches, one_listener=True)
+    try:
+        async with serving(*ws):
+            await all_waiting(made, client, 2)
+            hot = listener_of(fetches, client)
+            await ws[hot].stop()
+            t0 = time.monotonic()
+            jid = client.schedule(timedelta(0), "after the stop", queue="q")
+            await wait_for(lambda: jid in ran, 5, what="the job on the other worker")
+            assert time.monotonic() - t0 < 1.0, "the other worker waited for the role to expire"
+            assert ws[1 - hot].stats.claimed == 1
+    finally:
+        client.close()
+
+
+async def test_a_burst_claim_wakes_helpers_that_wait_on_the_bells_beside_the_listener(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One listener alone would take a burst's rings one after another. A claim that brings more
+    jobs than the worker has handler slots wakes ``(jobs - 1) // concurrency`` sleepers, which
+    wait on the bells beside it, so the next rings go round them (Redis: longest waiting first)."""
+    monkeypatch.setattr(doorbell, "HAND_OFF_S", 30.0)  # the role stays put: only helpers share rings
+    monkeypatch.setattr(doorbell, "HELP_S", 30.0)  # and they stay on the bells for the whole test
+    ns = "burst"
+    client = Client.from_url(redis_url, namespace=ns, partitions=1).connect()
+    fetches: dict[int, DoorbellFetch] = {}
+    ws, ran, made = workers(redis_url, WORKERS, concurrency=2, namespace=ns, by_worker=fetches, one_listener=True)
+    try:
+        async with serving(*ws):
+            await all_waiting(made, client, WORKERS)
+            hot = listener_of(fetches, client)
+            others = [i for i in fetches if i != hot]
+            assert not any(fetches[i].bells.listening for i in others)
+            # 7 jobs handed off 30 s ahead (as the tier does with its lead) ring once; the
+            # listener claims all 7 onto 2 handler slots and prefetch: a burst, 3 helpers
+            client.schedule_many([(timedelta(seconds=30), n) for n in range(7)], queue="q")
+            moved = parse_tick(client.transport.call(*tick_call(client.calls, 0, 0, 100, {}, NO_RETENTION,
+                                                               lead_ms=40_000)))
+            assert moved.moved == 7
+            await wait_for(lambda: ws[hot].stats.claimed == 7, 5, what="the burst on the listener")
+            await wait_for(lambda: all(fetches[i].bells.helping for i in others), 5,
+                           what="three helpers woken")
+            await wait_for(lambda: int(client.redis.info("clients")["blocked_clients"]) == WORKERS, 5,
+                           what="the listener and the helpers on the bells")
+            for n in range(WORKERS):  # one ring at a time: each goes to the worker waiting longest
+                jid = client.schedule(timedelta(0), f"after {n}", queue="q")
+                await wait_for(lambda jid=jid: jid in ran, 5, what=f"job {n}")
+            assert sorted(w.stats.notified for w in ws) == [1, 1, 1, 2], [w.stats.notified for w in ws]
+            assert ws[hot].stats.notified == 2
+    finally:
+        client.close()
+
+
+async def test_without_the_option_every_idle_worker_waits_on_the_bells_and_no_role_is_kept(
+        redis_url: str) -> None:
+    client = Client.from_url(redis_url, namespace=NS).connect()
+    ws, ran, made = workers(redis_url, 3)
+    try:
+        async with serving(*ws):
+            await all_waiting(made, client, 3)
+            assert all(f.bells.listening for f in made)
+            for n in range(6):
+                jid = client.schedule(timedelta(0), n, queue="q")
+                await wait_for(lambda jid=jid: jid in ran, 5, what=f"job {n}")
+            assert not client.redis.exists(client.keyspace.listener(["q"]), client.keyspace.listen_wake(["q"]))
+            assert [w.stats.notified for w in ws] == [2, 2, 2]  # round the waiting workers
+    finally:
+        client.close()

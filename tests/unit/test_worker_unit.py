@@ -213,3 +213,14 @@ def test_configure_overrides_only_given_settings() -> None:
     assert (w.redis_url, w.namespace, w.queues, w.concurrency, w.shutdown_grace) == ("redis://a:1/0", "ns", ["a"], 7, 4)
     w.configure(redis_url="redis://b:2/0", queues=["x", "y"], shutdown_grace=0)
     assert (w.redis_url, w.queues, w.shutdown_grace) == ("redis://b:2/0", ["x", "y"], 0.0)
+
+
+def test_the_one_listener_switch_is_checked_kept_and_given_on_the_command_line() -> None:
+    assert Worker(queues=["q"]).options.one_listener is False  # every idle worker on the bells
+    assert Worker(queues=["q"], one_listener=True).configure(concurrency=2).options.one_listener is True
+    assert Worker(queues=["q"], one_listener=True).configure(one_listener=False).options.one_listener is False
+    with pytest.raises(TypeError, match="one_listener must be True or False"):
+        Worker(queues=["q"], one_listener="yes")  # type: ignore[arg-type]
+    parser = build_parser()
+    assert parser.parse_args(["worker", "m:w", "--one-listener"]).one_listener is True
+    assert parser.parse_args(["worker", "m:w"]).one_listener is None  # the Worker's own setting stays
