@@ -175,16 +175,18 @@ class Keyspace:
         return "{%s}:bell:%s" % (self.namespace, queue)
 
     def listener(self, queues: Sequence[str]) -> str:
-        """Which worker serving exactly ``queues`` waits on their bells now (workers/doorbell.py):
-        a string holding its id, set with NX and kept alive with an expiry while it listens. The
-        others of that set sleep on :meth:`listen_wake`, so rings go to one warm worker instead of
-        the one that has waited longest. Hash tag ``{ns}``, beside the bells."""
+        """With ``zsched worker --one-listener``: which worker serving exactly ``queues`` waits on
+        their bells now (workers/doorbell.py): a string holding its id, set with NX and kept alive
+        with an expiry while it listens. The others of that set sleep on :meth:`listen_wake`, so
+        rings go to one warm worker instead of the one that has waited longest. Hash tag ``{ns}``,
+        beside the bells."""
         return "{%s}:listen:%s" % (self.namespace, _queue_set(queues))
 
     def listen_wake(self, queues: Sequence[str]) -> str:
-        """Where the workers serving ``queues`` that are not listening wait (a sorted set, one
-        member ``w``): a listener with no free slot left hands its role on by adding it, and the
-        worker that has waited longest takes it."""
+        """Where the workers serving ``queues`` that are not listening wait (a sorted set, expiring
+        2 s after its last write): a listener handing its role on adds ``w``, and the worker that
+        has waited longest takes the role; a burst claim adds ``h0``, ``h1``, ... and each wakes a
+        helper."""
         return "{%s}:listen:%s:wake" % (self.namespace, _queue_set(queues))
 
     def sweep_turn(self, queue: str) -> str:
