@@ -53,7 +53,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.cluster_measure import Window, side_redis
-from bench.common import PAYLOAD, emit, machine
+from bench.common import PAYLOAD, compile_checkout, emit, machine
 from bench.fanout_summary import compare, print_table, summarize, targets
 from bench.stack import NS, ROOT, Stack, bucket_summary
 from bench.workloads import records_summary
@@ -318,6 +318,8 @@ def run(quick: bool = False, workers: Sequence[int] | None = None, shapes: Seque
     bursts = bursts or q.get("bursts", BURSTS)
     sides = [Side("this", ROOT, tuple(scheduler_args), tuple(worker_args))] + (
         [Side("other", other.resolve(), tuple(other_scheduler_args), tuple(other_worker_args))] if other else [])
+    for side in sides:
+        compile_checkout(side.code)
     t_start = time.time()
     m = machine()
     m["loadavg_start"] = os.getloadavg()

@@ -15,29 +15,35 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.common import compile_checkout
 from bench.stack import ROOT
 
 SPAN_S = 20.0
 _CHILD = """
 import json, sys
 from bench.workloads import w4_lateness
-r = w4_lateness(int(sys.argv[1]), float(sys.argv[2]), workers=int(sys.argv[3]))
+extra = json.loads(sys.argv[4])  # passed on only when not empty: an older checkout's w4_lateness lacks it
+more = {"worker_args": extra} if extra else {}
+r = w4_lateness(int(sys.argv[1]), float(sys.argv[2]), workers=int(sys.argv[3]), **more)
 print(json.dumps({"early": r["started_before_run_at"], "missing": r.get("missing"), "duplicates": r.get("duplicates"),
                   "lateness_ms": r["handler_lateness_ms"]}))
 """
 
 
-def one(code: Path, rate: int, workers: int) -> dict[str, Any]:
-    """One W4 run with ``code``'s checkout."""
+def one(code: Path, rate: int, workers: int, worker_args: Sequence[str] = ()) -> dict[str, Any]:
+    """One W4 run with ``code``'s checkout, its workers started with ``worker_args`` too."""
     env = {**os.environ, "PYTHONPATH": str(code)}
-    p = subprocess.run([sys.executable, "-c", _CHILD, str(int(rate * SPAN_S)), str(SPAN_S), str(workers)],
+    p = subprocess.run([sys.executable, "-c", _CHILD, str(int(rate * SPAN_S)), str(SPAN_S), str(workers),
+                        json.dumps(list(worker_args))],
                        cwd=code, env=env, capture_output=True, text=True, timeout=600)
     if p.returncode:
         raise RuntimeError(f"W4 with {code} failed:\n{p.stderr[-3000:]}")
@@ -66,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--workers", default="1,8", help="worker process counts, comma-separated")
     p.add_argument("--rates", default="100,1000", help="jobs per second, comma-separated")
+    p.add_argument("--worker-args", metavar="ARGS", default="",
+                   help="extra arguments of this side's workers, e.g. --worker-args=--one-listener")
+    p.add_argument("--other-worker-args", metavar="ARGS", default="", help="the same for the other side's")
     a = p.parse_args(argv)
     try:
         workers = [int(x) for x in a.workers.split(",")]
@@ -78,17 +87,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench.lateness_compare: error: {other} is not a checkout of zsched", file=sys.stderr)
         return 2
     sides = {"this": ROOT, "other": other}
+    extra = {"this": shlex.split(a.worker_args), "other": shlex.split(a.other_worker_args)}
+    for code in sides.values():
+        compile_checkout(code)
     runs = []
     for rnd in range(a.rounds):
         for w in workers:
             for rate in rates:
                 for side in (("this", "other") if rnd % 2 == 0 else ("other", "this")):
-                    r = one(sides[side], rate, w)
+                    r = one(sides[side], rate, w, extra[side])
                     runs.append({"round": rnd, "side": side, "workers": w, "rate": rate, **r})
                     print(f"  round {rnd} {side} W={w} {rate}/s: p50 {r['lateness_ms']['p50']} ms, "
                           f"p99 {r['lateness_ms']['p99']} ms, early {r['early']}", file=sys.stderr)
-    print(json.dumps({"sides": {k: str(v) for k, v in sides.items()}, "span_s": SPAN_S, "runs": runs,
-                      "summary": summarize(runs)}, indent=2))
+    print(json.dumps({"sides": {k: str(v) for k, v in sides.items()}, "worker_args": extra, "span_s": SPAN_S,
+                      "runs": runs, "summary": summarize(runs)}, indent=2))
     return 0
 
 
