@@ -183,8 +183,11 @@ class Doorbell:
         if not self.one_listener or now < self._checked_until:
             return self.listening
         r, key = self.redis, self.listener_key
-        held = await r.set(key, self.id, px=LISTEN_TTL_MS, nx=True)
-        if not held and await r.get(key) == self.id:
+        # One round trip for a worker that does not hold the role (SET NX GET, Redis 7): None means
+        # it was free and is ours now; our own id means we hold it and renew it.
+        before = await r.set(key, self.id, px=LISTEN_TTL_MS, nx=True, get=True)
+        held = before is None
+        if before == self.id:
             held = await r.pexpire(key, LISTEN_TTL_MS)  # False if it expired between the two
         self.listening = bool(held)
         self._checked_until = now + LISTEN_CHECK_S if held else 0.0
