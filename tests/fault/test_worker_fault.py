@@ -131,3 +131,47 @@ async def test_a_stopping_worker_gives_up_outcomes_redis_cannot_take_after_its_d
     finally:
         client.close()
         srv.stop()
+
+
+async def test_kill9_of_the_one_listener_leaves_its_rings_to_a_sleeper_once_its_role_expires(
+        redis_url: str, tmp_path: Path) -> None:
+    """``--one-listener``: the listener is killed with SIGKILL, so nobody hands its role on. A job
+    made ready then waits in the bell until the survivor finds it, by its safety sweep (every 2 s)
+    or by taking the expired role (its wait times out every BELL_WAIT): within LISTEN_TTL +
+    BELL_WAIT, once; and the survivor holds the role by then."""
+    from workers.doorbell import BELL_WAIT, LISTEN_TTL_MS
+
+    write_app(tmp_path)
+    client = Client.from_url(redis_url)
+    role = client.keyspace.listener(["default", "sync"])
+    first = spawn_worker(tmp_path, redis_url, "--one-listener")
+    second = None
+    try:
+        await wait_worker_ready(first)
+        await wait_for(lambda: client.redis.get(role) is not None, 10, what="the first worker to take the role")
+        held_by_first = client.redis.get(role)
+        second = spawn_worker(tmp_path, redis_url, "--one-listener")
+        await wait_worker_ready(second)
+        # both idle, their start-up sweeps done: the listener on the bells, the other on the wake key
+        await wait_for(lambda: int(client.redis.info("clients")["blocked_clients"]) == 2, 10, what="two idle workers")
+        before = client.schedule(timedelta(0), {"before": True})
+        await wait_for(lambda: any(r[1] == before and r[0] == "END" for r in read_runs(tmp_path)), 10,
+                       what="a job on the listener")
+        assert [r[3] for r in read_runs(tmp_path) if r[1] == before] == [first.pid] * 2
+        assert client.redis.get(role) == held_by_first  # an idle listener keeps its role
+        first.kill()
+        killed_at = time.time()
+        after = client.schedule(timedelta(0), {"after": True})
+        bound = LISTEN_TTL_MS / 1000 + BELL_WAIT
+        await wait_for(lambda: any(r[1] == after and r[0] == "END" for r in read_runs(tmp_path)), bound + 5,
+                       what="the job on the surviving worker")
+        [start] = [r for r in read_runs(tmp_path) if r[1] == after and r[0] == "START"]
+        assert start[3] == second.pid and start[4] - killed_at <= bound + 1.5
+        await wait_for(lambda: client.redis.get(role) not in (None, held_by_first), killed_at + bound + 2 - time.time(),
+                       what="the survivor to take the role")
+        assert client.get(after).state is JobState.DONE
+    finally:
+        for p in (first, second):
+            if p is not None and p.alive:
+                p.term(10)
+        client.close()
