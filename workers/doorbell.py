@@ -229,7 +229,11 @@ class Doorbell:
         reply may be half read. A Sentinel client's connection turns a READONLY reply (its server
         became a replica) into a connection error, as for any command."""
         pool = self._pool
-        conn, self._held = await checkout(pool, self._held), None
+        # Let go of the kept connection before the probe: a probe that fails gives it back to the
+        # pool, and keeping it then would share it with the pool's next caller (and a second give
+        # back fails: seen as a KeyError from the pool in a Sentinel failover).
+        held, self._held = self._held, None
+        conn = await checkout(pool, held)
         try:
             packed = self._packed.get(mode)
             if packed is None:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from redis import Redis
+from redis.exceptions import ConnectionError
 
 from scheduler import Client
 from scheduler.protocol import bells
@@ -266,6 +267,38 @@ async def test_a_doorbell_waits_again_after_redis_restarts(fresh_redis: RedisSer
         assert (first or ("",))[:2] == ("q", b"3")
     finally:
         await bell.close()
+        await redis.aclose()
+
+
+async def test_a_kept_connection_whose_probe_failed_is_not_used_again(redis_url: str) -> None:
+    """The kept connection is probed before each wait; a probe that fails (its reconnect refused,
+    or no master named by the sentinels) gives it back to the pool. The doorbell must not keep it:
+    the pool would hand it to its next caller while the bell waits on it, and giving it back a
+    second time fails (a KeyError from the pool crashed the listen loop once in a Sentinel
+    failover)."""
+    bell, redis, ks = bell_of(redis_url, wait=0.2)
+    pool = redis.connection_pool
+    probe = pool.ensure_connection
+
+    async def refused(conn: Any) -> None:
+        pool.ensure_connection = probe  # once
+        raise ConnectionError("no master (injected)")
+
+    try:
+        assert await bell.take() is None  # nothing rang: the connection is kept
+        pool.ensure_connection = refused
+        with pytest.raises(REDIS_ERRORS):
+            await bell.take()
+        assert await bell.take() is None  # a connection of its own again
+        other = await pool.get_connection()  # the pool's next caller
+        try:
+            with Redis.from_url(redis_url) as r:
+                r.zadd(ks.bell("q"), {"4": time.time() * 1000})
+            assert (await asyncio.wait_for(bell.take(), 5) or ("",))[:2] == ("q", b"4")
+        finally:
+            await pool.release(other)
+        await bell.close()  # gives its own connection back, once, without an error
+    finally:
         await redis.aclose()
 
 

@@ -119,9 +119,14 @@ def redis() -> fakeredis.FakeRedis:
 
 def test_tick_and_reap_replies_of_the_real_scripts(redis: fakeredis.FakeRedis) -> None:
     client = Client(redis, namespace=NS, partitions=1)
-    client.schedule(timedelta(milliseconds=30), {"n": 1})
+    # due soon enough not to slow the test, late enough that a loaded machine (the first call also
+    # compiles the script) still stores it as a timer rather than as ready at once: 30 ms did not
+    # (CI saw it land in ready and the tick move nothing)
+    due = time.time() + 0.5
+    client.schedule(due, {"n": 1})
     client.schedule(timedelta(hours=1), {"n": 2})
-    time.sleep(0.06)
+    assert client.stats()["default"]["scheduled"] == 2  # both timers, none ready yet
+    time.sleep(max(0.0, due - time.time()) + 0.02)
     c, t = calls(), ScriptTransport(redis)
     replies = t.call_many([tick_call(c, 0, 5, 100, {}, Retention()), reap_call(c, 0, 5, 100)])
     tick, reap = parse_tick(replies[0]), parse_reap(replies[1])
