@@ -156,22 +156,29 @@ class Doorbell:
         """A claim brought ``got`` jobs to a worker with ``concurrency`` handler slots: when that
         is more than it can start at once (a burst), wake helpers in the background (the module
         docstring). A lost wake-up costs latency, never a job."""
+        if not self.one_listener:
+            return
         helpers = min(HELPERS_MAX, (got - 1) // max(1, concurrency))
-        if not self.one_listener or helpers <= 0 or len(self._calls) >= HELPERS_MAX:
+        if helpers <= 0 or len(self._calls) >= HELPERS_MAX:
             return
         task = asyncio.create_task(self._call_helpers(helpers))
         self._calls.add(task)
         task.add_done_callback(self._calls.discard)
 
     async def _call_helpers(self, helpers: int) -> None:
-        now = time.time() * 1000
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.zadd(self.wake_key, {f"h{i}": now for i in range(helpers)})
-        pipe.pexpire(self.wake_key, WAKE_TTL_MS)
         try:
-            await pipe.execute()
+            await self._wake([f"h{i}" for i in range(helpers)])
         except REDIS_ERRORS as exc:
             log.debug("could not wake helpers: %s", exc)
+
+    async def _wake(self, members: Sequence[str]) -> None:
+        """Add ``members`` to the wake-up key (each wakes one sleeper: ``w`` to take the role,
+        ``hN`` to help); the key expires if nobody sleeps to take them."""
+        now = time.time() * 1000
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zadd(self.wake_key, dict.fromkeys(members, now))
+        pipe.pexpire(self.wake_key, WAKE_TTL_MS)
+        await pipe.execute()
 
     async def _listen_role(self) -> bool:
         """Whether this worker is its queues' listener: it takes the role when nobody holds it
@@ -218,10 +225,7 @@ class Doorbell:
         r = self.redis
         if await r.get(self.listener_key) == self.id:
             await r.delete(self.listener_key)  # a worker that takes it between the two loses it: harmless
-        pipe = r.pipeline(transaction=False)
-        pipe.zadd(self.wake_key, {"w": time.time() * 1000})
-        pipe.pexpire(self.wake_key, WAKE_TTL_MS)
-        await pipe.execute()
+        await self._wake(["w"])
 
     async def _wait(self, mode: str) -> Any:
         """``BZPOPMIN`` on the bells (listener, helper) or on the listeners' wake-up key, on the kept
