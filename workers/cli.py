@@ -66,7 +66,8 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.Argument
     p.add_argument("--concurrency", metavar="N", type=_positive_int, help="handlers running at once (default 16)")
     p.add_argument("--prefetch", metavar="N", type=_count,
                    help="jobs handed off ahead of their due time (zsched scheduler --handoff-lead) that may wait "
-                        "for it on top of --concurrency (default 32; 0: they wait in handler slots)")
+                        "for it on top of --concurrency (default 32, with --one-listener the concurrency up to 32; 0: "
+                        "they wait in handler slots)")
     p.add_argument("--metrics-port", metavar="PORT", type=port_arg,
                    help="serve Prometheus /metrics on this port, and the probes /livez (event loop turning) and "
                         "/readyz (connected to Redis and claiming)")
@@ -83,7 +84,8 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.Argument
     p.add_argument("--one-listener", action="store_true", default=None,
                    help="of the workers serving the same queues only one waits on the doorbells, the others "
                         "sleep until it fills up or a burst comes: less CPU per job with many workers and "
-                        "spread traffic, later starts in bursts (docs/scaling.md, Adding workers)")
+                        "spread traffic, later starts in bursts (docs/scaling.md, Adding workers); --prefetch "
+                        "then defaults to the concurrency, up to 32")
     p.set_defaults(func=main)
     return p
 

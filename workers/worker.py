@@ -108,8 +108,8 @@ class Worker:
     dead-letters its jobs as ``NoHandler``). ``concurrency``: exact limit of handlers running at
     once (sync handlers run in a thread pool of that size). ``prefetch``: how many jobs handed off
     ahead of their due time (``zsched scheduler --handoff-lead``) may wait for it on top of
-    ``concurrency`` (default 32; 0: they wait in handler slots); due jobs are only ever claimed
-    into free handler slots. ``handler_timeouts``: seconds per queue
+    ``concurrency`` (default 32, with ``one_listener`` the concurrency up to 32; 0: they wait in
+    handler slots); due jobs are only ever claimed into free handler slots. ``handler_timeouts``: seconds per queue
     (overrides ``@handler(timeout=...)``); a timeout counts as a failure. ``shutdown_grace``:
     seconds running handlers get to finish after the first SIGTERM/SIGINT before their jobs are
     handed back. ``drain_timeout``: seconds a stopping worker keeps retrying the outcomes it could
@@ -239,8 +239,8 @@ class Worker:
 
     @property
     def prefetch(self) -> int:
-        """Jobs handed off ahead of their due time that may wait on top of :attr:`concurrency`."""
-        return self.options.prefetch
+        """Early jobs that may wait on top of :attr:`concurrency` (:attr:`WorkerOptions.prefetch_slots`)."""
+        return self.options.prefetch_slots
 
     @property
     def handler_timeouts(self) -> Mapping[str, float]:

@@ -35,7 +35,8 @@ WORKERS = 4
 
 def workers(url: str, n: int, *, concurrency: int = 4, idle_sweep: float = 600.0, gate: asyncio.Event | None = None,
             namespace: str = NS, by_worker: dict[int, DoorbellFetch] | None = None,
-            one_listener: bool = False) -> tuple[list[Worker], list[str], list[DoorbellFetch]]:
+            one_listener: bool = False, prefetch: int | None = None,
+            ) -> tuple[list[Worker], list[str], list[DoorbellFetch]]:
     """``n`` workers of queue "q" (a long sweep period: only rings make them claim), the ids they
     ran, and their fetch strategies (in the order the workers made them; ``by_worker`` gets them
     by the worker's index). ``gate``: handlers wait on it."""
@@ -51,7 +52,8 @@ def workers(url: str, n: int, *, concurrency: int = 4, idle_sweep: float = 600.0
     out = []
     for i in range(n):
         w = Worker.from_url(url, namespace=namespace, queues=["q"], concurrency=concurrency, idle_sweep=idle_sweep,
-                            fetch=functools.partial(fetch, i=i), shutdown_grace=2.0, one_listener=one_listener)
+                            fetch=functools.partial(fetch, i=i), shutdown_grace=2.0, one_listener=one_listener,
+                            prefetch=prefetch)
 
         @w.handler("q")
         async def handle(job: Job) -> None:
@@ -417,7 +419,9 @@ async def test_a_burst_claim_wakes_helpers_that_wait_on_the_bells_beside_the_lis
     ns = "burst"
     client = Client.from_url(redis_url, namespace=ns, partitions=1).connect()
     fetches: dict[int, DoorbellFetch] = {}
-    ws, ran, made = workers(redis_url, WORKERS, concurrency=2, namespace=ns, by_worker=fetches, one_listener=True)
+    # An allowance above the listener's default (its concurrency), so one claim takes the burst.
+    ws, ran, made = workers(redis_url, WORKERS, concurrency=2, namespace=ns, by_worker=fetches, one_listener=True,
+                            prefetch=8)
     try:
         async with serving(*ws):
             await all_waiting(made, client, WORKERS)
@@ -443,6 +447,34 @@ async def test_a_burst_claim_wakes_helpers_that_wait_on_the_bells_beside_the_lis
     finally:
         client.close()
 
+
+
+async def test_a_listener_with_the_default_allowance_leaves_the_rest_of_a_burst_to_other_workers(
+        redis_url: str) -> None:
+    """With one listener the prefetch allowance defaults to the concurrency: a listener that took a
+    burst whole would run jobs due at the same instant a few at a time while the workers it woke
+    had room. It claims what it can start (its handler slots and as many prefetch slots), the
+    claim rings again for the rest, and other workers take it."""
+    ns = "burst-default"
+    client = Client.from_url(redis_url, namespace=ns, partitions=1).connect()
+    fetches: dict[int, DoorbellFetch] = {}
+    ws, ran, made = workers(redis_url, WORKERS, concurrency=2, namespace=ns, by_worker=fetches, one_listener=True)
+    assert all(w.prefetch == 2 for w in ws)
+    try:
+        async with serving(*ws):
+            await all_waiting(made, client, WORKERS)
+            hot = listener_of(fetches, client)
+            # 7 jobs handed off 30 s ahead (as the tier does with its lead) ring once
+            client.schedule_many([(timedelta(seconds=30), n) for n in range(7)], queue="q")
+            moved = parse_tick(client.transport.call(*tick_call(client.calls, 0, 0, 100, {}, NO_RETENTION,
+                                                               lead_ms=40_000)))
+            assert moved.moved == 7
+            await wait_for(lambda: total(ws, "claimed") == 7, 5, what="the whole burst claimed")
+            claimed = [w.stats.claimed for w in ws]
+            assert claimed[hot] == 4, claimed  # 2 handler slots + 2 prefetch slots, not all 7
+            assert sum(1 for c in claimed if c) >= 2, claimed
+    finally:
+        client.close()
 
 async def test_without_the_option_every_idle_worker_waits_on_the_bells_and_no_role_is_kept(
         redis_url: str) -> None:

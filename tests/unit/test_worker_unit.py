@@ -224,3 +224,18 @@ def test_the_one_listener_switch_is_checked_kept_and_given_on_the_command_line()
     parser = build_parser()
     assert parser.parse_args(["worker", "m:w", "--one-listener"]).one_listener is True
     assert parser.parse_args(["worker", "m:w"]).one_listener is None  # the Worker's own setting stays
+
+
+def test_one_listener_defaults_the_prefetch_allowance_to_the_concurrency_unless_given() -> None:
+    assert Worker(queues=["q"], concurrency=4).prefetch == 32  # every idle worker on the bells
+    # The listener takes a whole fleet's rings: its default allowance is what it can start at once.
+    assert Worker(queues=["q"], concurrency=4, one_listener=True).prefetch == 4
+    assert Worker(queues=["q"], concurrency=100, one_listener=True).prefetch == 32  # never above the default
+    # It follows later changes of either setting, and a given allowance always wins.
+    w = Worker(queues=["q"], concurrency=4).configure(one_listener=True)
+    assert w.configure(concurrency=8).prefetch == 8
+    assert w.configure(prefetch=64).prefetch == 64
+    assert w.configure(concurrency=2, one_listener=False).prefetch == 64
+    assert Worker(queues=["q"], one_listener=True, prefetch=0).prefetch == 0
+    with pytest.raises(ValueError, match="prefetch must be an int >= 0"):
+        Worker(queues=["q"], prefetch=-1)
