@@ -22,11 +22,12 @@ renewed with an expiry while it listens); the others sleep on a wake-up key
 (:meth:`Keyspace.listen_wake`). The listener keeps taking rings while it has room, warm; when its
 slots are full, when it has been off the bells for 20 ms claiming elsewhere (:data:`HAND_OFF_S`),
 or when it stops, it gives the role up and wakes one sleeper, which takes it. A listener that dies
-keeps the role until its expiry (``LISTEN_TTL_MS``): its rings wait in the bells meanwhile, and
-the sleepers, whose waits time out every ``BELL_WAIT``, take the role then. Nothing is lost either
-way: the rings stay in the bells, and the busy workers' checks of the bells and the sweeps find
-the jobs too. Workers serving different sets of queues have different listeners (a queue served by
-both sets has two).
+keeps the role until its expiry (``LISTEN_TTL_MS``), but its rings do not wait that long: a
+sleeper's wait times out every ``BELL_WAIT``, and one that then finds a ring older than
+:data:`STALE_RING_MS` in the bells helps (below) at once; the sleepers take the role once it has
+expired. Nothing is lost either way: the rings stay in the bells, and the busy workers' checks of
+the bells and the sweeps find the jobs too. Workers serving different sets of queues have
+different listeners (a queue served by both sets has two).
 
 **Helpers for bursts.** One listener takes rings one after another, so a burst (many partitions
 made ready at once) would reach the fleet only as fast as it fills up and hands on. A claim that
@@ -74,6 +75,10 @@ HELPERS_MAX = 8  # sleepers one burst claim wakes at most (each woken helper's b
 # (a claim round trip each), short enough that the spread traffic after it returns to the listener.
 HELP_S = 0.050
 WAKE_TTL_MS = 2_000  # wake-ups nobody took expire (no sleeper then: each would cost a wasted turn)
+# A ring this old (ms) in a bell means the listener is not taking rings (killed, stopped, its loop
+# blocked): a sleeper that sees one at its role check helps at once instead of waiting for the
+# role to expire. Far above HAND_OFF_S and a claim; rings are scored by the ringing host's clock.
+STALE_RING_MS = 500
 
 LISTEN, HELP, SLEEP = "listen", "help", "sleep"
 
@@ -191,13 +196,22 @@ class Doorbell:
             return self.listening
         r, key = self.redis, self.listener_key
         # One round trip for a worker that does not hold the role (SET NX GET, Redis 7): None means
-        # it was free and is ours now; our own id means we hold it and renew it.
-        before = await r.set(key, self.id, px=LISTEN_TTL_MS, nx=True, get=True)
+        # it was free and is ours now; our own id means we hold it and renew it. The oldest ring of
+        # each bell rides along (every key here carries the hash tag {NS}: one slot on a cluster).
+        pipe = r.pipeline(transaction=False)
+        pipe.set(key, self.id, px=LISTEN_TTL_MS, nx=True, get=True)
+        for bell in self.keys:
+            pipe.zrange(bell, 0, 0, withscores=True)
+        before, *oldest = await pipe.execute()
         held = before is None
         if before == self.id:
             held = await r.pexpire(key, LISTEN_TTL_MS)  # False if it expired between the two
         self.listening = bool(held)
         self._checked_until = now + LISTEN_CHECK_S if held else 0.0
+        if not held and _stale(oldest, time.time() * 1000 - STALE_RING_MS):
+            # Rings wait that nobody takes: the listener died or stalls, and its role would keep
+            # them waiting until it expires (LISTEN_TTL_MS). Help: wait on the bells now.
+            self._helping_until = now + HELP_S
         return self.listening
 
     async def wait_hungry(self, hungry: asyncio.Event, slots: Slots) -> None:
@@ -291,6 +305,11 @@ class Doorbell:
         earlier ring of the same member (NX). ``score``: when it was first rung (ms), to put back
         a member this worker took and could not use; default now."""
         await bells.ring(self.redis, self.ks, queue, member, score)
+
+
+def _stale(oldest: Sequence[Any], before_ms: float) -> bool:
+    """Whether any bell's oldest ring (ZRANGE 0 0 WITHSCORES replies) was rung before ``before_ms``."""
+    return any(reply and float(reply[0][1]) < before_ms for reply in oldest)
 
 
 def _block_seconds(redis: Any, wait: float) -> float:

@@ -133,13 +133,14 @@ async def test_a_stopping_worker_gives_up_outcomes_redis_cannot_take_after_its_d
         srv.stop()
 
 
-async def test_kill9_of_the_one_listener_leaves_its_rings_to_a_sleeper_once_its_role_expires(
+async def test_kill9_of_the_one_listener_leaves_its_rings_to_a_sleeper_long_before_its_role_expires(
         redis_url: str, tmp_path: Path) -> None:
     """``--one-listener``: the listener is killed with SIGKILL, so nobody hands its role on. A job
     made ready then waits in the bell until the survivor finds it, by its safety sweep (every 2 s)
-    or by taking the expired role (its wait times out every BELL_WAIT): within LISTEN_TTL +
-    BELL_WAIT, once; and the survivor holds the role by then."""
-    from workers.doorbell import BELL_WAIT, LISTEN_TTL_MS
+    or at its next role check (its wait times out every BELL_WAIT), which finds the ring older
+    than STALE_RING_MS and helps: within BELL_WAIT + STALE_RING_MS, once, long before the role
+    expires; and the survivor holds the role LISTEN_TTL + BELL_WAIT after the kill."""
+    from workers.doorbell import BELL_WAIT, LISTEN_TTL_MS, STALE_RING_MS
 
     write_app(tmp_path)
     client = Client.from_url(redis_url)
@@ -162,13 +163,14 @@ async def test_kill9_of_the_one_listener_leaves_its_rings_to_a_sleeper_once_its_
         first.kill()
         killed_at = time.time()
         after = client.schedule(timedelta(0), {"after": True})
-        bound = LISTEN_TTL_MS / 1000 + BELL_WAIT
+        bound = BELL_WAIT + STALE_RING_MS / 1000
         await wait_for(lambda: any(r[1] == after and r[0] == "END" for r in read_runs(tmp_path)), bound + 5,
                        what="the job on the surviving worker")
         [start] = [r for r in read_runs(tmp_path) if r[1] == after and r[0] == "START"]
         assert start[3] == second.pid and start[4] - killed_at <= bound + 1.5
-        await wait_for(lambda: client.redis.get(role) not in (None, held_by_first), killed_at + bound + 2 - time.time(),
-                       what="the survivor to take the role")
+        role_bound = LISTEN_TTL_MS / 1000 + BELL_WAIT
+        await wait_for(lambda: client.redis.get(role) not in (None, held_by_first),
+                       killed_at + role_bound + 2 - time.time(), what="the survivor to take the role")
         assert client.get(after).state is JobState.DONE
     finally:
         for p in (first, second):

@@ -72,7 +72,10 @@ async def test_jobs_handed_off_ahead_of_time_never_start_before_their_due_time(
         early = {j: due_ms[j] - starts[j] * 1000 for j in jids if starts[j] * 1000 < due_ms[j]}
         assert not early, f"{len(early)} job(s) started before their due time (ms early): {list(early.values())[:5]}"
         late = sorted(starts[j] * 1000 - due_ms[j] for j in jids)
-        assert late[len(late) // 2] < 20, f"median lateness {late[len(late) // 2]:.2f} ms: the hand-off did not help"
+        # Soon after: well within the lead (a job held for it twice, or waiting for a sweep, would
+        # be 200 ms or more late). Not tighter: a loaded 2-core CI host with a cluster's 3 nodes
+        # stretched the median to 46 ms once, where an idle one gives a millisecond or two.
+        assert late[len(late) // 2] < 100, f"median lateness {late[len(late) // 2]:.2f} ms: the hand-off did not help"
     finally:
         for p in (worker, replica):
             p.stop()

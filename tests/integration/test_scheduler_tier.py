@@ -335,7 +335,9 @@ async def test_housekeeping_rides_on_at_most_one_tick_per_second_of_a_busy_parti
             await asyncio.sleep(0.05)
     finally:
         await stop_replica(proc, task)
-    assert len(ticks) > 100, f"only {len(ticks)} ticks: the partition was not busy"
+    # Busy: many ticks per housekeeping pass (one per job at best; a loaded host's replica wakes
+    # later and moves several jobs per tick, 98 ticks for the 600 jobs once).
+    assert len(ticks) > 10 * len(passes), f"{len(ticks)} ticks, {len(passes)} passes: the partition was not busy"
     assert len(passes) >= 2
     gaps = [b - a for a, b in zip(passes, passes[1:])]
     assert min(gaps) >= runner_mod.HOUSEKEEPING_EVERY * 0.99, gaps
