@@ -371,39 +371,17 @@ async def test_a_listener_with_no_free_slot_hands_its_role_on_at_once(redis_url:
         client.close()
 
 
-async def test_when_the_listener_dies_a_sleeper_takes_the_role_when_it_expires(redis_url: str) -> None:
-    """A listener that dies keeps the role until its expiry; a sleeper takes its waiting ring as a
-    helper before that (the test below), and a sleeper whose wait times out after the expiry takes
-    the role (no sweep: their period is 600 s)."""
+@pytest.mark.parametrize("role_ttl_ms", [LISTEN_TTL_MS, 60_000], ids=["died", "stalls"])
+async def test_a_sleeper_takes_a_lost_listeners_rings_at_once_and_its_role_when_it_expires(
+        redis_url: str, role_ttl_ms: int) -> None:
+    """A listener that died keeps the role until it expires; one alive to Redis but taking no rings
+    (stopped, its loop blocked) keeps it as long as it renews it. A sleeper whose wait times out
+    and finds a ring older than STALE_RING_MS helps at once: the job runs within a wait and that
+    age whatever the role's expiry, and a sleeper takes the role at its first timeout after the
+    expiry (no sweep: their period is 600 s)."""
     client = Client.from_url(redis_url, namespace=NS).connect()
     key = client.keyspace.listener(["q"])
-    client.redis.set(key, b"a-worker-that-died", px=LISTEN_TTL_MS)
-    ws, ran, made = workers(redis_url, 2, one_listener=True)
-    try:
-        async with serving(*ws):
-            await all_waiting(made, client, 2)
-            assert not any(f.bells.listening for f in made)
-            jid = client.schedule(timedelta(0), "after", queue="q")
-            await wait_for(lambda: jid in ran, BELL_WAIT + doorbell.STALE_RING_MS / 1000 + 3,
-                           what="the job, on a sleeper that helps")
-            await wait_for(lambda: client.redis.get(key) in {f.bells.id for f in made},
-                           LISTEN_TTL_MS / 1000 + BELL_WAIT + 3, what="a sleeper to take the expired role")
-            assert client.redis.ttl(key) > 0
-            assert total(ws, "notified") == 1
-    finally:
-        client.close()
-
-
-
-async def test_a_sleeper_takes_rings_a_stalled_listener_leaves_waiting_before_its_role_expires(
-        redis_url: str) -> None:
-    """A listener that is alive to Redis but takes no rings (stopped, its loop blocked) keeps its
-    role as long as it renews it, and one that died keeps it until it expires. A sleeper whose wait
-    times out and finds a ring older than STALE_RING_MS helps at once: the job runs within a
-    wait and that age, while the role stays where it is (no sweep: their period is 600 s)."""
-    client = Client.from_url(redis_url, namespace=NS).connect()
-    key = client.keyspace.listener(["q"])
-    client.redis.set(key, b"a-listener-that-stalls", px=60_000)
+    client.redis.set(key, b"a-lost-listener", px=role_ttl_ms)
     ws, ran, made = workers(redis_url, 2, one_listener=True)
     try:
         async with serving(*ws):
@@ -411,11 +389,17 @@ async def test_a_sleeper_takes_rings_a_stalled_listener_leaves_waiting_before_it
             assert not any(f.bells.listening for f in made)
             jid = client.schedule(timedelta(0), "rung", queue="q")
             await wait_for(lambda: jid in ran, BELL_WAIT + doorbell.STALE_RING_MS / 1000 + 3,
-                           what="the job, taken by a sleeper that helps")
-            assert client.redis.get(key) == b"a-listener-that-stalls"
+                           what="the job, on a sleeper that helps")
             assert total(ws, "notified") == 1
+            if role_ttl_ms > LISTEN_TTL_MS:
+                assert client.redis.get(key) == b"a-lost-listener"  # helped, did not take the role
+            else:
+                await wait_for(lambda: client.redis.get(key) in {f.bells.id for f in made},
+                               LISTEN_TTL_MS / 1000 + BELL_WAIT + 3, what="a sleeper to take the expired role")
+                assert client.redis.ttl(key) > 0
     finally:
         client.close()
+
 
 async def test_a_stopping_listener_hands_its_role_on(redis_url: str) -> None:
     client = Client.from_url(redis_url, namespace=NS).connect()
