@@ -196,11 +196,12 @@ class Doorbell:
             return self.listening
         r, key = self.redis, self.listener_key
         # One round trip for a worker that does not hold the role (SET NX GET, Redis 7): None means
-        # it was free and is ours now; our own id means we hold it and renew it. The oldest ring of
-        # each bell rides along (every key here carries the hash tag {NS}: one slot on a cluster).
+        # it was free and is ours now; our own id means we hold it and renew it. A sleeper reads the
+        # oldest ring of each bell along (every key here carries the hash tag {NS}: one slot on a
+        # cluster); the listener renewing its role and a helper taking rings have no use for it.
         pipe = r.pipeline(transaction=False)
         pipe.set(key, self.id, px=LISTEN_TTL_MS, nx=True, get=True)
-        for bell in self.keys:
+        for bell in () if self.listening or self.helping else self.keys:
             pipe.zrange(bell, 0, 0, withscores=True)
         before, *oldest = await pipe.execute()
         held = before is None
