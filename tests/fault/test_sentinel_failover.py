@@ -52,7 +52,9 @@ NS = "sfo"
 PARTS = 8
 RATE = 150.0            # producer calls per second
 PRE_LOAD = 3.0          # seconds of load before the kill
-POST_LOAD = 3.0         # seconds of load after the killed master rejoined as a replica
+POST_LOAD = 3.0         # seconds of load after the killed master rejoined as a replica, at least
+POST_CALLS = int(RATE * POST_LOAD * 0.5)  # acknowledged calls made after the promotion, at least
+POST_GRACE = 10.0       # how much longer than POST_LOAD those calls may take (a loaded machine)
 DURABLE_TIMEOUT = 8.0   # covers the wait for steady sentinels + the old master's restart and sync
 SENTINEL_HOLD = 1.5     # > down-after-milliseconds (1 s) of the SentinelSet: see wait_sentinels_steady
 RUN_EPS = 0.001         # clock resolution slack for "not before run_at" (run_at is rounded to ms)
@@ -252,7 +254,17 @@ def test_sentinel_failover_under_load_loses_no_durable_job(sentinel_set_launched
         t_steady = time.time()
         rejoin_as_replica(sentinel_set, new_port)
         t_rejoined = time.time()
-        wait_until(lambda: time.time() - t_rejoined >= POST_LOAD, POST_LOAD + 1, 0.05, "post-failover load")
+        # post-failover load: POST_LOAD seconds after the rejoin, and as many acknowledged calls made
+        # after the promotion as half the rate gives in that time. The call that started before the
+        # kill returns only after the rejoined replica's first ack (its replication cron, up to 1 s
+        # later) and a loaded machine makes fewer calls a second, so a fixed time window judged the
+        # machine, not the client; a client that cannot keep up still runs out of POST_GRACE.
+        try:
+            wait_until(lambda: time.time() - t_rejoined >= POST_LOAD
+                       and len(producer.acked(after=t_promoted)) >= POST_CALLS,
+                       POST_LOAD + POST_GRACE, 0.05, "post-failover load")
+        except AssertionError:
+            pass  # judged below, with the report
         producer.finish()
         t_stop = time.time()
 
@@ -362,7 +374,7 @@ def test_sentinel_failover_under_load_loses_no_durable_job(sentinel_set_launched
         assert not not_ended, f"runs that never finished: {not_ended[:10]}{report}"
         assert stats.get("dead", 0) == 0, f"jobs dead-lettered: {report}"
         assert all(p.alive for p in procs), f"a zsched process died{report}{tails(procs)}"
-        assert len(after_promo) >= RATE * POST_LOAD * 0.5, \
+        assert len(after_promo) >= POST_CALLS, \
             f"the producer did not keep its rate after the failover{report}"
         for s, a, b in zip(schedulers, fired_at_promotion, fired_end):
             assert b > a >= 0, f"scheduler {s.args[8]} fired nothing after the promotion{report}{tails([s])}"
