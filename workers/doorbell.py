@@ -35,12 +35,10 @@ brings more jobs than the worker has handler slots is such a burst: the worker w
 // concurrency`` sleepers (at most :data:`HELPERS_MAX`) as *helpers*. A helper waits on the bells
 beside the listener, Redis handing each ring to one of them, until no ring came for
 :data:`HELP_S`, then sleeps again; its own burst claims wake more. Spread traffic (claims of one or
-a few jobs) wakes none, so it stays on the warm listener, unless it is more than the listener's
-process keeps up with: a ring taken :data:`BEHIND_MS` after it was rung wakes one helper (at most
-one per :data:`HELP_S` per worker), so the workers on the bells grow with the load, not the
-fleet. A wake costs one round trip per ``concurrency`` jobs of a burst at most, whatever the
-fleet. Helpers wake cold, behind the warm listener, so bursts still start later than with every
-worker on the bells (docs/scaling.md "Adding workers"): that is why the option is off by default.
+a few jobs) wakes none, so it stays on the warm listener. A wake costs one round trip per
+``concurrency`` jobs of a burst at most, whatever the fleet. Helpers wake cold, behind the warm
+listener, so bursts still start later than with every worker on the bells (docs/scaling.md
+"Adding workers"): that is why the option is off by default.
 """
 from __future__ import annotations
 
@@ -81,10 +79,6 @@ WAKE_TTL_MS = 2_000  # wake-ups nobody took expire (no sleeper then: each would 
 # blocked): a sleeper that sees one at its role check helps at once instead of waiting for the
 # role to expire. Far above HAND_OFF_S and a claim; rings are scored by the ringing host's clock.
 STALE_RING_MS = 500
-# A ring taken this long (ms) after it was rung means the workers on the bells fall behind: the
-# one taking it wakes a helper (Doorbell._keep_up). Half the default hand-off lead, so jobs handed
-# off ahead of their time still start on it; above a claim's round trip on a loaded machine.
-BEHIND_MS = 10.0
 
 LISTEN, HELP, SLEEP = "listen", "help", "sleep"
 
@@ -119,11 +113,7 @@ class Doorbell:
         self.listening = not one_listener
         self._checked_until = 0.0
         self._helping_until = 0.0  # monotonic: a helper (not the listener) waits on the bells until then
-        self._behind_until = 0.0  # monotonic: a late ring woke a helper; the next one may from then
         self._calls: set[asyncio.Task[None]] = set()  # wake-ups of helpers in flight
-        self.helpers_called = 0
-        """Helpers this worker has woken (asked for: a wake nobody takes expires), for a burst
-        claim or a late ring."""
 
     async def take(self) -> tuple[str, bytes, float] | None:
         """Wait up to :attr:`wait_s` for a ring on any of the bells and take it: (queue, member,
@@ -149,7 +139,6 @@ class Doorbell:
         if mode == HELP:
             self._helping_until = time.monotonic() + HELP_S
         key, member, score = reply
-        self._keep_up(float(score))
         queue = self.queue_of.get(key if isinstance(key, bytes) else str(key).encode())
         if queue is None:  # not one of ours: cannot happen with the keys we asked for
             return None
@@ -172,27 +161,11 @@ class Doorbell:
         """A claim brought ``got`` jobs to a worker with ``concurrency`` handler slots: when that
         is more than it can start at once (a burst), wake helpers in the background (the module
         docstring). A lost wake-up costs latency, never a job."""
-        if self.one_listener:
-            self._spawn_helpers(min(HELPERS_MAX, (got - 1) // max(1, concurrency)))
-
-    def _keep_up(self, score_ms: float) -> None:
-        """A ring taken :data:`BEHIND_MS` or more after it was rung: the workers on the bells do
-        not keep up (the listener's process is busy with its handlers, not its slots), so jobs
-        wait while sleepers have room. Wake one helper, at most once per :data:`HELP_S`; each
-        late ring a helper takes wakes one more, so the workers on the bells grow until rings are
-        taken on time, and shrink again as helpers find no ring for HELP_S."""
         if not self.one_listener:
             return
-        now = time.monotonic()
-        if now < self._behind_until or time.time() * 1000 - score_ms < BEHIND_MS:
-            return
-        self._behind_until = now + HELP_S
-        self._spawn_helpers(1)
-
-    def _spawn_helpers(self, helpers: int) -> None:
+        helpers = min(HELPERS_MAX, (got - 1) // max(1, concurrency))
         if helpers <= 0 or len(self._calls) >= HELPERS_MAX:
             return
-        self.helpers_called += helpers
         task = asyncio.create_task(self._call_helpers(helpers))
         self._calls.add(task)
         task.add_done_callback(self._calls.discard)

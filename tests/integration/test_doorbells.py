@@ -459,41 +459,6 @@ async def test_a_burst_claim_wakes_helpers_that_wait_on_the_bells_beside_the_lis
 
 
 
-async def test_a_ring_the_listener_takes_late_wakes_one_helper_and_one_taken_on_time_none(
-        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Spread traffic faster than the listener's process keeps up with (its handlers' CPU, not its
-    slots) leaves rings waiting in the bells while sleepers have room: a ring taken BEHIND_MS or
-    more after it was rung wakes one helper; rings taken on time wake none."""
-    monkeypatch.setattr(doorbell, "HAND_OFF_S", 30.0)  # the role stays put
-    monkeypatch.setattr(doorbell, "HELP_S", 30.0)  # a woken helper stays on the bells for the test
-    # "on time" with room for a loaded machine's scheduling delays (the default is 10 ms)
-    monkeypatch.setattr(doorbell, "BEHIND_MS", 1_000.0)
-    monkeypatch.setattr(doorbell, "STALE_RING_MS", 600_000)  # a sleeper seeing the late ring stays asleep
-    ns = "late"
-    client = Client.from_url(redis_url, namespace=ns, partitions=1).connect()
-    fetches: dict[int, DoorbellFetch] = {}
-    ws, ran, made = workers(redis_url, WORKERS, namespace=ns, by_worker=fetches, one_listener=True)
-    try:
-        async with serving(*ws):
-            await all_waiting(made, client, WORKERS)
-            hot = listener_of(fetches, client)
-            others = [i for i in fetches if i != hot]
-            for n in range(5):  # rung when due, taken at once: the listener alone, no helper
-                jid = client.schedule(timedelta(0), n, queue="q")
-                await wait_for(lambda jid=jid: jid in ran, 5, what=f"job {n}")
-            assert ws[hot].stats.notified == 5
-            assert [f.bells.helpers_called for f in fetches.values()] == [0] * WORKERS
-            # a ring that has waited 5 s in the bell (as behind a listener busy with its handlers)
-            client.redis.zadd(client.keyspace.bell("q"), {"0": time.time() * 1000 - 5000})
-            await wait_for(lambda: ws[hot].stats.notified == 6, 5, what="the late ring on the listener")
-            assert fetches[hot].bells.helpers_called == 1
-            await wait_for(lambda: sum(fetches[i].bells.helping for i in others) == 1, 5, what="one helper woken")
-            await wait_for(lambda: int(client.redis.info("clients")["blocked_clients"]) == WORKERS, 5,
-                           what="the listener and the helper on the bells, the others asleep")
-    finally:
-        client.close()
-
-
 async def test_a_listener_with_the_default_allowance_leaves_the_rest_of_a_burst_to_other_workers(
         redis_url: str) -> None:
     """With one listener the prefetch allowance defaults to the concurrency: a listener that took a
