@@ -340,12 +340,33 @@ local function keep_due_over(list, ids, recs, max_due, now)
   return false
 end
 local function paused_here(prefix, qname) return redis.call('HEXISTS', prefix .. 'paused', qname) == 1 end
-local function ring(chan, prefix, qname, member, now)
+-- Burst bells: a script that leaves BURST_RING or more jobs ready in a partition's list at once
+-- (a tick firing a batch, a claim leaving a batch behind), and resume, ring the queue's burst bell
+-- "{NS}:bell:QUEUE:b" (keys.py Keyspace.burst_bell) instead, with the same member. Every idle
+-- worker waits on both; with one listener (workers/doorbell.py, the default) only the listener
+-- waits on the bell, every idle worker on the burst bell, so spread traffic stays on one warm
+-- worker and a burst reaches all idle workers at once. On a cluster the relay message is
+-- "b MEMBER QUEUE" for a burst, and tick flags its queues in its reply.
+local BURST_RING = 4
+-- Ring 'bell' (a queue's bell key; its burst bell is bell .. ':b') with 'member' at 'at' (ms, a
+-- decimal string). A member is in one of the two at most, so no worker claims twice for one ring:
+-- a burst ring moves it from the bell to the burst bell, and a bell ring of a member already in
+-- the burst bell (which every idle worker hears) changes nothing. Also the fast paths' ring.
+local function bell_ring(bell, member, at, burst)
+  if burst then
+    redis.call('ZADD', bell .. ':b', 'NX', at, member)
+    redis.call('ZREM', bell, member)
+  elseif not redis.call('ZSCORE', bell .. ':b', member) then
+    redis.call('ZADD', bell, 'NX', at, member)
+  end
+end
+local function ring(chan, prefix, qname, member, now, n)
   if prefix and paused_here(prefix, qname) then return end
+  local burst = n and n >= BURST_RING
   if string.byte(chan, 1) == 123 then
-    redis.call('SPUBLISH', chan .. 'wake', 'r ' .. member .. ' ' .. qname)
+    redis.call('SPUBLISH', chan .. 'wake', (burst and 'b ' or 'r ') .. member .. ' ' .. qname)
   else
-    redis.call('ZADD', '{' .. string.sub(chan, 1, -2) .. '}:bell:' .. qname, 'NX', fmt(now), member)
+    bell_ring('{' .. string.sub(chan, 1, -2) .. '}:bell:' .. qname, member, fmt(now), burst)
   end
 end
 -- The queues whose ready lists got jobs in this call (a per-call accumulator: see the header),
@@ -357,12 +378,12 @@ local function push_ready(prefix, id, qname, front)
   else
     redis.call('LPUSH', prefix .. 'r:' .. qname, id)
   end
-  ready_touched[qname] = true
+  ready_touched[qname] = (ready_touched[qname] or 0) + 1
 end
 local function publish_ready(chan, prefix, part, now)
   if next(ready_touched) == nil then return end
   now = now or now_ms()
-  for qname in pairs(ready_touched) do ring(chan, prefix, qname, part, now) end
+  for qname, n in pairs(ready_touched) do ring(chan, prefix, qname, part, now, n) end
 end
 -- Put a job back to work at 'at': its ready list when due (body in 'j', due = at), else the timer
 -- set (body inside the timer member). Returns 'at' when it went to the timer set, so the caller

@@ -22,7 +22,8 @@
 --   due_ms: when this attempt became due (its fire time), for end-to-end lateness.
 -- Rings (ring() in _lib.lua, off a cluster) the queue's bell when it leaves jobs in the ready list
 -- (it took as many as asked for and more wait, or it stopped at its due limit), so another idle
--- worker takes them now; on a cluster the worker rings it (the bell is in another slot).
+-- worker takes them now: its burst bell when BURST_RING jobs or more are left; on a cluster the
+-- worker rings it (the bell is in another slot).
 -- Retry safety: with a request id, the claimed ids are kept in a receipt PREFIX.."cr:"..rid for
 -- the receipt ttl; a re-sent claim (same request id, e.g. after its reply was lost to a timeout)
 -- returns the jobs of the receipt that still hold the tokens it gave them, and claims nothing new.
@@ -36,8 +37,8 @@
 -- after Redis lost recent writes. An id that is already running (a duplicate ready entry: only
 -- a bug or a hand edit makes one) is dropped from the list, never handed out twice. A job over
 -- the due limit (ARGV 9) leaves the list only to go back to the same place in the same script.
--- Uses: BATCH_LIMIT_MAX, BATCH_MAX, CHAN, COMMON, ID_LEN, K_C, K_D, K_E, K_G, K_I, K_J, K_L,
---       K_META, LAYOUT, MAX_INT, NAME_MAX, NAME_PATTERN, PART, PREFIX, arg, bump, common_ok,
+-- Uses: BATCH_LIMIT_MAX, BATCH_MAX, BURST_RING, CHAN, COMMON, ID_LEN, K_C, K_D, K_E, K_G, K_I, K_J, K_L,
+--       K_META, LAYOUT, MAX_INT, NAME_MAX, NAME_PATTERN, PART, PREFIX, arg, bell_ring, bump, common_ok,
 --       error_blob, flush_bumps, fmt, jget, jval, keep_due_over, layout_fence, multi, next_tokens,
 --       rec_attempt, rec_opts, rec_valid, rec_with_attempt, refusal, ring, tally, u32, u48
 local RECEIPT_MAX_MS = 86400000 -- a day: a receipt answers re-sends after a lost reply, seconds later
@@ -99,11 +100,16 @@ if #A == 9 and (#KEYS == 14 or #KEYS == 1) and A[6] ~= '' and #A[6] <= 64 and #A
         local left = #ids == n
         local bell = plain and '{' .. ns .. '}:bell:' .. queue
         if max_due < #ids and keep_due_over(list, ids, recs, max_due, now) then
-          if plain then call('ZADD', bell, 'NX', string.format('%d', now), p) end
+          if plain then
+            bell_ring(bell, p, string.format('%d', now), call('LLEN', list) >= BURST_RING)
+          end
           if #ids == 0 then return {now_us} end
           left = false -- rung
         end
-        if left and plain and call('LLEN', list) > 0 then call('ZADD', bell, 'NX', string.format('%d', now), p) end
+        if left and plain then
+          local len = call('LLEN', list)
+          if len > 0 then bell_ring(bell, p, string.format('%d', now), len >= BURST_RING) end
+        end
         local fence = tonumber(m[2] or '0')
         local base = (fence > us and fence or us)
         call('HSET', k_meta, 'fence', string.format('%d', base + #ids))
@@ -200,11 +206,14 @@ if not ids then return {now_us} end
 local left = #ids == n
 local recs = redis.call('HMGET', K_J, unpack(ids))
 if max_due >= 0 and max_due < #ids and keep_due_over(list, ids, recs, max_due, now) then
-  if string.byte(CHAN, 1) ~= 123 then ring(CHAN, PREFIX, queue, PART, now) end
+  if string.byte(CHAN, 1) ~= 123 then ring(CHAN, PREFIX, queue, PART, now, redis.call('LLEN', list)) end
   if #ids == 0 then return {now_us} end
   left = false -- rung
 end
-if left and string.byte(CHAN, 1) ~= 123 and redis.call('LLEN', list) > 0 then ring(CHAN, PREFIX, queue, PART, now) end
+if left and string.byte(CHAN, 1) ~= 123 then
+  local len = redis.call('LLEN', list)
+  if len > 0 then ring(CHAN, PREFIX, queue, PART, now, len) end
+end
 local running = redis.call('ZMSCORE', K_I, unpack(ids))
 local base = next_tokens(K_META, #ids, us) - 1
 local out, jargs, zargs, largs, kept = {now_us}, {}, {}, {}, {}

@@ -8,12 +8,12 @@
 -- _lib.lua), so a worker that stopped asking because of the pause claims the jobs that waited in
 -- 'r:QUEUE' at once; a lost ring costs latency only (workers re-probe paused partitions on their
 -- safety-net sweep). Idempotent: a re-send changes nothing.
--- Uses: CHAN, COMMON, K_META, LAYOUT, PART, PREFIX, arg, layout_fence, now_ms, refusal, ring
+-- Uses: BURST_RING, CHAN, COMMON, K_META, LAYOUT, PART, PREFIX, arg, layout_fence, now_ms, refusal, ring
 if not (COMMON and #KEYS == 14) then return arg('common', 14) end
 local queue = arg('name', 4, 'queue')
 arg('at_most', 4)
 if refusal then return refusal end
 do local refused = layout_fence(K_META, LAYOUT); if refused then return refused end end
 local n = redis.call('HDEL', PREFIX .. 'paused', queue)
-ring(CHAN, false, queue, PART .. ':resume', now_ms()) -- false: no pause check, this ring ends one
+ring(CHAN, false, queue, PART .. ':resume', now_ms(), BURST_RING) -- false: no pause check, this ring ends one
 return n

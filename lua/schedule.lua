@@ -33,7 +33,7 @@
 -- Paths: a fast path for one new job due later in a queue the partition knows (the common
 -- producer call; it runs before most of the library's definitions), else the general path.
 -- Rings (ring() in _lib.lua) the queue's bell with the partition number when jobs landed in the
--- ready list; publishes on CHAN.."wake" when one landed before the earliest timer.
+-- ready list (its burst bell when BURST_RING or more did); publishes on CHAN.."wake" when one landed before the earliest timer.
 -- Fast path: one new job (not a re-send), no idempotency key, due later, in a queue this
 -- partition already knows: the common producer call. It runs before the library (see
 -- "--@library" below) but for the helper it calls (record_problem), so Redis does
@@ -191,7 +191,7 @@ if #jargs > 0 then
   multi('HSET', K_J, jargs)
   multi('LPUSH', PREFIX .. 'r:' .. queue, ready_ids)
   tally(K_C, PREFIX, 'fired:' .. queue, #ready_ids, now)
-  ring(CHAN, PREFIX, queue, PART, now)
+  ring(CHAN, PREFIX, queue, PART, now, #ready_ids)
 end
 flush_bumps()
 sweep_after_tombstones(K_META, K_F, now)

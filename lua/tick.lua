@@ -21,12 +21,13 @@
 --   the script uses; arg names the culprit when that test fails.
 -- Returns: {-1, newest_epoch} when the epoch is refused; else
 --          {moved, next_due_ms or -1, now_ms, n, (queue, tokens_used, held_now, newly_held) * n,
---           c, cron names * c, k, (dropped dead id, its queue) * k, r, queues * r, lateness_ms...}:
+--           c, cron names * c, k, (dropped dead id, its queue) * k, r, (queue, burst) * r, lateness_ms...}:
 --          the crons whose table of upcoming occurrences runs low (or ran out) and must be refilled
 --          by the caller (cron_fill); the dead jobs dropped by the retention rule (for the caller's
 --          log); on Redis Cluster (sharded CHAN) the queues whose ready lists received jobs (and
 --          are not paused in this partition), whose bells the caller rings (they are in another
---          slot; r = 0 off a cluster, where the script rang them); then one lateness value per fired job (now - its due time; negative when
+--          slot; r = 0 off a cluster, where the script rang them), each with 1 when it received
+--          BURST_RING jobs or more (the caller rings the burst bell) else 0; then one lateness value per fired job (now - its due time; negative when
 --          handed off ahead of time).
 -- Cron occurrences: when one fires (or misfires), the cron's next occurrence is scheduled in this
 -- same script, so a cron always has exactly one pending occurrence. Occurrences missed during an
@@ -46,12 +47,12 @@
 -- a busy partition ticks about once per job, and the writers (ack, cancel, schedule) already
 -- sweep three entries per tombstone they write (_lib_finish.lua), which keeps up on its own. At
 -- 100 ms these sweeps were 7 % of Redis's CPU at 1 000 jobs/s (0.3 HSCAN of ~256 entries per job).
--- Rings (ring() in _lib.lua) the bell of each queue whose ready list received jobs, once, off a
--- cluster (not a queue paused in this partition); on a cluster it names those queues in the reply
+-- Rings (ring() in _lib.lua) the bell of each queue whose ready list received jobs (its burst bell
+-- when it received BURST_RING jobs or more), once, off a cluster (not a queue paused in this partition); on a cluster it names those queues in the reply
 -- instead (see Returns).
--- Uses: BATCH_LIMIT_MAX, CHAN, COMMON, HISTORY_TTL_S, ID_LEN, K_C, K_D, K_E, K_F, K_G, K_J, K_K,
+-- Uses: BATCH_LIMIT_MAX, BURST_RING, CHAN, COMMON, HISTORY_TTL_S, ID_LEN, K_C, K_D, K_E, K_F, K_G, K_J, K_K,
 --       K_M, K_META, K_Q, K_T, K_X, LAYOUT, MAX_INT, MAX_MS, NAME_MAX, NAME_PATTERN, PART, PREFIX,
---       arg, bump, check_epoch, common_ok, cron_advance, error_blob, flag, flush_bumps, fmt,
+--       arg, bell_ring, bump, check_epoch, common_ok, cron_advance, error_blob, flag, flush_bumps, fmt,
 --       head_score, jget, jval, layout_fence, multi, now_ms, p48, paused_here, queue_name,
 --       rec_is_cron, rec_opts, rec_qidx, rec_valid, refusal, release_key, retire_queues, ring,
 --       tally, tombstone, trim_dead, trim_tombstones, u16, u32
@@ -140,11 +141,16 @@ if #A == 12 and A[7] == '0' and A[8] == '0' and A[9] == '0' and A[10] == '0' and
             call('EXPIRE', hk, HISTORY_TTL_S)
           end
           if call('HEXISTS', prefix .. 'paused', q) == 0 then
-            if plain then call('ZADD', bell .. q, 'NX', string.format('%d', now), p) else to_ring[#to_ring + 1] = q end
+            if plain then
+              bell_ring(bell .. q, p, string.format('%d', now), #ids >= BURST_RING)
+            else
+              to_ring[#to_ring + 1] = q
+              to_ring[#to_ring + 1] = #ids >= BURST_RING and 1 or 0
+            end
           end
         end
         local head = call('ZRANGE', k_t, '0', '0', 'WITHSCORES')
-        local out = {nd, head[2] and tonumber(head[2]) or -1, now, 0, 0, 0, #to_ring}
+        local out = {nd, head[2] and tonumber(head[2]) or -1, now, 0, 0, 0, #to_ring / 2}
         for _, q in ipairs(to_ring) do out[#out + 1] = q end
         for _, v in ipairs(late) do out[#out + 1] = v end
         return out
@@ -329,9 +335,10 @@ for q, ids in pairs(per_queue) do
   multi('LPUSH', PREFIX .. 'r:' .. q, ids)
   tally(K_C, PREFIX, 'fired:' .. q, #ids, now)
   if not sharded then
-    ring(CHAN, PREFIX, q, PART, now)
+    ring(CHAN, PREFIX, q, PART, now, #ids)
   elseif not paused_here(PREFIX, q) then
     to_ring[#to_ring + 1] = q
+    to_ring[#to_ring + 1] = #ids >= BURST_RING and 1 or 0
   end
 end
 for i = 1, nlim do
@@ -347,7 +354,7 @@ for _, name in ipairs(crons) do out[#out + 1] = name end
 local dropped = (dead_ttl > 0 or max_dead > 0) and trim_dead(now, dead_ttl, max_dead, limit) or {}
 out[#out + 1] = #dropped / 2
 for _, v in ipairs(dropped) do out[#out + 1] = v end
-out[#out + 1] = #to_ring
+out[#out + 1] = #to_ring / 2
 for _, q in ipairs(to_ring) do out[#out + 1] = q end
 retire_queues(now, queue_idle, 64)
 local trim_more = false

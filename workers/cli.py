@@ -66,7 +66,7 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.Argument
     p.add_argument("--concurrency", metavar="N", type=_positive_int, help="handlers running at once (default 16)")
     p.add_argument("--prefetch", metavar="N", type=_count,
                    help="jobs handed off ahead of their due time (zsched scheduler --handoff-lead) that may wait "
-                        "for it on top of --concurrency (default 32, with --one-listener the concurrency up to 32; 0: "
+                        "for it on top of --concurrency (default 32; 0: "
                         "they wait in handler slots)")
     p.add_argument("--metrics-port", metavar="PORT", type=port_arg,
                    help="serve Prometheus /metrics on this port, and the probes /livez (event loop turning) and "
@@ -81,11 +81,11 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.Argument
     p.add_argument("--registry-interval", metavar="S", type=_seconds,
                    help="seconds between refreshes of this worker's record in the worker registry (zsched "
                         "workers; default 5): a killed worker drops out of the list 3 intervals after its last")
-    p.add_argument("--one-listener", action="store_true", default=None,
+    p.add_argument("--one-listener", action=argparse.BooleanOptionalAction, default=None,
                    help="of the workers serving the same queues only one waits on the doorbells, the others "
-                        "sleep until it fills up or a burst comes: less CPU per job with many workers and "
-                        "spread traffic, later starts in bursts (docs/scaling.md, Adding workers); --prefetch "
-                        "then defaults to the concurrency, up to 32")
+                        "sleep until it fills up or a burst rings them all (the default): less CPU per job "
+                        "with many workers; --no-one-listener: every idle worker waits on them "
+                        "(docs/scaling.md, Adding workers)")
     p.set_defaults(func=main)
     return p
 

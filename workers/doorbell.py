@@ -13,32 +13,31 @@ busy, or none running yet); ringing a member that is there already changes nothi
 bell holds at most two members per partition however many jobs wait. A worker that takes a member
 it can no longer use (its slots filled meanwhile) rings it again for another worker.
 
-**One listener** (``Worker(one_listener=True)``, ``zsched worker --one-listener``; off by
-default). Redis hands a member to the client that has waited longest, so with every idle worker on
-the bells each spread job wakes a cold process: at 300 jobs/s over 16 workers, 1.8x the CPU per
-job of one worker. With the option, of the workers serving the same queues only one waits on the
-bells (the *listener*, :meth:`Keyspace.listener`: a key holding its id, taken with ``SET NX`` and
-renewed with an expiry while it listens); the others sleep on a wake-up key
-(:meth:`Keyspace.listen_wake`). The listener keeps taking rings while it has room, warm; when its
-slots are full, when it has been off the bells for 20 ms claiming elsewhere (:data:`HAND_OFF_S`),
-or when it stops, it gives the role up and wakes one sleeper, which takes it. A listener that dies
-keeps the role until its expiry (``LISTEN_TTL_MS``), but its rings do not wait that long: a
-sleeper's wait times out every ``BELL_WAIT``, and one that then finds a ring older than
-:data:`STALE_RING_MS` in the bells helps (below) at once; the sleepers take the role once it has
-expired. Nothing is lost either way: the rings stay in the bells, and the busy workers' checks of
-the bells and the sweeps find the jobs too. Workers serving different sets of queues have
-different listeners (a queue served by both sets has two).
+**One listener** (the default; ``Worker(one_listener=False)``, ``zsched worker
+--no-one-listener`` turns it off). Redis hands a member to the client that has waited longest, so
+with every idle worker on the bells each spread job would wake a cold process: at 300 jobs/s over
+16 workers, 2.4x the CPU per job of one worker. With one listener, of the workers serving the
+same queues only one waits on the bells (the *listener*, :meth:`Keyspace.listener`: a key holding
+its id, taken with ``SET NX`` and renewed with an expiry while it listens); the others sleep on a
+wake-up key (:meth:`Keyspace.listen_wake`). The listener keeps taking rings while it has room,
+warm; when its slots are full, when it has been off the bells for 20 ms claiming elsewhere
+(:data:`HAND_OFF_S`), or when it stops, it gives the role up and wakes one sleeper, which takes
+it. A listener that dies keeps the role until its expiry (``LISTEN_TTL_MS``), but its rings do
+not wait that long: a sleeper's wait times out every ``BELL_WAIT``, and one that then finds a ring
+older than :data:`STALE_RING_MS` in the bells helps (waits on the bells beside the listener until
+no ring came for :data:`HELP_S`) at once; the sleepers take the role once it has expired. Nothing
+is lost either way: the rings stay in the bells, and the busy workers' checks of the bells and the
+sweeps find the jobs too. Workers serving different sets of queues have different listeners (a
+queue served by both sets has two).
 
-**Helpers for bursts.** One listener takes rings one after another, so a burst (many partitions
-made ready at once) would reach the fleet only as fast as it fills up and hands on. A claim that
-brings more jobs than the worker has handler slots is such a burst: the worker wakes ``(jobs - 1)
-// concurrency`` sleepers (at most :data:`HELPERS_MAX`) as *helpers*. A helper waits on the bells
-beside the listener, Redis handing each ring to one of them, until no ring came for
-:data:`HELP_S`, then sleeps again; its own burst claims wake more. Spread traffic (claims of one or
-a few jobs) wakes none, so it stays on the warm listener. A wake costs one round trip per
-``concurrency`` jobs of a burst at most, whatever the fleet. Helpers wake cold, behind the warm
-listener, so bursts still start later than with every worker on the bells (docs/scaling.md
-"Adding workers"): that is why the option is off by default.
+**Burst bells.** One listener takes rings one after another, so a burst (many jobs made ready at
+once) would reach the fleet only as fast as it fills up and hands on. The scripts tell a burst
+apart where it happens: a script that leaves ``BURST_RING`` (4) or more jobs in a ready list at
+once (a tick firing a batch, a claim leaving a batch behind), and ``resume``, ring the queue's
+*burst bell* (:meth:`Keyspace.burst_bell`) instead, and every idle worker waits on it, the
+sleepers too: a burst reaches them all at once, as it would with every worker on the bells, while
+the rings of spread traffic (one or a few jobs each) stay on the warm listener. A sleeper that
+takes a burst ring claims there and sleeps again.
 """
 from __future__ import annotations
 
@@ -50,8 +49,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from redis.exceptions import NoPermissionError
+
 from scheduler.protocol import bells
 from scheduler.protocol.keys import Keyspace
+from scheduler.protocol.masking import mask_secrets
 from scheduler.redisio.connection import is_cluster
 from scheduler.redisio.errors import REDIS_ERRORS
 from scheduler.redisio.transport_async import checkout, drop_and_release
@@ -70,9 +72,8 @@ LISTEN_CHECK_S = 1.0  # how often a listener renews its role (at most, and only 
 # listener taking one ring after another keeps the role. One with no free slot hands it on at once
 # (a burst then spreads one hop per worker, as before).
 HAND_OFF_S = 0.020
-HELPERS_MAX = 8  # sleepers one burst claim wakes at most (each woken helper's burst claims wake more)
-# How long a helper keeps waiting on the bells after its last ring: longer than the hops of a burst
-# (a claim round trip each), short enough that the spread traffic after it returns to the listener.
+# How long a helper (a sleeper that found a stale ring) keeps waiting on the bells after its last
+# ring: longer than a claim round trip, short enough that spread traffic returns to the listener.
 HELP_S = 0.050
 WAKE_TTL_MS = 2_000  # wake-ups nobody took expire (no sleeper then: each would cost a wasted turn)
 # A ring this old (ms) in a bell means the listener is not taking rings (killed, stopped, its loop
@@ -93,7 +94,8 @@ class Doorbell:
         self.redis = redis
         self.ks = ks
         self.keys = [ks.bell(q) for q in queues]
-        self.queue_of = {k.encode(): q for k, q in zip(self.keys, queues)}
+        self.burst = [ks.burst_bell(q) for q in queues]
+        self.queue_of = {k.encode(): q for k, q in zip(self.keys + self.burst, list(queues) * 2)}
         self.wait_s = _block_seconds(redis, wait)
         # One server (or a Sentinel master): the wait goes out on a connection this object keeps,
         # packed once, with no per-call pool checkout, retry wrapper or command book-keeping.
@@ -107,13 +109,12 @@ class Doorbell:
         self.listener_key = ks.listener(queues)
         self.wake_key = ks.listen_wake(queues)
         self.id = os.urandom(8).hex().encode()
-        # Off (the default), every idle worker waits on the bells: each is a listener, with no
-        # role to take or hand on and no helpers to wake.
+        # Off (Worker(one_listener=False)), every idle worker waits on the bells: each is a
+        # listener, with no role to take or hand on.
         self.one_listener = one_listener
         self.listening = not one_listener
         self._checked_until = 0.0
         self._helping_until = 0.0  # monotonic: a helper (not the listener) waits on the bells until then
-        self._calls: set[asyncio.Task[None]] = set()  # wake-ups of helpers in flight
 
     async def take(self) -> tuple[str, bytes, float] | None:
         """Wait up to :attr:`wait_s` for a ring on any of the bells and take it: (queue, member,
@@ -128,16 +129,21 @@ class Doorbell:
         else:
             reply = await self._wait(mode)
         if mode == SLEEP:
-            if reply is not None:  # woken: take the role if it is free, else help
+            if reply is None:
+                self._checked_until = 0.0  # a timeout: check the role (it may have expired) and the bells
+                return None
+            if _as_bytes(reply[0]) == self.wake_key.encode():  # woken: take the role if it is free, else help
                 self._checked_until = 0.0
-                if bytes(reply[1]).startswith(b"h"):
+                if bytes(reply[1]).startswith(b"h"):  # from a worker before 2026-12-04 (helpers for bursts)
                     self._helping_until = time.monotonic() + HELP_S
-            return None
+                return None
         if reply is None:
             self._helping_until = 0.0  # no ring for HELP_S: back to sleep
             return None
         if mode == HELP:
             self._helping_until = time.monotonic() + HELP_S
+        # a sleeper that took a burst ring claims there and sleeps again (spread traffic stays
+        # on the listener)
         key, member, score = reply
         queue = self.queue_of.get(key if isinstance(key, bytes) else str(key).encode())
         if queue is None:  # not one of ours: cannot happen with the keys we asked for
@@ -146,39 +152,20 @@ class Doorbell:
 
     @property
     def helping(self) -> bool:
-        """Whether this worker is a helper now: not the listener, woken by a burst, and waiting on
-        the bells until no ring came for :data:`HELP_S`."""
+        """Whether this worker is a helper now: not the listener, it found a ring nobody took (the
+        listener stalls) and waits on the bells until no ring came for :data:`HELP_S`."""
         return time.monotonic() < self._helping_until
 
     def _command(self, mode: str) -> tuple[list[str], float]:
-        """The keys and timeout of the wait in ``mode``: the bells (listener, helper) or the
-        wake-up key (sleeper)."""
+        """The keys and timeout of the wait in ``mode``: the bells and burst bells (listener,
+        helper), or the wake-up key and the burst bells (sleeper)."""
         if mode == SLEEP:
-            return [self.wake_key], self.wait_s
-        return self.keys, (self.wait_s if mode == LISTEN else HELP_S)
-
-    def claimed(self, got: int, concurrency: int) -> None:
-        """A claim brought ``got`` jobs to a worker with ``concurrency`` handler slots: when that
-        is more than it can start at once (a burst), wake helpers in the background (the module
-        docstring). A lost wake-up costs latency, never a job."""
-        if not self.one_listener:
-            return
-        helpers = min(HELPERS_MAX, (got - 1) // max(1, concurrency))
-        if helpers <= 0 or len(self._calls) >= HELPERS_MAX:
-            return
-        task = asyncio.create_task(self._call_helpers(helpers))
-        self._calls.add(task)
-        task.add_done_callback(self._calls.discard)
-
-    async def _call_helpers(self, helpers: int) -> None:
-        try:
-            await self._wake([f"h{i}" for i in range(helpers)])
-        except REDIS_ERRORS as exc:
-            log.debug("could not wake helpers: %s", exc)
+            return [self.wake_key, *self.burst], self.wait_s
+        return self.keys + self.burst, (self.wait_s if mode == LISTEN else HELP_S)
 
     async def _wake(self, members: Sequence[str]) -> None:
-        """Add ``members`` to the wake-up key (each wakes one sleeper: ``w`` to take the role,
-        ``hN`` to help); the key expires if nobody sleeps to take them."""
+        """Add ``members`` to the wake-up key (each wakes one sleeper: ``w`` to take the role);
+        the key expires if nobody sleeps to take them."""
         now = time.time() * 1000
         pipe = self.redis.pipeline(transaction=False)
         pipe.zadd(self.wake_key, dict.fromkeys(members, now))
@@ -201,14 +188,25 @@ class Doorbell:
         # cluster); the listener renewing its role and a helper taking rings have no use for it.
         pipe = r.pipeline(transaction=False)
         pipe.set(key, self.id, px=LISTEN_TTL_MS, nx=True, get=True)
+        # A sleeper's check is kept for LISTEN_CHECK_S as well (one that took a burst ring does not
+        # ask again before it sleeps); a wake-up or a timeout of its wait ends it early.
         for bell in () if self.listening or self.helping else self.keys:
             pipe.zrange(bell, 0, 0, withscores=True)
-        before, *oldest = await pipe.execute()
+        try:
+            before, *oldest = await pipe.execute()
+        except NoPermissionError as exc:
+            # An ACL written before one listener was the default (no ~{NS}:listen:*): wait on the
+            # bells as every worker did then, rather than retry a refused command forever.
+            log.error("doorbell: Redis refused the listener key %s (%s); this worker waits on the bells as with "
+                      "--no-one-listener. Grant its ACL user ~{%s}:listen:* (docs/operations.md, 'ACL users') "
+                      "for one listener", key, mask_secrets(str(exc)), self.ks.namespace)
+            self.one_listener, self.listening, self._helping_until = False, True, 0.0
+            return True
         held = before is None
         if before == self.id:
             held = await r.pexpire(key, LISTEN_TTL_MS)  # False if it expired between the two
         self.listening = bool(held)
-        self._checked_until = now + LISTEN_CHECK_S if held else 0.0
+        self._checked_until = now + LISTEN_CHECK_S
         if not held and _stale(oldest, time.time() * 1000 - STALE_RING_MS):
             # Rings wait that nobody takes: the listener died or stalls, and its role would keep
             # them waiting until it expires (LISTEN_TTL_MS). Help: wait on the bells now.
@@ -269,8 +267,6 @@ class Doorbell:
     async def close(self) -> None:
         """Hand the listener role on (a stopping worker takes no more rings) and give the kept
         connection back to the pool (the listen loop has ended)."""
-        for task in list(self._calls):
-            task.cancel()
         with contextlib.suppress(*REDIS_ERRORS):
             await self.hand_off()
         conn, self._held = self._held, None
@@ -282,11 +278,12 @@ class Doorbell:
         member, score), oldest first. For a worker that stayed busy: a ring still in a bell is one
         no idle worker was there to take."""
         pipe = self.redis.pipeline(transaction=False)
-        for k in self.keys:
+        keys = self.keys + self.burst
+        for k in keys:
             pipe.zpopmin(k, count)
         replies = await pipe.execute()
         out = [(self.queue_of[k.encode()], m if isinstance(m, bytes) else str(m).encode(), float(score))
-               for k, reply in zip(self.keys, replies) for m, score in reply]
+               for k, reply in zip(keys, replies) for m, score in reply]
         out.sort(key=lambda r: r[2])
         return out
 
@@ -302,10 +299,15 @@ class Doorbell:
         return [q for q, ok in zip(queues, taken) if ok]
 
     async def ring(self, queue: str, member: bytes | str, score: float | None = None) -> None:
-        """Ring ``queue``'s bell with ``member`` (a partition number, or ``P:resume``), keeping an
-        earlier ring of the same member (NX). ``score``: when it was first rung (ms), to put back
-        a member this worker took and could not use; default now."""
-        await bells.ring(self.redis, self.ks, queue, member, score)
+        """Ring ``queue``'s burst bell, which every idle worker waits on, with ``member`` (a
+        partition number, or ``P:resume``), keeping an earlier ring of the same member (NX): after a
+        claim that may have left jobs behind (on a cluster), or to put back a member this worker
+        took and could not use (``score``: when it was first rung, ms; default now)."""
+        await bells.ring(self.redis, self.ks, queue, member, score, burst=True)
+
+
+def _as_bytes(v: Any) -> bytes:
+    return v if isinstance(v, bytes) else str(v).encode()
 
 
 def _stale(oldest: Sequence[Any], before_ms: float) -> bool:

@@ -416,7 +416,6 @@ class DoorbellFetch(Fetch):
                 planner.claimed(q, p, n, gen, got)
             if self._ring_after_claims and p in planner.hot[q]:
                 self._ring(q, p)  # may have left jobs behind: the script could not ring (cluster)
-            self.bells.claimed(got, slots.concurrency)  # a burst wakes helpers
             if got:  # monotonic - Redis's time (an upper bound): maps due times onto our clock
                 dispatch(q, p, jobs, t0, self.clock.offset(now_us / 1_000_000, t0, received), held)
         return node_down

@@ -19,8 +19,7 @@ from scheduler.protocol.registry import MAX_INTERVAL_S
 
 DEFAULT_CONCURRENCY = 16
 # jobs handed off ahead of their due time that may wait on top of the handler slots: the tier's
-# default 20 ms lead at up to 1 600 jobs/s per worker. With one listener (below) the default is the
-# concurrency, up to this: see WorkerOptions.prefetch_slots.
+# default 20 ms lead at up to 1 600 jobs/s per worker
 DEFAULT_PREFETCH = 32
 DEFAULT_SHUTDOWN_GRACE = 30.0
 # at shutdown, how long undelivered outcomes (acks, failures, hand-backs) are retried while Redis
@@ -86,7 +85,7 @@ class WorkerOptions:
     namespace: str | None = None
     queues: Sequence[str] | None = None  # stored as a tuple, duplicates dropped
     concurrency: int = DEFAULT_CONCURRENCY
-    prefetch: int | None = None  # None: the default, which depends on one_listener (prefetch_slots)
+    prefetch: int | None = None  # None: DEFAULT_PREFETCH (prefetch_slots)
     handler_timeouts: Mapping[str, float] = field(default_factory=dict, hash=False)
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
@@ -99,7 +98,7 @@ class WorkerOptions:
     redis_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     sharded_pubsub: bool | None = None  # None: sharded exactly on a Redis Cluster (AsyncClient's rule)
     registry_interval: float = DEFAULT_REGISTRY_INTERVAL
-    one_listener: bool = False  # one worker of a set of queues waits on the bells (workers/doorbell.py)
+    one_listener: bool = True  # one worker of a set of queues waits on the bells (workers/doorbell.py)
 
     def __post_init__(self) -> None:
         # Normalised in place (frozen: through object.__setattr__); checking an already
@@ -142,16 +141,11 @@ class WorkerOptions:
 
     @property
     def prefetch_slots(self) -> int:
-        """The prefetch allowance in effect: ``prefetch`` when given, else :data:`DEFAULT_PREFETCH`,
-        or with ``one_listener`` the concurrency (at most :data:`DEFAULT_PREFETCH`). One listener
-        takes the rings of a whole fleet: with a large allowance it took a burst's first
-        partitions whole, jobs due at the same instant that its handler slots then ran a few at a
-        time while the workers it woke had room (``bench fanout``, 16 workers of concurrency 4,
-        bursts of 300 jobs: handler lateness p50 -26 %, worker CPU -15 % with an allowance of 4
-        against 32; docs/scaling.md "Adding workers")."""
-        if self.prefetch is not None:
-            return self.prefetch
-        return min(self.concurrency, DEFAULT_PREFETCH) if self.one_listener else DEFAULT_PREFETCH
+        """The prefetch allowance in effect: ``prefetch`` when given, else :data:`DEFAULT_PREFETCH`.
+        (Until 2026-12-04 one listener defaulted to the concurrency: it then took a burst's first
+        partitions whole while the workers it woke had room. Bursts now ring every idle worker:
+        docs/architecture.md "Waking workers".)"""
+        return DEFAULT_PREFETCH if self.prefetch is None else self.prefetch
 
     def updated(self, **changes: Any) -> WorkerOptions:
         """A copy with the given settings changed; ``None`` leaves a setting as it is, and

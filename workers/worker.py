@@ -108,30 +108,30 @@ class Worker:
     dead-letters its jobs as ``NoHandler``). ``concurrency``: exact limit of handlers running at
     once (sync handlers run in a thread pool of that size). ``prefetch``: how many jobs handed off
     ahead of their due time (``zsched scheduler --handoff-lead``) may wait for it on top of
-    ``concurrency`` (default 32, with ``one_listener`` the concurrency up to 32; 0: they wait in
-    handler slots); due jobs are only ever claimed into free handler slots. ``handler_timeouts``: seconds per queue
-    (overrides ``@handler(timeout=...)``); a timeout counts as a failure. ``shutdown_grace``:
-    seconds running handlers get to finish after the first SIGTERM/SIGINT before their jobs are
-    handed back. ``drain_timeout``: seconds a stopping worker keeps retrying the outcomes it could
-    not deliver (Redis unreachable) before it exits without them (default 10; their jobs run again
-    once their leases expire). ``tombstone_ttl``: deprecated (the namespace's is followed:
-    ``Client.set_tombstone_ttl``); given, it overrides it for this worker's acks.
-    ``metrics``: optional :class:`~workers.stats.WorkerMetrics` hook. ``metrics_port``: serve
-    Prometheus metrics on 127.0.0.1:PORT. ``idle_sweep``: seconds between safety-net sweeps when
-    idle (stretched so a sweep costs at most ~16 claims/s with many partitions and queues).
-    ``redis_options``: extra redis-py connection arguments, as for ``Client.from_url`` (the worker
-    takes a URL, not a client: it makes its clients inside its own event loop; ``redis_kwargs`` is
-    the deprecated old name). ``sharded_pubsub``:
-    the Redis Cluster layout (the partitions' owners ring the doorbells for the scripts, Redis >=
-    7); None (default): exactly when the URL is a Redis Cluster's. It must match the producers'
-    and the scheduler replicas' layout, or the worker hears no rings and finds jobs only by its
-    ``idle_sweep``. ``registry_interval``: seconds between refreshes of this process's record in
-    the namespace's worker registry (``zsched workers``; default 5): a worker that stops refreshing
-    (killed) drops out of the live list 3 intervals after its last refresh. ``one_listener``: of
-    the workers serving the same queues only one waits on the doorbells, the others sleep until it
-    fills up or a burst comes (default False: every idle worker waits; docs/scaling.md "Adding
-    workers"). ``fetch``: how jobs are fetched: a :class:`~workers.fetch.Fetch` subclass (or any
-    callable taking a :class:`~workers.fetch.FetchContext` and returning a ``Fetch``); default
+    ``concurrency`` (default 32; 0: they wait in handler slots); due jobs are only ever claimed into
+    free handler slots. ``handler_timeouts``: seconds per queue (overrides
+    ``@handler(timeout=...)``); a timeout counts as a failure. ``shutdown_grace``: seconds running
+    handlers get to finish after the first SIGTERM/SIGINT before their jobs are handed back.
+    ``drain_timeout``: seconds a stopping worker keeps retrying the outcomes it could not deliver
+    (Redis unreachable) before it exits without them (default 10; their jobs run again once their
+    leases expire). ``tombstone_ttl``: deprecated (the namespace's is followed:
+    ``Client.set_tombstone_ttl``); given, it overrides it for this worker's acks. ``metrics``:
+    optional :class:`~workers.stats.WorkerMetrics` hook. ``metrics_port``: serve Prometheus metrics
+    on 127.0.0.1:PORT. ``idle_sweep``: seconds between safety-net sweeps when idle (stretched so a
+    sweep costs at most ~16 claims/s with many partitions and queues). ``redis_options``: extra
+    redis-py connection arguments, as for ``Client.from_url`` (the worker takes a URL, not a client:
+    it makes its clients inside its own event loop; ``redis_kwargs`` is the deprecated old name).
+    ``sharded_pubsub``: the Redis Cluster layout (the partitions' owners ring the doorbells for the
+    scripts, Redis >= 7); None (default): exactly when the URL is a Redis Cluster's. It must match
+    the producers' and the scheduler replicas' layout, or the worker hears no rings and finds jobs
+    only by its ``idle_sweep``. ``registry_interval``: seconds between refreshes of this process's
+    record in the namespace's worker registry (``zsched workers``; default 5): a worker that stops
+    refreshing (killed) drops out of the live list 3 intervals after its last refresh.
+    ``one_listener``: of the workers serving the same queues only one waits on the doorbells, the
+    others sleep until it fills up or a burst comes (default True; False: every idle worker waits on
+    them; docs/scaling.md "Adding workers"). ``fetch``: how jobs are fetched: a
+    :class:`~workers.fetch.Fetch` subclass (or any callable taking a
+    :class:`~workers.fetch.FetchContext` and returning a ``Fetch``); default
     :class:`~workers.fetch.DoorbellFetch`. The settings are in :attr:`options`.
     """
 

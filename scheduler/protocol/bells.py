@@ -11,25 +11,42 @@ from typing import Any
 
 from .keys import Keyspace, validate_name
 
-RELAY_PREFIX = b"r "  # a wake-channel message asking the partition's owner to ring a bell
+# Wake-channel messages asking the partition's owner to ring a bell: "r MEMBER QUEUE" its bell,
+# "b MEMBER QUEUE" its burst bell (lua/_lib.lua ring).
+RELAY_PREFIXES = (b"r ", b"b ")
 
 
-async def ring(redis: Any, ks: Keyspace, queue: str, member: bytes | str, score_ms: float | None = None) -> None:
-    """Ring ``queue``'s bell with ``member`` ("P" or "P:resume"), keeping an earlier ring of the same
-    member and its time (NX). ``score_ms``: when it was rung first (default now, this host's clock)."""
+async def ring(redis: Any, ks: Keyspace, queue: str, member: bytes | str, score_ms: float | None = None,
+               burst: bool = False) -> None:
+    """Ring ``queue``'s bell (``burst``: its burst bell, which every idle worker waits on) with
+    ``member`` ("P" or "P:resume"), keeping an earlier ring of the same member and its time (NX).
+    ``score_ms``: when it was rung first (default now, this host's clock)."""
     at = time.time() * 1000 if score_ms is None else score_ms
-    await redis.zadd(ks.bell(queue), {member: at}, nx=True)
+    if not burst:
+        await redis.zadd(ks.bell(queue), {member: at}, nx=True)
+        return
+    # moved out of the bell, as the scripts do (lua/_lib.lua bell_ring): one claim per ring
+    pipe = redis.pipeline(transaction=False)
+    pipe.zadd(ks.burst_bell(queue), {member: at}, nx=True)
+    pipe.zrem(ks.bell(queue), member)
+    await pipe.execute()
 
 
-def parse_relay(data: bytes) -> tuple[int, bytes, str]:
-    """A relay message "r MEMBER QUEUE" -> (partition, member, queue). ValueError when malformed
-    (or the queue is not a queue name: such a message never names a key we write)."""
+def is_relay(data: bytes) -> bool:
+    """Whether a wake-channel message is a relay (:func:`parse_relay` reads it)."""
+    return data.startswith(RELAY_PREFIXES)
+
+
+def parse_relay(data: bytes) -> tuple[int, bytes, str, bool]:
+    """A relay message "r MEMBER QUEUE" or "b MEMBER QUEUE" -> (partition, member, queue, burst).
+    ValueError when malformed (or the queue is not a queue name: such a message never names a key
+    we write)."""
     parts = data.split(b" ")
-    if len(parts) != 3 or parts[0] != RELAY_PREFIX.strip():
+    if len(parts) != 3 or parts[0] not in (b"r", b"b"):
         raise ValueError(f"not a relay message: {data[:80]!r}")
     member, queue = parts[1], parts[2].decode("ascii", "replace")
     validate_name("queue", queue)
     head, _, tail = member.partition(b":")
     if not head.isdigit() or tail not in (b"", b"resume"):
         raise ValueError(f"bad bell member {member[:40]!r}")
-    return int(head), member, queue
+    return int(head), member, queue, parts[0] == b"b"

@@ -174,6 +174,14 @@ class Keyspace:
         worker waits on all its queues' bells with one command, on Redis Cluster too."""
         return "{%s}:bell:%s" % (self.namespace, queue)
 
+    def burst_bell(self, queue: str) -> str:
+        """``queue``'s burst bell (lua/_lib.lua ``ring``): the bell rung instead of :meth:`bell`
+        when a script leaves several jobs ready in a partition at once (``BURST_RING``), and by
+        ``resume``. Every idle worker waits on it, the sleepers of ``--one-listener`` too, so a
+        burst reaches them all at once while spread traffic stays on the listener. Same members and
+        scores as the bell."""
+        return "{%s}:bell:%s:b" % (self.namespace, queue)
+
     def listener(self, queues: Sequence[str]) -> str:
         """With ``zsched worker --one-listener``: which worker serving exactly ``queues`` waits on
         their bells now (workers/doorbell.py): a string holding its id, set with NX and kept alive

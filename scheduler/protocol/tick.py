@@ -69,7 +69,8 @@ class TickReply:
     queues: list[QueueTokens]        # one per rate-limited queue passed to the call, same order
     crons_to_refill: list[str]       # crons whose table of occurrences runs low: call cron_fill
     dropped_dead: list[tuple[bytes, str]]  # (raw job id, queue) removed by the dead-letter retention
-    to_ring: list[str]               # Redis Cluster: queues whose bells the caller rings ([] elsewhere)
+    # Redis Cluster: (queue, burst) whose bells the caller rings, the burst bell when burst ([] elsewhere)
+    to_ring: list[tuple[str, bool]]
     lateness_ms: list[int]           # per fired job: Redis now minus its due time
 
 
@@ -147,13 +148,14 @@ def parse_tick(reply: list[Any]) -> TickReply | EpochRefused:
     dropped = reply[at + 1: at + 1 + 2 * ndropped]
     at += 1 + 2 * ndropped
     nring = int(reply[at])
-    to_ring = [q.decode() for q in reply[at + 1: at + 1 + nring]]
+    flat = reply[at + 1: at + 1 + 2 * nring]
+    to_ring = [(flat[i].decode(), int(flat[i + 1]) == 1) for i in range(0, len(flat), 2)]
     next_due = int(reply[1])
     return TickReply(
         moved=int(reply[0]), next_due_ms=next_due if next_due >= 0 else None, now_ms=int(reply[2]),
         queues=queues, crons_to_refill=crons,
         dropped_dead=[(dropped[i], dropped[i + 1].decode()) for i in range(0, len(dropped), 2)],
-        to_ring=to_ring, lateness_ms=reply[at + 1 + nring:])
+        to_ring=to_ring, lateness_ms=reply[at + 1 + 2 * nring:])
 
 
 # -- reap ----------------------------------------------------------------------------------------

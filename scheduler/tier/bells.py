@@ -1,6 +1,7 @@
 """The doorbells a partition's owner rings on Redis Cluster (scheduler/protocol/bells.py says
 why the scripts cannot ring them there): the queues a ``tick`` fired into, the rings other
-scripts of its partitions relay over the wake channel ("r MEMBER QUEUE"), and, on taking a
+scripts of its partitions relay over the wake channel ("r MEMBER QUEUE", "b MEMBER QUEUE" for
+a burst bell), and, on taking a
 partition, every queue whose ready list already has jobs (a relay sent while nobody owned the
 partition was lost). Off a cluster the scripts ring the bells themselves and this is not used.
 
@@ -28,23 +29,24 @@ class BellRinger:
         self.ks = ks
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def ring(self, queues: Iterable[str], member: bytes | str, score_ms: float | None = None) -> None:
-        """Ring each of ``queues``' bells with ``member`` (a partition number, or ``P:resume``)."""
-        for q in queues:
-            self._spawn(bells.ring(self.redis, self.ks, q, member, score_ms))
+    def ring(self, queues: Iterable[tuple[str, bool]], member: bytes | str, score_ms: float | None = None) -> None:
+        """Ring the bell of each (queue, burst) of ``queues`` (its burst bell when burst) with
+        ``member`` (a partition number, or ``P:resume``)."""
+        for q, burst in queues:
+            self._spawn(bells.ring(self.redis, self.ks, q, member, score_ms, burst))
 
     def relay(self, data: bytes, owned: Iterable[int]) -> bool:
         """Ring the bell a relay message names if this replica owns its partition; True when
         ``data`` was a relay message (rung or not)."""
-        if not data.startswith(bells.RELAY_PREFIX):
+        if not bells.is_relay(data):
             return False
         try:
-            p, member, queue = bells.parse_relay(data)
+            p, member, queue, burst = bells.parse_relay(data)
         except ValueError as exc:
             log.warning("ignoring a malformed ring relay: %s", exc)
             return True
         if p in owned:
-            self.ring([queue], member)
+            self.ring([(queue, burst)], member)
         return True
 
     def ring_waiting(self, partition: int) -> None:
@@ -61,8 +63,8 @@ class BellRinger:
             pipe.llen(self.ks.ready(partition, name))
         depths = await pipe.execute()
         for name, depth in zip(names, depths):
-            if depth:
-                await bells.ring(self.redis, self.ks, name, str(partition))
+            if depth:  # a list that waited for an owner may hold many: every idle worker hears it
+                await bells.ring(self.redis, self.ks, name, str(partition), burst=True)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(_quietly(coro))

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
+import os
 import time
 from datetime import timedelta
 from typing import Any
@@ -148,8 +150,8 @@ async def test_a_worker_with_no_free_slot_hands_a_ring_on(redis_url: str) -> Non
             await wait_for(lambda: w.stats.notified == 1, 5, what="the ring")
             await asyncio.sleep(0.2)
             assert w.stats.notified == 1, "the worker took its own ring back"
-            await wait_for(lambda: client.redis.zscore(client.keyspace.bell("q"), p) is not None, 5,
-                           what="the ring back in the bell")
+            await wait_for(lambda: client.redis.zscore(client.keyspace.burst_bell("q"), p) is not None, 5,
+                           what="the ring back in the burst bell (every idle worker waits on it)")
             assert jid not in ran
             slots.put_back(handler)
             slots.wake.set()
@@ -419,72 +421,55 @@ async def test_a_stopping_listener_hands_its_role_on(redis_url: str) -> None:
         client.close()
 
 
-async def test_a_burst_claim_wakes_helpers_that_wait_on_the_bells_beside_the_listener(
-        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """One listener alone would take a burst's rings one after another. A claim that brings more
-    jobs than the worker has handler slots wakes ``(jobs - 1) // concurrency`` sleepers, which
-    wait on the bells beside it, so the next rings go round them (Redis: longest waiting first)."""
-    monkeypatch.setattr(doorbell, "HAND_OFF_S", 30.0)  # the role stays put: only helpers share rings
-    monkeypatch.setattr(doorbell, "HELP_S", 30.0)  # and they stay on the bells for the whole test
-    ns = "burst"
+@pytest.mark.parametrize("jobs", [1, 3, 4, 9])
+async def test_a_burst_rings_the_burst_bell_and_a_few_jobs_the_bell(redis_url: str, jobs: int) -> None:
+    """A script that leaves BURST_RING (4) or more jobs ready in a partition at once rings the
+    queue's burst bell, which every idle worker waits on; fewer ring the bell, which only the
+    listener waits on. Checked with no worker waiting, so the rings stay where they were put."""
+    ns = f"route{jobs}"
     client = Client.from_url(redis_url, namespace=ns, partitions=1).connect()
-    fetches: dict[int, DoorbellFetch] = {}
-    # An allowance above the listener's default (its concurrency), so one claim takes the burst.
-    ws, ran, made = workers(redis_url, WORKERS, concurrency=2, namespace=ns, by_worker=fetches, one_listener=True,
-                            prefetch=8)
+    ks = client.keyspace
     try:
-        async with serving(*ws):
-            await all_waiting(made, client, WORKERS)
-            hot = listener_of(fetches, client)
-            others = [i for i in fetches if i != hot]
-            assert not any(fetches[i].bells.listening for i in others)
-            # 7 jobs handed off 30 s ahead (as the tier does with its lead) ring once; the
-            # listener claims all 7 onto 2 handler slots and prefetch: a burst, 3 helpers
-            client.schedule_many([(timedelta(seconds=30), n) for n in range(7)], queue="q")
-            moved = parse_tick(client.transport.call(*tick_call(client.calls, 0, 0, 100, {}, NO_RETENTION,
-                                                               lead_ms=40_000)))
-            assert moved.moved == 7
-            await wait_for(lambda: ws[hot].stats.claimed == 7, 5, what="the burst on the listener")
-            await wait_for(lambda: all(fetches[i].bells.helping for i in others), 5,
-                           what="three helpers woken")
-            await wait_for(lambda: int(client.redis.info("clients")["blocked_clients"]) == WORKERS, 5,
-                           what="the listener and the helpers on the bells")
-            for n in range(WORKERS):  # one ring at a time: each goes to the worker waiting longest
-                jid = client.schedule(timedelta(0), f"after {n}", queue="q")
-                await wait_for(lambda jid=jid: jid in ran, 5, what=f"job {n}")
-            assert sorted(w.stats.notified for w in ws) == [1, 1, 1, 2], [w.stats.notified for w in ws]
-            assert ws[hot].stats.notified == 2
+        client.schedule_many([(timedelta(seconds=30), n) for n in range(jobs)], queue="q")
+        moved = parse_tick(client.transport.call(*tick_call(client.calls, 0, 0, 100, {}, NO_RETENTION,
+                                                           lead_ms=40_000)))
+        assert moved.moved == jobs
+        burst = jobs >= 4
+        assert client.redis.zrange(ks.burst_bell("q"), 0, -1) == ([b"0"] if burst else [])
+        assert client.redis.zrange(ks.bell("q"), 0, -1) == ([] if burst else [b"0"])
     finally:
         client.close()
 
 
-
-async def test_a_listener_with_the_default_allowance_leaves_the_rest_of_a_burst_to_other_workers(
+async def test_a_burst_reaches_the_sleepers_at_once_while_a_single_job_waits_for_the_listener(
         redis_url: str) -> None:
-    """With one listener the prefetch allowance defaults to the concurrency: a listener that took a
-    burst whole would run jobs due at the same instant a few at a time while the workers it woke
-    had room. It claims what it can start (its handler slots and as many prefetch slots), the
-    claim rings again for the rest, and other workers take it."""
-    ns = "burst-default"
+    """The listener role is held by a worker that takes no rings (as if stalled), so every real
+    worker sleeps: a burst (jobs due at once in a partition) rings the burst bell, on which the
+    sleepers wait, and runs at once; a single job rings the bell and waits until a sleeper's wait
+    times out and finds it stale (no sweep: their period is 600 s)."""
+    ns = "sleepers"
     client = Client.from_url(redis_url, namespace=ns, partitions=1).connect()
-    fetches: dict[int, DoorbellFetch] = {}
-    ws, ran, made = workers(redis_url, WORKERS, concurrency=2, namespace=ns, by_worker=fetches, one_listener=True)
-    assert all(w.prefetch == 2 for w in ws)
+    client.redis.set(client.keyspace.listener(["q"]), b"a-stalled-listener", px=60_000)
+    ws, ran, made = workers(redis_url, 3, namespace=ns, one_listener=True)
     try:
         async with serving(*ws):
-            await all_waiting(made, client, WORKERS)
-            hot = listener_of(fetches, client)
-            # 7 jobs handed off 30 s ahead (as the tier does with its lead) ring once
-            client.schedule_many([(timedelta(seconds=30), n) for n in range(7)], queue="q")
-            moved = parse_tick(client.transport.call(*tick_call(client.calls, 0, 0, 100, {}, NO_RETENTION,
-                                                               lead_ms=40_000)))
-            assert moved.moved == 7
-            await wait_for(lambda: total(ws, "claimed") == 7, 5, what="the whole burst claimed")
-            claimed = [w.stats.claimed for w in ws]
-            assert claimed[hot] == 4, claimed  # 2 handler slots + 2 prefetch slots, not all 7
-            assert sum(1 for c in claimed if c) >= 2, claimed
+            await all_waiting(made, client, 3)
+            assert not any(f.bells.listening for f in made)
+            t0 = time.monotonic()
+            ids = client.schedule_many([(timedelta(0), n) for n in range(8)], queue="q")  # 4 + 4
+            await wait_for(lambda: set(ids) <= set(ran), 5, what="the burst")
+            took = time.monotonic() - t0
+            assert took < BELL_WAIT / 2, f"the burst waited {took:.2f}s: it did not reach the sleepers"
+            await all_waiting(made, client, 3)
+            t0 = time.monotonic()
+            jid = client.schedule(timedelta(0), "single", queue="q")
+            await asyncio.sleep(0.3)
+            assert jid not in ran, "a single job went past the listener's bell"
+            await wait_for(lambda: jid in ran, BELL_WAIT + doorbell.STALE_RING_MS / 1000 + 3,
+                           what="the single job, on a sleeper that found its ring stale")
     finally:
         client.close()
+
 
 async def test_without_the_option_every_idle_worker_waits_on_the_bells_and_no_role_is_kept(
         redis_url: str) -> None:
@@ -500,4 +485,33 @@ async def test_without_the_option_every_idle_worker_waits_on_the_bells_and_no_ro
             assert not client.redis.exists(client.keyspace.listener(["q"]), client.keyspace.listen_wake(["q"]))
             assert [w.stats.notified for w in ws] == [2, 2, 2]  # round the waiting workers
     finally:
+        client.close()
+
+
+async def test_a_worker_refused_the_listener_key_says_so_once_and_waits_on_the_bells(
+        redis_server: RedisServer, redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """An ACL written before one listener was the default grants the bells but not
+    ``{NS}:listen:*``: the worker logs one error naming the key and what to grant, and waits on the
+    bells as with ``--no-one-listener``, so rings still reach it at once (no sweep: 600 s)."""
+    user = f"bells-{os.getpid()}"
+    redis_server.command("ACL", "SETUSER", user, "on", ">pw", "~{acl:*", "~{acl}:cfg", "~{acl}:workers*",
+                         "~{acl}:bell:*", "~{acl}:sweep:*", "&*", "+@all")
+    url = redis_url.replace("redis://", f"redis://{user}:pw@")
+    client = Client.from_url(redis_url, namespace="acl").connect()
+    caplog.set_level(logging.INFO, "zsched.worker")
+    ws, ran, made = workers(url, 2, namespace="acl", one_listener=True)
+    try:
+        async with serving(*ws):
+            await all_waiting(made, client, 2)
+            assert all(f.bells.listening and not f.bells.one_listener for f in made)
+            for n in range(3):
+                t0 = time.monotonic()
+                jid = client.schedule(timedelta(0), n, queue="q")
+                await wait_for(lambda jid=jid: jid in ran, 5, what=f"job {n}")
+                assert time.monotonic() - t0 < 1.0, "picked up by a ring, not a sweep"
+            refused = [r.getMessage() for r in caplog.records if "refused the listener key" in r.getMessage()]
+            assert len(refused) == 2, refused  # once per worker
+            assert "{acl}:listen:" in refused[0] and "--no-one-listener" in refused[0] and "pw@" not in refused[0]
+    finally:
+        redis_server.command("ACL", "DELUSER", user)
         client.close()

@@ -42,8 +42,9 @@ async def test_jobs_for_the_next_seconds_run_once_each_at_their_time(
         lateness = sorted(r[4] - due[r[1]] for r in starts)
         assert lateness[0] >= -0.001, f"a job started {-lateness[0]:.4f}s before its run_at"
         assert lateness[len(lateness) // 2] < 0.05 and lateness[-1] < 0.5, lateness[-5:]
-        if n_workers > 1:
-            assert len({r[3] for r in starts}) > 1, "the work was shared between worker processes"
+        # With several workers, which process ran them is not asserted: 100 no-op jobs a second
+        # never fill the listener (workers/doorbell.py), which keeps spread traffic on one warm
+        # process; tests/integration/test_doorbells.py shows it handing on when it is full.
         assert all(client.get(j).state is JobState.DONE for j in list(due)[:20])
     finally:
         for p in workers + replicas:

@@ -87,7 +87,8 @@ class Pair(ScriptPair):
         if isinstance(fast, tuple) or isinstance(general, tuple) or fast[0] == -1:
             assert fast == general, f"{step}: replies differ: {fast!r} vs {general!r}"
         else:
-            late = 7 + int(fast[6])  # moved, next, now, limited (4 each), crons, dropped, rings (see the header)
+            # moved, next, now, limited (4 each), crons, dropped, rings (pairs: see the header)
+            late = 7 + 2 * int(fast[6])
             assert fast[:2] + fast[3:late] == general[:2] + general[3:late], f"{step}: {fast!r} vs {general!r}"
             assert abs(fast[2] - general[2]) < 1000 and len(fast) == len(general), f"{step}: {fast!r} vs {general!r}"
             assert all(abs(a - b) < 1000 for a, b in zip(fast[late:], general[late:])), f"{step}: lateness differs"

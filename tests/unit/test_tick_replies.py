@@ -60,12 +60,12 @@ def test_tick_reply_with_limits_crons_drops_and_lateness() -> None:
              2, b"mail", 3, 4, 1, b"sms", 0, 0, 0,
              1, b"nightly",
              1, raw_id, b"mail",
-             2, b"mail", b"sms",
+             2, b"mail", b"1", b"sms", b"0",
              5, 0, 12]
     assert parse_tick(reply) == TickReply(
         moved=7, next_due_ms=1500, now_ms=1000,
         queues=[QueueTokens("mail", 3, 4, 1), QueueTokens("sms", 0, 0, 0)],
-        crons_to_refill=["nightly"], dropped_dead=[(raw_id, "mail")], to_ring=["mail", "sms"],
+        crons_to_refill=["nightly"], dropped_dead=[(raw_id, "mail")], to_ring=[("mail", True), ("sms", False)],
         lateness_ms=[5, 0, 12])
 
 

@@ -216,26 +216,24 @@ def test_configure_overrides_only_given_settings() -> None:
 
 
 def test_the_one_listener_switch_is_checked_kept_and_given_on_the_command_line() -> None:
-    assert Worker(queues=["q"]).options.one_listener is False  # every idle worker on the bells
-    assert Worker(queues=["q"], one_listener=True).configure(concurrency=2).options.one_listener is True
-    assert Worker(queues=["q"], one_listener=True).configure(one_listener=False).options.one_listener is False
+    assert Worker(queues=["q"]).options.one_listener is True  # the default since 2026-12-04
+    assert Worker(queues=["q"], one_listener=False).configure(concurrency=2).options.one_listener is False
+    assert Worker(queues=["q"], one_listener=False).configure(one_listener=True).options.one_listener is True
     with pytest.raises(TypeError, match="one_listener must be True or False"):
         Worker(queues=["q"], one_listener="yes")  # type: ignore[arg-type]
     parser = build_parser()
     assert parser.parse_args(["worker", "m:w", "--one-listener"]).one_listener is True
+    assert parser.parse_args(["worker", "m:w", "--no-one-listener"]).one_listener is False
     assert parser.parse_args(["worker", "m:w"]).one_listener is None  # the Worker's own setting stays
 
 
-def test_one_listener_defaults_the_prefetch_allowance_to_the_concurrency_unless_given() -> None:
-    assert Worker(queues=["q"], concurrency=4).prefetch == 32  # every idle worker on the bells
-    # The listener takes a whole fleet's rings: its default allowance is what it can start at once.
-    assert Worker(queues=["q"], concurrency=4, one_listener=True).prefetch == 4
-    assert Worker(queues=["q"], concurrency=100, one_listener=True).prefetch == 32  # never above the default
-    # It follows later changes of either setting, and a given allowance always wins.
-    w = Worker(queues=["q"], concurrency=4).configure(one_listener=True)
-    assert w.configure(concurrency=8).prefetch == 8
+def test_the_prefetch_allowance_defaults_to_32_with_or_without_one_listener_unless_given() -> None:
+    assert Worker(queues=["q"], concurrency=4).prefetch == 32
+    assert Worker(queues=["q"], concurrency=4, one_listener=False).prefetch == 32
+    w = Worker(queues=["q"], concurrency=4).configure(one_listener=False)
+    assert w.configure(concurrency=8).prefetch == 32
     assert w.configure(prefetch=64).prefetch == 64
-    assert w.configure(concurrency=2, one_listener=False).prefetch == 64
-    assert Worker(queues=["q"], one_listener=True, prefetch=0).prefetch == 0
+    assert w.configure(concurrency=2, one_listener=True).prefetch == 64  # a given allowance stays
+    assert Worker(queues=["q"], prefetch=0).prefetch == 0
     with pytest.raises(ValueError, match="prefetch must be an int >= 0"):
         Worker(queues=["q"], prefetch=-1)
