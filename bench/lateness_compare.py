@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", default="1,8", help="worker process counts, comma-separated")
     p.add_argument("--rates", default="100,1000", help="jobs per second, comma-separated")
     p.add_argument("--worker-args", metavar="ARGS", default="",
-                   help="extra arguments of this side's workers, e.g. --worker-args=--one-listener")
+                   help="extra arguments of this side's workers, e.g. --worker-args=--no-one-listener")
     p.add_argument("--other-worker-args", metavar="ARGS", default="", help="the same for the other side's")
     a = p.parse_args(argv)
     try:

@@ -61,7 +61,7 @@ def w4_lateness(jobs: int, span: float = 20.0, workers: int = 1, replicas: int =
                 prefetch: int | None = None, worker_args: Sequence[str] = ()) -> dict[str, Any]:
     """W4: ``jobs`` spread over ``span`` s; handler start - run_at. ``lead_ms``: the replicas'
     ``--handoff-lead``, ``prefetch``: the workers' ``--prefetch`` (None: their defaults),
-    ``worker_args``: more arguments of ``zsched worker`` (e.g. ``["--one-listener"]``)."""
+    ``worker_args``: more arguments of ``zsched worker`` (e.g. ``["--no-one-listener"]``)."""
     with Stack() as st:
         st.start_schedulers(replicas, [] if lead_ms is None else ["--handoff-lead", str(lead_ms)])
         st.start_workers(workers, extra=[*([] if prefetch is None else ["--prefetch", str(prefetch)]), *worker_args])
