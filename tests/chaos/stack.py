@@ -103,21 +103,23 @@ class Producer(threading.Thread):
         while not self.stop_evt.is_set():
             seq = next(self.seqs)
             run_at = round(time.time() + self.rng.uniform(0.0, 3.0), 3)
-            payload = {"s": seq, "d": self.rng.randint(0, 250)}
-            t0 = time.time()
-            try:
-                jid = self.client.schedule(run_at, payload, queue=QUEUE, lease=self.lease,
-                                           max_attempts=self.max_attempts)
-                call = Call(seq, self.idx, t0, time.time(), "ok", run_at_of(decode_id(jid)) / 1000.0, jid)
-            except DurabilityTimeout as exc:
-                call = Call(seq, self.idx, t0, time.time(), "durability_timeout", run_at,
-                            exc.job_id, f"{type(exc).__name__}: {exc}")
-            except Exception as exc:  # noqa: BLE001 - every failure is history
-                call = Call(seq, self.idx, t0, time.time(), "error", run_at, None, f"{type(exc).__name__}: {exc}")
-            self.writer.write(call)
-            self.calls += 1
+            self.schedule(seq, run_at, {"s": seq, "d": self.rng.randint(0, 250)})
             nxt = max(nxt + self.period, time.monotonic())
             self.stop_evt.wait(max(0.0, nxt - time.monotonic()))
+
+    def schedule(self, seq: int, run_at: float, payload: dict[str, int]) -> None:
+        """One ``schedule`` call, recorded whatever it returns or raises."""
+        t0 = time.time()
+        try:
+            jid = self.client.schedule(run_at, payload, queue=QUEUE, lease=self.lease, max_attempts=self.max_attempts)
+            call = Call(seq, self.idx, t0, time.time(), "ok", run_at_of(decode_id(jid)) / 1000.0, jid)
+        except DurabilityTimeout as exc:
+            call = Call(seq, self.idx, t0, time.time(), "durability_timeout", run_at,
+                        exc.job_id, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - every failure is history
+            call = Call(seq, self.idx, t0, time.time(), "error", run_at, None, f"{type(exc).__name__}: {exc}")
+        self.writer.write(call)
+        self.calls += 1
 
 
 class Stack:
@@ -138,6 +140,8 @@ class Stack:
         self.scheds: list[Proc] = []
         self.workers: list[Proc] = []
         self.producers: list[Producer] = []
+        self.seqs = itertools.count()  # payload sequence numbers, unique over every producer and burst
+        self.bursts = 0
         self.clients: list[Client] = []
         self.produce_stop = threading.Event()
         self.lock = threading.RLock()  # the nemesis and the test both replace processes
@@ -185,12 +189,26 @@ class Stack:
                 time.sleep(0.05)
 
     def start_producers(self) -> None:
-        seqs = itertools.count()
         for i, c in enumerate(self.clients):
-            pr = Producer(i, c, self.rate / self.n_producers, seqs, self.hist / f"producer-{i}.jsonl", self.seed,
+            pr = Producer(i, c, self.rate / self.n_producers, self.seqs, self.hist / f"producer-{i}.jsonl", self.seed,
                           self.params.lease, self.max_attempts, self.produce_stop)
             self.producers.append(pr)
             pr.start()
+
+    def burst(self, jobs: int, duration_ms: int, ahead_s: float = 1.0) -> None:
+        """Schedule ``jobs`` jobs due at one instant ``ahead_s`` from now, each running
+        ``duration_ms``, recorded as a producer's calls are (a producer of its own)."""
+        idx = len(self.clients) + self.bursts
+        self.bursts += 1
+        pr = Producer(idx, self.clients[0], 1.0, self.seqs, self.hist / f"producer-{idx}.jsonl", self.seed,
+                      self.params.lease, self.max_attempts, self.produce_stop)
+        run_at = round(time.time() + ahead_s, 3)
+        try:
+            for _ in range(jobs):
+                seq = next(self.seqs)
+                pr.schedule(seq, run_at, {"s": seq, "d": duration_ms})
+        finally:
+            pr.writer.close()
 
     def calls_made(self) -> int:
         """``schedule`` calls the producers have made so far (returned or raised)."""

@@ -42,6 +42,7 @@ from tests.chaos.history import Params, load, read_calls, read_runs, write_final
 from tests.chaos.nemesis import FIRST, Nemesis
 from tests.chaos.stack import Stack
 from tests.support.waits import wait_until
+from workers.options import DEFAULT_CONCURRENCY, DEFAULT_PREFETCH
 
 pytestmark = pytest.mark.fault
 
@@ -54,6 +55,7 @@ KEEP = os.environ.get("ZSCHED_CHAOS_KEEP") == "1"
 # off up to 160 ms ahead: at the producers' ~10 jobs/s per partition they widen to it)
 SCHEDULER_ARGS = shlex.split(os.environ.get("ZSCHED_CHAOS_SCHEDULER_ARGS", ""))
 AFTER_HEAL = 150  # jobs scheduled after the heal, all of which the healed stack must run
+BURST_JOB_MS = 2_000  # how long each job of the burst after the heal runs (far above claiming it)
 
 
 @pytest.mark.timeout(int(SECONDS) + 420)
@@ -84,6 +86,12 @@ def test_chaos_short(capsys: pytest.CaptureFixture[str]) -> None:
         scheduled = stack.calls_made()
         wait_until(lambda: stack.calls_made() - scheduled >= AFTER_HEAL, 60,
                    what=f"{AFTER_HEAL} jobs to be scheduled after the heal")
+        # The producers' traffic is spread, and one listener (the workers' default) keeps spread
+        # traffic on one worker while it has room: a burst more jobs than all workers but one can
+        # hold (handler and prefetch slots), each running long enough that none frees its slot
+        # before the burst is claimed, so that every worker must take part (checked below).
+        stack.burst((stack.n_workers - 1) * (DEFAULT_CONCURRENCY + DEFAULT_PREFETCH) + 8 * stack.n_workers,
+                    BURST_JOB_MS, ahead_s=2.0)
         stack.stop_producers()
         final = stack.quiesce(timeout=60.0 + SECONDS / 20)
         ran = sum(r.start > t_healed and r.end is not None for r in read_runs(hist))
