@@ -136,7 +136,7 @@ def sync_redis(url: str, **kwargs: Any) -> SyncRedis:
     scheme = url.split("://", 1)[0].lower()
     if scheme in CLUSTER_SCHEMES:
         c, ckw = _cluster_kwargs(url, kw)
-        nodes = [rcluster.ClusterNode(h, p) for h, p in c.nodes]  # type: ignore[no-untyped-call]
+        nodes = [rcluster.ClusterNode(h, p) for h, p in c.nodes]  # type: ignore[no-untyped-call, unused-ignore]
         if c.ssl:
             # Only a pool made "from a URL" takes a connection class: the first node as that URL,
             # the others as startup nodes (TLSConnection: the handshake fits the connect timeout)
@@ -157,7 +157,7 @@ def sync_redis(url: str, **kwargs: Any) -> SyncRedis:
         t, master_kw, skw = _sentinel_parts(url, kw)
         tls = bool(master_kw.pop("ssl", False))
         s = Sentinel(t.sentinels, tls=tls, sentinel_kwargs=skw, **master_kw)
-        master: redis.Redis = s.master_for(  # type: ignore[no-untyped-call]
+        master: redis.Redis = s.master_for(  # type: ignore[no-untyped-call, unused-ignore]
             t.master_name, connection_class=MasterTLSConnection if tls else MasterConnection)
         return master
     if scheme == "rediss":
@@ -176,7 +176,7 @@ def async_redis(url: str, **kwargs: Any) -> AsyncRedis:
     if scheme in SENTINEL_SCHEMES:
         t, master_kw, skw = _sentinel_parts(url, kw)
         tls = bool(master_kw.pop("ssl", False))  # the sentinels' keywords keep theirs
-        s = AsyncSentinel(list(t.sentinels), sentinel_kwargs=skw, **master_kw)  # type: ignore[no-untyped-call]
+        s = AsyncSentinel(list(t.sentinels), sentinel_kwargs=skw, **master_kw)  # type: ignore[no-untyped-call, unused-ignore]
         amaster: aredis.Redis = s.master_for(
             t.master_name, connection_class=AsyncMasterTLSConnection if tls else AsyncMasterConnection)
         return amaster

@@ -75,7 +75,7 @@ class TLSConnection(redis.SSLConnection):
         keep = self.socket_timeout
         self.socket_timeout = self.socket_connect_timeout
         try:
-            sock: socket.socket = super()._connect()  # type: ignore[no-untyped-call]
+            sock: socket.socket = super()._connect()  # type: ignore[no-untyped-call, unused-ignore]
         except TimeoutError:
             raise redis.TimeoutError(
                 f"Timeout connecting to {address(self.host, self.port)} over TLS: no TLS handshake within "
@@ -179,7 +179,7 @@ class Sentinel(sentinel.Sentinel):
 
     def __init__(self, sentinels: Sequence[Address], *, tls: bool, sentinel_kwargs: dict[str, Any],
                  **connection_kwargs: Any) -> None:
-        super().__init__(list(sentinels), sentinel_kwargs=sentinel_kwargs, **connection_kwargs)  # type: ignore[no-untyped-call]
+        super().__init__(list(sentinels), sentinel_kwargs=sentinel_kwargs, **connection_kwargs)  # type: ignore[no-untyped-call, unused-ignore]
         if tls:  # redis.Redis(ssl=True) would pick redis-py's own TLS connection class
             kw = {k: v for k, v in sentinel_kwargs.items() if k != "ssl"}
             self.sentinels = [redis.Redis(connection_pool=redis.ConnectionPool(
