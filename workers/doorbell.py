@@ -145,10 +145,10 @@ class Doorbell:
         # a sleeper that took a burst ring claims there and sleeps again (spread traffic stays
         # on the listener)
         key, member, score = reply
-        queue = self.queue_of.get(key if isinstance(key, bytes) else str(key).encode())
+        queue = self.queue_of.get(_as_bytes(key))
         if queue is None:  # not one of ours: cannot happen with the keys we asked for
             return None
-        return queue, member if isinstance(member, bytes) else str(member).encode(), float(score)
+        return queue, _as_bytes(member), float(score)
 
     @property
     def helping(self) -> bool:
@@ -282,7 +282,7 @@ class Doorbell:
         for k in keys:
             pipe.zpopmin(k, count)
         replies = await pipe.execute()
-        out = [(self.queue_of[k.encode()], m if isinstance(m, bytes) else str(m).encode(), float(score))
+        out = [(self.queue_of[k.encode()], _as_bytes(m), float(score))
                for k, reply in zip(keys, replies) for m, score in reply]
         out.sort(key=lambda r: r[2])
         return out

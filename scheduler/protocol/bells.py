@@ -42,7 +42,7 @@ def parse_relay(data: bytes) -> tuple[int, bytes, str, bool]:
     ValueError when malformed (or the queue is not a queue name: such a message never names a key
     we write)."""
     parts = data.split(b" ")
-    if len(parts) != 3 or parts[0] not in (b"r", b"b"):
+    if len(parts) != 3 or parts[0] + b" " not in RELAY_PREFIXES:
         raise ValueError(f"not a relay message: {data[:80]!r}")
     member, queue = parts[1], parts[2].decode("ascii", "replace")
     validate_name("queue", queue)

@@ -177,17 +177,17 @@ class Keyspace:
     def burst_bell(self, queue: str) -> str:
         """``queue``'s burst bell (lua/_lib.lua ``ring``): the bell rung instead of :meth:`bell`
         when a script leaves several jobs ready in a partition at once (``BURST_RING``), and by
-        ``resume``. Every idle worker waits on it, the sleepers of ``--one-listener`` too, so a
+        ``resume``. Every idle worker waits on it, one listener's sleepers too, so a
         burst reaches them all at once while spread traffic stays on the listener. Same members and
         scores as the bell."""
         return "{%s}:bell:%s:b" % (self.namespace, queue)
 
     def listener(self, queues: Sequence[str]) -> str:
-        """With ``zsched worker --one-listener``: which worker serving exactly ``queues`` waits on
-        their bells now (workers/doorbell.py): a string holding its id, set with NX and kept alive
-        with an expiry while it listens. The others of that set sleep on :meth:`listen_wake`, so
-        rings go to one warm worker instead of the one that has waited longest. Hash tag ``{ns}``,
-        beside the bells."""
+        """With one listener (the default; not with ``zsched worker --no-one-listener``): which
+        worker serving exactly ``queues`` waits on their bells now (workers/doorbell.py): a string
+        holding its id, set with NX and kept alive with an expiry while it listens. The others of
+        that set sleep on :meth:`listen_wake`, so rings go to one warm worker instead of the one
+        that has waited longest. Hash tag ``{ns}``, beside the bells."""
         return "{%s}:listen:%s" % (self.namespace, _queue_set(queues))
 
     def listen_wake(self, queues: Sequence[str]) -> str:
