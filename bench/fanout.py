@@ -231,7 +231,10 @@ def load(st: Stack, side: Side, offsets: Sequence[float]) -> tuple[dict[str, Any
     load1 = os.getloadavg()[0]
     c0, f0 = worker_counters(st), st.firing_buckets()
     w = Window(st)
-    poll_acked(st, base + jobs, None, offsets[-1] + 60)
+    try:
+        poll_acked(st, base + jobs, None, offsets[-1] + 60)
+    except RuntimeError as e:
+        raise RuntimeError(f"{e}; what the stack held then: {stall_report(st, ids)}") from None
     win = w.close()
     figs = window_figures(win, c0, worker_counters(st), jobs, 1e6)
     out = {f"{k}_us_per_job" if k.endswith("_cpu") else (k if k.endswith("_per_s") else f"{k}_per_job"): v
@@ -240,6 +243,24 @@ def load(st: Stack, side: Side, offsets: Sequence[float]) -> tuple[dict[str, Any
     out.update({"jobs": jobs, "seconds": round(win["seconds"], 2), "loadavg_1m": round(load1, 2),
                 "firing_lateness_p50_ms": fl.get("p50_ms_est"), "firing_lateness_p99_ms": fl.get("p99_ms_est")})
     return out, ids
+
+
+def stall_report(st: Stack, ids: set[str]) -> Path:
+    """A load that did not finish: write where its jobs were (state counts, every unfinished job's
+    record) and every replica's and worker's log to a file under bench/out; its path."""
+    infos = st.client.get_many(sorted(ids))
+    states: dict[str, int] = {}
+    for info in infos.values():
+        key = "missing" if info is None else str(info.state)
+        states[key] = states.get(key, 0) + 1
+    stuck = [f"{jid} {info!r}" for jid, info in infos.items() if info is None or str(info.state) != "done"]
+    parts = [f"at {time.time():.3f}: {json.dumps(states)}", *stuck[:200], f"stats: {st.client.stats()}"]
+    procs = [("replica", p) for p in st.schedulers] + [("worker", p) for p, _ in st.workers]
+    parts += [f"=== {kind} {p.pid}\n{p.log_tail(400)}" for kind, p in procs]
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / f"fanout-stall-{time.strftime('%Y%m%d-%H%M%S')}.txt"
+    path.write_text("\n".join(parts) + "\n")
+    return path
 
 
 def wait_up(st: Stack, timeout: float = 120.0) -> None:

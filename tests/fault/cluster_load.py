@@ -27,7 +27,7 @@ from scheduler.protocol.keys import Keyspace
 from scheduler.redisio.connection import sync_redis
 from scheduler.shell.servers import ZschedProc, scheduler_proc, stop_all
 from tests.fault.test_scheduler_faults import keys_by_partition
-from tests.fault.test_sentinel_failover import Call, metric, tails
+from tests.fault.test_sentinel_failover import BURST_JOB_S, CONCURRENCY, Call, metric, tails
 from tests.support.servers import ClusterServer, ClusterSet
 from tests.support.waits import wait_until
 from tests.support.workers import read_runs, spawn_worker, write_app
@@ -136,11 +136,9 @@ class Stack:
     def __post_init__(self) -> None:
         write_app(self.dir)
         self.schedulers = [scheduler_proc(self.url, self.etcd, self.ns, f"s{i}", ttl=2.0).start() for i in range(2)]
-        # every idle worker on the bells: the fault tests check that each worker ran jobs after the
-        # failover, and one listener (the default) keeps this spread load on one worker while it has
-        # room (one listener through failovers: tests/chaos, with a burst every worker takes part in)
-        self.workers = [spawn_worker(self.dir, self.url, "--namespace", self.ns, "--concurrency", "32",
-                                     "--no-one-listener") for _ in range(2)]
+        # the workers' defaults (one listener); a {"slow": True} job runs BURST_JOB_S (schedule_burst)
+        self.workers = [spawn_worker(self.dir, self.url, "--namespace", self.ns, "--concurrency", str(CONCURRENCY),
+                                     env={"SLOW_SECONDS": str(BURST_JOB_S)}) for _ in range(2)]
 
     @property
     def procs(self) -> list[ZschedProc]:

@@ -20,6 +20,10 @@ What must hold (docs/architecture.md, "Redis faults", Sentinel failover row):
   ``DurabilityTimeout`` ("the job may exist") for a call that started before the promotion was
   complete; calls made after the promotion all succeed;
 * scheduler replicas and workers stay alive and keep firing/running jobs after the promotion.
+  The workers run with their defaults (one listener): at this load the spread jobs stay on the
+  listening worker while it has room, so once the producer stops the test schedules a burst
+  (:func:`schedule_burst`) that every worker must take part in, and its jobs are judged as the
+  producer's acknowledged after the promotion are.
 
 Why the killed master is brought back: with one replica, the promoted master has no replica until
 the old one rejoins, so ``WAIT 1`` cannot be satisfied and every ``durable="replica"`` call made in
@@ -35,6 +39,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,6 +50,7 @@ from scheduler.shell.servers import HOST, ServerError, ZschedProc, scheduler_pro
 from tests.support.servers import EtcdServer, RedisServer, SentinelSet
 from tests.support.waits import wait_until
 from tests.support.workers import read_runs, spawn_worker, write_app
+from workers.options import DEFAULT_PREFETCH
 
 pytestmark = pytest.mark.fault
 
@@ -58,6 +64,8 @@ POST_GRACE = 10.0       # how much longer than POST_LOAD those calls may take (a
 DURABLE_TIMEOUT = 8.0   # covers the wait for steady sentinels + the old master's restart and sync
 SENTINEL_HOLD = 1.5     # > down-after-milliseconds (1 s) of the SentinelSet: see wait_sentinels_steady
 RUN_EPS = 0.001         # clock resolution slack for "not before run_at" (run_at is rounded to ms)
+CONCURRENCY = 32        # of each worker
+BURST_JOB_S = 2.0       # each job of the post-failover burst runs this long (far above claiming it)
 
 
 @dataclass
@@ -122,6 +130,28 @@ class Producer:
 
     def acked(self, after: float = 0.0) -> list[Call]:
         return [c for c in self.calls if c.job_id is not None and c.t0 >= after]
+
+
+def burst_size(workers: int, concurrency: int) -> int:
+    """Jobs of a burst that every one of ``workers`` must take part in: more than all of them but
+    one can hold (handler and prefetch slots), 8 per worker to spare."""
+    return (workers - 1) * (concurrency + DEFAULT_PREFETCH) + 8 * workers
+
+
+def schedule_burst(client: Client, jobs: int, after: float, **options: Any) -> list[Call]:
+    """``jobs`` slow jobs (``{"slow": True}``: they run the workers' ``SLOW_SECONDS``, started with
+    ``BURST_JOB_S``) due at one instant, one recorded ``schedule`` call each. The instant is 0.5 s
+    after ``after`` (the last due time of the load, so that the burst does not hold the slots
+    the load's last jobs need) and at least 1 s from now. A failed call raises: the burst comes
+    after the fault, when every call must succeed."""
+    at = max(after + 0.5, time.time() + 1.0)
+    calls = []
+    for i in range(jobs):
+        call = Call(time.time(), 0.0, False)
+        call.job_id = client.schedule(at, {"slow": True, "b": i}, **options)
+        call.t1 = time.time()
+        calls.append(call)
+    return calls
 
 
 def run_at(job_id: str) -> float:
@@ -220,12 +250,8 @@ def test_sentinel_failover_under_load_loses_no_durable_job(sentinel_set_launched
     monitor = Client.from_url(url, namespace=NS, partitions=PARTS).connect()
     write_app(tmp_path)
     schedulers = [scheduler_proc(url, fresh_etcd.endpoint, NS, f"s{i}", ttl=2.0).start() for i in range(2)]
-    # Every idle worker on the bells: the check below (each worker acked jobs after the promotion)
-    # needs both to get work, and at this load one listener (the default) keeps the spread jobs on
-    # one worker while it has room. One listener through failovers is in tests/chaos (with a burst
-    # that every worker must take part in).
-    workers = [spawn_worker(tmp_path, url, "--namespace", NS, "--concurrency", "32", "--no-one-listener")
-               for _ in range(2)]
+    workers = [spawn_worker(tmp_path, url, "--namespace", NS, "--concurrency", str(CONCURRENCY),
+                            env={"SLOW_SECONDS": str(BURST_JOB_S)}) for _ in range(2)]
     procs = schedulers + workers
     producer = Producer(client, RATE)
     try:
@@ -272,9 +298,14 @@ def test_sentinel_failover_under_load_loses_no_durable_job(sentinel_set_launched
             pass  # judged below, with the report
         producer.finish()
         t_stop = time.time()
+        # one listener keeps the spread load on one worker while it has room: a burst every worker
+        # must take part in (checked below with the producer's jobs after the promotion)
+        burst = schedule_burst(client, burst_size(len(workers), CONCURRENCY),
+                               max((run_at(c.job_id) for c in producer.acked() if c.job_id), default=t_stop))
+        burst_ids = [c.job_id for c in burst if c.job_id]
 
         # -- drain: every acknowledged job due, fired, run and acked
-        last_due = max((run_at(c.job_id) for c in producer.acked() if c.job_id), default=t_stop)
+        last_due = max((run_at(c.job_id) for c in producer.acked() + burst if c.job_id), default=t_stop)
         try:
             wait_until(lambda: time.time() > last_due and quiet(monitor, workers),
                        max(0.0, last_due - time.time()) + 15, 0.1, "the workers to go idle")
@@ -307,7 +338,8 @@ def test_sentinel_failover_under_load_loses_no_durable_job(sentinel_set_launched
         dups = {j: s for j, s in starts.items() if len(s) > 1}
         unexplained_dups = {j: s for j, s in dups.items() if min(x[2] for x in s) >= t_kill}
         not_ended = [j for j in starts if ends[j] < 1]
-        known = {c.job_id for c in acked}
+        lost_burst = [j for j in burst_ids if j not in starts]
+        known = {c.job_id for c in acked} | set(burst_ids)
         maybe_ids = [i for c in calls if isinstance(c.error, DurabilityTimeout) for i in c.error.ids]
         unknown_runs = sorted(set(starts) - known - set(maybe_ids))
         dto_before = [c for c in calls if isinstance(c.error, DurabilityTimeout) and c.t0 < t_promoted]
@@ -363,7 +395,9 @@ def test_sentinel_failover_under_load_loses_no_durable_job(sentinel_set_launched
             f"  lateness by due time: {lateness}\n"
             f"  scheduler fired: before kill {fired_before}, at promotion {fired_at_promotion}, end {fired_end}; "
             f"worker acks: at promotion {acked_at_promotion}, end {acked_end}; worker lease_lost {lease_lost}; "
-            f"producer calls re-sent after a connection failure: {client.transport.resends}"
+            f"producer calls re-sent after a connection failure: {client.transport.resends}\n"
+            f"  burst after the load: {len(burst_ids)} jobs of {BURST_JOB_S:g} s, {len(lost_burst)} never ran, "
+            f"started by worker pid {dict(Counter(s[0][1] for j, s in starts.items() if j in set(burst_ids)))}"
         )
         print(report)
 
@@ -373,6 +407,7 @@ def test_sentinel_failover_under_load_loses_no_durable_job(sentinel_set_launched
         assert rode_out, f"no producer call waited through the election and succeeded{report}"
         assert not lost_durable, f"durable='replica' jobs lost: {lost_durable[:10]}{report}"
         assert not lost_after_promo, f"jobs acknowledged after the promotion never ran: {lost_after_promo[:10]}{report}"
+        assert not lost_burst, f"jobs of the burst after the load never ran: {lost_burst[:10]}{report}"
         assert not early, f"jobs ran before their run_at: {early[:10]}{report}"
         assert not unexplained_dups, f"jobs first run after the kill ran more than once: " \
                                      f"{list(unexplained_dups.items())[:5]}{report}"
