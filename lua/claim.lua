@@ -23,7 +23,9 @@
 -- Rings (ring() in _lib.lua, off a cluster) the queue's bell when it leaves jobs in the ready list
 -- (it took as many as asked for and more wait, or it stopped at its due limit), so another idle
 -- worker takes them now: its burst bell when BURST_RING jobs or more are left; on a cluster the
--- worker rings it (the bell is in another slot).
+-- worker rings it (the bell is in another slot), except after a claim with a due limit of 0 that
+-- stopped at a due job: its reply is empty, so the script relays that ring ("r P QUEUE", or
+-- "b P QUEUE" for BURST_RING or more, on the partition's wake channel) for the owner to ring.
 -- Retry safety: with a request id, the claimed ids are kept in a receipt PREFIX.."cr:"..rid for
 -- the receipt ttl; a re-sent claim (same request id, e.g. after its reply was lost to a timeout)
 -- returns the jobs of the receipt that still hold the tokens it gave them, and claims nothing new.
@@ -102,6 +104,8 @@ if #A == 9 and (#KEYS == 14 or #KEYS == 1) and A[6] ~= '' and #A[6] <= 64 and #A
         if max_due < #ids and keep_due_over(list, ids, recs, max_due, now) then
           if plain then
             bell_ring(bell, p, string.format('%d', now), call('LLEN', list) >= BURST_RING)
+          elseif max_due == 0 then -- on a cluster: relayed (see the general path)
+            ring(A[2], nil, queue, p, now, call('LLEN', list))
           end
           if #ids == 0 then return {now_us} end
           left = false -- rung
@@ -206,7 +210,15 @@ if not ids then return {now_us} end
 local left = #ids == n
 local recs = redis.call('HMGET', K_J, unpack(ids))
 if max_due >= 0 and max_due < #ids and keep_due_over(list, ids, recs, max_due, now) then
-  if string.byte(CHAN, 1) ~= 123 then ring(CHAN, PREFIX, queue, PART, now, redis.call('LLEN', list)) end
+  -- On a cluster the worker rings after a claim that took its due limit, but a claim with no
+  -- handler slot (max_due 0) comes back empty, like one on an empty list: the worker cannot tell
+  -- that due jobs wait, so the script relays the ring to the partition's owner ("r/b P QUEUE").
+  -- Without it those jobs waited for a claim with a handler slot there, which a sweep of more
+  -- partitions than handler slots might never send (bench fanout, 3-master cluster: 19 jobs
+  -- ready and unclaimed for over a minute).
+  if string.byte(CHAN, 1) ~= 123 or max_due == 0 then
+    ring(CHAN, PREFIX, queue, PART, now, redis.call('LLEN', list))
+  end
   if #ids == 0 then return {now_us} end
   left = false -- rung
 end

@@ -20,7 +20,9 @@ import redis
 from scheduler import Client, JobState
 from scheduler.protocol.control import epoch_reset_call
 from scheduler.protocol.ids import decode_id, partition_for_key, partition_of
+from scheduler.protocol.replies import parse_claim
 from scheduler.protocol.tick import NO_RETENTION, TickReply, parse_tick, tick_call
+from scheduler.protocol.transitions import claim_call
 from scheduler.redisio.connection import async_redis, sync_redis
 from scheduler.redisio.pubsub import subscription
 from scheduler.shell.servers.cluster import slot_of
@@ -137,6 +139,43 @@ def test_plain_layout_rings_the_bell_and_publishes_no_ready_message(redis_url: s
     ps.close()
     r.close()
     client.close()
+
+
+def test_a_claim_without_a_handler_slot_that_stops_at_due_jobs_relays_their_ring(redis_url: str) -> None:
+    """A worker claims due jobs only into free handler slots (claim's due limit); a claim with
+    none (limit 0) that meets a due job comes back empty, as on an empty list. On a cluster the
+    worker rings only after claims whose reply shows jobs left, so the script relays this one:
+    else those jobs waited for a claim with a handler slot in their partition, which a sweep of
+    more partitions than the worker has handler slots may never send (found by bench fanout on a
+    3-master cluster: 19 due jobs unclaimed for over a minute). The fast path (a request id, as
+    workers send claims) and the general path; the burst bell's message for 4 jobs or more."""
+    ns = "shard-due"
+    client = Client.from_url(redis_url, namespace=ns, partitions=1, sharded_pubsub=True).connect()
+    ops = Ops(client)
+    sub = Listener(redis_url, client, "q")
+    wake = f"{{{ns}:0}}:wake"
+    try:
+        client.schedule(timedelta(0), "a", queue="q")
+        assert sub.next() == (wake, b"r 0 q")
+        for rid in ("w1-1", ""):
+            reply = ops.send(claim_call(ops.calls, 0, "q", 2, request_id=rid, receipt_ms=60_000 if rid else 0,
+                                        max_due=0))
+            assert parse_claim(reply)[1] == []
+            assert sub.next() == (wake, b"r 0 q"), rid
+        client.schedule_many([(timedelta(0), i) for i in range(4)], queue="q")
+        assert sub.next() == (wake, b"b 0 q")
+        reply = ops.send(claim_call(ops.calls, 0, "q", 2, request_id="w1-2", receipt_ms=60_000, max_due=0))
+        assert parse_claim(reply)[1] == []
+        assert sub.next() == (wake, b"b 0 q")
+        # with a handler slot the reply shows what is left (the worker rings): nothing relayed
+        reply = ops.send(claim_call(ops.calls, 0, "q", 2, request_id="w1-3", receipt_ms=60_000, max_due=1))
+        assert len(parse_claim(reply)[1]) == 1
+        assert sub.sharded.get_message(timeout=0.3) is None
+        assert client.stats()["q"]["ready"] == 4
+        assert not client.redis.exists(client.keyspace.bell("q"), client.keyspace.burst_bell("q"))
+    finally:
+        sub.close()
+        client.close()
 
 
 
