@@ -1,8 +1,9 @@
 """Ringing a queue's doorbell from Python (workers/doorbell.py has the waiting side; the scripts
 ring through lua/_lib.lua ``ring``). On Redis Cluster the bells are in the slot of ``{NS}``, not
 in a partition's, so a script cannot ring them: the partition's owner rings the ones its scripts
-name (``tick``'s reply, the "r MEMBER QUEUE" message on the partition's wake channel), and a
-worker rings after a claim that may have left jobs behind. A ring is a hint: a lost one costs the
+name (``tick``'s reply, the "r MEMBER QUEUE" message on the partition's wake channel, which
+``claim`` also sends when it stopped at a due job with no handler slot), and a worker rings after
+a claim whose reply shows it may have left jobs behind. A ring is a hint: a lost one costs the
 workers' safety-net sweep period, never a job."""
 from __future__ import annotations
 
