@@ -28,6 +28,7 @@ from scheduler.redisio.pubsub import subscription
 from scheduler.shell.servers.cluster import slot_of
 from scheduler.testing.transitions import Ops
 from scheduler.tier import SchedulerConfig, SchedulerProcess
+from tests.support.helpers import key_in
 from tests.support.waits import wait_for, wait_until
 from tests.support.workers import serving
 from workers import Job, Worker
@@ -277,6 +278,38 @@ async def test_without_an_owner_a_relayed_ring_waits_for_the_sweep(redis_url: st
         await asyncio.sleep(NOTIFIED_WITHIN)
         assert w.stats.claimed == 0
     client.close()
+
+
+async def test_due_jobs_behind_a_sweeps_handler_slots_are_claimed_through_the_owner(
+        redis_url: str, etcd_endpoint: str) -> None:
+    """End to end on the cluster's layout: ready jobs whose rings were lost (deleted here, as when
+    a worker took them and died) are found by the safety-net sweep. A worker with one handler slot
+    sweeps 4 partitions: its plan gives the slot to partition 0 and claims partitions 2 and 3
+    without one, which stop at their due jobs and come back empty. Every sweep plans the same
+    way, so only the claims' relayed rings (lua/claim.lua) get those jobs claimed; before them the
+    jobs waited for other traffic (bench fanout on a 3-master cluster: over a minute)."""
+    client = Client.from_url(redis_url, namespace=NS, partitions=PARTS, sharded_pubsub=True).connect()
+    ks = client.keyspace
+    proc = _replica(redis_url, etcd_endpoint, True)
+    task = await _owning(proc, PARTS)
+    w = Worker.from_url(redis_url, namespace=NS, queues=["q"], concurrency=1, idle_sweep=0.3, sharded_pubsub=True)
+    done: list[str] = []
+
+    @w.handler("q")
+    async def handle(job: Job) -> None:
+        done.append(job.id)
+
+    try:
+        ids = [client.schedule(timedelta(0), i, queue="q", key=key_in(p, PARTS, f"behind-{i}"))
+               for i, p in enumerate((2, 2, 3, 3))]
+        await wait_for(lambda: client.redis.zcard(ks.bell("q")) == 2, 5, what="the owner's rings")
+        client.redis.delete(ks.bell("q"), ks.burst_bell("q"))  # the rings are lost
+        async with serving(w):
+            await wait_for(lambda: set(ids) <= set(done), 5, what="the jobs behind the sweep's handler slot")
+    finally:
+        proc.stop()
+        await asyncio.wait_for(task, 10)
+        client.close()
 
 
 async def test_a_new_owner_rings_for_jobs_that_became_ready_while_nobody_owned_the_partition(
