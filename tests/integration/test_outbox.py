@@ -219,7 +219,9 @@ def test_zsched_outbox_apply_and_a_relay_woken_by_notify_that_stops_on_sigterm(r
         with Client.from_url(redis_url, namespace=NS).connect() as c:
             wait_until(lambda: c.get_by_key("notified") is not None, 10, 0.01, relay.tail)
         assert time.monotonic() - committed < 5, "woken by the notification, not by the poll"
-        assert relay.metric("zsched_outbox_rows_moved_total", outcome="scheduled") == 1
+        # counted once its DELETE committed, which follows the schedule call the job came from
+        wait_until(lambda: relay.try_metric("zsched_outbox_rows_moved_total", outcome="scheduled") == 1, 10, 0.01,
+                   relay.tail)
         relay.signal(signal.SIGTERM)
         assert relay.wait(10) == 0, relay.tail()
         out = relay.output()
