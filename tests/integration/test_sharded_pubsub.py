@@ -283,16 +283,19 @@ async def test_without_an_owner_a_relayed_ring_waits_for_the_sweep(redis_url: st
 async def test_due_jobs_behind_a_sweeps_handler_slots_are_claimed_through_the_owner(
         redis_url: str, etcd_endpoint: str) -> None:
     """End to end on the cluster's layout: ready jobs whose rings were lost (deleted here, as when
-    a worker took them and died) are found by the safety-net sweep. A worker with one handler slot
-    sweeps 4 partitions: its plan gives the slot to partition 0 and claims partitions 2 and 3
-    without one, which stop at their due jobs and come back empty. Every sweep plans the same
-    way, so only the claims' relayed rings (lua/claim.lua) get those jobs claimed; before them the
-    jobs waited for other traffic (bench fanout on a 3-master cluster: over a minute)."""
+    a worker took them and died) are found by a sweep, the one a worker makes when it starts. A
+    worker with one handler slot sweeps 4 partitions: its plan gives the slot to partition 0 and
+    claims partitions 2 and 3 without one, which stop at their due jobs and come back empty. The
+    claims' relayed rings (lua/claim.lua) get those jobs claimed at once, not a later sweep
+    (IDLE_SWEEP: 30 s). Before the relay, and before sweeps took turns at which partition comes
+    first (workers/planner.py), such jobs waited for other traffic (bench fanout on a 3-master
+    cluster: over a minute)."""
     client = Client.from_url(redis_url, namespace=NS, partitions=PARTS, sharded_pubsub=True).connect()
     ks = client.keyspace
     proc = _replica(redis_url, etcd_endpoint, True)
     task = await _owning(proc, PARTS)
-    w = Worker.from_url(redis_url, namespace=NS, queues=["q"], concurrency=1, idle_sweep=0.3, sharded_pubsub=True)
+    w = Worker.from_url(redis_url, namespace=NS, queues=["q"], concurrency=1, idle_sweep=IDLE_SWEEP,
+                        sharded_pubsub=True)
     done: list[str] = []
 
     @w.handler("q")

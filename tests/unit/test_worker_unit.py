@@ -103,6 +103,22 @@ def test_plan_gives_busy_partitions_big_batches_and_rotates_fairly() -> None:
     assert max(served.values()) - min(served.values()) <= CLAIM_CHUNK
 
 
+def test_sweeps_take_turns_at_which_partition_is_planned_first() -> None:
+    """The handler slots go to a plan's first claims (Slots.reserve_many): a sweep that planned
+    every partition must not start at the same one next time, else a partition behind the
+    handler slots got a claim without one at every sweep."""
+    planner = ClaimPlanner(["default"], 16)
+    firsts = []
+    for _ in range(16):
+        planner.mark_all()
+        plan = planner.plan(36)  # 4 handler + 32 prefetch slots: every partition planned
+        assert sorted(p for _, p, _, _ in plan) == list(range(16))
+        firsts.append(plan[0][1])
+        for _, p, n, gen in plan:
+            planner.claimed("default", p, n, gen, 0)
+    assert firsts == list(range(16))
+
+
 def test_plan_interleaves_queues() -> None:
     planner = ClaimPlanner(["a", "b"], 4)
     for q in ("a", "b"):
