@@ -117,13 +117,14 @@ class ClaimPlanner:
             plan.append((q, p, n, self.candidates[q][p]))
             free -= n
             self._prot[q] = (p + 1) % P
-        planned = Counter(q for q, _, _, _ in plan)
-        for q, order in orders:
-            # Every candidate planned (a sweep, usually): the offset would come back to where this
-            # plan started, and the first claims, the ones the handler slots go to (Slots.
-            # reserve_many), would be the same partitions at every sweep. Start one further on.
-            if len(order) > 1 and planned[q] == len(order):
-                self._prot[q] = (order[0] + 1) % P
+        if len(plan) > 1:  # a one-claim plan (spread traffic's usual) already moved on past its partition
+            planned = Counter(q for q, _, _, _ in plan)
+            for q, order in orders:
+                # Every candidate planned (a sweep, usually): the offset would come back to where
+                # this plan started, and the first claims, the ones the handler slots go to (Slots.
+                # reserve_many), would be the same partitions at every sweep. Start one further on.
+                if len(order) > 1 and planned[q] == len(order):
+                    self._prot[q] = (order[0] + 1) % P
         return plan
 
     def claimed(self, queue: str, p: int, asked: int, gen: int, got: int) -> None:
