@@ -92,7 +92,8 @@ class Health:
         try:
             while True:
                 try:
-                    verdict = await asyncio.wait_for(check(), timeout)
+                    async with asyncio.timeout(timeout):  # no task per check, unlike wait_for
+                        verdict = await check()
                 except TimeoutError:
                     verdict = Verdict(False, f"the readiness check did not answer within {timeout:g}s")
                 except asyncio.CancelledError:

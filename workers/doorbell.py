@@ -182,18 +182,25 @@ class Doorbell:
         if not self.one_listener or now < self._checked_until:
             return self.listening
         r, key = self.redis, self.listener_key
-        # One round trip for a worker that does not hold the role (SET NX GET, Redis 7): None means
-        # it was free and is ours now; our own id means we hold it and renew it. A sleeper reads the
-        # oldest ring of each bell along (every key here carries the hash tag {NS}: one slot on a
-        # cluster); the listener renewing its role and a helper taking rings have no use for it.
+        # One round trip (SET NX GET, Redis 7): None means the role was free and is ours now; our own
+        # id means we hold it. A worker that held it at its last check renews it in the same round
+        # trip (PEXPIRE): an idle listener checks every BELL_WAIT, so a second round trip was a third
+        # of its Redis calls. Should the role have passed to another worker meanwhile (ours expired
+        # while this one stalled), that PEXPIRE lengthens the other's role once, which it renews
+        # anyway while it lives. A sleeper reads the oldest ring of each bell along (every key here
+        # carries the hash tag {NS}: one slot on a cluster); the listener renewing its role and a
+        # helper taking rings have no use for it.
+        renew = self.listening
         pipe = r.pipeline(transaction=False)
         pipe.set(key, self.id, px=LISTEN_TTL_MS, nx=True, get=True)
+        if renew:
+            pipe.pexpire(key, LISTEN_TTL_MS)
         # A sleeper's check is kept for LISTEN_CHECK_S as well (one that took a burst ring does not
         # ask again before it sleeps); a wake-up or a timeout of its wait ends it early.
         for bell in () if self.listening or self.helping else self.keys:
             pipe.zrange(bell, 0, 0, withscores=True)
         try:
-            before, *oldest = await pipe.execute()
+            before, *rest = await pipe.execute()
         except NoPermissionError as exc:
             # An ACL written before one listener was the default (no ~{NS}:listen:*): wait on the
             # bells as every worker did then, rather than retry a refused command forever.
@@ -202,9 +209,12 @@ class Doorbell:
                       "for one listener", key, mask_secrets(str(exc)), self.ks.namespace)
             self.one_listener, self.listening, self._helping_until = False, True, 0.0
             return True
+        oldest = rest[1:] if renew else rest
         held = before is None
         if before == self.id:
-            held = await r.pexpire(key, LISTEN_TTL_MS)  # False if it expired between the two
+            # renewed along; or, not the listener at its last check (a hand-off whose DEL did not go
+            # through), renewed now: False if it expired between the two
+            held = rest[0] if renew else await r.pexpire(key, LISTEN_TTL_MS)
         self.listening = bool(held)
         self._checked_until = now + LISTEN_CHECK_S
         if not held and _stale(oldest, time.time() * 1000 - STALE_RING_MS):

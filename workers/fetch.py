@@ -241,6 +241,7 @@ class DoorbellFetch(Fetch):
             node_down = self._claimed(plan, replies[k:], t0)
             if node_down is None:
                 outage.ok()
+                ctx.life.redis_answered = time.monotonic()  # a readiness check needs no PING now
             else:  # one cluster node failed; the others answered
                 self._orphans_at = time.monotonic() + outage.failed(node_down)
 
@@ -439,7 +440,7 @@ class DoorbellFetch(Fetch):
                     ctx.life.ready.set()
                 await self.bells.wait_hungry(self.hungry, self.ctx.slots)
                 rung = await self.bells.take()
-                self._bells_heard = time.monotonic()  # it listened until now
+                self._bells_heard = ctx.life.redis_answered = time.monotonic()  # it listened until now
                 outage.ok()
             except REDIS_ERRORS as exc:
                 swept = False

@@ -1,19 +1,29 @@
 """A worker's ``/livez`` and ``/readyz`` (served next to ``/metrics``, see :mod:`scheduler.health`).
 
 Ready means: started (connected to Redis, subscribed to its queues' doorbells and swept once:
-``Lifecycle.ready``), Redis answers now, and no stop was asked for. The probes answer from the
+``Lifecycle.ready``), Redis answers, and no stop was asked for. "Redis answers" is the reply to the
+listen loop's bell wait (an idle worker sends one every ``BELL_WAIT`` seconds anyway) or to a round
+trip of claims, when one came within :data:`ANSWER_FRESH_S`, else a ``PING``
+(``Lifecycle.redis_answered``): a fleet of idle workers sends Redis one round trip per worker per
+second fewer, and a Redis that stalls is still seen within that window plus the check's timeout. The probes answer from the
 moment ``serve()`` starts, before Redis is reached, so a worker waiting for Redis is live (its
 loop turns) but not ready, and Kubernetes does not restart it for an outage it cannot fix.
 """
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import Any
 
-from scheduler.health import Health, Verdict
+from scheduler.health import BEAT_INTERVAL_S, Health, Verdict
 
+from .doorbell import BELL_WAIT
 from .lifecycle import Lifecycle
+
+# A bell wait answered this recently (seconds) stands for a PING: one full wait and one check
+# interval, so an idle worker's readiness never needs a PING of its own.
+ANSWER_FRESH_S = BELL_WAIT + BEAT_INTERVAL_S
 
 
 class WorkerProbes:
@@ -32,7 +42,8 @@ class WorkerProbes:
             return Verdict(False, "stopping: no new claims, running handlers finishing")
         if not self.life.ready.is_set():
             return Verdict(False, "starting: connecting to Redis, subscribing to the queues' doorbells")
-        await self.redis.ping()
+        if time.monotonic() - self.life.redis_answered > ANSWER_FRESH_S:
+            await self.redis.ping()
         return Verdict(True, f"Redis answers; claiming jobs of {', '.join(self.queues)}")
 
     def start(self) -> None:

@@ -22,7 +22,10 @@ log = logging.getLogger("zsched.worker")
 class Lifecycle:
     """``stop_requested``: a stop was asked for. ``stopping``: the shutdown has begun (no new
     claims); ``drain_deadline``: until when undelivered outcomes are still retried. ``ready``:
-    subscribed and swept once. ``stopped``: ``serve()`` has finished."""
+    subscribed and swept once. ``stopped``: ``serve()`` has finished. ``redis_answered``: when
+    (monotonic) Redis last answered the listen loop's bell wait (which an idle worker sends every
+    few seconds anyway) or a round trip of claims: the readiness check needs no round trip of its
+    own while that is recent."""
 
     def __init__(self) -> None:
         self.stop_requested = asyncio.Event()
@@ -30,6 +33,7 @@ class Lifecycle:
         self.ready = asyncio.Event()
         self.stopping = False
         self.drain_deadline = math.inf
+        self.redis_answered = -math.inf
 
     async def wait_stop(self, delay: float) -> bool:
         """Sleep ``delay`` s; True at once if a stop was requested (so backoff never delays shutdown)."""
