@@ -5,9 +5,10 @@ Ready means: started (connected to Redis, subscribed to its queues' doorbells an
 listen loop's bell wait (an idle worker sends one every ``BELL_WAIT`` seconds anyway) or to a round
 trip of claims, when one came within :data:`ANSWER_FRESH_S`, else a ``PING``
 (``Lifecycle.redis_answered``): a fleet of idle workers sends Redis one round trip per worker per
-second fewer, and a Redis that stalls is still seen within that window plus the check's timeout. The probes answer from the
-moment ``serve()`` starts, before Redis is reached, so a worker waiting for Redis is live (its
-loop turns) but not ready, and Kubernetes does not restart it for an outage it cannot fix.
+second fewer, and a Redis that stalls is still seen within that window plus the check's timeout.
+The probes answer from the moment ``serve()`` starts, before Redis is reached, so a worker waiting
+for Redis is live (its loop turns) but not ready, and Kubernetes does not restart it for an outage
+it cannot fix.
 """
 from __future__ import annotations
 
