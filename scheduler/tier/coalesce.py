@@ -169,6 +169,9 @@ class HandoffLead:
         return self.lead != before
 
 
+TICK_LANE = "ticks"  # the transport lane the replica's tick round trips keep their connection on
+
+
 class TickBatcher:
     """Sends the calls its callers submit in one event-loop turn as one round trip."""
 
@@ -197,7 +200,10 @@ class TickBatcher:
         self.round_trips += 1
         self.calls += len(flat)
         try:
-            replies = await self.transport.call_many(flat, raise_on_error=False)
+            # on a lane: the round trip keeps its pool connection for the next one instead of a
+            # checkout and return (the pool's lock, its probe, its book-keeping) per grid step; a
+            # round trip that overlaps one still in flight checks out a connection of its own
+            replies = await self.transport.call_many(flat, raise_on_error=False, lane=TICK_LANE)
         except BaseException as exc:  # the round trip as a whole: every caller gets it
             for _, fut in batch:
                 if not fut.done():
