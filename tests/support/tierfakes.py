@@ -35,12 +35,14 @@ class FakeTransport:
         self.ticks: list[float] = []
         self.trips: list[tuple[float, list[str]]] = []
         self.parts: list[set[int]] = []
+        self.lanes: list[str | None] = []  # the transport lane each round trip named (TickBatcher: TICK_LANE)
         self.fail_next = 0
 
     async def call_many(self, calls: Sequence[tuple[str, Sequence[Any], Sequence[Any]]],
-                        raise_on_error: bool = True) -> list[Any]:
+                        raise_on_error: bool = True, lane: str | None = None) -> list[Any]:
         now = time.monotonic()
         self.trips.append((now, [name for name, _, _ in calls]))
+        self.lanes.append(lane)
         self.parts.append({int(args[0]) for _, _, args in calls})
         if self.fail_next:
             self.fail_next -= 1

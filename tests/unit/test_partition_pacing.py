@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from scheduler.metrics import SchedulerMetrics
-from scheduler.tier.coalesce import IdleGrid, TickBatcher
+from scheduler.tier.coalesce import TICK_LANE, IdleGrid, TickBatcher
 from scheduler.tier.runner import PartitionRunner, RunnerConfig
 from tests.support.tierfakes import FakeCore, FakeTransport
 
@@ -115,13 +115,15 @@ async def test_a_replicas_idle_partitions_wake_together_on_the_idle_grid() -> No
     settled = [parts for (t, _), parts in zip(transport.trips, transport.parts) if t > transport.trips[0][0] + 0.6]
     assert settled and all(parts == {0, 1, 2, 3} for parts in settled), transport.parts
     assert len(settled) <= 4, f"{len(settled)} round trips in about 1.4 s"
+    # on one lane: the round trips keep their pool connection (no checkout per grid step)
+    assert set(transport.lanes) == {TICK_LANE}
 
 
 class BusyTransport(FakeTransport):
     """A busy partition: every tick says the next timer is 30 ms away."""
 
-    async def call_many(self, calls: Any, raise_on_error: bool = True) -> list[Any]:
-        out = await super().call_many(calls, raise_on_error)
+    async def call_many(self, calls: Any, raise_on_error: bool = True, lane: str | None = None) -> list[Any]:
+        out = await super().call_many(calls, raise_on_error, lane)
         now_ms = int(time.time() * 1000)
         return [[0, now_ms + 30, now_ms, 0, 0, 0, 0] if name == "tick" else reply
                 for (name, _, _), reply in zip(calls, out)]
