@@ -81,6 +81,13 @@ WAKE_TTL_MS = 2_000  # wake-ups nobody took expire (no sleeper then: each would 
 # role to expire. Far above HAND_OFF_S and a claim; rings are scored by the ringing host's clock.
 STALE_RING_MS = 500
 
+# A sleeper (one listener on, not the listener, not helping) tries for the queues' safety-net sweep
+# turn this many times less often than the sweep period: the listener, awake anyway, takes the
+# turn. Each try is a round trip, a third of an idle sleeper's before this; with a listener that
+# does not sweep (its fetch loop stuck while its listen loop renews the role) the sleepers still
+# sweep, about every SLEEPER_SWEEP_STRETCH periods, and one that takes the role sweeps as usual.
+SLEEPER_SWEEP_STRETCH = 4
+
 LISTEN, HELP, SLEEP = "listen", "help", "sleep"
 
 
@@ -155,6 +162,13 @@ class Doorbell:
         """Whether this worker is a helper now: not the listener, it found a ring nobody took (the
         listener stalls) and waits on the bells until no ring came for :data:`HELP_S`."""
         return time.monotonic() < self._helping_until
+
+    @property
+    def sweep_stretch(self) -> float:
+        """How many sweep periods apart this worker tries for the safety-net sweep turn:
+        :data:`SLEEPER_SWEEP_STRETCH` for a sleeper, 1 otherwise."""
+        sleeper = self.one_listener and not self.listening and not self.helping
+        return SLEEPER_SWEEP_STRETCH if sleeper else 1
 
     def _command(self, mode: str) -> tuple[list[str], float]:
         """The keys and timeout of the wait in ``mode``: the bells and burst bells (listener,
@@ -299,14 +313,17 @@ class Doorbell:
 
     async def sweep_turns(self, queues: Sequence[str], period: float, token: str) -> list[str]:
         """Which of ``queues`` this worker sweeps this period: those whose turn it took (``SET NX``
-        of :meth:`Keyspace.sweep_turn` for ``period`` s). The workers of a queue take turns, so a
-        queue is swept about once per period whatever their number."""
+        of :meth:`Keyspace.sweep_turn` for ``period`` s), or still holds (``token``, its own: a
+        worker tries every 0.8-1.0 period, so its own last turn is often still there, and the
+        listener, which takes most turns, would then sweep every other period). The workers of a
+        queue take turns, so a queue is swept about once per period whatever their number."""
         pipe = self.redis.pipeline(transaction=False)
         ms = max(1, round(period * 1000))
         for q in queues:
-            pipe.set(self.ks.sweep_turn(q), token, nx=True, px=ms)
-        taken = await pipe.execute()
-        return [q for q, ok in zip(queues, taken) if ok]
+            pipe.set(self.ks.sweep_turn(q), token, nx=True, px=ms, get=True)  # GET: Redis 7, as the role check
+        held = await pipe.execute()
+        mine = token.encode()
+        return [q for q, before in zip(queues, held) if before is None or before == mine]
 
     async def ring(self, queue: str, member: bytes | str, score: float | None = None) -> None:
         """Ring ``queue``'s burst bell, which every idle worker waits on, with ``member`` (a

@@ -311,7 +311,7 @@ class DoorbellFetch(Fetch):
             self._bells_heard = time.monotonic()
         else:
             self.hungry.clear()
-        wait = self._last_sweep + every * random.uniform(0.8, 1.0) - time.monotonic()
+        wait = self._last_sweep + every * self.bells.sweep_stretch * random.uniform(0.8, 1.0) - time.monotonic()
         if wait <= 0:
             if slots.free > 0:
                 await self._safety_sweep(every)  # a lost ring costs at most about one sweep period

@@ -1,9 +1,11 @@
 """What an idle worker sends Redis: its readiness rides on the bell waits it sends anyway (no PING
-of its own while they are answered), and the listener renews its role inside the role check's one
-round trip. 1 000 idle workers are what these round trips cost Redis, jobs or not."""
+of its own while they are answered), the listener renews its role inside the role check's one
+round trip, and the sleepers seldom try for the safety-net sweep's turn. 1 000 idle workers are
+what these round trips cost Redis, jobs or not."""
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -17,7 +19,8 @@ from tests.support.helpers import http_get
 from tests.support.waits import wait_for
 from tests.support.workers import serving
 from workers import Job, Worker
-from workers.doorbell import LISTEN_CHECK_S, LISTEN_TTL_MS, Doorbell
+from workers.doorbell import LISTEN_CHECK_S, LISTEN_TTL_MS, SLEEPER_SWEEP_STRETCH, Doorbell
+from workers.fetch import DoorbellFetch, FetchContext
 from workers.health import ANSWER_FRESH_S
 
 
@@ -129,3 +132,54 @@ async def test_a_listener_renews_its_role_in_the_checks_own_round_trip_and_gives
         await bell.close()
         await redis.aclose()
         sync.close()
+
+
+async def test_with_one_listener_the_sleepers_seldom_try_for_the_sweep_turn_and_the_queue_is_still_swept(
+        redis_url: str) -> None:
+    """The listener, awake anyway, takes the safety-net sweep's turn each period; the sleepers try
+    only every SLEEPER_SWEEP_STRETCH periods (each try is a round trip), and the queue is still
+    swept about once per period."""
+    ns, period, n = "sweepturns", 0.4, 3
+    made: list[DoorbellFetch] = []
+
+    def fetch(ctx: FetchContext) -> DoorbellFetch:
+        made.append(DoorbellFetch(ctx))
+        return made[-1]
+
+    ws = [Worker.from_url(redis_url, namespace=ns, queues=["q"], idle_sweep=period, fetch=fetch,
+                          shutdown_grace=2.0, one_listener=True) for _ in range(n)]
+    for w in ws:
+        w.handler("q")(_noop)
+    client = Client.from_url(redis_url, namespace=ns).connect()
+    tries: dict[int, int] = {}
+    try:
+        async with serving(*ws):
+            await wait_for(lambda: len(made) == n and all(f.hungry.is_set() for f in made), 10, what="idle workers")
+            await wait_for(lambda: sum(f.bells.listening for f in made) == 1, 10, what="one listener")
+            for i, f in enumerate(made):
+                tries[i] = 0
+                f.bells.sweep_turns = _counting(f.bells.sweep_turns, tries, i)  # type: ignore[method-assign]
+            claims0 = sum(w.stats.claims for w in ws)
+            t0 = time.monotonic()
+            await asyncio.sleep(10 * period)  # a rate over ten periods: what is measured is how often
+            periods = (time.monotonic() - t0) / period
+            sweeps = (sum(w.stats.claims for w in ws) - claims0) / client.keyspace.partitions
+            listener = next(i for i, f in enumerate(made) if f.bells.listening)
+    finally:
+        client.close()
+    sleepers = [tries[i] for i in tries if i != listener]
+    assert tries[listener] >= periods / 2, f"{tries} the listener {listener} tried {tries[listener]} times in {periods:.1f} periods"
+    assert all(t <= periods / SLEEPER_SWEEP_STRETCH + 2 for t in sleepers), \
+        f"sleepers tried {sleepers} times in {periods:.1f} periods (every period would be ~{periods:.0f})"
+    assert 0.5 * periods <= sweeps <= 1.5 * periods, f"{sweeps:.1f} sweeps in {periods:.1f} periods, tries {tries}, listener {listener}"
+
+
+async def _noop(job: Job) -> None:
+    return None
+
+
+def _counting(fn: Any, tries: dict[int, int], i: int) -> Any:
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        tries[i] += 1
+        return await fn(*args, **kwargs)
+    return counted
