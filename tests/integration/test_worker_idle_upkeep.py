@@ -168,10 +168,12 @@ async def test_with_one_listener_the_sleepers_seldom_try_for_the_sweep_turn_and_
     finally:
         client.close()
     sleepers = [tries[i] for i in tries if i != listener]
-    assert tries[listener] >= periods / 2, f"{tries} the listener {listener} tried {tries[listener]} times in {periods:.1f} periods"
+    assert tries[listener] >= periods / 2, \
+        f"the listener ({listener}) tried {tries[listener]} times in {periods:.1f} periods: {tries}"
     assert all(t <= periods / SLEEPER_SWEEP_STRETCH + 2 for t in sleepers), \
         f"sleepers tried {sleepers} times in {periods:.1f} periods (every period would be ~{periods:.0f})"
-    assert 0.5 * periods <= sweeps <= 1.5 * periods, f"{sweeps:.1f} sweeps in {periods:.1f} periods, tries {tries}, listener {listener}"
+    assert 0.5 * periods <= sweeps <= 1.5 * periods, \
+        f"{sweeps:.1f} sweeps in {periods:.1f} periods; tries {tries}, listener {listener}"
 
 
 async def _noop(job: Job) -> None:
