@@ -157,7 +157,7 @@ def host_arg(text: str) -> str:
 def serve(registry: CollectorRegistry, port: int, host: str = "127.0.0.1", health: Health | None = None) -> Any:
     """Expose ``/metrics`` (and with ``health`` also ``/livez`` and ``/readyz``, see
     :mod:`scheduler.health`) on a thread of its own; loopback unless the operator asks for another
-    address. Returns the HTTP server (``.shutdown()`` stops it). ValueError for a port or host that
+    address. Returns the HTTP server (:func:`stop_serving` stops it). ValueError for a port or host that
     is no address; :class:`PortInUse` when the port is taken, :class:`CannotListen` for another
     refusal."""
     where = metrics_url(check_host(host), check_port(port)).removeprefix("http://").removesuffix("/metrics")
@@ -181,7 +181,11 @@ def serve(registry: CollectorRegistry, port: int, host: str = "127.0.0.1", healt
                                   "this machine with --metrics-host, and a port above 1023 unless running as root)")
         failed.errno = exc.errno
         raise failed from exc
-    threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True).start()
+    # no poll timeout: the serving thread sleeps in its selector until a request comes, where
+    # socketserver's default wakes it (and takes the GIL) twice a second for nothing, in every
+    # idle worker and replica; stop_serving wakes it when the process stops
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": None}, name="metrics-http",
+                     daemon=True).start()
     # debug: the process names the address in its start-up line, so a start-up that fails after
     # this (bad credentials...) prints its one error line and nothing else
     log.debug("metrics on %s", metrics_url(host, port))
@@ -196,17 +200,34 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 def stop_serving(server: Any) -> None:
-    """Stop a server :func:`serve` returned, at once. Its thread looks for a stop request only
-    between polls of half a second (socketserver's default), and ``shutdown()`` waits for it: a
-    worker stopping in an event loop held that loop up to 0.5 s. Shutting the listening socket
-    down first wakes the poll (the accept that follows fails and is ignored), so the request is
-    seen within a millisecond."""
+    """Stop a server :func:`serve` returned, at once, from any thread (the caller's thread waits
+    a millisecond or so, not for a poll). Its thread sleeps in its selector with no timeout and
+    looks for a stop request only when it wakes: shutting the listening socket down wakes it (the
+    accept that follows fails and is ignored). Where the platform refuses that for a listening
+    socket, connections to the server's own address wake it until the stop request is seen."""
     try:
         server.socket.shutdown(socket.SHUT_RDWR)
-    except OSError:  # a platform that refuses it for a listening socket: the half-second poll, as before
-        pass
-    server.shutdown()
+    except OSError:
+        stopping = threading.Thread(target=server.shutdown, name="metrics-http-stop", daemon=True)
+        stopping.start()
+        while stopping.is_alive():
+            _knock(server.server_address)
+            stopping.join(0.05)
+    else:
+        server.shutdown()
     server.server_close()
+
+
+def _knock(address: Any) -> None:
+    """Connect to a server's own address and hang up: its selector wakes (wildcard addresses are
+    reached through loopback)."""
+    host, port = address[0], address[1]
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            pass
+    except OSError:  # closed meanwhile, or not reachable that way: the next knock or the join decides
+        pass
 
 
 def metrics_url(host: str, port: int) -> str:

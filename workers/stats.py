@@ -158,7 +158,7 @@ def start_metrics_server(port: int, namespace: str, by_queue: Callable[[], dict[
     ``/livez`` and ``/readyz``, :mod:`scheduler.health`): ``zsched_worker_<name>_total``
     counters labelled by namespace and queue (every served queue present from the start), plus
     ``zsched_worker_running`` and ``zsched_worker_concurrency`` gauges. Returns the HTTP server
-    (call ``.shutdown()`` to stop) or None when prometheus_client is missing; raises
+    (:func:`scheduler.metrics.stop_serving` stops it) or None when prometheus_client is missing; raises
     :class:`scheduler.metrics.PortInUse` when the port is taken."""
     try:
         from prometheus_client import CollectorRegistry

@@ -10,7 +10,7 @@ from typing import Any
 from .. import runtime
 from ..client import AsyncClient
 from ..client.outbox import DEFAULT_TABLE, OutboxError, ddl, table_name
-from ..metrics import host_arg, metrics_url, port_arg, serve
+from ..metrics import host_arg, metrics_url, port_arg, serve, stop_serving
 from ..protocol import config
 from ..protocol.masking import mask_secrets
 from ..redisio.transport import RedisRetry
@@ -79,7 +79,7 @@ def _relay(args: argparse.Namespace) -> int:
         return runtime.run(_main(args, dsn, url, namespace, table, metrics))
     finally:
         if server is not None:
-            server.shutdown()
+            stop_serving(server)
 
 
 async def _main(args: argparse.Namespace, dsn: str, url: str, namespace: str, table: str,

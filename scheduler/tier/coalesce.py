@@ -180,6 +180,14 @@ class TickBatcher:
         self._pending: list[tuple[list[Call], asyncio.Future[list[Any]]]] = []
         self.round_trips = 0  # for the tests and the benchmark: how many round trips carried ticks
         self.calls = 0
+        self.answered = float("-inf")  # monotonic time of the last fully answered round trip
+
+    def answered_within(self, seconds: float) -> bool:
+        """Whether a round trip every call of which Redis answered came back in the last
+        ``seconds``. The replica's readiness takes it for a PING: an owner ticks every partition at
+        least once per idle check anyway, so it sends no PING of its own; a replica that owns no
+        partition, or whose ticks fail, still does."""
+        return time.monotonic() - self.answered <= seconds
 
     async def call_many(self, calls: Sequence[Call]) -> list[Any]:
         """The replies of ``calls`` (raises the first error among them, as the transport does)."""
@@ -211,6 +219,8 @@ class TickBatcher:
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
+        if not any(isinstance(r, BaseException) for r in replies):
+            self.answered = time.monotonic()
         at = 0
         for calls, fut in batch:
             mine, at = replies[at:at + len(calls)], at + len(calls)

@@ -19,8 +19,15 @@ from typing import Any, cast
 
 from ..client import AsyncClient, parse_dead_retention, parse_queue_idle, parse_rate_limits
 from ..coord import Coordinator, CoordinatorUnavailable
-from ..health import STALE_AFTER_S, Health, Verdict
-from ..metrics import PartitionStatsCollector, SchedulerMetrics, WorkerRegistryCollector, metrics_url, serve
+from ..health import BEAT_INTERVAL_S, STALE_AFTER_S, Health, Verdict
+from ..metrics import (
+    PartitionStatsCollector,
+    SchedulerMetrics,
+    WorkerRegistryCollector,
+    metrics_url,
+    serve,
+    stop_serving,
+)
 from ..protocol import config
 from ..protocol.masking import mask_secrets
 from ..protocol.replies import parse_stats
@@ -198,7 +205,8 @@ class SchedulerProcess:
             return Verdict(False, "stopping: handing its partitions over")
         if own is None or own.lease_id is None:
             return Verdict(False, "starting: connecting to Redis and etcd, registering in etcd")
-        await self.redis.ping()
+        if not self.batcher.answered_within(self.cfg.runner.idle_check + BEAT_INTERVAL_S):  # else no PING
+            await self.redis.ping()
         if not own.is_valid():
             return Verdict(False, f"etcd lease not confirmed for {-own.valid_for():.1f}s past its safety margin "
                                   "(etcd unreachable?): partitions do not fire")
@@ -277,9 +285,8 @@ class SchedulerProcess:
 
     async def _stop_http(self) -> None:
         http, self._http = self._http, None
-        if http is not None:  # shutdown() waits for the serving thread's next poll: not on the loop
-            await asyncio.to_thread(http.shutdown)
-            http.server_close()
+        if http is not None:  # waits for the serving thread to see the stop: not on the loop
+            await asyncio.to_thread(stop_serving, http)
 
     async def _start_partition(self, p: int, epoch: int) -> None:
         old = self.runners.pop(p, None)

@@ -1,0 +1,62 @@
+"""What an idle replica sends Redis for its readiness: nothing of its own while its tick round trips
+(sent anyway, at least once per idle check) are answered; a PING per check when it owns no
+partition, so has no ticks to go by."""
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from redis import Redis
+
+from scheduler.health import BEAT_INTERVAL_S
+from scheduler.shell.servers import RedisServer, free_port
+from scheduler.tier.process import SchedulerConfig, SchedulerProcess
+from scheduler.tier.runner import RunnerConfig
+from tests.support.helpers import http_get
+from tests.support.waits import wait_for
+
+FRESH_S = RunnerConfig().idle_check + BEAT_INTERVAL_S
+
+
+def calls(r: Redis, command: str) -> int:
+    """How many ``command`` calls Redis served since the last CONFIG RESETSTAT."""
+    stats = r.info("commandstats").get(f"cmdstat_{command}")
+    return int(stats["calls"]) if stats else 0
+
+
+async def test_an_owners_readiness_rides_on_its_ticks_and_a_replica_without_partitions_pings(
+        fresh_redis: RedisServer, etcd_endpoint: str) -> None:
+    ns = f"u{uuid.uuid4().hex[:8]}"
+    ports = [free_port(), free_port()]
+
+    def replica(i: int) -> SchedulerProcess:
+        return SchedulerProcess(SchedulerConfig(
+            redis_url=fresh_redis.url, etcd_endpoints=etcd_endpoint, namespace=ns, partitions=1,
+            replica_id=f"r{i}-{ns}", lease_ttl=5.0, metrics_port=ports[i]))
+
+    sync = Redis.from_url(fresh_redis.url)
+    owner, spare = replica(0), replica(1)
+    tasks = [asyncio.create_task(owner.run())]
+    try:
+        await wait_for(lambda: http_get(ports[0], "/readyz")[0] == 200 and len(owner.runners) == 1, 20, 0.05,
+                       "the first replica to own the only partition and be ready")
+        await wait_for(lambda: owner.batcher.round_trips >= 1, 10, 0.05, "a tick round trip")
+        sync.config_resetstat()
+        # more than the freshness window's worth of readiness checks, one per BEAT_INTERVAL_S
+        await asyncio.sleep(FRESH_S + 2 * BEAT_INTERVAL_S)
+        assert calls(sync, "evalsha") >= 2, "the owner ticked and reaped on its idle grid"
+        assert calls(sync, "ping") == 0, "an owner pinged although its ticks were answered"
+        assert http_get(ports[0], "/readyz")[1].startswith("ok: Redis answers; etcd lease valid")
+
+        # a second replica owns nothing (one partition): its readiness has no ticks to go by
+        tasks.append(asyncio.create_task(spare.run()))
+        await wait_for(lambda: http_get(ports[1], "/readyz")[0] == 200, 20, 0.05, "the second replica to be ready")
+        assert not spare.runners
+        sync.config_resetstat()
+        await wait_for(lambda: calls(sync, "ping") >= 2, 3 * FRESH_S, 0.05, "PINGs from the replica without ticks")
+        assert spare.batcher.round_trips == 0 and http_get(ports[1], "/readyz")[0] == 200
+    finally:
+        owner.stop()
+        spare.stop()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 20)
+        sync.close()
