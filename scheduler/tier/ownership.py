@@ -31,6 +31,11 @@ from ..metrics import SchedulerMetrics
 log = logging.getLogger("zsched.ownership")
 REVOKE_ON_SHUTDOWN_S = 1.5
 """How long a planned exit waits for etcd to revoke the lease before leaving it to expire."""
+RECONCILE_EVERY_S = 5.0
+"""The safety net of the ownership reconcile. Every change it acts on arrives as an event: the
+prefix's watch (members joining or leaving, owner keys created or deleted, leases expiring), a
+lease confirmed again after it lapsed, a runner refused its epoch, a failed reconcile retried.
+Until 2026-12-04 it also ran every second, an etcd range read per replica per second for nothing."""
 
 
 def default_replica_id() -> str:
@@ -196,7 +201,10 @@ class Ownership:
                     log.error("etcd keepalive failed (%s); owned partitions keep ticking until %.1fs from now, "
                               "then stop until etcd answers", exc, max(0.0, self.valid_until - time.monotonic()))
                 continue
+            lapsed = not self.is_valid()  # e.g. the process was frozen past its deadline: no failure seen
             self.valid_until = t_sent + granted - self.margin
+            if lapsed:
+                self._reconcile.set()  # a reconcile while the lease was not valid did nothing
             if self._etcd_down_since is not None:
                 log.info("etcd reachable again after %.1fs; lease refreshed", time.monotonic() - self._etcd_down_since)
                 self._etcd_down_since = None
@@ -220,7 +228,8 @@ class Ownership:
     async def _reconcile_loop(self) -> None:
         while not self._stopping:
             try:
-                await asyncio.wait_for(self._reconcile.wait(), timeout=1.0)
+                async with asyncio.timeout(RECONCILE_EVERY_S):  # no task per wait, unlike wait_for
+                    await self._reconcile.wait()
             except TimeoutError:
                 pass
             self._reconcile.clear()

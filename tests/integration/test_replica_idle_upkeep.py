@@ -1,15 +1,18 @@
-"""What an idle replica sends Redis for its readiness: nothing of its own while its tick round trips
-(sent anyway, at least once per idle check) are answered; a PING per check when it owns no
-partition, so has no ticks to go by."""
+"""What an idle replica sends: to Redis for its readiness, nothing of its own while its tick round
+trips (sent anyway, at least once per idle check) are answered, and a PING per check when it owns
+no partition, so has no ticks to go by; to etcd, reads of the ownership keys on events only."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
+from typing import Any
 
 from redis import Redis
 
 from scheduler.health import BEAT_INTERVAL_S
 from scheduler.shell.servers import RedisServer, free_port
+from scheduler.tier.ownership import RECONCILE_EVERY_S
 from scheduler.tier.process import SchedulerConfig, SchedulerProcess
 from scheduler.tier.runner import RunnerConfig
 from tests.support.helpers import http_get
@@ -60,3 +63,40 @@ async def test_an_owners_readiness_rides_on_its_ticks_and_a_replica_without_part
         spare.stop()
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 20)
         sync.close()
+
+
+async def test_an_idle_replica_reads_the_ownership_keys_on_etcd_events_only(redis_url: str,
+                                                                              etcd_endpoint: str) -> None:
+    """The watch delivers every change the reconcile acts on; the reconcile's timer is a slow
+    safety net (RECONCILE_EVERY_S), not a read of the whole prefix every second."""
+    ns = f"u{uuid.uuid4().hex[:8]}"
+    proc = SchedulerProcess(SchedulerConfig(redis_url=redis_url, etcd_endpoints=etcd_endpoint, namespace=ns,
+                                            partitions=4, replica_id=f"r-{ns}", lease_ttl=5.0))
+    reads: list[float] = []
+    get_prefix = proc.coord.get_prefix
+
+    async def counted(prefix: str) -> Any:
+        reads.append(time.monotonic())
+        return await get_prefix(prefix)
+
+    proc.coord.get_prefix = counted  # type: ignore[method-assign]
+    task = asyncio.create_task(proc.run())
+    try:
+        await wait_for(lambda: len(proc.runners) == 4, 20, 0.05, "the replica to own every partition")
+        settled = len(reads)
+        quiet_s = RECONCILE_EVERY_S - 1.0  # shorter than the safety net: no timer may fire within it
+        await asyncio.sleep(quiet_s)
+        assert len(reads) == settled, f"{len(reads) - settled} reads of the prefix in {quiet_s:g} s with no event"
+        # an event still reaches it at once: a second member makes this one hand half over
+        other = SchedulerProcess(SchedulerConfig(redis_url=redis_url, etcd_endpoints=etcd_endpoint, namespace=ns,
+                                                 partitions=4, replica_id=f"s-{ns}", lease_ttl=5.0))
+        joined = asyncio.create_task(other.run())
+        try:
+            await wait_for(lambda: len(proc.runners) == 2 and len(other.runners) == 2, 10, 0.05,
+                           "the partitions to split between the two replicas")
+        finally:
+            other.stop()
+            await asyncio.wait_for(joined, 20)
+    finally:
+        proc.stop()
+        await asyncio.wait_for(task, 20)
