@@ -56,7 +56,7 @@ from scheduler.protocol.keys import Keyspace
 from scheduler.protocol.masking import mask_secrets
 from scheduler.redisio.connection import is_cluster
 from scheduler.redisio.errors import REDIS_ERRORS
-from scheduler.redisio.transport_async import checkout, drop_and_release
+from scheduler.redisio.transport_async import checkout, drop_and_release, send_packed
 
 from .slots import Slots
 
@@ -280,7 +280,7 @@ class Doorbell:
             if packed is None:
                 keys, timeout = self._command(mode)
                 packed = self._packed[mode] = conn.pack_command("BZPOPMIN", *keys, timeout)
-            await conn.send_packed_command(packed, check_health=False)
+            await send_packed(conn, packed)
             reply = await conn.read_response()
         except BaseException:
             await asyncio.shield(drop_and_release(pool, conn))

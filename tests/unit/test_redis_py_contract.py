@@ -151,3 +151,45 @@ def test_a_sentinel_connection_to_a_demoted_master_fails_as_a_connection_error(m
     assert "ReadOnlyError" in src and "ConnectionError" in src
     takes(mod.Sentinel.__init__, "sentinels", "sentinel_kwargs")
     assert callable(getattr(mod.Sentinel, "discover_master", None))
+
+
+async def test_send_packed_writes_without_wait_for_and_keeps_redis_pys_timeout_and_errors(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """redisio/transport_async.py ``send_packed`` (the transports' and the bell wait's writes):
+    a connection whose ``socket_timeout`` is None writes without ``asyncio.wait_for`` (a task per
+    write on Python 3.11); bounded by :func:`asyncio.timeout` instead, a write that cannot finish
+    still closes the connection and raises redis-py's TimeoutError, and the timeout is put back.
+    A loopback listener that never reads stands in for a stalled server."""
+    import asyncio
+    import socket
+
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from scheduler.redisio.transport_async import send_packed
+
+    waits: list[object] = []
+    wait_for = asyncio.wait_for
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        waits.append(args)
+        return wait_for(*args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "wait_for", counted)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        conn = aconnection.Connection(host="127.0.0.1", port=server.getsockname()[1], socket_timeout=0.3,
+                                      protocol=2, driver_info=None)  # no HELLO, no CLIENT SETINFO
+        await conn.connect()
+        peer, _ = server.accept()
+        try:
+            await send_packed(conn, conn.pack_command("PING"))
+            assert waits == [] and conn.socket_timeout == 0.3 and conn.is_connected
+            assert peer.recv(64) == b"*1\r\n$4\r\nPING\r\n"
+            await conn.send_packed_command(conn.pack_command("PING"), check_health=False)
+            assert len(waits) == 1, "redis-py no longer writes through wait_for: send_packed may go"
+            big = conn.pack_command("SET", "k", b"x" * (64 << 20))  # more than the socket buffers hold
+            with pytest.raises(RedisTimeoutError, match="Timeout writing to socket"):
+                await send_packed(conn, big)
+            assert conn.socket_timeout == 0.3 and not conn.is_connected and len(waits) == 1
+        finally:
+            peer.close()
+            await conn.disconnect()
