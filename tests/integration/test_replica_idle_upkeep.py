@@ -43,7 +43,7 @@ async def test_an_owners_readiness_rides_on_its_ticks_and_a_replica_without_part
     try:
         await wait_for(lambda: http_get(ports[0], "/readyz")[0] == 200 and len(owner.runners) == 1, 20, 0.05,
                        "the first replica to own the only partition and be ready")
-        await wait_for(lambda: owner.batcher.round_trips >= 1, 10, 0.05, "a tick round trip")
+        await wait_for(lambda: owner.batcher.answered_within(FRESH_S), 10, 0.05, "a tick round trip answered")
         sync.config_resetstat()
         # more than the freshness window's worth of readiness checks, one per BEAT_INTERVAL_S
         await asyncio.sleep(FRESH_S + 2 * BEAT_INTERVAL_S)
@@ -83,8 +83,10 @@ async def test_an_idle_replica_reads_the_ownership_keys_on_etcd_events_only(redi
     task = asyncio.create_task(proc.run())
     try:
         await wait_for(lambda: len(proc.runners) == 4, 20, 0.05, "the replica to own every partition")
+        # its own claims come back through the watch, each an event that reconciles once more
+        await wait_for(lambda: time.monotonic() - reads[-1] > 1.0, 10, 0.05, "the echoes of its claims to end")
         settled = len(reads)
-        quiet_s = RECONCILE_EVERY_S - 1.0  # shorter than the safety net: no timer may fire within it
+        quiet_s = RECONCILE_EVERY_S - 1.5  # from over 1 s after the last read: within the safety net's wait
         await asyncio.sleep(quiet_s)
         assert len(reads) == settled, f"{len(reads) - settled} reads of the prefix in {quiet_s:g} s with no event"
         # an event still reaches it at once: a second member makes this one hand half over
