@@ -10,7 +10,8 @@
 --          queues (flat queue/since-ms list, lua/pause.lua), due soon (flat queue/count list of the
 --          timers due by now + horizon_ms that were read), due soon total (every timer due by
 --          then: more than the list's sum when there were more than scan_max; -1 without
---          horizon_ms)}.
+--          horizon_ms), Redis's clock in ms (what the scheduler tier ages the earliest due timer
+--          by: no TIME round trip of its own)}.
 -- Refuses (ZSCHED_ARG; _lib_args.lua "Argument checks"): bad ARGV 1-3 or KEYS, a horizon_ms or
 --   scan_max out of range, more arguments.
 -- Invariants: read-only (no key is written); O(queues) work, never O(jobs): the due-soon count is
@@ -34,9 +35,9 @@ for i = 1, #q, 2 do
     queues[#queues + 1] = redis.call('LLEN', PREFIX .. 'r:' .. name)
   end
 end
-local soon, soon_total = {}, -1
+local soon, soon_total, now = {}, -1, now_ms()
 if horizon >= 0 then
-  local upto = fmt(now_ms() + horizon)
+  local upto = fmt(now + horizon)
   soon_total = redis.call('ZCOUNT', K_T, '-inf', upto)
   if soon_total > 0 then
     local per, order = {}, {}
@@ -63,4 +64,4 @@ if horizon >= 0 then
 end
 return {redis.call('HGETALL', K_G), redis.call('HGETALL', K_C), queues, head_score(K_T) or -1,
         redis.call('ZCARD', K_T), redis.call('ZCARD', K_I), redis.call('ZCARD', K_D),
-        redis.call('HGET', K_META, 'epoch') or '0', redis.call('HGETALL', PREFIX .. 'paused'), soon, soon_total}
+        redis.call('HGET', K_META, 'epoch') or '0', redis.call('HGETALL', PREFIX .. 'paused'), soon, soon_total, now}

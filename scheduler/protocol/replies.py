@@ -230,7 +230,8 @@ class StatsReply:
     queue -> epoch ms when its pause started, for the queues paused in this partition.
     ``due_soon``: per queue, timers due within the horizon asked for (``Calls.stats_call``) among
     the first ``scan_max`` of them; ``due_soon_total``: every timer due by then (None when no
-    horizon was asked for)."""
+    horizon was asked for); ``now_ms``: Redis's clock when it answered (None from scripts
+    before 2026-12-04)."""
 
     gauges: dict[str, int]
     counters: dict[str, int]
@@ -243,6 +244,7 @@ class StatsReply:
     paused: dict[str, int] = dataclasses.field(default_factory=dict)
     due_soon: dict[str, int] = dataclasses.field(default_factory=dict)
     due_soon_total: int | None = None
+    now_ms: int | None = None
 
     def due_soon_by_queue(self) -> dict[str, float]:
         """Per queue: ready jobs plus timers due within the horizon. Exact while the script read
@@ -277,12 +279,13 @@ def _pairs(flat: list[Any]) -> dict[str, int]:
 
 def parse_stats(reply: list[Any]) -> StatsReply:
     """``{gauges, counters, ready lengths, earliest due or -1, timers, in flight, dead, epoch,
-    paused, due soon, due soon total or -1}`` (lua/stats.lua)."""
+    paused, due soon, due soon total or -1, now ms}`` (lua/stats.lua)."""
     head = int(float(reply[3]))
     return StatsReply(_pairs(reply[0]), _pairs(reply[1]), _pairs(reply[2]), head if head >= 0 else None,
                       int(reply[4]), int(reply[5]), int(reply[6]), int(reply[7] or 0),
                       _pairs(reply[8]) if len(reply) > 8 else {}, _pairs(reply[9]) if len(reply) > 9 else {},
-                      int(reply[10]) if len(reply) > 10 and int(reply[10]) >= 0 else None)
+                      int(reply[10]) if len(reply) > 10 and int(reply[10]) >= 0 else None,
+                      int(reply[11]) if len(reply) > 11 else None)
 
 
 def merge_stats(partitions: Iterable[StatsReply]) -> dict[str, dict[str, int]]:

@@ -406,11 +406,10 @@ class SchedulerProcess:
             try:
                 within = round(self.cfg.due_soon_horizon * 1000)  # zsched_queue_due_soon's horizon
                 replies = await self.transport.call_many([core.stats_call(p, within) for p in owned]) if owned else []
-                t = await self.redis.time()
-                now_ms = int(t[0]) * 1000 + int(t[1]) // 1000
                 for p, reply in zip(owned, replies):
-                    if p in self.runners:
-                        self.partition_stats.update(p, parse_stats(reply), now_ms)
+                    if p in self.runners:  # each aged by its own server's clock (the reply's)
+                        stats = parse_stats(reply)
+                        self.partition_stats.update(p, stats, stats.now_ms or int(time.time() * 1000))
             except REDIS_ERRORS as exc:
                 log.debug("stats refresh failed: %s", exc)
             for p in self.partition_stats.partitions():

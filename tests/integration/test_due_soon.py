@@ -45,6 +45,18 @@ def test_stats_counts_the_timers_due_within_the_horizon_per_queue(client: Client
     assert plain.due_soon == {} and plain.due_soon_total is None and plain.timers == 10
 
 
+def test_stats_carries_redis_clock_for_the_age_of_the_earliest_due_timer(client: Client) -> None:
+    """The replica ages each partition's earliest due timer by the reply's own clock: no TIME round
+    trip of its own, and on a cluster each partition by its own server's clock."""
+    schedule(client, "emails", 10, 1)
+    before = client.redis.time()
+    s = parse_stats(client.transport.call(*client.calls.stats_call(0, 30_000)))
+    after = client.redis.time()
+    ms = [int(t[0]) * 1000 + int(t[1]) // 1000 for t in (before, after)]
+    assert s.now_ms is not None and ms[0] <= s.now_ms <= ms[1]
+    assert parse_stats(client.transport.call(*client.calls.stats_call(0))).now_ms is not None  # no horizon too
+
+
 def test_a_herd_of_one_queue_due_first_does_not_stand_for_the_others(client: Client) -> None:
     for queue, seconds in (("a", 10), ("b", 11), ("c", 12)):
         schedule(client, queue, seconds, 30)
