@@ -2,21 +2,28 @@
 ``/metrics`` (same port, same bind address: :func:`scheduler.metrics.serve`), for Kubernetes
 probes and load balancers.
 
-Both are judged here from values the process's event loop writes; the HTTP server runs on a
-thread of its own, so it still answers while the loop is stuck, and that is what it reports:
+Both are judged when a probe asks, by the HTTP server's thread (the server runs on a thread of its
+own, so it still answers while the event loop is stuck, and that is what it reports). Nothing runs
+between probes: an idle process is not woken once a second to stamp a heartbeat nobody reads.
 
-- live: the loop turned within :data:`STALE_AFTER_S` (a heartbeat task stamps the time every
-  :data:`BEAT_INTERVAL_S`). A loop blocked by a handler that never awaits, a deadlock or a
-  runaway computation stops stamping, and ``/livez`` fails although ``/metrics`` still answers.
+- live: the event loop answers. A probe hands the loop a callback (``call_soon_threadsafe``) and
+  waits up to :data:`ANSWER_WAIT_S` for it to run. A callback still waiting :data:`STALE_AFTER_S`
+  after it was handed over (later probes do not hand over another) means the loop has not turned
+  for that long: a handler that never awaits, a deadlock or a runaway computation, and ``/livez``
+  fails although ``/metrics`` still answers.
 - ready: live, and the process's own readiness check (connected to Redis, and for a scheduler
-  replica holding a valid etcd lease; for a worker subscribed and claiming) passed on its last
-  run, at most :data:`STALE_AFTER_S` ago. The check runs every :data:`BEAT_INTERVAL_S` with a
-  :data:`CHECK_TIMEOUT_S` timeout, so a Redis that stops answering is seen within seconds.
+  replica holding a valid etcd lease; for a worker subscribed and claiming) passes, run on the loop
+  for this probe with a :data:`CHECK_TIMEOUT_S` timeout, so a Redis that stops answering fails the
+  next probe. A verdict younger than :data:`CHECK_REUSE_S` answers without a new check, and
+  concurrent probes share one check: whatever probes, the check runs at most once a second.
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+import math
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -26,8 +33,9 @@ from .protocol.masking import mask_secrets
 
 log = logging.getLogger("zsched.health")
 
-STALE_AFTER_S = 10.0    # /livez fails once the event loop has not turned for this long
-BEAT_INTERVAL_S = 1.0   # how often the loop stamps its heartbeat and runs the readiness check
+STALE_AFTER_S = 10.0    # /livez fails once the event loop has left a probe unanswered this long
+ANSWER_WAIT_S = 0.25    # how long a probe waits for the event loop to answer before judging
+CHECK_REUSE_S = 1.0     # a readiness verdict this recent answers a probe without a new check
 CHECK_TIMEOUT_S = 2.0   # a readiness check that takes longer counts as failed
 PATHS = ("/livez", "/readyz")
 
@@ -41,77 +49,116 @@ class Verdict:
 
 
 class Health:
-    """The heartbeat and readiness verdict of one process. :meth:`beat` and :meth:`set_ready` are
-    called on the event loop (by :meth:`run`); :meth:`live` and :meth:`ready` from any thread."""
+    """The liveness and readiness of one process. :meth:`run` serves them from the running event
+    loop until cancelled; :meth:`live` and :meth:`ready` are called from other threads (the HTTP
+    server's), never from the loop itself, which they wait on."""
 
-    def __init__(self, *, stale_after: float = STALE_AFTER_S, clock: Callable[[], float] = time.monotonic) -> None:
-        if not stale_after > 0:
-            raise ValueError(f"stale_after must be a positive number of seconds, got {stale_after!r}")
+    def __init__(self, *, stale_after: float = STALE_AFTER_S, answer_wait: float = ANSWER_WAIT_S,
+                 reuse: float = CHECK_REUSE_S, timeout: float = CHECK_TIMEOUT_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        for name, value in (("stale_after", stale_after), ("answer_wait", answer_wait), ("timeout", timeout)):
+            if not value > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not reuse >= 0:
+            raise ValueError(f"reuse must be zero or a positive number of seconds, got {reuse!r}")
         self.stale_after = stale_after
+        self.answer_wait = answer_wait
+        self.reuse = reuse
+        self.timeout = timeout
         self.clock = clock
-        self._beat: float | None = None
+        self._cond = threading.Condition()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._check: Callable[[], Awaitable[Verdict]] | None = None
+        self._started = False
+        self._asked: float | None = None  # when a probe handed the loop its callback; None once run
+        self._answered = -math.inf        # when the loop last ran one
         # (verdict, when it was reached): replaced whole, so a reader on another thread sees one pair
-        self._ready: tuple[Verdict, float] = (Verdict(False, "starting"), clock())
+        self._ready: tuple[Verdict, float] = (Verdict(False, "starting"), -math.inf)
+        self._judging: concurrent.futures.Future[None] | None = None
 
-    def beat(self) -> None:
-        """The loop turned now."""
-        self._beat = self.clock()
-
-    def set_ready(self, verdict: Verdict) -> None:
-        """The readiness check's result as of now."""
-        self._ready = (verdict, self.clock())
+    def _answer(self) -> None:
+        """On the loop: it turned now."""
+        with self._cond:
+            self._answered = self.clock()
+            self._asked = None
+            self._cond.notify_all()
 
     def live(self) -> Verdict:
-        """Whether the event loop turned within ``stale_after`` seconds."""
-        if self._beat is None:
-            return Verdict(False, "the event loop has not started its heartbeat yet")
-        age = self.clock() - self._beat
-        if age > self.stale_after:
-            return Verdict(False, f"the event loop has not turned for {age:.1f}s (limit {self.stale_after:g}s): "
+        """Whether the event loop answers (waits up to ``answer_wait`` for it)."""
+        with self._cond:
+            loop = self._loop
+            if loop is None:
+                return Verdict(False, "the process has stopped serving its probes" if self._started
+                               else "the event loop has not started its probes yet")
+            if self._asked is None:
+                self._asked = self.clock()
+                try:
+                    loop.call_soon_threadsafe(self._answer)
+                except RuntimeError:  # closed under us: run() is ending
+                    self._asked = None
+                    return Verdict(False, "the event loop has stopped")
+            asked = self._asked
+            self._cond.wait_for(lambda: self._asked is None or self._loop is None, self.answer_wait)
+            if self._asked is None and self._answered >= asked:
+                return Verdict(True, f"the event loop answered in {1000 * (self._answered - asked):.1f} ms")
+            waited = self.clock() - asked
+        if waited > self.stale_after:
+            return Verdict(False, f"the event loop has not turned for {waited:.1f}s (limit {self.stale_after:g}s): "
                                   "something blocks it")
-        return Verdict(True, f"the event loop turned {age:.1f}s ago")
+        return Verdict(True, f"the event loop has not answered for {waited:.1f}s (limit {self.stale_after:g}s)")
 
     def ready(self) -> Verdict:
-        """Live, and the last readiness check passed at most ``stale_after`` seconds ago."""
+        """Live, and the readiness check passes (run now, unless a verdict younger than ``reuse``
+        or a check already running answers; waits up to ``timeout`` for it)."""
         live = self.live()
         if not live.ok:
-            return Verdict(False, live.reason)
-        verdict, at = self._ready
-        age = self.clock() - at
-        if age > self.stale_after:
-            return Verdict(False, f"the readiness check has not finished for {age:.1f}s")
-        return verdict
+            return live
+        with self._cond:
+            loop, check = self._loop, self._check
+            if loop is None or check is None:
+                return Verdict(False, "the process has stopped serving its probes")
+            fut = self._judging
+            if (fut is None or fut.done()) and self.clock() - self._ready[1] >= self.reuse:
+                fut = self._judging = asyncio.run_coroutine_threadsafe(self._judge(check), loop)
+        if fut is not None and not fut.done():
+            try:
+                fut.result(self.timeout + self.answer_wait)  # the check times out on the loop first
+            except concurrent.futures.TimeoutError:
+                return Verdict(False, f"the readiness check did not answer within {self.timeout:g}s")
+            except concurrent.futures.CancelledError:
+                return Verdict(False, "the process has stopped serving its probes")
+        return self._ready[0]
 
-    async def run(self, check: Callable[[], Awaitable[Verdict]], *, interval: float = BEAT_INTERVAL_S,
-                  timeout: float = CHECK_TIMEOUT_S) -> None:
-        """Until cancelled: stamp the heartbeat and run ``check`` every ``interval`` seconds. The
-        heartbeat has a task of its own, so a check waiting on a stalled server does not make the
-        process look dead; a check that raises or times out is a failed one, with the error
-        (secrets masked) as its reason."""
-        beating = asyncio.create_task(self._heartbeat(interval), name="health-heartbeat")
+    async def _judge(self, check: Callable[[], Awaitable[Verdict]]) -> None:
+        """On the loop: run ``check`` with the timeout; what it raises is a failed check, with the
+        error (secrets masked) as its reason. A change of verdict is logged."""
         try:
-            while True:
-                try:
-                    async with asyncio.timeout(timeout):  # no task per check, unlike wait_for
-                        verdict = await check()
-                except TimeoutError:
-                    verdict = Verdict(False, f"the readiness check did not answer within {timeout:g}s")
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # a Redis or etcd error: that is what not-ready means
-                    verdict = Verdict(False, mask_secrets(f"{type(exc).__name__}: {exc}"))
-                if verdict.ok != self._ready[0].ok:
-                    log.log(logging.INFO if verdict.ok else logging.WARNING, "readiness: %s: %s",
-                            "ready" if verdict.ok else "NOT ready", verdict.reason)
-                self.set_ready(verdict)
-                await asyncio.sleep(interval)
-        finally:
-            beating.cancel()
+            async with asyncio.timeout(self.timeout):  # no task per check, unlike wait_for
+                verdict = await check()
+        except TimeoutError:
+            verdict = Verdict(False, f"the readiness check did not answer within {self.timeout:g}s")
+        except Exception as exc:  # a Redis or etcd error: that is what not-ready means
+            verdict = Verdict(False, mask_secrets(f"{type(exc).__name__}: {exc}"))
+        if verdict.ok != self._ready[0].ok:
+            log.log(logging.INFO if verdict.ok else logging.WARNING, "readiness: %s: %s",
+                    "ready" if verdict.ok else "NOT ready", verdict.reason)
+        self._ready = (verdict, self.clock())
 
-    async def _heartbeat(self, interval: float) -> None:
-        while True:
-            self.beat()
-            await asyncio.sleep(interval)
+    async def run(self, check: Callable[[], Awaitable[Verdict]]) -> None:
+        """Serve the probes from the running loop, judging readiness with ``check``, until
+        cancelled. Costs nothing between probes: it only waits to be cancelled."""
+        with self._cond:
+            self._loop, self._check, self._started = asyncio.get_running_loop(), check, True
+            self._ready = (Verdict(False, "starting"), -math.inf)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            if self._judging is not None:
+                self._judging.cancel()  # a probe waiting on it answers now, not at its timeout
+            with self._cond:
+                self._loop = self._check = None
+                self._asked = None
+                self._cond.notify_all()
 
 
 def wsgi_app(health: Health, fallback: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:

@@ -4,8 +4,8 @@ Ready means: started (connected to Redis, subscribed to its queues' doorbells an
 ``Lifecycle.ready``), Redis answers, and no stop was asked for. "Redis answers" is the reply to the
 listen loop's bell wait (an idle worker sends one every ``BELL_WAIT`` seconds anyway) or to a round
 trip of claims, when one came within :data:`ANSWER_FRESH_S`, else a ``PING``
-(``Lifecycle.redis_answered``): a fleet of idle workers sends Redis one round trip per worker per
-second fewer, and a Redis that stalls is still seen within that window plus the check's timeout.
+(``Lifecycle.redis_answered``): a fleet of idle workers sends Redis no PING for its probes, and a
+Redis that stalls is still seen within that window plus the check's timeout.
 The probes answer from the moment ``serve()`` starts, before Redis is reached, so a worker waiting
 for Redis is live (its loop turns) but not ready, and Kubernetes does not restart it for an outage
 it cannot fix.
@@ -17,14 +17,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from scheduler.health import BEAT_INTERVAL_S, Health, Verdict
+from scheduler.health import CHECK_REUSE_S, Health, Verdict
 
 from .doorbell import BELL_WAIT
 from .lifecycle import Lifecycle
 
-# A bell wait answered this recently (seconds) stands for a PING: one full wait and one check
-# interval, so an idle worker's readiness never needs a PING of its own.
-ANSWER_FRESH_S = BELL_WAIT + BEAT_INTERVAL_S
+# A bell wait answered this recently (seconds) stands for a PING: one full wait, and the age a
+# verdict may have when a probe reuses it, so an idle worker's readiness never needs a PING of its own.
+ANSWER_FRESH_S = BELL_WAIT + CHECK_REUSE_S
 
 
 class WorkerProbes:
@@ -38,7 +38,7 @@ class WorkerProbes:
         self._task: asyncio.Task[None] | None = None
 
     async def check(self) -> Verdict:
-        """The readiness check (run by :meth:`Health.run` every second)."""
+        """The readiness check (run on the loop when a probe asks, at most once a second)."""
         if self.life.stop_requested.is_set():
             return Verdict(False, "stopping: no new claims, running handlers finishing")
         if not self.life.ready.is_set():
@@ -48,10 +48,10 @@ class WorkerProbes:
         return Verdict(True, f"Redis answers; claiming jobs of {', '.join(self.queues)}")
 
     def start(self) -> None:
-        """Stamp the heartbeat and judge readiness from now on (a task on the running loop)."""
+        """Answer the probes from now on (a task on the running loop, idle between probes)."""
         self._task = asyncio.get_running_loop().create_task(self.health.run(self.check), name="health")
 
     def stop(self) -> None:
-        """Stop judging (``/livez`` then fails after ``stale_after``: the server stops with it)."""
+        """Stop answering (the probes then fail at once: the server stops with it)."""
         if self._task is not None:
             self._task.cancel()

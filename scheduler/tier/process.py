@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from ..client import AsyncClient, parse_dead_retention, parse_queue_idle, parse_rate_limits
 from ..coord import Coordinator, CoordinatorUnavailable
-from ..health import BEAT_INTERVAL_S, STALE_AFTER_S, Health, Verdict
+from ..health import CHECK_REUSE_S, STALE_AFTER_S, Health, Verdict
 from ..metrics import (
     PartitionStatsCollector,
     SchedulerMetrics,
@@ -205,7 +205,7 @@ class SchedulerProcess:
             return Verdict(False, "stopping: handing its partitions over")
         if own is None or own.lease_id is None:
             return Verdict(False, "starting: connecting to Redis and etcd, registering in etcd")
-        if not self.batcher.answered_within(self.cfg.runner.idle_check + BEAT_INTERVAL_S):  # else no PING
+        if not self.batcher.answered_within(self.cfg.runner.idle_check + CHECK_REUSE_S):  # else no PING
             await self.redis.ping()
         if not own.is_valid():
             return Verdict(False, f"etcd lease not confirmed for {-own.valid_for():.1f}s past its safety margin "

@@ -44,7 +44,7 @@ def scheduler(fresh_redis: RedisServer, etcd_endpoint: str) -> Iterator[ZschedPr
 def test_a_replica_is_ready_only_while_connected_and_in_the_ownership_protocol(
         scheduler: ZschedProc, fresh_redis: RedisServer) -> None:
     # the loop turns while it retries Redis: live, and not ready, saying why
-    wait_probe(scheduler, "/livez", 200, "ok: the event loop turned")
+    wait_probe(scheduler, "/livez", 200, "ok: the event loop answered in ")
     assert probe(scheduler, "/readyz") == (503, "fail: starting: connecting to Redis and etcd, registering in etcd\n")
     fresh_redis.resume()
     body = wait_probe(scheduler, "/readyz", 200, "ok: Redis answers; etcd lease valid")

@@ -11,10 +11,14 @@ import uuid
 
 from scheduler.shell.servers import free_port
 from scheduler.tier.process import SchedulerConfig, SchedulerProcess
-from tests.support.helpers import http_get
+from tests.support.helpers import ahttp_get, http_get
 from tests.support.waits import wait_for, wait_until
 
 STALE_S = 0.5
+
+
+async def status(port: int, path: str, code: int) -> bool:
+    return (await ahttp_get(port, path))[0] == code
 
 
 def test_livez_fails_while_the_event_loop_is_blocked_and_metrics_still_answer(redis_url: str,
@@ -37,8 +41,8 @@ def test_livez_fails_while_the_event_loop_is_blocked_and_metrics_still_answer(re
         proc = SchedulerProcess(cfg)
         task = asyncio.create_task(proc.run())
         try:
-            await wait_for(lambda: http_get(port, "/readyz")[0] == 200, 15, 0.05, "the replica to be ready")
-            assert http_get(port, "/livez")[0] == 200
+            await wait_for(lambda: status(port, "/readyz", 200), 15, 0.05, "the replica to be ready")
+            assert (await ahttp_get(port, "/livez"))[0] == 200
             watcher = threading.Thread(target=watch_while_frozen)
             watcher.start()
             frozen.set()
@@ -49,8 +53,8 @@ def test_livez_fails_while_the_event_loop_is_blocked_and_metrics_still_answer(re
                 time.sleep(0.01)
             frozen.clear()
             watcher.join()
-            await wait_for(lambda: http_get(port, "/livez")[0] == 200, 5, 0.05, "/livez to pass once the loop turns")
-            await wait_for(lambda: http_get(port, "/readyz")[0] == 200, 5, 0.05, "/readyz to pass again")
+            await wait_for(lambda: status(port, "/livez", 200), 5, 0.05, "/livez to pass once the loop turns")
+            await wait_for(lambda: status(port, "/readyz", 200), 5, 0.05, "/readyz to pass again")
         finally:
             proc.stop()
             await asyncio.wait_for(task, 15)

@@ -1,6 +1,7 @@
-"""What an idle replica sends: to Redis for its readiness, nothing of its own while its tick round
-trips (sent anyway, at least once per idle check) are answered, and a PING per check when it owns
-no partition, so has no ticks to go by; to etcd, reads of the ownership keys on events only."""
+"""What an idle replica sends: to Redis for its readiness probes, nothing of its own while its tick
+round trips (sent anyway, at least once per idle check) are answered, and a PING per probed check
+when it owns no partition, so has no ticks to go by; to etcd, reads of the ownership keys on
+events only."""
 from __future__ import annotations
 
 import asyncio
@@ -10,15 +11,19 @@ from typing import Any
 
 from redis import Redis
 
-from scheduler.health import BEAT_INTERVAL_S
+from scheduler.health import CHECK_REUSE_S
 from scheduler.shell.servers import RedisServer, free_port
 from scheduler.tier.ownership import RECONCILE_EVERY_S
 from scheduler.tier.process import SchedulerConfig, SchedulerProcess
 from scheduler.tier.runner import RunnerConfig
-from tests.support.helpers import http_get
+from tests.support.helpers import ahttp_get, probing
 from tests.support.waits import wait_for
 
-FRESH_S = RunnerConfig().idle_check + BEAT_INTERVAL_S
+FRESH_S = RunnerConfig().idle_check + CHECK_REUSE_S
+
+
+async def ready(port: int) -> bool:
+    return (await ahttp_get(port, "/readyz"))[0] == 200
 
 
 def calls(r: Redis, command: str) -> int:
@@ -41,23 +46,26 @@ async def test_an_owners_readiness_rides_on_its_ticks_and_a_replica_without_part
     owner, spare = replica(0), replica(1)
     tasks = [asyncio.create_task(owner.run())]
     try:
-        await wait_for(lambda: http_get(ports[0], "/readyz")[0] == 200 and len(owner.runners) == 1, 20, 0.05,
+        await wait_for(lambda: len(owner.runners) == 1 and ready(ports[0]), 20, 0.05,
                        "the first replica to own the only partition and be ready")
         await wait_for(lambda: owner.batcher.answered_within(FRESH_S), 10, 0.05, "a tick round trip answered")
         sync.config_resetstat()
-        # more than the freshness window's worth of readiness checks, one per BEAT_INTERVAL_S
-        await asyncio.sleep(FRESH_S + 2 * BEAT_INTERVAL_S)
+        # probed more often than a kubelet would, over more than the freshness window: a check per CHECK_REUSE_S
+        with probing(ports[0]) as seen:
+            await asyncio.sleep(FRESH_S + 2 * CHECK_REUSE_S)
+        assert len(seen) >= 8 and all(code == 200 for code, _ in seen), seen
+        assert seen[-1][1].startswith("ok: Redis answers; etcd lease valid")
         assert calls(sync, "evalsha") >= 2, "the owner ticked and reaped on its idle grid"
         assert calls(sync, "ping") == 0, "an owner pinged although its ticks were answered"
-        assert http_get(ports[0], "/readyz")[1].startswith("ok: Redis answers; etcd lease valid")
 
         # a second replica owns nothing (one partition): its readiness has no ticks to go by
         tasks.append(asyncio.create_task(spare.run()))
-        await wait_for(lambda: http_get(ports[1], "/readyz")[0] == 200, 20, 0.05, "the second replica to be ready")
+        await wait_for(lambda: ready(ports[1]), 20, 0.05, "the second replica to be ready")
         assert not spare.runners
         sync.config_resetstat()
-        await wait_for(lambda: calls(sync, "ping") >= 2, 3 * FRESH_S, 0.05, "PINGs from the replica without ticks")
-        assert spare.batcher.round_trips == 0 and http_get(ports[1], "/readyz")[0] == 200
+        with probing(ports[1]) as seen:
+            await wait_for(lambda: calls(sync, "ping") >= 2, 3 * FRESH_S, 0.05, "PINGs from the replica without ticks")
+        assert spare.batcher.round_trips == 0 and seen and all(code == 200 for code, _ in seen), seen
     finally:
         owner.stop()
         spare.stop()

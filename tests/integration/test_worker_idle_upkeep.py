@@ -1,5 +1,5 @@
-"""What an idle worker sends Redis: its readiness rides on the bell waits it sends anyway (no PING
-of its own while they are answered), the listener renews its role inside the role check's one
+"""What an idle worker sends Redis: its readiness probes ride on the bell waits it sends anyway (no
+PING of its own while they are answered), the listener renews its role inside the role check's one
 round trip, and the sleepers seldom try for the safety-net sweep's turn. 1 000 idle workers are
 what these round trips cost Redis, jobs or not."""
 from __future__ import annotations
@@ -15,13 +15,17 @@ from redis import Redis
 from scheduler import Client
 from scheduler.protocol.keys import Keyspace
 from scheduler.shell.servers import RedisServer, free_port
-from tests.support.helpers import http_get
+from tests.support.helpers import ahttp_get, probing
 from tests.support.waits import wait_for
 from tests.support.workers import serving
 from workers import Job, Worker
 from workers.doorbell import LISTEN_CHECK_S, LISTEN_TTL_MS, SLEEPER_SWEEP_STRETCH, Doorbell
 from workers.fetch import DoorbellFetch, FetchContext
 from workers.health import ANSWER_FRESH_S
+
+
+async def ready(port: int) -> bool:
+    return (await ahttp_get(port, "/readyz"))[0] == 200
 
 
 def calls(r: Redis, command: str) -> int:
@@ -45,21 +49,24 @@ async def test_an_idle_workers_readiness_rides_on_its_bell_waits_and_a_busy_one_
     client = Client.from_url(fresh_redis.url, namespace="upkeep").connect()
     try:
         async with serving(w):
-            await wait_for(lambda: http_get(port, "/readyz")[0] == 200, 10, what="the worker to be ready")
+            await wait_for(lambda: ready(port), 10, what="the worker to be ready")
             # from the first bell wait's answer on (the start-up sweep's claims answered before it)
             await wait_for(lambda: calls(sync, "bzpopmin") >= 1, 3 * ANSWER_FRESH_S, what="a bell wait")
             sync.config_resetstat()
-            # two bell waits answered (each blocks BELL_WAIT s): more than ANSWER_FRESH_S of readiness checks
-            await wait_for(lambda: calls(sync, "bzpopmin") >= 2, 3 * ANSWER_FRESH_S, what="two bell waits")
+            # probed while two bell waits are answered (each blocks BELL_WAIT s): more than
+            # ANSWER_FRESH_S of readiness checks
+            with probing(port) as seen:
+                await wait_for(lambda: calls(sync, "bzpopmin") >= 2, 3 * ANSWER_FRESH_S, what="two bell waits")
             assert calls(sync, "ping") == 0, "an idle worker pinged although its bell waits were answered"
-            assert http_get(port, "/readyz") == (200, "ok: Redis answers; claiming jobs of q\n")
+            assert len(seen) >= 6 and set(seen) == {(200, "ok: Redis answers; claiming jobs of q\n")}, seen
 
             # its only slot busy, the worker sends no bell wait: the readiness check pings again
             client.schedule(timedelta(0), "hold", queue="q")
             await wait_for(lambda: w.stats.claimed == 1, 10, what="the job to hold the slot")
             sync.config_resetstat()
-            await wait_for(lambda: calls(sync, "ping") >= 1, 3 * ANSWER_FRESH_S, what="a PING from the busy worker")
-            assert http_get(port, "/readyz")[0] == 200
+            with probing(port) as seen:
+                await wait_for(lambda: calls(sync, "ping") >= 1, 3 * ANSWER_FRESH_S, what="a PING from the busy worker")
+            assert seen and all(code == 200 for code, _ in seen), seen
             gate.set()
     finally:
         gate.set()

@@ -2,11 +2,14 @@
 exactly one state"). Script calls without a worker: :mod:`scheduler.testing.transitions`."""
 from __future__ import annotations
 
+import asyncio
 import re
+import threading
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -181,6 +184,33 @@ def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, str]:
         return exc.code, bytes(exc.read()).decode()
     except OSError as exc:
         return 0, str(exc)
+
+
+async def ahttp_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, str]:
+    """:func:`http_get` from a test running on the event loop of the process it probes: on a
+    thread, as a kubelet would, since the probes wait for that loop to answer."""
+    return await asyncio.to_thread(http_get, port, path, timeout)
+
+
+@contextmanager
+def probing(port: int, path: str = "/readyz", every: float = 0.25) -> Iterator[list[tuple[int, str]]]:
+    """Probe ``path`` every ``every`` s from a thread while the block runs, as a kubelet does (the
+    probes' checks run only when asked); yields the answers so far."""
+    seen: list[tuple[int, str]] = []
+    done = threading.Event()
+
+    def run() -> None:
+        while not done.is_set():
+            seen.append(http_get(port, path))
+            done.wait(every)
+
+    thread = threading.Thread(target=run, name=f"probe-{port}", daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        thread.join(10)
 
 
 def keys_in(partition: int, partitions: int, tag: str, n: int = 1) -> list[str]:
