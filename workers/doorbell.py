@@ -49,7 +49,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from redis.exceptions import NoPermissionError
+from redis.exceptions import NoPermissionError, ResponseError
 
 from scheduler.protocol import bells
 from scheduler.protocol.keys import Keyspace
@@ -205,16 +205,14 @@ class Doorbell:
         # carries the hash tag {NS}: one slot on a cluster); the listener renewing its role and a
         # helper taking rings have no use for it.
         renew = self.listening
-        pipe = r.pipeline(transaction=False)
-        pipe.set(key, self.id, px=LISTEN_TTL_MS, nx=True, get=True)
-        if renew:
-            pipe.pexpire(key, LISTEN_TTL_MS)
-        # A sleeper's check is kept for LISTEN_CHECK_S as well (one that took a burst ring does not
-        # ask again before it sleeps); a wake-up or a timeout of its wait ends it early.
-        for bell in () if self.listening or self.helping else self.keys:
-            pipe.zrange(bell, 0, 0, withscores=True)
+        # A sleeper's check is kept for a whole wait (a timeout or a wake-up ends it early), so one
+        # woken by burst rings (every second, say) checks every other burst, not at each: those
+        # round trips were a cost per burst of every sleeper, growing with the fleet. It still
+        # checks at least once per wait, as an idle sleeper does at each timeout, so a dead
+        # listener's rings wait no longer. A listener or helper keeps its check LISTEN_CHECK_S.
+        sleeper = not (self.listening or self.helping)
         try:
-            before, *rest = await pipe.execute()
+            before, *rest = await self.role_trip(renew, sleeper)
         except NoPermissionError as exc:
             # An ACL written before one listener was the default (no ~{NS}:listen:*): wait on the
             # bells as every worker did then, rather than retry a refused command forever.
@@ -230,12 +228,55 @@ class Doorbell:
             # through), renewed now: False if it expired between the two
             held = rest[0] if renew else await r.pexpire(key, LISTEN_TTL_MS)
         self.listening = bool(held)
-        self._checked_until = now + LISTEN_CHECK_S
+        self._checked_until = now + (max(self.wait_s, LISTEN_CHECK_S) if sleeper and not held else LISTEN_CHECK_S)
         if not held and _stale(oldest, time.time() * 1000 - STALE_RING_MS):
             # Rings wait that nobody takes: the listener died or stalls, and its role would keep
             # them waiting until it expires (LISTEN_TTL_MS). Help: wait on the bells now.
             self._helping_until = now + HELP_S
         return self.listening
+
+    async def role_trip(self, renew: bool, read_bells: bool) -> list[Any]:
+        """The role check's one round trip: ``SET NX GET`` of the listener key, with ``renew`` its
+        ``PEXPIRE``, with ``read_bells`` the oldest ring of each bell (``ZRANGE 0 0 WITHSCORES``,
+        as (member, score) pairs). One server: on the kept connection of the bell waits, packed
+        once per shape (a redis-py pipeline cost the client about twice the round trip: 135
+        against 70 us measured); a cluster client routes a pipeline. Raises the first error
+        reply (after reading them all) and the client's errors."""
+        key = self.listener_key
+        if self._pool is None:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.set(key, self.id, px=LISTEN_TTL_MS, nx=True, get=True)
+            if renew:
+                pipe.pexpire(key, LISTEN_TTL_MS)
+            for bell in self.keys if read_bells else ():
+                pipe.zrange(bell, 0, 0, withscores=True)
+            return list(await pipe.execute())
+        pool, (held, self._held) = self._pool, (self._held, None)
+        conn = await checkout(pool, held)
+        try:
+            shape = f"role{int(renew)}{int(read_bells)}"
+            packed = self._packed.get(shape)
+            if packed is None:
+                cmds: list[tuple[Any, ...]] = [("SET", key, self.id, "PX", LISTEN_TTL_MS, "NX", "GET")]
+                if renew:
+                    cmds.append(("PEXPIRE", key, LISTEN_TTL_MS))
+                cmds += [("ZRANGE", bell, 0, 0, "WITHSCORES") for bell in (self.keys if read_bells else ())]
+                packed = self._packed[shape] = conn.pack_commands(cmds)
+            await send_packed(conn, packed)
+            replies: list[Any] = []
+            for _ in range(1 + renew + (len(self.keys) if read_bells else 0)):
+                try:
+                    replies.append(await conn.read_response())
+                except ResponseError as exc:  # the others are read all the same: the connection stays in step
+                    replies.append(exc)
+        except BaseException:
+            await asyncio.shield(drop_and_release(pool, conn))
+            raise
+        self._held = conn
+        for r in replies:
+            if isinstance(r, ResponseError):
+                raise r
+        return replies[:1 + renew] + [_pairs(r) for r in replies[1 + renew:]]
 
     async def wait_hungry(self, hungry: asyncio.Event, slots: Slots) -> None:
         """Wait for ``hungry`` (the worker has a free slot and nothing else to claim). A listener
@@ -335,6 +376,13 @@ class Doorbell:
 
 def _as_bytes(v: Any) -> bytes:
     return v if isinstance(v, bytes) else str(v).encode()
+
+
+def _pairs(reply: Any) -> list[tuple[bytes, float]]:
+    """A raw ``ZRANGE ... WITHSCORES`` reply as (member, score) pairs: flat in RESP2, pairs in RESP3."""
+    if reply and isinstance(reply[0], list):
+        return [(_as_bytes(m), float(sc)) for m, sc in reply]
+    return [(_as_bytes(reply[i]), float(reply[i + 1])) for i in range(0, len(reply), 2)]
 
 
 def _stale(oldest: Sequence[Any], before_ms: float) -> bool:

@@ -9,6 +9,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 from redis import Redis
 
@@ -75,29 +76,24 @@ async def test_an_idle_workers_readiness_rides_on_its_bell_waits_and_a_busy_one_
 
 
 class Trips:
-    """Counts an asyncio client's pipelined round trips (their sizes) and its direct PEXPIRE calls."""
+    """Counts a doorbell's role-check round trips (their commands) and its client's direct PEXPIRE
+    calls."""
 
-    def __init__(self, redis: Any) -> None:
+    def __init__(self, bell: Doorbell, redis: Any) -> None:
         self.pipelines: list[int] = []
         self.pexpires = 0
-        pipeline, pexpire = redis.pipeline, redis.pexpire
+        role_trip, pexpire = bell.role_trip, redis.pexpire
 
-        def counted_pipeline(*args: Any, **kwargs: Any) -> Any:
-            pipe = pipeline(*args, **kwargs)
-            execute = pipe.execute
-
-            async def counted_execute(*a: Any, **k: Any) -> Any:
-                self.pipelines.append(len(pipe.command_stack))
-                return await execute(*a, **k)
-
-            pipe.execute = counted_execute
-            return pipe
+        async def counted_trip(renew: bool, read_bells: bool) -> Any:
+            replies = await role_trip(renew, read_bells)
+            self.pipelines.append(len(replies))
+            return replies
 
         async def counted_pexpire(*args: Any, **kwargs: Any) -> Any:
             self.pexpires += 1
             return await pexpire(*args, **kwargs)
 
-        redis.pipeline, redis.pexpire = counted_pipeline, counted_pexpire
+        bell.role_trip, redis.pexpire = counted_trip, counted_pexpire
 
 
 async def test_a_listener_renews_its_role_in_the_checks_own_round_trip_and_gives_it_up_when_taken(
@@ -105,7 +101,7 @@ async def test_a_listener_renews_its_role_in_the_checks_own_round_trip_and_gives
     ks = Keyspace("renew", 16)
     redis = aioredis.Redis.from_url(redis_url)
     bell = Doorbell(redis, ks, ["q"], wait=0.1, one_listener=True)
-    trips = Trips(redis)
+    trips = Trips(bell, redis)
     sync = Redis.from_url(redis_url)
     key = ks.listener(["q"])
     sync.delete(key)
@@ -192,3 +188,51 @@ def _counting(fn: Any, tries: dict[int, int], i: int) -> Any:
         tries[i] += 1
         return await fn(*args, **kwargs)
     return counted
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+async def test_a_sleepers_role_check_reads_the_oldest_rings_in_one_round_trip_on_the_kept_connection(
+        redis_url: str, protocol: int) -> None:
+    """One server: the role check goes out packed on the connection the bell waits use (RESP2 and
+    RESP3 replies read alike), and leaves it in step for the wait that follows."""
+    ks = Keyspace(f"roletrip{protocol}", 16)
+    redis = aioredis.Redis.from_url(redis_url, protocol=protocol)
+    bell = Doorbell(redis, ks, ["q", "r"], wait=0.2, one_listener=True)
+    sync = Redis.from_url(redis_url)
+    sync.set(ks.listener(["q", "r"]), b"another-worker", px=60_000)
+    rung = time.time() * 1000 - 10_000
+    sync.zadd(ks.bell("r"), {"3": rung})  # a ring nobody took for 10 s: the listener stalls
+    try:
+        before, *oldest = await bell.role_trip(False, True)
+        assert before == b"another-worker" and oldest == [[], [(b"3", rung)]]
+        assert await bell.take() == ("r", b"3", rung), "a sleeper that sees a stale ring helps at once"
+        assert bell.helping and not bell.listening
+        assert sync.get(ks.listener(["q", "r"])) == b"another-worker"
+    finally:
+        await bell.close()
+        await redis.aclose()
+        sync.close()
+
+
+async def test_a_sleeper_woken_by_bursts_checks_its_role_once_per_wait_not_once_a_second(redis_url: str) -> None:
+    """The role check of a sleeper that burst rings keep waking is kept for a whole wait: over 2.9
+    s of rings every 0.1 s with a 1.5 s wait it checks twice (once a second, before: three times).
+    An idle sleeper still checks at each timeout (the tests above and the fault tests)."""
+    ks = Keyspace("cadence", 16)
+    redis = aioredis.Redis.from_url(redis_url)
+    bell = Doorbell(redis, ks, ["q"], wait=1.5, one_listener=True)
+    trips = Trips(bell, redis)
+    sync = Redis.from_url(redis_url)
+    sync.set(ks.listener(["q"]), b"another-worker", px=60_000)
+    try:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 2.9:
+            sync.zadd(ks.burst_bell("q"), {"1": time.time() * 1000})
+            got = await bell.take()
+            assert got is not None and got[:2] == ("q", b"1"), got
+            await asyncio.sleep(0.1)
+        assert len(trips.pipelines) == 2 and not bell.listening and not bell.helping, trips.pipelines
+    finally:
+        await bell.close()
+        await redis.aclose()
+        sync.close()
