@@ -100,6 +100,33 @@ async def test_timerfd_alarm_resolves_each_wait_at_its_time_in_order_never_befor
 
 
 @linux
+async def test_timerfd_alarm_is_set_once_for_a_batch_due_nanoseconds_apart_and_wakes_none_early() -> None:
+    """A batch due at one instant reaches the alarm with instants a few nanoseconds apart, falling
+    (each claim's own clock bound): the timer is set once for them, not once per job; an instant
+    a millisecond sooner sets it again. Every wait still ends at or after its own instant."""
+    loop = asyncio.get_running_loop()
+    alarm = TimerFdAlarm(loop)
+    try:
+        base = time.monotonic() + 0.02
+        whens = [base - i * 2e-9 for i in range(50)]
+        futs = [alarm.at(w) for w in whens]
+        assert alarm.arms == 1
+        sooner = base - 0.001
+        futs.append(alarm.at(sooner))
+        whens.append(sooner)
+        assert alarm.arms == 2
+        woke: dict[int, float] = {}
+        for i, f in enumerate(futs):
+            f.add_done_callback(lambda _, i=i: woke.setdefault(i, time.monotonic()))
+        await asyncio.wait_for(asyncio.gather(*futs), 2)
+        await asyncio.sleep(0)
+        assert len(woke) == 51 and all(woke[i] >= whens[i] for i in range(51))
+        assert alarm.arms == 3, "one more for the batch after the sooner one fired"
+    finally:
+        alarm.close()
+
+
+@linux
 async def test_timerfd_alarm_waits_on_the_kernel_timer_not_on_an_asyncio_timer() -> None:
     """The wait is the timerfd's own expiry (nanoseconds), not an asyncio timer (whole
     milliseconds in epoll_wait): while a job waits the loop has no timer scheduled for it, and
