@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import shutil
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -27,12 +25,14 @@ from ..protocol import config
 from ..protocol.etcd_endpoints import check_etcd_endpoints
 from ..protocol.masking import mask_secrets
 from ..protocol.replies import merge_stats, parse_stats
+from ..redisio.errors import REDIS_ERRORS
 from .admin import AdminError, BadInput
 from .cli_common import SubParsers
 from .cli_errors import EXIT_LOCAL
 from .cli_ui import missing_ui_packages
 from .dev_guard import Output, Stopping, survivors
 from .dev_home import has_data, reset, shown
+from .dev_producer import Producer
 from .servers import (
     ChildProcess,
     EtcdServer,
@@ -255,35 +255,6 @@ def _gone_or_hurry(group: dict[str, ChildProcess], stopping: Stopping) -> bool:
     return stopping.hurry or not any(p.running for p in group.values())
 
 
-class Producer(threading.Thread):
-    """A realistic mix: one-off jobs seconds to minutes ahead, a job that always fails and ends
-    dead, and now and then a herd of reports due in the same second (rate-limited)."""
-
-    def __init__(self, url: str, ns: str) -> None:
-        super().__init__(daemon=True, name="demo-producer")
-        self.url, self.ns = url, ns
-        self.stop_event = threading.Event()
-
-    def run(self) -> None:
-        c = Client.from_url(self.url, namespace=self.ns)
-        c.set_rate_limit("reports", 200)
-        rnd = random.Random()
-        c.schedule(time.time() + 2, {"partner": "acme"}, queue="flaky", max_attempts=3, backoff=(0.5, 4))
-        next_herd = time.time() + 10
-        while not self.stop_event.wait(0.2):
-            now = time.time()
-            c.schedule_many([(now + rnd.choice((1, 2, 5, 10, 30, 60, 120)) * rnd.random(),
-                              {"to": f"user{rnd.randint(1, 10**6)}@example.com", "template": "welcome"})
-                             for _ in range(rnd.randint(5, 40))], queue="emails")
-            if now >= next_herd:
-                at = now + 5
-                c.schedule_many([(at, {"report": i}) for i in range(1000)], queue="reports")
-                if rnd.random() < 0.5:
-                    c.schedule(now + 3, {"partner": "globex"}, queue="flaky", max_attempts=3, backoff=(0.5, 4))
-                next_herd = now + 45
-        c.close()
-
-
 class View:
     def __init__(self, stack: Stack) -> None:
         self.stack = stack
@@ -475,7 +446,14 @@ def run(args: argparse.Namespace) -> int:
         # file, a pipe): one compact line per interval
         tty = sys.stdout.isatty()
         while not stopping.wait(1.0):
-            sample = view.sample()
+            try:
+                sample = view.sample()
+            except REDIS_ERRORS as exc:  # stalled or restarting: the stack rides it out, so does the view
+                line = (f"{time.strftime('%H:%M:%S')} Redis at {mask_secrets(stack.redis_url)} does not answer "
+                        f"({mask_secrets(f'{type(exc).__name__}: {exc}')}); the stack keeps running, the view "
+                        "tries again every second\n")
+                out.frame(("\x1b[H\x1b[2J" + "\n".join(header) + "\n\n" if tty and not args.plain else "") + line)
+                continue
             if tty and not args.plain:  # the screen is cleared: the banner goes on top of every frame
                 out.frame("\x1b[H\x1b[2J" + "\n".join(header) + "\n\n" + view.render(sample) + "\n")
             elif args.plain:

@@ -2,6 +2,8 @@
 stops everything it started."""
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import signal
 import subprocess
@@ -24,6 +26,19 @@ def _settled(frame: str) -> bool:
             and len(owners) == 3 and sum(map(int, owners)) == 16 and "firing lateness" in frame)
 
 
+def ctrl_c(proc: subprocess.Popen[bytes], err_path: Path) -> None:
+    """Still running, it stops on Ctrl-C with status 0 (its stderr shown if not)."""
+    assert proc.poll() is None, err_path.read_text()[-3000:]
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(60) == 0, err_path.read_text()[-3000:]
+
+
+def kill_if_running(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 def test_dev_stack_runs_the_demo_and_leaves_no_process_behind(tmp_path: Path) -> None:
     """The view is read as it is printed, until a whole frame shows the stack at work (about 4 s
     after "stack up" on an idle machine), rather than for a fixed --duration; then Ctrl-C."""
@@ -39,17 +54,56 @@ def test_dev_stack_runs_the_demo_and_leaves_no_process_behind(tmp_path: Path) ->
     try:
         wait_until(lambda: any(map(_settled, frames())) or proc.poll() is not None, UP_BOUND,
                    what=lambda: f"a frame of the stack at work:\n{out_path.read_text()[-3000:]}")
-        assert proc.poll() is None, err_path.read_text()[-3000:]
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 0, err_path.read_text()[-3000:]
+        ctrl_c(proc, err_path)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_if_running(proc)
     text = out_path.read_text()
     assert "stack up: export ZSCHED_REDIS_URL=redis://127.0.0.1:" in text
     assert "stopped, no process left behind" in text
     assert (home / "redis").is_dir() and (home / "etcd").is_dir() and (home / "logs" / "worker-1.log").exists()
+    assert processes_mentioning(str(home)) == [], "a child process outlived zsched dev"
+
+
+def test_dev_stack_rides_out_a_redis_stall_and_says_so(tmp_path: Path) -> None:
+    """Its Redis frozen (SIGSTOP) past the clients' socket timeouts: the view says so each interval
+    instead of ending the run (it stopped everything with a traceback from the demo producer and a
+    message naming another Redis), the stack keeps running, and once Redis answers again jobs
+    fire and are acked; Ctrl-C still stops everything."""
+    home = tmp_path / "zs"
+    out_path, err_path = tmp_path / "out.txt", tmp_path / "err.txt"
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "scheduler", "dev", "--home", str(home),
+                                 "--namespace", "devstall"], stdout=out, stderr=err, cwd=tmp_path)
+
+    def text() -> str:
+        return out_path.read_text(errors="replace")
+
+    def running_or_ended(seen: object) -> object:
+        return seen or proc.poll() is not None
+
+    try:
+        wait_until(lambda: running_or_ended("/s: " in text()), UP_BOUND, what=lambda: f"the view:\n{text()[-3000:]}")
+        assert proc.poll() is None, err_path.read_text()[-3000:]
+        url = re.search(r"ZSCHED_REDIS_URL=(redis://127\.0\.0\.1:(\d+)/0)", text())
+        assert url is not None, text()[-3000:]
+        (pid, _cmd), = processes_mentioning(f"redis-server 127.0.0.1:{url.group(2)}")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: running_or_ended("does not answer" in text()), 90,
+                       what=lambda: f"the view to say Redis does not answer:\n{text()[-3000:]}")
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # gone if zsched dev stopped everything
+                os.kill(pid, signal.SIGCONT)
+        assert proc.poll() is None, err_path.read_text()[-3000:]
+        assert f"Redis at {url.group(1)} does not answer" in text() and "the stack keeps running" in text()
+        thawed = len(text())
+        wait_until(lambda: running_or_ended(re.search(r"acked [1-9]", text()[thawed:])), 60,
+                   what=lambda: f"jobs acked again:\n{text()[-3000:]}")
+        ctrl_c(proc, err_path)
+    finally:
+        kill_if_running(proc)
+    everything = text() + err_path.read_text(errors="replace")
+    assert "stopped, no process left behind" in text() and "Traceback" not in everything, everything[-3000:]
     assert processes_mentioning(str(home)) == [], "a child process outlived zsched dev"
 
 
