@@ -100,7 +100,7 @@ class Health:
             asked = self._asked
             self._cond.wait_for(lambda: self._asked is None or self._loop is None, self.answer_wait)
             if self._asked is None and self._answered >= asked:
-                return Verdict(True, f"the event loop answered in {1000 * (self._answered - asked):.1f} ms")
+                return Verdict(True, f"the event loop answered in {1000 * (self._answered - asked):.2f} ms")
             waited = self.clock() - asked
         if waited > self.stale_after:
             return Verdict(False, f"the event loop has not turned for {waited:.1f}s (limit {self.stale_after:g}s): "
