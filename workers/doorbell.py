@@ -56,7 +56,7 @@ from scheduler.protocol.keys import Keyspace
 from scheduler.protocol.masking import mask_secrets
 from scheduler.redisio.connection import is_cluster
 from scheduler.redisio.errors import REDIS_ERRORS
-from scheduler.redisio.transport_async import checkout, drop_and_release, send_packed
+from scheduler.redisio.transport_async import checkout, drop_and_release, lost_in_transit, send_packed
 
 from .slots import Slots
 
@@ -123,6 +123,7 @@ class Doorbell:
         self._checked_until = 0.0
         self._helping_until = 0.0  # monotonic: a helper (not the listener) waits on the bells until then
 
+    @lost_in_transit
     async def take(self) -> tuple[str, bytes, float] | None:
         """Wait up to :attr:`wait_s` for a ring on any of the bells and take it: (queue, member,
         score), or None when nothing rang. A worker that is neither the listener of its queues nor
@@ -294,6 +295,7 @@ class Doorbell:
             await self.hand_off()
         await hungry.wait()
 
+    @lost_in_transit
     async def hand_off(self) -> None:
         """Give the listener role up (this worker has no free slot left, or stops) and wake one
         of the workers waiting for it. Raises the client's errors."""
@@ -338,6 +340,7 @@ class Doorbell:
         if conn is not None and self._pool is not None:
             await self._pool.release(conn)
 
+    @lost_in_transit
     async def take_waiting(self, count: int) -> list[tuple[str, bytes, float]]:
         """Take up to ``count`` rings waiting on each of the bells now, without blocking: (queue,
         member, score), oldest first. For a worker that stayed busy: a ring still in a bell is one
@@ -352,6 +355,7 @@ class Doorbell:
         out.sort(key=lambda r: r[2])
         return out
 
+    @lost_in_transit
     async def sweep_turns(self, queues: Sequence[str], period: float, token: str) -> list[str]:
         """Which of ``queues`` this worker sweeps this period: those whose turn it took (``SET NX``
         of :meth:`Keyspace.sweep_turn` for ``period`` s), or still holds (``token``, its own: a
@@ -366,6 +370,7 @@ class Doorbell:
         mine = token.encode()
         return [q for q, before in zip(queues, held) if before is None or before == mine]
 
+    @lost_in_transit
     async def ring(self, queue: str, member: bytes | str, score: float | None = None) -> None:
         """Ring ``queue``'s burst bell, which every idle worker waits on, with ``member`` (a
         partition number, or ``P:resume``), keeping an earlier ring of the same member (NX): after a

@@ -4,8 +4,9 @@ routing; see :mod:`.transport` for what it guarantees."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
-from typing import Any
+import functools
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 from redis.exceptions import ConnectionError, NoScriptError, RedisClusterException, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -308,6 +309,30 @@ def closed_under_us(conn: Any, exc: BaseException) -> BaseException | None:
     elif conn.is_connected:
         return None
     return ConnectionError("the connection was closed while in use (the cluster client refreshed its slot map)")
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def lost_in_transit(fn: Callable[_P, Awaitable[_T]]) -> Callable[_P, Coroutine[Any, Any, _T]]:
+    """Decorate a coroutine function whose redis-py calls (pipelines, single commands) may meet
+    a connection closed under them: uvloop's RuntimeError for a write to a closed stream ("...
+    the handler is closed", seen from a pool checkout reconnecting while a Sentinel failover
+    closed the pool's connections) becomes a :class:`~redis.exceptions.ConnectionError`, which the
+    callers' outage handling knows, instead of crashing their loop. Any other RuntimeError is a
+    bug and is raised as it is."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return await fn(*args, **kwargs)
+        except RuntimeError as exc:
+            if "handler is closed" not in str(exc):
+                raise
+            raise ConnectionError(f"the connection was closed while in use ({exc})") from exc
+
+    return wrapper
 
 
 async def send_packed(conn: Any, packed: Any) -> None:
