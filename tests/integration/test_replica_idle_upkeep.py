@@ -16,20 +16,11 @@ from scheduler.shell.servers import RedisServer, free_port
 from scheduler.tier.ownership import RECONCILE_EVERY_S
 from scheduler.tier.process import SchedulerConfig, SchedulerProcess
 from scheduler.tier.runner import RunnerConfig
-from tests.support.helpers import ahttp_get, probing
+from tests.support.helpers import command_calls as calls
+from tests.support.helpers import probing, ready
 from tests.support.waits import wait_for
 
 FRESH_S = RunnerConfig().idle_check + CHECK_REUSE_S
-
-
-async def ready(port: int) -> bool:
-    return (await ahttp_get(port, "/readyz"))[0] == 200
-
-
-def calls(r: Redis, command: str) -> int:
-    """How many ``command`` calls Redis served since the last CONFIG RESETSTAT."""
-    stats = r.info("commandstats").get(f"cmdstat_{command}")
-    return int(stats["calls"]) if stats else 0
 
 
 async def test_an_owners_readiness_rides_on_its_ticks_and_a_replica_without_partitions_pings(

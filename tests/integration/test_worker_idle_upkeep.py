@@ -16,23 +16,14 @@ from redis import Redis
 from scheduler import Client
 from scheduler.protocol.keys import Keyspace
 from scheduler.shell.servers import RedisServer, free_port
-from tests.support.helpers import ahttp_get, probing
+from tests.support.helpers import command_calls as calls
+from tests.support.helpers import probing, ready
 from tests.support.waits import wait_for
 from tests.support.workers import serving
 from workers import Job, Worker
 from workers.doorbell import LISTEN_CHECK_S, LISTEN_TTL_MS, SLEEPER_SWEEP_STRETCH, Doorbell
 from workers.fetch import DoorbellFetch, FetchContext
 from workers.health import ANSWER_FRESH_S
-
-
-async def ready(port: int) -> bool:
-    return (await ahttp_get(port, "/readyz"))[0] == 200
-
-
-def calls(r: Redis, command: str) -> int:
-    """How many ``command`` calls Redis served since the last CONFIG RESETSTAT."""
-    stats = r.info("commandstats").get(f"cmdstat_{command}")
-    return int(stats["calls"]) if stats else 0
 
 
 async def test_an_idle_workers_readiness_rides_on_its_bell_waits_and_a_busy_one_pings(

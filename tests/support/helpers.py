@@ -192,6 +192,17 @@ async def ahttp_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, st
     return await asyncio.to_thread(http_get, port, path, timeout)
 
 
+async def ready(port: int) -> bool:
+    """Whether the process serving probes on ``port`` answers ``/readyz`` with 200 (from a thread)."""
+    return (await ahttp_get(port, "/readyz"))[0] == 200
+
+
+def command_calls(r: Any, command: str) -> int:
+    """How many ``command`` calls Redis served since the last CONFIG RESETSTAT (``r``: a sync client)."""
+    stats = r.info("commandstats").get(f"cmdstat_{command}")
+    return int(stats["calls"]) if stats else 0
+
+
 @contextmanager
 def probing(port: int, path: str = "/readyz", every: float = 0.25) -> Iterator[list[tuple[int, str]]]:
     """Probe ``path`` every ``every`` s from a thread while the block runs, as a kubelet does (the
