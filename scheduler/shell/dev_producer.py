@@ -33,10 +33,7 @@ class Producer(threading.Thread):
         while not self.stop_event.wait(pause):
             try:
                 if client is None:
-                    client = Client.from_url(self.url, namespace=self.ns)
-                    client.set_rate_limit("reports", 200)
-                    client.schedule(time.time() + 2, {"partner": "acme"}, queue="flaky", max_attempts=3,
-                                    backoff=(0.5, 4))
+                    client = self._primed()
                 next_herd = self._batch(client, rnd, next_herd)
                 self.trouble, pause = None, 0.2
             except REDIS_ERRORS as exc:  # stalled or restarting: the stack's processes ride it out too
@@ -44,6 +41,18 @@ class Producer(threading.Thread):
                 pause = min(RETRY_MAX_S, pause * 2)
         if client is not None:
             client.close()
+
+    def _primed(self) -> Client:
+        """A client of the stack with the demo's set-up done (the reports' rate limit, the job that
+        fails); a failure part-way closes it and raises, so the next try starts over."""
+        client = Client.from_url(self.url, namespace=self.ns)
+        try:
+            client.set_rate_limit("reports", 200)
+            client.schedule(time.time() + 2, {"partner": "acme"}, queue="flaky", max_attempts=3, backoff=(0.5, 4))
+        except BaseException:
+            client.close()
+            raise
+        return client
 
     @staticmethod
     def _batch(c: Client, rnd: random.Random, next_herd: float) -> float:
