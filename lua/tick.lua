@@ -21,14 +21,17 @@
 --   the script uses; arg names the culprit when that test fails.
 -- Returns: {-1, newest_epoch} when the epoch is refused; else
 --          {moved, next_due_ms or -1, now_ms, n, (queue, tokens_used, held_now, newly_held) * n,
---           c, cron names * c, k, (dropped dead id, its queue) * k, r, (queue, burst) * r, lateness_ms...}:
+--           c, cron names * c, k, (dropped dead id, its queue) * k, r, (queue, burst) * r, burst_due_ms or -1,
+--           lateness_ms...}:
 --          the crons whose table of upcoming occurrences runs low (or ran out) and must be refilled
 --          by the caller (cron_fill); the dead jobs dropped by the retention rule (for the caller's
 --          log); on Redis Cluster (sharded CHAN) the queues whose ready lists received jobs (and
 --          are not paused in this partition), whose bells the caller rings (they are in another
 --          slot; r = 0 off a cluster, where the script rang them), each with 1 when it received
---          BURST_RING jobs or more (the caller rings the burst bell) else 0; then one lateness value per fired job (now - its due time; negative when
---          handed off ahead of time).
+--          BURST_RING jobs or more (the caller rings the burst bell) else 0; then the due time of the
+--          BURST_RING-th earliest remaining timer (-1: fewer remain), with which the caller sees a
+--          burst coming (burst_score in _lib.lua); then one lateness value per fired job (now - its
+--          due time; negative when handed off ahead of time).
 -- Cron occurrences: when one fires (or misfires), the cron's next occurrence is scheduled in this
 -- same script, so a cron always has exactly one pending occurrence. Occurrences missed during an
 -- outage are coalesced into one catch-up run (run_late) or counted as misfired (skip).
@@ -52,7 +55,7 @@
 -- instead (see Returns).
 -- Uses: BATCH_LIMIT_MAX, BURST_RING, CHAN, COMMON, HISTORY_TTL_S, ID_LEN, K_C, K_D, K_E, K_F, K_G, K_J, K_K,
 --       K_M, K_META, K_Q, K_T, K_X, LAYOUT, MAX_INT, MAX_MS, NAME_MAX, NAME_PATTERN, PART, PREFIX,
---       arg, bell_ring, bump, check_epoch, common_ok, cron_advance, error_blob, flag, flush_bumps, fmt,
+--       arg, bell_ring, bump, burst_score, check_epoch, common_ok, cron_advance, error_blob, flag, flush_bumps, fmt,
 --       head_score, jget, jval, layout_fence, multi, now_ms, p48, paused_here, queue_name,
 --       rec_is_cron, rec_opts, rec_qidx, rec_valid, refusal, release_key, retire_queues, ring,
 --       tally, tombstone, trim_dead, trim_tombstones, u16, u32
@@ -152,6 +155,7 @@ if #A == 12 and A[7] == '0' and A[8] == '0' and A[9] == '0' and A[10] == '0' and
         local head = call('ZRANGE', k_t, '0', '0', 'WITHSCORES')
         local out = {nd, head[2] and tonumber(head[2]) or -1, now, 0, 0, 0, #to_ring / 2}
         for _, q in ipairs(to_ring) do out[#out + 1] = q end
+        out[#out + 1] = head[2] and burst_score(k_t) or -1
         for _, v in ipairs(late) do out[#out + 1] = v end
         return out
       end
@@ -371,5 +375,6 @@ flush_bumps()
 out[1] = nd  -- timers consumed: a full batch means "call again"
 if trim_more and nd < limit then out[1] = limit end -- expired tombstones left: call again too
 out[2] = head_score(K_T) or -1
+out[#out + 1] = out[2] >= 0 and burst_score(K_T) or -1
 for _, v in ipairs(lateness) do out[#out + 1] = v end
 return out

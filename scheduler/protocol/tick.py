@@ -71,6 +71,9 @@ class TickReply:
     dropped_dead: list[tuple[bytes, str]]  # (raw job id, queue) removed by the dead-letter retention
     # Redis Cluster: (queue, burst) whose bells the caller rings, the burst bell when burst ([] elsewhere)
     to_ring: list[tuple[str, bool]]
+    # the due time of the BURST_RING-th earliest remaining timer (lua/_lib.lua), None when fewer
+    # remain: with next_due_ms it tells the owner whether a burst comes next (tier/coalesce.py)
+    burst_due_ms: int | None
     lateness_ms: list[int]           # per fired job: Redis now minus its due time
 
 
@@ -150,12 +153,13 @@ def parse_tick(reply: list[Any]) -> TickReply | EpochRefused:
     nring = int(reply[at])
     flat = reply[at + 1: at + 1 + 2 * nring]
     to_ring = [(flat[i].decode(), int(flat[i + 1]) == 1) for i in range(0, len(flat), 2)]
-    next_due = int(reply[1])
+    at += 1 + 2 * nring
+    next_due, burst_due = int(reply[1]), int(reply[at])
     return TickReply(
         moved=int(reply[0]), next_due_ms=next_due if next_due >= 0 else None, now_ms=int(reply[2]),
         queues=queues, crons_to_refill=crons,
         dropped_dead=[(dropped[i], dropped[i + 1].decode()) for i in range(0, len(dropped), 2)],
-        to_ring=to_ring, lateness_ms=reply[at + 1 + 2 * nring:])
+        to_ring=to_ring, lateness_ms=reply[at + 1:], burst_due_ms=burst_due if burst_due >= 0 else None)
 
 
 # -- reap ----------------------------------------------------------------------------------------

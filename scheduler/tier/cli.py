@@ -44,6 +44,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "several jobs (cheaper spread traffic); jobs still start at their due time; give each "
                         "worker a --prefetch covering its jobs due within this lead (default "
                         f"{RunnerConfig.coalesce_lead * 1000:g}: off; at or below --handoff-lead: off)")
+    p.add_argument("--burst-lead", type=float, default=RunnerConfig.burst_lead * 1000, metavar="MS",
+                   help="hand a partition's next timers off this many ms ahead when they are a burst (4 or more "
+                        "due within one tick step), so the idle workers the burst wakes claim before they are due; "
+                        f"jobs still start at their due time (default {RunnerConfig.burst_lead * 1000:g}; at or "
+                        "below --handoff-lead: off)")
     p.add_argument("--trace-firing", type=float, default=RunnerConfig.trace_firing, metavar="RATIO",
                    help="share of the ticks that fire jobs recorded as OpenTelemetry spans, 0 to 1 (default "
                         f"{RunnerConfig.trace_firing:g}: none); needs a tracer provider in this process, e.g. "
@@ -94,6 +99,8 @@ def config_from_args(args: argparse.Namespace) -> SchedulerConfig:
         raise ValueError(f"--handoff-lead must be from 0 to 1000 ms, got {args.handoff_lead:g}")
     if not 0 <= args.coalesce_lead <= 1000:  # refuses nan too
         raise ValueError(f"--coalesce-lead must be from 0 to 1000 ms, got {args.coalesce_lead:g}")
+    if not 0 <= args.burst_lead <= 1000:  # refuses nan too
+        raise ValueError(f"--burst-lead must be from 0 to 1000 ms, got {args.burst_lead:g}")
     if not 0 <= args.trace_firing <= 1:  # refuses nan too
         raise ValueError(f"--trace-firing must be from 0 to 1 (a share of the firing ticks), got {args.trace_firing}")
     if not 0.01 <= args.redis_timeout <= 3600:
@@ -117,5 +124,6 @@ def config_from_args(args: argparse.Namespace) -> SchedulerConfig:
     cfg.runner.batch = args.batch
     cfg.runner.handoff_lead = args.handoff_lead / 1000.0
     cfg.runner.coalesce_lead = args.coalesce_lead / 1000.0
+    cfg.runner.burst_lead = args.burst_lead / 1000.0
     cfg.runner.trace_firing = args.trace_firing
     return cfg

@@ -16,6 +16,13 @@ what a spread job costs Redis and the replicas. A partition that fires enough jo
 doubles its lead (and its grid step with it) until a step holds a few due jobs, up to the
 ``--coalesce-lead`` ceiling; a quiet partition keeps the configured lead. Jobs are handed off
 earlier, never later, and workers still start each one at its due time.
+
+A partition whose next timers come due together (a **burst**: ``BURST_RING`` of them within one
+grid step, which the tick reports) hands them off with the wider **burst lead** (``zsched scheduler
+--burst-lead``). A burst's tick rings the queue's burst bell, which wakes every idle worker, most of
+them cold processes; with the default lead some of them claimed after the due time, when a claim
+takes no more due jobs than its free handler slots, so a partition's burst went out in several
+claims and wake-ups instead of one (docs/scaling.md, "Adding workers").
 """
 from __future__ import annotations
 
@@ -121,9 +128,10 @@ class HandoffLead:
     provided the widest allowed step holds :data:`MIN_JOBS_PER_STEP`; otherwise ``base``. The step
     scales with the lead, so a job is still handed off at least half the configured lead ahead of
     its due time, and more than that once widened. It widens one level per window and narrows at
-    once."""
+    once. ``burst`` (``--burst-lead``, 0: none) is the lead of a tick that hands off a burst
+    (:meth:`look_ahead`), when wider."""
 
-    def __init__(self, base: float, widest: float) -> None:
+    def __init__(self, base: float, widest: float, burst: float = 0.0) -> None:
         self.base = base
         self.base_step = grid_step(base)
         self.levels = [base]  # base * 2**k up to widest; just [base] when widening is off
@@ -131,8 +139,22 @@ class HandoffLead:
             self.levels.append(self.levels[-1] * 2)
         self.lead = base
         self.step = self.base_step
+        self.burst = burst if base > 0 else 0.0  # no lead, no grid: every job fires at its due time
+        self.burst_ahead = False
         self._moved = 0
         self._since: float | None = None
+
+    @property
+    def next_lead(self) -> float:
+        """The lead of the partition's next tick: the burst lead while a burst is next (and wider)."""
+        return max(self.lead, self.burst) if self.burst_ahead else self.lead
+
+    def look_ahead(self, next_due_ms: int | None, burst_due_ms: int | None) -> None:
+        """A tick reported its partition's earliest remaining timer and its ``BURST_RING``-th
+        (``lua/_lib.lua`` ``burst_score``): a burst is next when they are due within one grid
+        step, i.e. when the tick that hands the first one off would ring the burst bell."""
+        self.burst_ahead = (self.burst > self.lead and next_due_ms is not None and burst_due_ms is not None
+                            and burst_due_ms - next_due_ms <= self.step * 1000)
 
     @property
     def widened(self) -> bool:

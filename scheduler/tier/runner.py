@@ -53,12 +53,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("zsched.scheduler")
 
 INITIAL_BACKOFF = 0.05  # seconds before the first retry after a failed step (then doubling)
-# Housekeeping (tick with housekeeping=1: queue-name retirement, the dead-letter retention pass, the
-# search for held jobs of queues no longer rate-limited) runs on one tick per this many seconds per
-# partition: with the hand-off lead a busy partition ticks about once per job, and the other ticks
-# take tick's fast path (lua/tick.lua), a fraction of the general path's Redis instructions
-# (callgrind). Names retire after hours of idleness (Client.set_queue_retirement), retention
-# trims by the batch, a removed limit is rare: a second more changes nothing an operator can see.
+# Housekeeping (tick with housekeeping=1: queue-name retirement, dead-letter retention, held jobs of
+# queues no longer rate-limited) runs on one tick per this many seconds per partition; the others
+# take tick's fast path (lua/tick.lua): a second more changes nothing an operator can see.
 HOUSEKEEPING_EVERY = 1.0
 
 
@@ -82,6 +79,9 @@ class RunnerConfig:
     # claimed earlier, workers need the prefetch for them, and they reach the workers in bursts:
     # off unless asked for (docs/architecture.md, "On time"). At or below handoff_lead: never.
     coalesce_lead: float = 0.0
+    # A partition whose next timers are a burst hands them off this long ahead, so the idle workers
+    # its burst bell wakes claim before they are due (tier/coalesce.py). At or below handoff_lead: never.
+    burst_lead: float = 0.050
     # Redis retry backoff cap. Short: a partition must fire again within a second of Redis
     # answering (a Redis Cluster failover takes 2-3 s; with a 2 s cap the first retry after it
     # could come ~2.5 s late). Each step already retries for the transport's budget (0.5 s), so an
@@ -137,11 +137,10 @@ class PartitionRunner:
         self._grid = grid
         self._lazy_point: float | None = None  # the idle-grid point the next sleep ends at, if one
         self._tokens = TokenLedger(core.ks, partition)  # rate-limited queues: held jobs, unused tokens
-        self.lead = HandoffLead(config.handoff_lead, config.coalesce_lead)
+        self.lead = HandoffLead(config.handoff_lead, config.coalesce_lead, config.burst_lead)
         self.wake = asyncio.Event()
         self._stopping = False
-        # set only by stop(): the epoch-conflict backoff waits on this, not on ``wake``, so that
-        # producers' wake-ups cannot turn the backoff back into a refused call per new job
+        # set only by stop(): the epoch-conflict backoff waits on this, not on ``wake`` (producers' wake-ups)
         self._stopped = asyncio.Event()
         self._retry = asyncio.Event()  # an operator reset the epoch: end the conflict backoff now
         self._conflict_since: float | None = None  # monotonic time of the first refusal of this conflict
@@ -352,7 +351,7 @@ class PartitionRunner:
             self._next_housekeeping = now_local + HOUSEKEEPING_EVERY
         retention = self._retention() if housekeeping else NO_RETENTION
         calls = [tick_call(self._core, self.partition, self.epoch, cfg.batch, TokenLedger.tick_tokens(limits, grants),
-                           retention, round(self.lead.lead * 1000), housekeeping)]
+                           retention, round(self.lead.next_lead * 1000), housekeeping)]
         # a reap due within half its interval goes along (its next turn counts from this one's time)
         do_reap = now_local >= self._next_reap - cfg.reap_interval / 2
         if do_reap:
@@ -443,8 +442,9 @@ class PartitionRunner:
         right now: when the next timer enters the hand-off window, a rate-limited queue gets a
         token, or ``idle_check`` passed."""
         wait = self._cfg.idle_check
+        self.lead.look_ahead(tick.next_due_ms, tick.burst_due_ms)
         if tick.next_due_ms is not None:  # wake when the next timer enters the hand-off window
-            wait = min(wait, (tick.next_due_ms - tick.now_ms) / 1000.0 - self.lead.lead)
+            wait = min(wait, (tick.next_due_ms - tick.now_ms) / 1000.0 - self.lead.next_lead)
         if held_any:
             wait = min(wait, token_wait if token_wait != float("inf") else 0.01)
         return wait

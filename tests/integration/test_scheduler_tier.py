@@ -394,3 +394,52 @@ async def test_a_busy_partition_widens_its_hand_off_lead_and_narrows_it_when_tra
     assert leads[0] == 20 and max(leads) == 160, leads  # and back to 20: the gauge went to 0
     assert ticks_under_load < n * 0.8, f"{ticks_under_load} ticks for {n} jobs: not coalesced (one per job without)"
     assert early and max(early) <= widest + 0.005, max(early)
+
+
+async def test_a_burst_is_handed_off_with_the_burst_lead_and_lone_jobs_with_the_configured_one(
+        redis_url: str, etcd_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A lone job, then 12 jobs due at one instant, then a lone job. The tick before the burst sees
+    # it coming (its fourth earliest timer is due with the first) and the burst goes out in one tick
+    # sent with the burst lead (50 ms), so cold workers woken by its burst bell claim before it is
+    # due; the lone jobs go with the configured 20 ms. None is handed off earlier than its lead.
+    from scheduler.tier import runner as runner_mod
+
+    sent: list[int] = []
+    replies: list[runner_mod.TickReply] = []
+    real_tick_call, real_parse = runner_mod.tick_call, runner_mod.parse_tick
+
+    def recording(calls, partition, epoch, batch, tokens, retention, lead_ms=0, housekeeping=True):  # type: ignore[no-untyped-def]
+        sent.append(lead_ms)
+        return real_tick_call(calls, partition, epoch, batch, tokens, retention, lead_ms, housekeeping)
+
+    def parsing(reply):  # type: ignore[no-untyped-def]
+        tick = real_parse(reply)
+        assert isinstance(tick, runner_mod.TickReply)
+        replies.append(tick)
+        return tick
+
+    monkeypatch.setattr(runner_mod, "tick_call", recording)
+    monkeypatch.setattr(runner_mod, "parse_tick", parsing)
+    client = Client.from_url(redis_url, namespace=NS, partitions=1).connect()
+    r = redis.Redis.from_url(redis_url)
+    ready_key = client.calls.ks.ready(0, "burst")
+    cfg = runner_mod.RunnerConfig()
+    proc, task = await start_replica(redis_url, etcd_endpoint, "solo")
+    try:
+        await settled(etcd_endpoint, [proc], 1)
+        t0 = round(time.time()) + 1.0  # whole seconds: every job of the burst has the same due ms
+        client.schedule(t0, "lone", queue="burst")
+        client.schedule_many([(t0 + 0.4, i) for i in range(12)], queue="burst")
+        client.schedule(t0 + 0.8, "lone", queue="burst")
+        await wait_for(lambda: r.llen(ready_key) == 14, 10, what="every job to reach ready")
+    finally:
+        await stop_replica(proc, task)
+        client.close()
+    firing = [(lead, tick.lateness_ms) for lead, tick in zip(sent, replies) if tick.lateness_ms]
+    burst = [(lead, late) for lead, late in firing if len(late) > 1]
+    assert len(burst) == 1 and len(burst[0][1]) == 12, f"the burst went out in one tick: {firing}"
+    assert burst[0][0] == round(cfg.burst_lead * 1000), firing
+    lone = [(lead, late) for lead, late in firing if len(late) == 1]
+    assert [lead for lead, _ in lone] == [round(cfg.handoff_lead * 1000)] * 2, firing
+    # never earlier than the lead it went with (the lateness of a job handed off early is negative)
+    assert all(min(late) >= -lead for lead, late in firing), firing

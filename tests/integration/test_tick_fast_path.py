@@ -17,6 +17,7 @@ from typing import Any
 
 import redis
 
+from scheduler.protocol.tick import TickReply, parse_tick
 from tests.support.fastpath import ScriptPair, pair_fixture
 from tests.support.helpers import namespace_state
 
@@ -87,8 +88,8 @@ class Pair(ScriptPair):
         if isinstance(fast, tuple) or isinstance(general, tuple) or fast[0] == -1:
             assert fast == general, f"{step}: replies differ: {fast!r} vs {general!r}"
         else:
-            # moved, next, now, limited (4 each), crons, dropped, rings (pairs: see the header)
-            late = 7 + 2 * int(fast[6])
+            # moved, next, now, limited (4 each), crons, dropped, rings (pairs: see the header), burst
+            late = 8 + 2 * int(fast[6])
             assert fast[:2] + fast[3:late] == general[:2] + general[3:late], f"{step}: {fast!r} vs {general!r}"
             assert abs(fast[2] - general[2]) < 1000 and len(fast) == len(general), f"{step}: {fast!r} vs {general!r}"
             assert all(abs(a - b) < 1000 for a, b in zip(fast[late:], general[late:])), f"{step}: lateness differs"
@@ -120,13 +121,21 @@ def test_the_fast_path_and_the_general_path_leave_the_same_state_and_replies(pai
         ("a paused queue (no ring)", {"_pause": "sms", "_queues": ("mail", "sms")}, True),
         ("Redis Cluster's layout (the queues to ring in the reply)", {"sharded": True, "_queues": ("mail", "sms")},
          True),
+        ("three timers left beyond the lead (no burst ahead)", {"_later": 3}, True),
+        ("five timers left beyond the lead (the fourth one's due time: a burst ahead?)", {"_later": 2}, True),
         ("past a skip-policy job's grace (misfire, in the last partition)", {"_misfire": True}, True),
     ]
+    later_ms: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}  # timers left beyond the lead
     for step, opts, eligible in steps:
         queues = opts.pop("_queues", ("mail",))
+        later = opts.pop("_later", 0)
         for p in range(PARTITIONS):
             for q in queues:
                 pair.schedule(soon, q, p)
+            for _ in range(later):  # two hours ahead, a second apart: beyond the tick's lead
+                at_ms = (int(now) + 7200 + 10 * p + len(later_ms[p])) * 1000  # whole seconds: exact as ms
+                pair.schedule(at_ms / 1000, "mail", p)
+                later_ms[p].append(at_ms)
             if opts.pop("_moved", False) and p == PARTITIONS - 1:
                 raw = pair.r.zrange(pair.ks["fa"].partition_keys(p)[0], -1, -1)[0][:15]
                 moved = int((soon + 30) * 1000)
@@ -147,7 +156,13 @@ def test_the_fast_path_and_the_general_path_leave_the_same_state_and_replies(pai
         for p in range(PARTITIONS):
             pair.swept_now(p)
             runs = pair.fast_runs
-            pair.check(f"{step}, partition {p}", pair.tick(p, lead_ms=HOUR_MS, **opts))
+            replies = pair.tick(p, lead_ms=HOUR_MS, **opts)
+            pair.check(f"{step}, partition {p}", replies)
+            tick = parse_tick(replies[0])
+            if isinstance(tick, TickReply):  # the fourth earliest timer left, the owner's sign of a burst
+                left = sorted(later_ms[p])
+                assert tick.next_due_ms == (left[0] if left else None), step
+                assert tick.burst_due_ms == (left[3] if len(left) >= 4 else None), step
             took = pair.fast_runs - runs
             expected = int(eligible and not (misfiring and p == PARTITIONS - 1))
             assert took == expected, f"{step}, partition {p}: fast path taken {took}, expected {expected}"

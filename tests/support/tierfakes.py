@@ -52,7 +52,8 @@ class FakeTransport:
         for name, _keys, _args in calls:
             if name == "tick":
                 self.ticks.append(now)
-                out.append([0, -1, now_ms, 0, 0, 0, 0] if self.accept else [-1, 100])  # no limits, crons, drops, rings
+                # no limits, crons, drops, rings; no burst ahead
+                out.append([0, -1, now_ms, 0, 0, 0, 0, -1] if self.accept else [-1, 100])
             elif name == "reap":
                 out.append([0, -1, now_ms] if self.accept else [-1, 100])
         return out

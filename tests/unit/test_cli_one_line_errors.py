@@ -63,7 +63,7 @@ def test_a_firing_trace_share_out_of_range_is_refused_before_connecting(ratio: s
     assert "--trace-firing must be from 0 to 1 (a share of the firing ticks)" in line
 
 
-@pytest.mark.parametrize("flag", ["--handoff-lead", "--coalesce-lead"])
+@pytest.mark.parametrize("flag", ["--handoff-lead", "--coalesce-lead", "--burst-lead"])
 @pytest.mark.parametrize("ms", ["nan", "-1", "1001", "1e9"])
 def test_a_hand_off_lead_out_of_range_is_refused_before_connecting(flag: str, ms: str,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:

@@ -229,6 +229,15 @@ def test_the_coalescing_lead_reaches_the_partition_runners() -> None:
     assert config_from_args(_parse(*base)).runner.coalesce_lead == 0.0  # off unless asked for
 
 
+def test_the_burst_lead_reaches_the_partition_runners() -> None:
+    from scheduler.tier.cli import config_from_args
+
+    base = ("scheduler", "--redis", "redis://127.0.0.1:1", "--etcd", "127.0.0.1:1")
+    assert config_from_args(_parse(*base, "--burst-lead", "80")).runner.burst_lead == 0.080
+    assert config_from_args(_parse(*base, "--burst-lead", "0")).runner.burst_lead == 0.0
+    assert config_from_args(_parse(*base)).runner.burst_lead == 0.050  # on by default
+
+
 def test_parser_wiring() -> None:
     a = _parse("schedule", "--at", "+1h", "--queue", "q", "--payload", '{"a": 1}', "--json")
     assert a.queue == "q" and a.payload == {"a": 1} and a.json and a.max_attempts == 5 and a.misfire == "run_late"

@@ -125,7 +125,7 @@ class BusyTransport(FakeTransport):
     async def call_many(self, calls: Any, raise_on_error: bool = True, lane: str | None = None) -> list[Any]:
         out = await super().call_many(calls, raise_on_error, lane)
         now_ms = int(time.time() * 1000)
-        return [[0, now_ms + 30, now_ms, 0, 0, 0, 0] if name == "tick" else reply
+        return [[0, now_ms + 30, now_ms, 0, 0, 0, 0, -1] if name == "tick" else reply
                 for (name, _, _), reply in zip(calls, out)]
 
 

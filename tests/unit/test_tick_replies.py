@@ -61,19 +61,20 @@ def test_tick_reply_with_limits_crons_drops_and_lateness() -> None:
              1, b"nightly",
              1, raw_id, b"mail",
              2, b"mail", b"1", b"sms", b"0",
+             1520,
              5, 0, 12]
     assert parse_tick(reply) == TickReply(
         moved=7, next_due_ms=1500, now_ms=1000,
         queues=[QueueTokens("mail", 3, 4, 1), QueueTokens("sms", 0, 0, 0)],
         crons_to_refill=["nightly"], dropped_dead=[(raw_id, "mail")], to_ring=[("mail", True), ("sms", False)],
-        lateness_ms=[5, 0, 12])
+        burst_due_ms=1520, lateness_ms=[5, 0, 12])
 
 
 def test_idle_tick_reply_has_no_next_due() -> None:
-    tick = parse_tick([0, -1, 1000, 0, 0, 0, 0])
+    tick = parse_tick([0, -1, 1000, 0, 0, 0, 0, -1])
     assert isinstance(tick, TickReply)
     assert (tick.moved, tick.next_due_ms, tick.queues, tick.crons_to_refill, tick.dropped_dead, tick.to_ring,
-            tick.lateness_ms) == (0, None, [], [], [], [], [])
+            tick.burst_due_ms, tick.lateness_ms) == (0, None, [], [], [], [], None, [])
 
 
 def test_reap_ratelimit_cron_fill_and_stats_replies() -> None:

@@ -144,3 +144,42 @@ def test_a_burst_at_one_instant_does_not_widen_the_lead() -> None:
     lead.observe(1000, 10.001)
     lead.observe(0, 11.0)
     assert lead.lead == BASE
+
+
+# ------------------------------------------------------------------- the burst lead (--burst-lead)
+
+BURST = RunnerConfig.burst_lead
+
+
+def test_a_burst_ahead_is_handed_off_with_the_burst_lead_and_the_next_tick_goes_back() -> None:
+    assert BURST == 0.050 > BASE, "on by default, wider than the configured lead"
+    lead = HandoffLead(BASE, 0.0, BURST)
+    assert lead.next_lead == BASE  # nothing seen yet
+    lead.look_ahead(10_000, 10_000)  # the fourth earliest timer due with the first: a burst
+    assert lead.burst_ahead and lead.next_lead == BURST
+    lead.look_ahead(10_000, 10_000 + round(grid_step(BASE) * 1000))  # within one grid step: one tick's worth
+    assert lead.next_lead == BURST
+    lead.look_ahead(10_000, 10_000 + round(grid_step(BASE) * 1000) + 1)  # spread: the usual lead
+    assert not lead.burst_ahead and lead.next_lead == BASE
+    for nothing in ((None, None), (10_000, None)):  # no timer left, or fewer than four
+        lead.look_ahead(10_000, 10_000)
+        lead.look_ahead(*nothing)
+        assert lead.next_lead == BASE
+    assert lead.step == grid_step(BASE), "the grid stays: partitions still share round trips"
+
+
+@pytest.mark.parametrize("base, burst", [(0.0, 0.050), (0.020, 0.0), (0.050, 0.050), (0.080, 0.050)])
+def test_no_burst_lead_when_it_is_off_or_not_wider_than_the_lead(base: float, burst: float) -> None:
+    # --burst-lead 0, or at or below --handoff-lead; no hand-off lead at all: every job fires at its
+    # due time, bursts too
+    lead = HandoffLead(base, 0.0, burst)
+    lead.look_ahead(10_000, 10_000)
+    assert lead.next_lead == base
+
+
+def test_a_widened_lead_wider_than_the_burst_lead_is_kept_for_bursts() -> None:
+    lead = HandoffLead(BASE, WIDEST, BURST)
+    settle(lead, 19.0)
+    assert lead.lead == pytest.approx(0.160)
+    lead.look_ahead(10_000, 10_000)
+    assert lead.next_lead == pytest.approx(0.160), "a burst never gets a narrower lead than the partition has"
