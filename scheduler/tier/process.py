@@ -88,14 +88,12 @@ class SchedulerProcess:
         # the worker registry as metrics, while this replica owns partition 0 (worker_registry.py)
         self.worker_registry = WorkerRegistryCollector(cfg.namespace)
         self.metrics.registry.register(self.worker_registry)
-        # The socket timeout bounds how long one call may hang on a stalled Redis; the firing loops
-        # keep their own deadlines and back off, and the epoch fences a call that lands late.
+        # The socket timeout bounds a call on a stalled Redis; the epoch fences a call that lands late.
         self.redis = async_redis(cfg.redis_url, health_check_interval=10, socket_timeout=cfg.redis_timeout)
         self.client = AsyncClient(self.redis, namespace=cfg.namespace, partitions=cfg.partitions,
                                   tombstone_ttl=cfg.tombstone_ttl, sharded_pubsub=cfg.sharded_pubsub)
-        # Short retries only (a stale pooled connection after a restart, a failover in progress):
-        # a firing loop must get back to checking its ownership deadline, and it backs off itself.
-        # Re-sending tick/reap/cron_fill is safe (epoch-fenced), see scheduler.transport.RESEND.
+        # Short retries only: a firing loop must get back to checking its ownership deadline, and it
+        # backs off itself. Re-sending tick/reap/cron_fill is safe (epoch-fenced; transport.RESEND).
         self.transport = AsyncScriptTransport(self.redis, TIER_RETRY)
         self.batcher = TickBatcher(self.transport)  # the partitions' ticks that wake together: one round trip
         self.grid = IdleGrid()  # the partitions' idle checks and reap turns: one wake-up
@@ -439,8 +437,10 @@ class SchedulerProcess:
                 await pubsub.subscribe(channels)
                 delay = 0.1
                 self._listening = True
-                for runner in list(self.runners.values()):  # we may have missed wake-ups while away
-                    runner.wake.set()
+                for runner in list(self.runners.values()):  # we may have missed wake-ups while away,
+                    runner.wake.set()  # and on a cluster the ring relays of jobs made ready then
+                    if self.ringer is not None:
+                        self.ringer.ring_waiting(runner.partition)
                 while True:
                     msg = await pubsub.get_message(timeout=None)
                     if msg is None or msg["type"] != "message":

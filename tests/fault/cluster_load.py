@@ -26,6 +26,7 @@ from scheduler.protocol.ids import decode_id, encode_id, partition_of, run_at_of
 from scheduler.protocol.keys import Keyspace
 from scheduler.redisio.connection import sync_redis
 from scheduler.shell.servers import ZschedProc, scheduler_proc, stop_all
+from scheduler.tier.runner import RunnerConfig
 from tests.fault.test_scheduler_faults import keys_by_partition
 from tests.fault.test_sentinel_failover import BURST_JOB_S, CONCURRENCY, Call, metric, tails
 from tests.support.servers import ClusterServer, ClusterSet
@@ -36,7 +37,9 @@ PARTS = 12
 PROBE = "probe"        # a queue no worker serves: its fired jobs stay in ready, for ProbeWatcher
 RATE = 100.0           # calls per second of each of the two producers
 RUN_EPS = 0.002        # "not before run_at": run_at is rounded to the ms, clocks read in two processes
-HANDOFF_LEAD = 0.020   # zsched scheduler --handoff-lead default: a probe may reach ready this early
+# a probe may reach ready this early: the tier's hand-off lead, or its burst lead when the probe is
+# due just before a burst of its partition and goes with it (docs/architecture.md, "On time")
+EARLIEST_READY = max(RunnerConfig.handoff_lead, RunnerConfig.burst_lead)
 DURABLE_TIMEOUT = 5.0  # covers the killed master's restart as a replica (WAIT 1 needs one)
 LEASE = 3.0            # producers' jobs: a lost ack costs a rerun inside the test (at-least-once)
 

@@ -23,7 +23,7 @@ from scheduler.protocol.errors import DurabilityTimeout
 from scheduler.redisio.connection import sync_redis
 from tests.fault.cluster_load import (
     DURABLE_TIMEOUT,
-    HANDOFF_LEAD,
+    EARLIEST_READY,
     LEASE,
     PARTS,
     RUN_EPS,
@@ -134,7 +134,7 @@ def test_master_kill9_under_load_runs_every_durable_job_and_firing_resumes_withi
         dto_ran = sum(1 for e in dto for i in e.ids if i in runs.starts)
         bad_calls = failed(prods, lambda c: isinstance(c.error, DurabilityTimeout) and c.t0 < t_rejoined)
         probe_early = [(j, watcher.first_seen[j] - run_at(j)) for j in probes
-                       if watcher.first_seen[j] < run_at(j) - HANDOFF_LEAD - RUN_EPS]  # handed off ahead: fine
+                       if watcher.first_seen[j] < run_at(j) - EARLIEST_READY - RUN_EPS]  # handed off ahead: fine
         # jobs on the failed-over partitions due well after the promotion: run on a wake-up from
         # the promoted node, not found by a worker's idle sweep (every 2 s)
         late_ids = [j for j in after_promo if partition(j) in vparts and run_at(j) > t_ok + 1.0]
@@ -174,7 +174,7 @@ def test_master_kill9_under_load_runs_every_durable_job_and_firing_resumes_withi
         assert not runs.early(), f"jobs ran before their run_at: {runs.early()[:5]}{report}"
         assert not unexplained, f"jobs ran twice without being in flight at the kill: {unexplained}{report}"
         assert not bad_calls, f"producer calls failed: {bad_calls[:5]}{report}"
-        assert not probe_early, f"probes in ready earlier than the hand-off lead: {probe_early[:5]}{report}"
+        assert not probe_early, f"probes in ready earlier than the hand-off or burst lead: {probe_early[:5]}{report}"
         assert all(states.get(j) == "ready" for j in probes), f"a probe is not in ready exactly once{report}"
         assert run_late and max(run_late) < 1.0, \
             f"workers did not hear the promoted node's wake-ups{report}{tails(stack.workers, 60)}"
@@ -272,7 +272,7 @@ def test_reshard_under_load_loses_nothing_doubles_nothing_and_moved_partitions_k
         # not found by a worker's idle sweep (every 2 s)
         run_late = runs.lateness([j for j in on_moved if run_at(j) > t_moved + 0.5])
         probe_early = [(j, watcher.first_seen[j] - run_at(j)) for j in probes
-                       if watcher.first_seen[j] < run_at(j) - HANDOFF_LEAD - RUN_EPS]  # handed off ahead: fine
+                       if watcher.first_seen[j] < run_at(j) - EARLIEST_READY - RUN_EPS]  # handed off ahead: fine
         bad_calls = failed(prods)
         report = (
             f"\nreshard under load: partitions {moving} (slots {slots}) from :{src.port} to :{dst.port}, "
@@ -293,7 +293,7 @@ def test_reshard_under_load_loses_nothing_doubles_nothing_and_moved_partitions_k
         assert not unexplained, f"jobs ran twice without a lease expiry: {unexplained}{report}"
         assert not runs.early(), f"jobs ran before their run_at: {runs.early()[:5]}{report}"
         assert not bad_calls, f"producer calls failed: {bad_calls[:5]}{report}"
-        assert not probe_early, f"probes in ready earlier than the hand-off lead: {probe_early[:5]}{report}"
+        assert not probe_early, f"probes in ready earlier than the hand-off or burst lead: {probe_early[:5]}{report}"
         assert all(states.get(j) == "ready" for j in probes), f"a probe is not in ready exactly once{report}"
         assert not late_after, f"moved partitions fired late after the move: {late_after[:5]}{report}"
         assert run_late and max(run_late) < 1.0, f"workers did not hear the moved partitions' wake-ups{report}"

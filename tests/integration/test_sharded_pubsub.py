@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import redis
 
 from scheduler import Client, JobState
@@ -305,10 +306,54 @@ async def test_due_jobs_behind_a_sweeps_handler_slots_are_claimed_through_the_ow
     try:
         ids = [client.schedule(timedelta(0), i, queue="q", key=key_in(p, PARTS, f"behind-{i}"))
                for i, p in enumerate((2, 2, 3, 3))]
-        await wait_for(lambda: client.redis.zcard(ks.bell("q")) == 2, 5, what="the owner's rings")
+        # relayed, or (while the owner's subscription was still coming up) rung on its burst bell once it is up
+        await wait_for(lambda: rung(client, "q") == {"2", "3"}, 5, what="the owner's rings")
         client.redis.delete(ks.bell("q"), ks.burst_bell("q"))  # the rings are lost
         async with serving(w):
             await wait_for(lambda: set(ids) <= set(done), 5, what="the jobs behind the sweep's handler slot")
+    finally:
+        proc.stop()
+        await asyncio.wait_for(task, 10)
+        client.close()
+
+
+def rung(client: Client, queue: str) -> set[str]:
+    """The partitions rung in ``queue``'s bell and burst bell."""
+    ks = client.keyspace
+    return {m.decode() for key in (ks.bell(queue), ks.burst_bell(queue)) for m in client.redis.zrange(key, 0, -1)}
+
+
+async def test_an_owner_rings_for_jobs_made_ready_while_its_subscription_was_down(
+        redis_url: str, etcd_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The replica owns the partitions before its wake-up subscription is up (at start, after a
+    # lost subscription): a job scheduled due now then is relayed to nobody. Once subscribed, the
+    # owner rings every queue whose ready list holds jobs, so the job does not wait for a sweep.
+    from scheduler.tier import process as process_mod
+
+    gate = asyncio.Event()
+
+    class Gated:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        async def subscribe(self, channels: Any) -> None:
+            await gate.wait()
+            await self.inner.subscribe(channels)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+    real = process_mod.subscription
+    monkeypatch.setattr(process_mod, "subscription", lambda *a, **kw: Gated(real(*a, **kw)))
+    client = Client.from_url(redis_url, namespace=NS, partitions=PARTS, sharded_pubsub=True).connect()
+    proc = _replica(redis_url, etcd_endpoint, True)
+    task = await _owning(proc, PARTS)
+    try:
+        jid = client.schedule(timedelta(0), "missed", queue="unheard")  # relayed to nobody: not subscribed yet
+        await asyncio.sleep(0.3)  # the replica's loop runs meanwhile (its ticks ring nothing: nothing to move)
+        assert rung(client, "unheard") == set()
+        gate.set()
+        await wait_for(lambda: rung(client, "unheard") == {str(_partition(jid))}, 5, what="the ring once subscribed")
     finally:
         proc.stop()
         await asyncio.wait_for(task, 10)
