@@ -346,9 +346,14 @@ async def test_an_owner_rings_for_jobs_made_ready_while_its_subscription_was_dow
     real = process_mod.subscription
     monkeypatch.setattr(process_mod, "subscription", lambda *a, **kw: Gated(real(*a, **kw)))
     client = Client.from_url(redis_url, namespace=NS, partitions=PARTS, sharded_pubsub=True).connect()
+    for p in range(PARTS):  # a job ready in every partition: its owner rings it when it takes the partition
+        client.schedule(timedelta(0), p, queue="marker", key=key_in(p, PARTS, f"marker-{p}"))
     proc = _replica(redis_url, etcd_endpoint, True)
     task = await _owning(proc, PARTS)
     try:
+        # every partition's first look at its ready lists is over: what it rings from here is new
+        await wait_for(lambda: rung(client, "marker") == {str(p) for p in range(PARTS)}, 5,
+                       what="the new owner's rings")
         jid = client.schedule(timedelta(0), "missed", queue="unheard")  # relayed to nobody: not subscribed yet
         await asyncio.sleep(0.3)  # the replica's loop runs meanwhile (its ticks ring nothing: nothing to move)
         assert rung(client, "unheard") == set()
