@@ -146,13 +146,14 @@ async def test_with_one_listener_the_sleepers_seldom_try_for_the_sweep_turn_and_
         w.handler("q")(_noop)
     client = Client.from_url(redis_url, namespace=ns).connect()
     tries: dict[int, int] = {}
+    taken: dict[int, int] = {}
     try:
         async with serving(*ws):
             await wait_for(lambda: len(made) == n and all(f.hungry.is_set() for f in made), 10, what="idle workers")
             await wait_for(lambda: sum(f.bells.listening for f in made) == 1, 10, what="one listener")
             for i, f in enumerate(made):
-                tries[i] = 0
-                f.bells.sweep_turns = _counting(f.bells.sweep_turns, tries, i)  # type: ignore[method-assign]
+                tries[i] = taken[i] = 0
+                f.bells.sweep_turns = _counting(f.bells.sweep_turns, tries, i, taken)  # type: ignore[method-assign]
             claims0 = sum(w.stats.claims for w in ws)
             t0 = time.monotonic()
             await asyncio.sleep(10 * period)  # a rate over ten periods: what is measured is how often
@@ -166,18 +167,27 @@ async def test_with_one_listener_the_sleepers_seldom_try_for_the_sweep_turn_and_
         f"the listener ({listener}) tried {tries[listener]} times in {periods:.1f} periods: {tries}"
     assert all(t <= periods / SLEEPER_SWEEP_STRETCH + 2 for t in sleepers), \
         f"sleepers tried {sleepers} times in {periods:.1f} periods (every period would be ~{periods:.0f})"
-    assert 0.5 * periods <= sweeps <= 1.5 * periods, \
-        f"{sweeps:.1f} sweeps in {periods:.1f} periods; tries {tries}, listener {listener}"
+    # a try of the listener finds the turn taken only when a sleeper took it (its own last turn
+    # counts as held), and the sweeps are the turns taken (one in flight at either end of the window
+    # may count on one side only): about one per period, however late a loaded host ran the
+    # listener's tries (their rate is the bound above)
+    missed = tries[listener] - taken[listener]
+    assert missed <= sum(taken.values()) - taken[listener] + 1, f"the tries {tries}, turns taken {taken}"
+    assert sum(taken.values()) - 2 <= sweeps <= 1.5 * periods, \
+        f"{sweeps:.1f} sweeps in {periods:.1f} periods; tries {tries}, turns taken {taken}, listener {listener}"
 
 
 async def _noop(job: Job) -> None:
     return None
 
 
-def _counting(fn: Any, tries: dict[int, int], i: int) -> Any:
+def _counting(fn: Any, tries: dict[int, int], i: int, taken: dict[int, int] | None = None) -> Any:
     async def counted(*args: Any, **kwargs: Any) -> Any:
         tries[i] += 1
-        return await fn(*args, **kwargs)
+        mine = await fn(*args, **kwargs)
+        if taken is not None and mine:
+            taken[i] += 1
+        return mine
     return counted
 
 
