@@ -315,22 +315,42 @@ _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
-def lost_in_transit(fn: Callable[_P, Awaitable[_T]]) -> Callable[_P, Coroutine[Any, Any, _T]]:
-    """Decorate a coroutine function whose redis-py calls (pipelines, single commands) may meet
-    a connection closed under them: uvloop's RuntimeError for a write to a closed stream ("...
+def lost_connection(exc: BaseException) -> ConnectionError | None:
+    """``exc``, met by a redis-py call (a pipeline, a single command), as the
+    :class:`~redis.exceptions.ConnectionError` of a connection closed under it, or None when it is
+    not one (a bug, to raise as it is): uvloop's RuntimeError for a write to a closed stream ("...
     the handler is closed", seen from a pool checkout reconnecting while a Sentinel failover
-    closed the pool's connections) becomes a :class:`~redis.exceptions.ConnectionError`, which the
-    callers' outage handling knows, instead of crashing their loop. Any other RuntimeError is a
-    bug and is raised as it is."""
+    closed the pool's connections), or an AttributeError on a missing stream raised inside
+    redis-py's connection code ("'NoneType' object has no attribute 'writelines'": the cluster
+    client closed every connection of a node, those in use too, during a failover's slot-map
+    refresh). tests/unit/test_lost_in_transit.py checks both against the pinned redis-py."""
+    if isinstance(exc, RuntimeError) and "handler is closed" in str(exc):
+        return ConnectionError(f"the connection was closed while in use ({exc})")
+    if isinstance(exc, AttributeError) and str(exc).startswith("'NoneType' object has no attribute"):
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        module = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
+        if module.startswith("redis.") and module.endswith("connection"):
+            return ConnectionError(f"the connection was closed while in use ({exc})")
+    return None
+
+
+def lost_in_transit(fn: Callable[_P, Awaitable[_T]]) -> Callable[_P, Coroutine[Any, Any, _T]]:
+    """Decorate a coroutine function whose redis-py calls may meet a connection closed under them
+    (:func:`lost_connection`): that becomes a :class:`~redis.exceptions.ConnectionError`, which
+    the callers' outage handling knows, instead of crashing their loop. Any other RuntimeError or
+    AttributeError is a bug and is raised as it is."""
 
     @functools.wraps(fn)
     async def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _T:
         try:
             return await fn(*args, **kwargs)
-        except RuntimeError as exc:
-            if "handler is closed" not in str(exc):
+        except (RuntimeError, AttributeError) as exc:
+            lost = lost_connection(exc)
+            if lost is None:
                 raise
-            raise ConnectionError(f"the connection was closed while in use ({exc})") from exc
+            raise lost from exc
 
     return wrapper
 

@@ -17,6 +17,7 @@ from typing import Any
 from ..protocol import bells
 from ..protocol.keys import Keyspace
 from ..redisio.errors import REDIS_ERRORS
+from ..redisio.transport_async import lost_in_transit
 
 log = logging.getLogger("zsched.scheduler")
 
@@ -72,8 +73,13 @@ class BellRinger:
         task.add_done_callback(self._tasks.discard)
 
 
+@lost_in_transit
+async def _ringing(coro: Coroutine[Any, Any, None]) -> None:
+    await coro
+
+
 async def _quietly(coro: Coroutine[Any, Any, None]) -> None:
     try:
-        await coro
+        await _ringing(coro)
     except REDIS_ERRORS as exc:
         log.debug("ringing a doorbell failed (the workers' sweep finds those jobs): %s", exc)

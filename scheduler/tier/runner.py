@@ -79,8 +79,7 @@ class RunnerConfig:
     # claimed earlier, workers need the prefetch for them, and they reach the workers in bursts:
     # off unless asked for (docs/architecture.md, "On time"). At or below handoff_lead: never.
     coalesce_lead: float = 0.0
-    # A partition whose next timers are a burst hands them off this long ahead, so the idle workers
-    # its burst bell wakes claim before they are due (tier/coalesce.py). At or below handoff_lead: never.
+    # A burst (tier/coalesce.py) is handed off this long ahead; at or below handoff_lead: never
     burst_lead: float = 0.050
     # Redis retry backoff cap. Short: a partition must fire again within a second of Redis
     # answering (a Redis Cluster failover takes 2-3 s; with a 2 s cap the first retry after it
@@ -362,8 +361,10 @@ class PartitionRunner:
         received = time.monotonic()
         self._m.tick_duration.labels(self._m.replica).observe(time.perf_counter() - t0)
         tick = parse_tick(replies[0])
-        if not isinstance(tick, EpochRefused) and self.lead.observe(tick.moved, received):
-            log.debug("partition %d: hand-off lead now %.0f ms", self.partition, 1000 * self.lead.lead)
+        if not isinstance(tick, EpochRefused):
+            self.lead.look_ahead(tick.next_due_ms, tick.burst_due_ms)  # a burst next: the next tick's lead
+            if self.lead.observe(tick.moved, received):
+                log.debug("partition %d: hand-off lead now %.0f ms", self.partition, 1000 * self.lead.lead)
         if start_ns and not isinstance(tick, EpochRefused) and tick.lateness_ms \
                 and random.random() < cfg.trace_firing:
             tracing.record_firing(self._core.ks.namespace, self.partition, self._m.replica, len(tick.lateness_ms),
@@ -442,7 +443,6 @@ class PartitionRunner:
         right now: when the next timer enters the hand-off window, a rate-limited queue gets a
         token, or ``idle_check`` passed."""
         wait = self._cfg.idle_check
-        self.lead.look_ahead(tick.next_due_ms, tick.burst_due_ms)
         if tick.next_due_ms is not None:  # wake when the next timer enters the hand-off window
             wait = min(wait, (tick.next_due_ms - tick.now_ms) / 1000.0 - self.lead.next_lead)
         if held_any:

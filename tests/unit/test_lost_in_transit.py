@@ -1,6 +1,7 @@
 """A connection closed under a redis-py call in flight (uvloop's RuntimeError "... the handler is
-closed", met by a worker's doorbell during a Sentinel failover) reaches the callers as the
-ConnectionError their outage handling knows, not as a crash of their loop."""
+closed", met by a worker's doorbell during a Sentinel failover; redis-py's AttributeError on a
+missing stream, met by the tier's bell ringer during a Redis Cluster failover) reaches the callers
+as the ConnectionError their outage handling knows, not as a crash of their loop."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,7 +11,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError
 
 from scheduler.protocol.keys import Keyspace
-from scheduler.redisio.transport_async import lost_in_transit
+from scheduler.redisio.transport_async import lost_connection, lost_in_transit
 from workers.doorbell import Doorbell
 
 CLOSED = RuntimeError("unable to perform operation on <TCPTransport closed=True reading=False 0x5640>; "
@@ -45,3 +46,56 @@ async def test_the_doorbells_redis_calls_raise_a_connection_error_for_a_transpor
         with pytest.raises(ConnectionError):
             await call
     await redis.aclose()
+
+
+async def test_a_missing_stream_inside_redis_py_becomes_a_connection_error_and_other_attribute_errors_stay_bugs(
+) -> None:
+    # What the pinned redis-py raises when a connection is closed under a write in flight (the
+    # cluster client closes every connection of a node during a failover's slot-map refresh): an
+    # AttributeError on its missing stream, raised in redis.asyncio.connection. Met by the tier's
+    # bell ringer in tests/fault/test_cluster_faults.py.
+    conn = aioredis.Connection(host="127.0.0.1", port=1)  # never connected: no stream
+    with pytest.raises(AttributeError) as raw:
+        await conn._send_packed_command([b"PING\r\n"])  # the contract: where and how redis-py fails
+    lost = lost_connection(raw.value)
+    assert isinstance(lost, ConnectionError) and "closed while in use" in str(lost)
+
+    @lost_in_transit
+    async def write() -> None:
+        await conn._send_packed_command([b"PING\r\n"])
+
+    with pytest.raises(ConnectionError, match="closed while in use"):
+        await write()
+
+    class Ours:
+        stream = None
+
+    @lost_in_transit
+    async def bug() -> None:
+        Ours.stream.write(b"x")  # type: ignore[attr-defined]  # our own bug: not a lost connection
+
+    with pytest.raises(AttributeError):
+        await bug()
+    assert lost_connection(RuntimeError("something else")) is None
+
+
+async def test_the_tiers_bell_ringer_logs_a_connection_closed_under_it_instead_of_a_traceback(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import asyncio
+
+    from scheduler.tier.bells import BellRinger
+
+    conn = aioredis.Connection(host="127.0.0.1", port=1)
+
+    class Redis:
+        async def hkeys(self, key: str) -> list[bytes]:
+            await conn._send_packed_command([b"HKEYS\r\n"])  # closed under it, as in a cluster failover
+            return []
+
+    ringer = BellRinger(Redis(), Keyspace("closed", 16))
+    ringer.ring_waiting(3)
+    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    with caplog.at_level("DEBUG", logger="zsched.scheduler"):
+        await asyncio.gather(*others)  # the ring's task ends quietly: nothing raised, nothing logged as an error
+    assert "ringing a doorbell failed" in caplog.text and "closed while in use" in caplog.text
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "WARNING")]
