@@ -121,7 +121,9 @@ async def test_timerfd_alarm_is_set_once_for_a_batch_due_nanoseconds_apart_and_w
         await asyncio.wait_for(asyncio.gather(*futs), 2)
         await asyncio.sleep(0)
         assert len(woke) == 51 and all(woke[i] >= whens[i] for i in range(51))
-        assert alarm.arms == 3, "one more for the batch after the sooner one fired"
+        # one more for the batch after the sooner one fired, unless the loop (on a loaded host) only
+        # read the timer once the batch was due too: then both fired at that one expiry
+        assert alarm.arms == 3 or (alarm.arms == 2 and woke[50] >= base), (alarm.arms, woke[50] - base)
     finally:
         alarm.close()
 
