@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import inspect
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, TypeVar, Unpack
+from typing import Any, TypeVar, Unpack, cast
 
 from ..protocol import codec, config, control
 from ..protocol import durability as dur
@@ -18,6 +19,7 @@ from ..protocol.replies import merge_stats, parse_stats
 from ..protocol.timeutil import At
 from ..redisio.connection import AsyncRedis, async_redis, is_cluster
 from ..redisio.transport import NO_RETRY, TRANSIENT, AsyncScriptTransport, RedisRetry
+from ..redisio.transport_async import lost_in_transit
 from .layout import follows_layout_async
 from .options import UNSET, ClientOptions, info_server_command, resolve_sharded_pubsub, socket_timeout
 from .settings import (
@@ -38,13 +40,19 @@ from .sync import Client
 from .tracing import current_trace
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 def twin(sync: Callable[..., Any]) -> Callable[[F], F]:
     """The coroutine twin of the blocking client's ``sync``: one text documents both (kept in
     :class:`~scheduler.Client`), so the two cannot drift; ``tests/unit/test_client_parity.py``
-    holds their signatures together too."""
+    holds their signatures together too. A coroutine also raises a connection closed under one of
+    its redis-py calls (a failover closing connections in use) as the ConnectionError it is
+    (:func:`~scheduler.redisio.transport_async.lost_in_transit`), never as redis-py's
+    AttributeError or uvloop's RuntimeError."""
     def mark(fn: F) -> F:
+        if inspect.iscoroutinefunction(fn):
+            fn = cast(F, lost_in_transit(fn))
         fn.__doc__ = sync.__doc__
         return fn
     return mark
@@ -97,20 +105,35 @@ class AsyncClient:
 
     async def _connect(self, retry: RedisRetry) -> Calls:
         if self._calls is None:
-            delays = retry.delays()
-            while True:
+            def layout() -> Awaitable[list[Any]]:
                 pipe = self.redis.pipeline(transaction=False)
                 self._opts.partition_commands(pipe)
-                try:
-                    replies = await pipe.execute()
-                    break
-                except TRANSIENT:
-                    delay = next(delays, None)
-                    if delay is None:
-                        raise
-                    await asyncio.sleep(delay)
-            self._calls = self._opts.calls(replies)
+                return pipe.execute()
+
+            self._calls = self._opts.calls(await self._direct(layout, retry))
         return self._calls
+
+    async def _direct(self, send: Callable[[], Awaitable[T]], retry: RedisRetry | None = None) -> T:
+        """``send()``, a round trip of plain commands (a read, or a write of settings that is the
+        same when applied twice), sent again after a transient error as the transport sends
+        scripts again (``retry``, default the client's). Without it, the first such call after a
+        Redis restart failed on the pooled connection that died with the old server. A pipeline
+        is built inside ``send``: redis-py empties it when it fails."""
+        delays = (retry or self._opts.retry).delays()
+        while True:
+            try:
+                return await send()
+            except TRANSIENT:
+                delay = next(delays, None)
+                if delay is None:
+                    raise
+                await asyncio.sleep(delay)
+
+    async def _config(self, calls: Calls) -> dict[Any, Any]:
+        return cast("dict[Any, Any]", await self._direct(lambda: self.redis.hgetall(calls.ks.config_key)))
+
+    async def _redis_time_ms(self) -> int:
+        return control.time_ms(await self._direct(self.redis.time))
 
     @property
     def calls(self) -> Calls:
@@ -142,7 +165,7 @@ class AsyncClient:
         d = self._opts.durability(durable)
         if d is not None and d.mode == "fsync" and not self._opts.waitaof_checked:
             args, kw = info_server_command(self.redis)
-            dur.require_waitaof(await self.redis.info(*args, **kw))
+            dur.require_waitaof(await self._direct(lambda: self.redis.info(*args, **kw)))
             self._opts.waitaof_checked = True
         return d
 
@@ -227,7 +250,7 @@ class AsyncClient:
     @twin(Client.get_by_key)
     async def get_by_key(self, key: str) -> JobInfo | None:
         calls = await self._connected()
-        job_id = control.key_holder(await self.redis.hget(calls.key_index(key), key))
+        job_id = control.key_holder(await self._direct(lambda: self.redis.hget(calls.key_index(key), key)))
         return None if job_id is None else await self.get(job_id)
 
     @follows_layout_async
@@ -276,8 +299,8 @@ class AsyncClient:
     @twin(Client.resume_cron)
     async def resume_cron(self, name: str) -> Outcome:
         calls = await self._connected()
-        definition = await self.redis.hget(calls.cron_definition_key(name), "def")
-        call = control.cron_resume_call(calls, name, definition, control.time_ms(await self.redis.time()))
+        definition = await self._direct(lambda: self.redis.hget(calls.cron_definition_key(name), "def"))
+        call = control.cron_resume_call(calls, name, definition, await self._redis_time_ms())
         return Outcome.NO_CRON if call is None else control.cron_pause_status(await self.transport.call(*call))
 
     # -- queue pause ------------------------------------------------------------------------------
@@ -285,31 +308,46 @@ class AsyncClient:
     @twin(Client.pause)
     async def pause(self, queue: str) -> Outcome:
         step = control.QueuePause(await self._connected(), queue)
-        pipe = self.redis.pipeline(transaction=False)
-        step.config_commands(pipe, control.time_ms(await self.redis.time()))
-        return step.result(await self.transport.call_many(step.script_calls(await pipe.execute())))
+        now_ms = await self._redis_time_ms()
+
+        def config() -> Awaitable[list[Any]]:
+            pipe = self.redis.pipeline(transaction=False)
+            step.config_commands(pipe, now_ms)
+            return pipe.execute()
+
+        return step.result(await self.transport.call_many(step.script_calls(await self._direct(config))))
 
     @follows_layout_async
     @twin(Client.resume)
     async def resume(self, queue: str) -> Outcome:
         calls = await self._connected()
         replies = await self.transport.call_many(calls.resume_calls(queue))
-        return control.queue_resumed(await self.redis.hdel(calls.ks.config_key, control.paused_field(queue)), replies)
+        deleted = await self._direct(lambda: self.redis.hdel(calls.ks.config_key, control.paused_field(queue)))
+        return control.queue_resumed(deleted, replies)
 
     @twin(Client.paused)
     async def paused(self) -> dict[str, datetime]:
         calls = await self._connected()
-        return control.paused_queues(await self.redis.hgetall(calls.ks.config_key))
+        return control.paused_queues(await self._config(calls))
 
     @twin(Client.crons)
     async def crons(self) -> list[CronInfo]:
         calls = await self._connected()
-        pipe = self.redis.pipeline(transaction=False)
-        calls.cron_list_commands(pipe)
-        names = await pipe.execute()
-        pipe = self.redis.pipeline(transaction=False)
-        order = calls.cron_detail_commands(pipe, names)
-        details = await pipe.execute() if order else []
+
+        def listed() -> Awaitable[list[Any]]:
+            pipe = self.redis.pipeline(transaction=False)
+            calls.cron_list_commands(pipe)
+            return pipe.execute()
+
+        names = await self._direct(listed)
+        order: list[Any] = []
+
+        def detailed() -> Awaitable[list[Any]]:
+            pipe = self.redis.pipeline(transaction=False)
+            order[:] = calls.cron_detail_commands(pipe, names)
+            return pipe.execute()
+
+        details = await self._direct(detailed)  # no round trip when there is no cron
         ids = calls.cron_pending_ids(details)
         batch = calls.inspect_calls(ids)
         pending = calls.job_infos(ids, await self.transport.call_many(batch) if batch else [])
@@ -327,7 +365,7 @@ class AsyncClient:
     @twin(Client.rate_limits)
     async def rate_limits(self) -> dict[str, tuple[float, float]]:
         calls = await self._connected()
-        return parse_rate_limits(await self.redis.hgetall(calls.ks.config_key))
+        return parse_rate_limits(await self._config(calls))
 
     @twin(Client.set_dead_retention)
     async def set_dead_retention(self, max_dead: int | None = None, dead_ttl: float | None = None) -> None:
@@ -336,7 +374,7 @@ class AsyncClient:
     @twin(Client.dead_retention)
     async def dead_retention(self) -> tuple[int | None, float | None]:
         calls = await self._connected()
-        return parse_dead_retention(await self.redis.hgetall(calls.ks.config_key))
+        return parse_dead_retention(await self._config(calls))
 
     @twin(Client.set_queue_retirement)
     async def set_queue_retirement(self, idle: float | None = DEFAULT_QUEUE_IDLE) -> None:
@@ -345,7 +383,7 @@ class AsyncClient:
     @twin(Client.queue_retirement)
     async def queue_retirement(self) -> float | None:
         calls = await self._connected()
-        return parse_queue_idle(await self.redis.hgetall(calls.ks.config_key))
+        return parse_queue_idle(await self._config(calls))
 
     @twin(Client.set_tombstone_ttl)
     async def set_tombstone_ttl(self, ttl: float) -> None:
@@ -356,16 +394,20 @@ class AsyncClient:
     @twin(Client.tombstone_ttl)
     async def tombstone_ttl(self) -> float:
         calls = await self._connected()
-        return parse_tombstone_ttl(await self.redis.hgetall(calls.ks.config_key))
+        return parse_tombstone_ttl(await self._config(calls))
 
     @twin(Client.reload_settings)
     async def reload_settings(self, config: Mapping[Any, Any] | None = None) -> bool:
         calls = await self._connected()
-        cfg = await self.redis.hgetall(calls.ks.config_key) if config is None else config
+        cfg = await self._config(calls) if config is None else config
         return self._opts.use_tombstone_ttl(calls, parse_tombstone_ttl(cfg))
 
     async def _write_config(self, fields: dict[str, str | None], what: str) -> list[Any]:
         calls = await self._connected()
-        pipe = self.redis.pipeline(transaction=True)
-        config_commands(pipe, calls.ks, fields, what)
-        return await pipe.execute()
+
+        def write() -> Awaitable[list[Any]]:  # a MULTI: applied whole or not at all, the same when re-sent
+            pipe = self.redis.pipeline(transaction=True)
+            config_commands(pipe, calls.ks, fields, what)
+            return pipe.execute()
+
+        return await self._direct(write)

@@ -10,12 +10,22 @@ from zoneinfo import ZoneInfo
 from ..protocol.call import Call
 from ..protocol.calls import Calls
 from ..protocol.cron import LOOKAHEAD, occurrences, with_jitter
-from ..protocol.tick import CRON_FIELDS, CronTable, cron_fill_call, cron_key, parse_cron_table
+from ..protocol.tick import CRON_FIELDS, CronTable, cron_fill_call, cron_key, crons_key, parse_cron_table
 from ..redisio.transport import AsyncScriptTransport
+from ..redisio.transport_async import lost_in_transit
 
 log = logging.getLogger("zsched.scheduler")
 
 
+# Both read with redis-py directly (no script): a connection closed under the read (a failover)
+# reaches the runner as the ConnectionError it handles, not as a bug (lost_in_transit).
+@lost_in_transit
+async def cron_names(scripts: AsyncScriptTransport, core: Calls, partition: int) -> list[str]:
+    """The names of the crons of ``partition``, sorted."""
+    return sorted(n.decode() for n in await scripts.redis.smembers(crons_key(core.ks, partition)))
+
+
+@lost_in_transit
 async def fill_calls(scripts: AsyncScriptTransport, core: Calls, partition: int, epoch: int, names: list[str],
                      only_if_needed: bool = False) -> list[Call]:
     """The ``cron_fill`` calls that top up the tables of crons ``names`` of ``partition`` (their

@@ -15,9 +15,9 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
-from ..client import AsyncClient, parse_dead_retention, parse_queue_idle, parse_rate_limits
+from ..client import AsyncClient
 from ..coord import Coordinator, CoordinatorUnavailable
 from ..health import CHECK_REUSE_S, STALE_AFTER_S, Health, Verdict
 from ..metrics import (
@@ -31,7 +31,6 @@ from ..metrics import (
 from ..protocol import config
 from ..protocol.masking import mask_secrets
 from ..protocol.replies import parse_stats
-from ..protocol.tick import Retention
 from ..redisio.connection import async_redis, permanent_failure
 from ..redisio.errors import REDIS_ERRORS
 from ..redisio.pubsub import ChannelsPending, Subscription, subscription
@@ -39,7 +38,7 @@ from ..redisio.transport import AsyncScriptTransport, RedisRetry
 from ..runtime import loop_name, run, settle_gc, stop_signals
 from .bells import BellRinger
 from .coalesce import IdleGrid, TickBatcher
-from .limits import retention_args
+from .namespace_config import NamespaceConfig
 from .ownership import Ownership, default_replica_id
 from .runner import PartitionRunner, RunnerConfig
 from .worker_registry import RegistryExport
@@ -113,9 +112,7 @@ class SchedulerProcess:
         # outage (an outage is identified by the epoch that blocks it: refusals do not change it)
         self._conflict_reported: dict[int, int] = {}
         self.ownership: Ownership | None = None
-        self.rate_limits: dict[str, tuple[float, float]] = {}
-        self.dead_retention: tuple[int | None, float | None] = (None, None)
-        self.queue_idle: float | None = None  # until the config is read: retire nothing
+        self.settings = NamespaceConfig(self.redis, self.client, self._limits_changed)  # rate limits, retention
         self._closing = False
         # the wake-up subscription is up: while it is not, producers' wake-ups are lost and each
         # partition ticks on every wake-up of its loop (PartitionRunner's ``listening``)
@@ -170,9 +167,9 @@ class SchedulerProcess:
             replica_id=self.cfg.replica_id, ttl=self.cfg.lease_ttl, metrics=self.metrics,
             on_acquire=self._start_partition, on_release=self._stop_partition,
             ignore_deadline=self.cfg.ignore_deadline)
-        await self._load_config()
+        await self.settings.load()
         self._wake_task = asyncio.create_task(self._wake_listener(), name="wake-listener")
-        self._config_task = asyncio.create_task(self._config_poller(), name="config-poller")
+        self._config_task = asyncio.create_task(self.settings.follow(lambda: self._closing), name="config-poller")
         self._stats_task = asyncio.create_task(self._stats_poller(), name="stats-poller")
         self.registry_export = RegistryExport(self.worker_registry, self.transport, core.ks, self.runners.__contains__)
         self._registry_task = asyncio.create_task(self.registry_export.run(lambda: self._closing),
@@ -296,17 +293,12 @@ class SchedulerProcess:
         runner = PartitionRunner(
             p, epoch, scripts=self.transport, core=core, metrics=self.metrics, config=self.cfg.runner,
             is_valid=lambda: own.owns(p, epoch), valid_for=own.valid_for, on_refused=self._refused,
-            limits=lambda: self.rate_limits, retention=self._retention_args, check_conflict=self._check_conflict,
-            on_conflict_resolved=self._conflict_resolved, ringer=self.ringer, batcher=self.batcher,
-            listening=lambda: self._listening, grid=self.grid)
+            limits=lambda: self.settings.rate_limits, retention=self.settings.retention,
+            check_conflict=self._check_conflict, on_conflict_resolved=self._conflict_resolved, ringer=self.ringer,
+            batcher=self.batcher, listening=lambda: self._listening, grid=self.grid)
         self.runners[p] = runner
         runner.start()
         self._owners_changed(p)
-
-    def _retention_args(self) -> Retention:
-        """Tick's housekeeping arguments from the namespace config (the dead-letter cap is split
-        evenly over the partitions)."""
-        return retention_args(*self.dead_retention, self.queue_idle, self.client.calls.ks.partitions)
 
     async def _stop_partition(self, p: int) -> None:
         self.partition_stats.forget(p)  # the new owner exports it now: never count it twice
@@ -373,28 +365,9 @@ class SchedulerProcess:
         log.info("partition %d: epoch conflict resolved: Redis accepted epoch %d again after %d refused "
                  "attempt(s) over %.1fs; firing resumed", p, epoch, refused, seconds)
 
-    async def _load_config(self) -> None:
-        """Rate limits, dead-letter retention and the tombstone TTL from the namespace config (set
-        with Client.set_rate_limit / set_dead_retention / set_tombstone_ttl)."""
-        try:
-            # bytes: the tier's connection does not decode replies
-            cfg = cast("dict[bytes, bytes]", await self.redis.hgetall(self.client.keyspace.config_key))
-        except REDIS_ERRORS as exc:
-            log.warning("cannot read the namespace config (%s); keeping the last known one", exc)
-            return
-        if await self.client.reload_settings(cfg):
-            log.info("tombstone TTL now %g s", self.client.calls.tomb_ms / 1000)
-        retention = parse_dead_retention(cfg)
-        if retention != self.dead_retention:
-            log.info("dead-letter retention now max_dead=%s dead_ttl=%s", *retention)
-            self.dead_retention = retention
-        self.queue_idle = parse_queue_idle(cfg)
-        limits = parse_rate_limits(cfg)
-        if limits != self.rate_limits:
-            log.info("rate limits now %s", limits or "none")
-            self.rate_limits = limits
-            for runner in self.runners.values():
-                runner.wake.set()
+    def _limits_changed(self) -> None:
+        for runner in self.runners.values():  # a lifted limit releases held jobs at once
+            runner.wake.set()
 
     async def _stats_poller(self, interval: float = 2.0) -> None:
         """Refresh the exported counters/depths of owned partitions (one pipelined round trip)."""
@@ -414,11 +387,6 @@ class SchedulerProcess:
                 if p not in self.runners:
                     self.partition_stats.forget(p)
             await asyncio.sleep(interval)
-
-    async def _config_poller(self) -> None:
-        while not self._closing:  # safety net; changes normally arrive over pub/sub at once
-            await asyncio.sleep(5.0)
-            await self._load_config()
 
     async def _wake_listener(self) -> None:
         """Wake a partition's runner when a producer schedules a job before its earliest timer,
@@ -446,7 +414,7 @@ class SchedulerProcess:
                     if msg is None or msg["type"] != "message":
                         continue
                     if msg["channel"] == config_channel:
-                        await self._load_config()
+                        await self.settings.load()
                         continue
                     if self.ringer is not None and self.ringer.relay(msg["data"], self.runners):
                         continue  # a script of a partition of ours asks its owner to ring a bell

@@ -34,7 +34,6 @@ from ..protocol.tick import (
     QueueTokens,
     Retention,
     TickReply,
-    crons_key,
     parse_cron_fill,
     parse_reap,
     parse_tick,
@@ -44,7 +43,7 @@ from ..protocol.tick import (
 from ..redisio.errors import REDIS_ERRORS
 from ..redisio.transport import AsyncScriptTransport
 from .coalesce import HandoffLead, IdleGrid, TickBatcher, aligned_sleep, idle_turn, next_wake
-from .crons import fill_calls
+from .crons import cron_names, fill_calls
 from .limits import TokenLedger
 
 if TYPE_CHECKING:
@@ -462,9 +461,9 @@ class PartitionRunner:
     async def sweep_crons(self) -> None:
         """On taking a partition: make sure every cron has its pending occurrence and a full table
         (a previous owner may have died between firing and refilling)."""
-        names = await self._scripts.redis.smembers(crons_key(self._core.ks, self.partition))
+        names = await cron_names(self._scripts, self._core, self.partition)
         if names:
-            await self.refill_crons(sorted(n.decode() for n in names), only_if_needed=True)
+            await self.refill_crons(names, only_if_needed=True)
 
     async def refill_crons(self, names: list[str], only_if_needed: bool = False) -> None:
         """Compute upcoming occurrences (croniter, time zones) and hand them to ``cron_fill``."""

@@ -406,17 +406,17 @@ async def _tier_wakes(url: str, etcd: str, client: Client, sharded: bool | None)
 
         # config: reloaded by the wake listener (the poller would take up to 5 s)
         loaded_by: list[str] = []
-        load = proc._load_config
+        load = proc.settings.load
 
         async def recording_load() -> None:
             task = asyncio.current_task()
             loaded_by.append(task.get_name() if task else "")
             await load()
 
-        proc._load_config = recording_load  # type: ignore[method-assign]
+        proc.settings.load = recording_load  # type: ignore[method-assign]
         client.set_rate_limit("q", 5)
         await wait_for(lambda: "wake-listener" in loaded_by, 2, what="the config notice")
-        assert proc.rate_limits == {"q": (5.0, 1.25)}
+        assert proc.settings.rate_limits == {"q": (5.0, 1.25)}
 
         # epoch reset: the owner is told to retry at once
         retried = asyncio.Event()

@@ -4,14 +4,20 @@ missing stream, met by the tier's bell ringer during a Redis Cluster failover) r
 as the ConnectionError their outage handling knows, not as a crash of their loop."""
 from __future__ import annotations
 
+import inspect
+import logging
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError
 
+from scheduler.client import AsyncClient
+from scheduler.protocol.calls import Calls
 from scheduler.protocol.keys import Keyspace
 from scheduler.redisio.transport_async import lost_connection, lost_in_transit
+from scheduler.tier.crons import cron_names, fill_calls
+from scheduler.tier.namespace_config import NamespaceConfig
 from workers.doorbell import Doorbell
 
 CLOSED = RuntimeError("unable to perform operation on <TCPTransport closed=True reading=False 0x5640>; "
@@ -115,3 +121,72 @@ async def test_the_tiers_bell_ringer_logs_a_connection_closed_under_it_instead_o
         await asyncio.gather(*others)  # the ring's task ends quietly: nothing raised, nothing logged as an error
     assert "ringing a doorbell failed" in caplog.text and "closed while in use" in caplog.text
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "WARNING")]
+
+
+async def _closed(*a: Any, **k: Any) -> Any:
+    raise _closed_under_redis_py()
+
+
+class PipelineClosedByRedisPy:
+    """A redis-py pipeline whose round trip meets a connection closed under it."""
+
+    execute = staticmethod(_closed)
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *a, **k: self
+
+
+class ClosedByRedisPy:
+    """A redis-py client whose every command and pipeline meets a connection closed under it, as
+    redis-py 8.1 reports that (:func:`_closed_under_redis_py`)."""
+
+    def pipeline(self, *a: Any, **k: Any) -> PipelineClosedByRedisPy:
+        return PipelineClosedByRedisPy()
+
+    def __getattr__(self, name: str) -> Any:
+        return _closed
+
+
+async def test_the_async_clients_coroutines_raise_a_connection_closed_under_them_as_a_connection_error() -> None:
+    client = AsyncClient(ClosedByRedisPy(), namespace="closed", partitions=16)  # type: ignore[arg-type]
+    for call in (client.connect(), client.paused(), client.rate_limits(), client.stats()):
+        with pytest.raises(ConnectionError, match="closed while in use"):
+            await call
+    # every coroutine of the client is mapped so (twin() wraps them), the one without Redis aside
+    public = [name for name, fn in vars(AsyncClient).items()
+              if inspect.iscoroutinefunction(fn) and not name.startswith("_") and name != "close"]
+    assert len(public) > 30
+    assert [name for name in public if not hasattr(getattr(AsyncClient, name), "__wrapped__")] == []
+
+
+class _Keyspace:
+    config_key = "{closed}:cfg"
+
+
+class _Client:
+    keyspace = _Keyspace()
+
+
+async def test_the_tiers_config_read_keeps_the_last_known_settings_when_its_connection_is_closed_under_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    changed: list[bool] = []
+    settings = NamespaceConfig(ClosedByRedisPy(), _Client(), lambda: changed.append(True))  # type: ignore[arg-type]
+    settings.rate_limits = {"q": (5.0, 1.25)}
+    settings.dead_retention = (10, None)
+    with caplog.at_level(logging.WARNING, logger="zsched.scheduler"):
+        await settings.load()  # before: the AttributeError ended the replica's config poller
+    assert settings.rate_limits == {"q": (5.0, 1.25)} and settings.dead_retention == (10, None) and not changed
+    assert [r.getMessage() for r in caplog.records] == [
+        "cannot read the namespace config (the connection was closed while in use ('NoneType' object has no "
+        "attribute 'writelines')); keeping the last known one"]
+
+
+async def test_a_partitions_cron_reads_raise_a_connection_closed_under_them_as_a_connection_error() -> None:
+    class Scripts:
+        redis = ClosedByRedisPy()
+
+    core = Calls(Keyspace("closed", 16), max_payload_bytes=1 << 20, tombstone_ttl=60.0)
+    with pytest.raises(ConnectionError, match="closed while in use"):
+        await cron_names(Scripts(), core, 3)  # type: ignore[arg-type]
+    with pytest.raises(ConnectionError, match="closed while in use"):
+        await fill_calls(Scripts(), core, 3, 1, ["nightly"])  # type: ignore[arg-type]
