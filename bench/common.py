@@ -71,8 +71,33 @@ def emit(result: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def cpu_ns(pid: int) -> int:
+    """Run time of every thread of ``pid`` in nanoseconds, from the scheduler's own account
+    (``/proc/PID/task/*/schedstat``; a thread that ended meanwhile is left out)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError):
+            pass
+    return total
+
+
+def run_seconds(pid: int) -> float:
+    """CPU seconds of a long-running process's threads, to the nanosecond (:func:`cpu_ns`), where
+    :func:`cpu_seconds` counts in 10 ms ticks: a window's delta there is off by up to 20 ms per
+    process, which over 16 worker processes and 3 000 jobs is +-100 µs per job. Falls back to
+    :func:`cpu_seconds` where the kernel keeps no schedstat."""
+    try:
+        return cpu_ns(pid) / 1e9
+    except OSError:
+        return cpu_seconds(pid)
+
+
 def cpu_seconds(pid: int) -> float:
-    """User+system CPU seconds of a process (Linux /proc)."""
+    """User+system CPU seconds of a process (Linux /proc), ended threads included; in clock ticks
+    (10 ms)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")

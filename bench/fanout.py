@@ -12,8 +12,9 @@ handler of ``bench/handlers.py``), each traffic shape and each backend, on the p
 
 The jobs are scheduled ahead, by a child process running the side's own client, before the
 measurement window opens; the window runs from the first due time until the last job is acked.
-Per job over the window: worker CPU (the worker processes' user + system time from /proc,
-summed), Redis CPU (INFO cpu of every master), the replicas' CPU, script calls (INFO
+Per job over the window: worker CPU (the worker processes' run time, every thread's, from
+/proc/PID/task/*/schedstat in nanoseconds, summed; 10 ms ticks until 2026-12-04), Redis CPU
+(INFO cpu of every master), the replicas' CPU (as the workers'), script calls (INFO
 commandstats EVALSHA/EVAL/FCALL of every master), ready messages published (PUBLISH/SPUBLISH,
 counted from inside the scripts too) and, scraped from each worker's /metrics, notifications
 received, claims answered and claims that found nothing (None when the side's workers do not

@@ -30,7 +30,7 @@ from typing import Any
 
 import redis
 
-from bench.common import emit, machine
+from bench.common import cpu_ns, emit, machine
 from bench.fanout import Side, UsageError, orders, stack, wait_up
 from bench.stack import ROOT
 
@@ -41,18 +41,6 @@ ROUNDS = 2
 CONCURRENCY = 4
 # counted apart from the window's commands: the measurement's own INFO and CONFIG RESETSTAT
 OWN = {"info", "config|resetstat"}
-
-
-def cpu_ns(pid: int) -> int:
-    """Run time of every thread of ``pid`` in nanoseconds (a thread that ended meanwhile is left out)."""
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (OSError, ValueError):
-            pass
-    return total
 
 
 def window(side: Side, workers: int, seconds: float) -> dict[str, Any]:

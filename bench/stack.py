@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import cpu_seconds
+from bench.common import run_seconds
 from scheduler import Client
 from scheduler.metrics import bucket_quantile, scrape_histogram
 from scheduler.redisio.connection import sync_redis
@@ -151,8 +151,9 @@ class Stack:
 
     def cpu(self) -> dict[str, float]:
         out = {"redis": sum(redis_cpu(self.redis_srv).values())}
-        out["schedulers"] = sum(cpu_seconds(s.pid) for s in self.schedulers if s.proc and s.proc.poll() is None)
-        out["workers"] = sum(cpu_seconds(p.pid) for p, _ in self.workers if p.proc and p.proc.poll() is None)
+        # to the nanosecond: /proc/PID/stat's 10 ms ticks blur a window's cost over 16 processes
+        out["schedulers"] = sum(run_seconds(s.pid) for s in self.schedulers if s.proc and s.proc.poll() is None)
+        out["workers"] = sum(run_seconds(p.pid) for p, _ in self.workers if p.proc and p.proc.poll() is None)
         return out
 
     def firing_buckets(self) -> dict[float, float]:

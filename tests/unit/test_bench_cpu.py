@@ -1,0 +1,44 @@
+"""The benchmarks' CPU figures for long-running processes (bench/common.py ``run_seconds``) count
+to the nanosecond, not in /proc/PID/stat's 10 ms ticks: 16 workers' ticks blurred a window's
+worker CPU by up to +-100 µs per job."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from bench.common import cpu_seconds, run_seconds
+
+
+def _spin(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_run_seconds_counts_a_few_milliseconds_of_cpu_that_ticks_cannot() -> None:
+    pid = os.getpid()
+    before, ticks_before = run_seconds(pid), cpu_seconds(pid)
+    _spin(0.003)
+    spent, ticks = run_seconds(pid) - before, cpu_seconds(pid) - ticks_before
+    assert 0.003 <= spent < 0.1
+    assert round(ticks * 100, 6) % 1 == 0  # the ticks' figure is a whole number of 10 ms (often 0)
+    assert round(spent * 100, 6) % 1 != 0
+
+
+def test_run_seconds_counts_every_thread_of_the_process() -> None:
+    pid = os.getpid()
+    done, release = threading.Event(), threading.Event()
+
+    def busy() -> None:
+        _spin(0.02)
+        done.set()
+        release.wait(5)  # alive when measured: an ended thread's schedstat is gone
+
+    t = threading.Thread(target=busy)
+    before = run_seconds(pid)
+    t.start()
+    assert done.wait(5)
+    assert run_seconds(pid) - before >= 0.02
+    release.set()
+    t.join()
