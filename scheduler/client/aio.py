@@ -1,7 +1,6 @@
 """The asyncio producer client, :class:`AsyncClient` (redis.asyncio)."""
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
@@ -18,8 +17,8 @@ from ..protocol.options import JobOptionFields, JobOptions, with_overrides
 from ..protocol.replies import merge_stats, parse_stats
 from ..protocol.timeutil import At
 from ..redisio.connection import AsyncRedis, async_redis, is_cluster
-from ..redisio.transport import NO_RETRY, TRANSIENT, AsyncScriptTransport, RedisRetry
-from ..redisio.transport_async import lost_in_transit
+from ..redisio.transport import NO_RETRY, AsyncScriptTransport, RedisRetry
+from ..redisio.transport_async import lost_in_transit, send_retried_async
 from .layout import follows_layout_async
 from .options import UNSET, ClientOptions, info_server_command, resolve_sharded_pubsub, socket_timeout
 from .settings import (
@@ -114,20 +113,11 @@ class AsyncClient:
         return self._calls
 
     async def _direct(self, send: Callable[[], Awaitable[T]], retry: RedisRetry | None = None) -> T:
-        """``send()``, a round trip of plain commands (a read, or a write of settings that is the
-        same when applied twice), sent again after a transient error as the transport sends
-        scripts again (``retry``, default the client's). Without it, the first such call after a
-        Redis restart failed on the pooled connection that died with the old server. A pipeline
-        is built inside ``send``: redis-py empties it when it fails."""
-        delays = (retry or self._opts.retry).delays()
-        while True:
-            try:
-                return await send()
-            except TRANSIENT:
-                delay = next(delays, None)
-                if delay is None:
-                    raise
-                await asyncio.sleep(delay)
+        """``send()``, plain commands the same when applied twice (a read, a settings write), sent
+        again under ``retry`` (default the client's) after a transient error or a "not run" reply,
+        as the transport sends scripts again: without it, the first such call after a Redis
+        restart failed on the pooled connection that died with the old server."""
+        return await send_retried_async(send, retry or self._opts.retry)
 
     async def _config(self, calls: Calls) -> dict[Any, Any]:
         return cast("dict[Any, Any]", await self._direct(lambda: self.redis.hgetall(calls.ks.config_key)))

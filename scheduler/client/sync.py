@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Unpack
+from typing import Any, TypeVar, Unpack, cast
 
 from ..protocol import codec, config, control
 from ..protocol import durability as dur
@@ -17,8 +16,9 @@ from ..protocol.models import JobInfo, JobState
 from ..protocol.options import JobOptionFields, JobOptions, with_overrides
 from ..protocol.replies import merge_stats, parse_stats
 from ..protocol.timeutil import At
+from ..redisio.batch import send_retried
 from ..redisio.connection import SyncRedis, is_cluster, sync_redis
-from ..redisio.transport import NO_RETRY, TRANSIENT, RedisRetry, ScriptTransport
+from ..redisio.transport import NO_RETRY, RedisRetry, ScriptTransport
 from .layout import follows_layout
 from .options import UNSET, ClientOptions, info_server_command, resolve_sharded_pubsub, socket_timeout
 from .settings import (
@@ -37,6 +37,7 @@ from .settings import (
 )
 from .tracing import current_trace
 
+T = TypeVar("T")
 
 class Client:
     """Blocking producer client. Thread-safe (redis-py connection pool).
@@ -119,20 +120,26 @@ class Client:
     def _connect(self, retry: RedisRetry) -> Calls:
         with self._connecting:
             if self._calls is None:
-                delays = retry.delays()
-                while True:
+                def layout() -> list[Any]:
                     pipe = self.redis.pipeline(transaction=False)
                     self._opts.partition_commands(pipe)
-                    try:
-                        replies = pipe.execute()
-                        break
-                    except TRANSIENT:
-                        delay = next(delays, None)
-                        if delay is None:
-                            raise
-                        time.sleep(delay)
-                self._calls = self._opts.calls(replies)
+                    return cast("list[Any]", pipe.execute())
+
+                self._calls = self._opts.calls(self._direct(layout, retry))
             return self._calls
+
+    def _direct(self, send: Callable[[], T], retry: RedisRetry | None = None) -> T:
+        """``send()``, plain commands the same when applied twice (a read, a settings write), sent
+        again under ``retry`` (default the client's) after a transient error or a "not run" reply
+        (a Redis loading its data, a master turned replica), as the transport sends scripts again."""
+        return send_retried(send, retry or self._opts.retry)
+
+    def _config(self) -> dict[Any, Any]:
+        key = self.keyspace.config_key
+        return cast("dict[Any, Any]", self._direct(lambda: self.redis.hgetall(key)))
+
+    def _redis_time_ms(self) -> int:
+        return control.time_ms(self._direct(self.redis.time))
 
     @property
     def calls(self) -> Calls:
@@ -158,7 +165,7 @@ class Client:
         d = self._opts.durability(durable)
         if d is not None and d.mode == "fsync" and not self._opts.waitaof_checked:
             args, kw = info_server_command(self.redis)
-            dur.require_waitaof(self.redis.info(*args, **kw))
+            dur.require_waitaof(self._direct(lambda: self.redis.info(*args, **kw)))
             self._opts.waitaof_checked = True
         return d
 
@@ -268,7 +275,7 @@ class Client:
     def get_by_key(self, key: str) -> JobInfo | None:
         """The live job (scheduled, ready, running or dead) holding the idempotency ``key``, or None."""
         calls = self.calls
-        job_id = control.key_holder(self.redis.hget(calls.key_index(key), key))
+        job_id = control.key_holder(self._direct(lambda: self.redis.hget(calls.key_index(key), key)))
         return None if job_id is None else self.get(job_id)
 
     @follows_layout
@@ -348,8 +355,8 @@ class Client:
         that fell in the pause are not run (nor counted as missed). ``DONE`` when resumed,
         ``UNCHANGED`` when it was not paused, ``NO_CRON`` when there is no such cron."""
         calls = self.calls
-        definition = self.redis.hget(calls.cron_definition_key(name), "def")
-        call = control.cron_resume_call(calls, name, definition, control.time_ms(self.redis.time()))
+        definition = self._direct(lambda: self.redis.hget(calls.cron_definition_key(name), "def"))
+        call = control.cron_resume_call(calls, name, definition, self._redis_time_ms())
         return Outcome.NO_CRON if call is None else control.cron_pause_status(self.transport.call(*call))
 
     # -- queue pause ------------------------------------------------------------------------------
@@ -361,9 +368,14 @@ class Client:
         process). ``DONE`` when the queue was paused now, ``UNCHANGED`` when it already was (its
         start time is kept)."""
         step = control.QueuePause(self.calls, queue)
-        pipe = self.redis.pipeline(transaction=False)
-        step.config_commands(pipe, control.time_ms(self.redis.time()))
-        return step.result(self.transport.call_many(step.script_calls(pipe.execute())))
+        now_ms = self._redis_time_ms()
+
+        def config() -> list[Any]:
+            pipe = self.redis.pipeline(transaction=False)
+            step.config_commands(pipe, now_ms)
+            return cast("list[Any]", pipe.execute())
+
+        return step.result(self.transport.call_many(step.script_calls(self._direct(config))))
 
     @follows_layout
     def resume(self, queue: str) -> Outcome:
@@ -371,21 +383,31 @@ class Client:
         was paused, ``UNCHANGED`` otherwise. Idempotent."""
         calls = self.calls
         replies = self.transport.call_many(calls.resume_calls(queue))
-        return control.queue_resumed(self.redis.hdel(calls.ks.config_key, control.paused_field(queue)), replies)
+        deleted = self._direct(lambda: self.redis.hdel(calls.ks.config_key, control.paused_field(queue)))
+        return control.queue_resumed(deleted, replies)
 
     def paused(self) -> dict[str, datetime]:
         """The paused queues: queue -> when its pause started."""
-        return control.paused_queues(self.redis.hgetall(self.keyspace.config_key))
+        return control.paused_queues(self._config())
 
     def crons(self) -> list[CronInfo]:
         """Every cron of the namespace, by name."""
         calls = self.calls
-        pipe = self.redis.pipeline(transaction=False)
-        calls.cron_list_commands(pipe)
-        names = pipe.execute()
-        pipe = self.redis.pipeline(transaction=False)
-        order = calls.cron_detail_commands(pipe, names)
-        details = pipe.execute() if order else []
+
+        def listed() -> list[Any]:
+            pipe = self.redis.pipeline(transaction=False)
+            calls.cron_list_commands(pipe)
+            return cast("list[Any]", pipe.execute())
+
+        names = self._direct(listed)
+        order: list[tuple[int, str]] = []
+
+        def detailed() -> list[Any]:
+            pipe = self.redis.pipeline(transaction=False)
+            order[:] = calls.cron_detail_commands(pipe, names)
+            return cast("list[Any]", pipe.execute())
+
+        details = self._direct(detailed)  # no round trip when there is no cron
         ids = calls.cron_pending_ids(details)
         batch = calls.inspect_calls(ids)
         pending = calls.job_infos(ids, self.transport.call_many(batch) if batch else [])
@@ -406,7 +428,7 @@ class Client:
 
     def rate_limits(self) -> dict[str, tuple[float, float]]:
         """Queue -> (jobs per second, burst)."""
-        return parse_rate_limits(self.redis.hgetall(self.keyspace.config_key))
+        return parse_rate_limits(self._config())
 
     def set_dead_retention(self, max_dead: int | None = None, dead_ttl: float | None = None) -> None:
         """Bound the dead-letter set: keep at most ``max_dead`` dead jobs in the namespace (each of
@@ -418,7 +440,7 @@ class Client:
 
     def dead_retention(self) -> tuple[int | None, float | None]:
         """(max_dead, dead_ttl seconds) as set with :meth:`set_dead_retention`; None = no limit."""
-        return parse_dead_retention(self.redis.hgetall(self.keyspace.config_key))
+        return parse_dead_retention(self._config())
 
     def set_queue_retirement(self, idle: float | None = DEFAULT_QUEUE_IDLE) -> None:
         """Retire a queue's name (its interned index, gauges and counters) in a partition once the
@@ -430,7 +452,7 @@ class Client:
 
     def queue_retirement(self) -> float | None:
         """Seconds after which an empty, idle queue name is retired; None = never."""
-        return parse_queue_idle(self.redis.hgetall(self.keyspace.config_key))
+        return parse_queue_idle(self._config())
 
     def set_tombstone_ttl(self, ttl: float) -> None:
         """How long a finished job (done, cancelled, misfired) stays visible to ``get()``, in
@@ -445,7 +467,7 @@ class Client:
 
     def tombstone_ttl(self) -> float:
         """The namespace's tombstone TTL in seconds, as set with :meth:`set_tombstone_ttl`."""
-        return parse_tombstone_ttl(self.redis.hgetall(self.keyspace.config_key))
+        return parse_tombstone_ttl(self._config())
 
     def reload_settings(self, config: Mapping[Any, Any] | None = None) -> bool:
         """Read again the namespace settings this client applies itself (the tombstone TTL);
@@ -453,10 +475,15 @@ class Client:
         read it (the scheduler tier, on every change), so it is not read twice. Workers do this
         every few seconds; a long-lived producer may call it, or reconnect."""
         calls = self.calls
-        cfg = self.redis.hgetall(calls.ks.config_key) if config is None else config
+        cfg = self._config() if config is None else config
         return self._opts.use_tombstone_ttl(calls, parse_tombstone_ttl(cfg))
 
     def _write_config(self, fields: dict[str, str | None], what: str) -> list[Any]:
-        pipe = self.redis.pipeline(transaction=True)
-        config_commands(pipe, self.keyspace, fields, what)
-        return pipe.execute()
+        ks = self.keyspace
+
+        def write() -> list[Any]:  # a MULTI: applied whole or not at all, the same when re-sent
+            pipe = self.redis.pipeline(transaction=True)
+            config_commands(pipe, ks, fields, what)
+            return cast("list[Any]", pipe.execute())
+
+        return self._direct(write)

@@ -10,7 +10,7 @@ import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.exceptions import (
     AskError,
@@ -21,6 +21,7 @@ from redis.exceptions import (
     MovedError,
     NoScriptError,
     ReadOnlyError,
+    RedisError,
     ResponseError,
     TimeoutError,
     TryAgainError,
@@ -30,6 +31,8 @@ from ..protocol.call import Call
 from ..protocol.codes import script_error
 from ..protocol.errors import ZschedError
 from ..protocol.scripts import Script, resend_flag_args
+
+_T = TypeVar("_T")
 
 _hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
 try:  # redis[hiredis] is a dependency; its C packer is what the hot paths use
@@ -127,6 +130,29 @@ NO_RETRY = RedisRetry(attempts=1, budget=0)
 def not_run(exc: BaseException) -> bool:
     """Whether an error reply means the command was not executed (safe to send again)."""
     return isinstance(exc, _NOT_RUN_TYPES) or (isinstance(exc, ResponseError) and str(exc).startswith(_NOT_RUN))
+
+
+def send_again(exc: BaseException) -> bool:
+    """Whether a round trip of plain commands that failed with ``exc`` is sent again under a
+    :class:`RedisRetry`: a connection error or a timeout (for commands that are the same when
+    applied twice), or a reply meaning they did not run (``LOADING``, ``READONLY``, ...)."""
+    return isinstance(exc, TRANSIENT) or not_run(exc)
+
+
+def send_retried(send: Callable[[], _T], retry: RedisRetry) -> _T:
+    """``send()``, a round trip of plain commands that are the same when applied twice (a read, a
+    write of settings), sent again under ``retry`` while it fails as :func:`send_again` says
+    (:func:`~scheduler.redisio.transport_async.send_retried_async` for asyncio). A pipeline is
+    built inside ``send``: redis-py empties it when it fails."""
+    delays = retry.delays()
+    while True:
+        try:
+            return send()
+        except (RedisError, OSError) as exc:
+            delay = next(delays, None) if send_again(exc) else None
+            if delay is None:
+                raise
+            time.sleep(delay)
 
 
 def is_noscript(exc: BaseException) -> bool:

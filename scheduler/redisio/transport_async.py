@@ -25,9 +25,11 @@ from .batch import (
     is_noscript,
     merge_tails,
     pack,
+    send_again,
 )
 from .connection import is_cluster
 from .connectors import AsyncCluster
+from .errors import REDIS_ERRORS
 from .routing import AsyncRoutes, isolate_failed
 
 
@@ -353,6 +355,20 @@ def lost_in_transit(fn: Callable[_P, Awaitable[_T]]) -> Callable[_P, Coroutine[A
             raise lost from exc
 
     return wrapper
+
+
+async def send_retried_async(send: Callable[[], Awaitable[_T]], retry: RedisRetry) -> _T:
+    """:func:`~scheduler.redisio.batch.send_retried` for asyncio: ``await send()``, sent again
+    under ``retry`` while it fails as :func:`~scheduler.redisio.batch.send_again` says."""
+    delays = retry.delays()
+    while True:
+        try:
+            return await send()
+        except REDIS_ERRORS as exc:
+            delay = next(delays, None) if send_again(exc) else None
+            if delay is None:
+                raise
+            await asyncio.sleep(delay)
 
 
 async def send_packed(conn: Any, packed: Any) -> None:

@@ -1,13 +1,23 @@
 """Every call of the clients works as the first call after Redis restarted (SIGKILL, then a new
 server on the same port): the pooled connections died with the old server, and a call that met
-one sends again on a new one instead of failing (AsyncClient._direct; the scripts go through the
-transport, which always did). Until 2026-12-04 the asyncio client's plain-command calls (settings,
-pause, crons, get_by_key) failed once there with "Connection closed by server"."""
+one sends again on a new one instead of failing (``_direct`` in both clients; the scripts go
+through the transport, which always did). Until 2026-12-04 the asyncio client's plain-command calls
+(settings, pause, crons, get_by_key) failed once there with "Connection closed by server". The
+plain-command calls of both clients also wait out a Redis that refuses commands as not run
+(``BUSY`` here; ``LOADING`` after a restart and ``READONLY`` after a failover alike), as scripts
+did, instead of raising it."""
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
+
+import pytest
+from redis import Redis
+from redis.exceptions import ResponseError
 
 from scheduler.client import AsyncClient, Client
 from scheduler.protocol.codes import Outcome
@@ -91,3 +101,63 @@ def test_every_blocking_client_call_works_as_the_first_call_after_a_redis_restar
             _expected(name, call())
     finally:
         c.close()
+
+
+def _busy_replies(r: Redis) -> int:
+    return int(r.info("errorstats").get("errorstat_BUSY", {}).get("count", 0))
+
+
+@contextmanager
+def _busy(srv: RedisServer) -> Iterator[Redis]:
+    """Redis running a script that never ends, past ``busy-reply-threshold`` (100 ms): every other
+    command is answered ``BUSY`` until the script is killed (``SCRIPT KILL``, by the caller)."""
+    admin = Redis.from_url(srv.url)
+    admin.config_set("busy-reply-threshold", 100)
+    runner = Redis.from_url(srv.url)
+
+    def endless() -> None:
+        try:
+            runner.eval("while true do end", 0)
+        except ResponseError:
+            pass  # killed
+
+    t = threading.Thread(target=endless, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while True:  # wait until Redis refuses a command as BUSY
+        try:
+            Redis.from_url(srv.url).ping()
+        except ResponseError:
+            break
+        assert time.monotonic() < deadline, "Redis never became BUSY"
+        time.sleep(0.05)
+    try:
+        yield admin
+    finally:
+        try:
+            admin.script_kill()
+        except ResponseError:
+            pass  # already killed
+        t.join(10)
+        runner.close()
+        admin.close()
+
+
+@pytest.mark.parametrize("kind", ["asyncio", "blocking"])
+async def test_a_settings_call_waits_out_a_busy_redis_instead_of_failing(fresh_redis: RedisServer,
+                                                                       kind: str) -> None:
+    sync = Client.from_url(fresh_redis.url, namespace=NS, partitions=4).connect()
+    aio = await AsyncClient.from_url(fresh_redis.url, namespace=NS, partitions=4).connect()
+    try:
+        sync.set_rate_limit("q", 5)
+        with _busy(fresh_redis) as admin:
+            call = asyncio.create_task(aio.rate_limits() if kind == "asyncio" else asyncio.to_thread(sync.rate_limits))
+            await asyncio.sleep(0.5)  # refused as BUSY meanwhile, sent again after each backoff
+            assert not call.done(), call
+            admin.script_kill()
+            assert await asyncio.wait_for(call, 10) == {"q": (5.0, 1.25)}
+        with Redis.from_url(fresh_redis.url) as r:  # the call was refused: BUSY for our PING and for it
+            assert _busy_replies(r) >= 2
+    finally:
+        sync.close()
+        await aio.close()
