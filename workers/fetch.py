@@ -46,6 +46,7 @@ from .clock import RedisClock
 from .doorbell import Doorbell
 from .lifecycle import Lifecycle
 from .outbox import Meta, Outbox
+from .pace import held_slots
 from .planner import ClaimPlanner, ready_message
 from .slots import Slots
 from .wire import Outage, Send
@@ -81,7 +82,8 @@ class Claim(NamedTuple):
     n: int          # jobs asked for: the slots taken
     gen: int        # the planner's candidate generation
     rid: str        # request id (a re-send gets the same reply)
-    handler: int    # how many of the n slots are handler slots: the claim's limit on due jobs
+    handler: int    # how many of the n slots are handler slots
+    due: int        # the claim's limit on due jobs: its handler slots, and past them Slots.pace's
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,26 +137,6 @@ class Fetch(ABC):
     async def claim_loop(self) -> None:
         """Claim jobs into free slots and ``ctx.dispatch`` them; return once ``ctx.life.stopping``
         is set and no claim is in flight (jobs claimed then are released by the runner)."""
-
-
-def held_slots(jobs: Sequence[Claimed], now_ms: int, handler: int, hold: int) -> list[bool]:
-    """Which of a claim's jobs go on its ``hold`` prefetch slots rather than its ``handler`` slots.
-    Jobs due by the claim's Redis time ``now_ms`` take handler slots (the script took no more of
-    them than that; a re-sent claim answered from its receipt may return more, and those wait on
-    prefetch slots for a handler); jobs handed off ahead of their time take prefetch slots, the
-    latest first, and any past those take the handler slots left (and wait there)."""
-    held = [False] * len(jobs)
-    due = [c.due_ms <= now_ms for c in jobs]
-    over = sum(due) - handler  # due jobs with no handler slot (re-sends only)
-    for i in range(len(jobs) - 1, -1, -1):
-        if hold <= 0:
-            break
-        if not due[i] or over > 0:
-            held[i] = True
-            hold -= 1
-            if due[i]:
-                over -= 1
-    return held
 
 
 class DoorbellFetch(Fetch):
@@ -228,8 +210,9 @@ class DoorbellFetch(Fetch):
             t0 = time.monotonic()
             try:
                 replies = await ctx.send(calls, "claim")
+                ctx.slots.pace.claimed(rtt := time.monotonic() - t0)
                 if ctx.roundtrip is not None:
-                    ctx.roundtrip("claim", time.monotonic() - t0)
+                    ctx.roundtrip("claim", rtt)
             except REDIS_ERRORS as exc:
                 self.clock.forget()  # the next answer may come from another server (failover)
                 if await self._claims_lost(plan, meta, exc, outage):
@@ -349,14 +332,15 @@ class DoorbellFetch(Fetch):
         steps = self.planner.plan(slots.free + slots.hold)
         for (q, p, n, gen), h in zip(steps, slots.reserve_many([s[2] for s in steps])):
             self._rid_n += 1
-            plan.append(Claim(q, p, n, gen, f"{self._rid_prefix}{self._rid_n:x}", h))
+            due = h + slots.pace.extra(q, n - h) if h else 0  # past the handler slots: on prefetch slots
+            plan.append(Claim(q, p, n, gen, f"{self._rid_prefix}{self._rid_n:x}", h, due))
         return plan
 
     def _claim_calls(self, plan: list[Claim]) -> list[Call]:
         calls = self.ctx.calls
         last = self._last_rid
         return [claim_call(calls, c.p, c.queue, c.n, request_id=c.rid, receipt_ms=CLAIM_RECEIPT_MS,
-                           earlier_request_id=last.get((c.queue, c.p), ""), max_due=c.handler) for c in plan]
+                           earlier_request_id=last.get((c.queue, c.p), ""), max_due=c.due) for c in plan]
 
     async def _claims_lost(self, plan: list[Claim], meta: Meta, exc: BaseException,
                            outage: Outage) -> bool:
@@ -380,7 +364,7 @@ class DoorbellFetch(Fetch):
         slots, planner, dispatch = self.ctx.slots, self.planner, self.ctx.dispatch
         node_down: NodeFailed | None = None
         for item, reply in zip(plan, replies):
-            q, p, n, gen, rid, h = item
+            q, p, n, gen, rid, h, due = item
             if isinstance(reply, NodeFailed):  # its node failed, the other nodes' claims went through
                 node_down = reply
                 if reply.sent or rid in self._orphan_rids:  # may have run: again with the same id
@@ -407,9 +391,9 @@ class DoorbellFetch(Fetch):
             held = held_slots(jobs, now_us // 1000, h, n - h)
             on_hold = sum(held)
             slots.put_back(h - (got - on_hold), n - h - on_hold)
-            if got < n and h and got - on_hold >= h:
-                # Stopped at its limit on due jobs (its handler slots), not at the end of the ready
-                # list: there is more to take, keep it hot.
+            if got < n and due and sum(c.due_ms <= now_us // 1000 for c in jobs) >= due:
+                # Stopped at its limit on due jobs, not at the end of the ready list: there is
+                # more to take, keep it hot.
                 planner.claimed(q, p, n, gen, n)
             else:
                 # Short: the list ended (or, with no handler slot, the script stopped at a due job,

@@ -387,6 +387,7 @@ class HandlerRunner:
         if r.executing:
             r.executing = False
             self.executing -= 1
+            self.slots.pace.ran(r.queue, time.monotonic() - r.started)
         if r.span is not None:
             job = r.job
             dead = f is not None and (f.kind is FailKind.PERMANENT or (
@@ -460,9 +461,8 @@ class HandlerRunner:
         self.outbox.fail(r, kind, delay_ms, err)
 
     def quiet(self, horizon: float) -> bool:
-        """No other outcome is likely within ``horizon`` s: no handler runs, no held job starts
-        by then. The outbox then sends at once: waiting for others to share the round trip cost
-        a worker that runs one job at a time a sleep and a cold wake-up per job, for nothing."""
+        """No other outcome is likely within ``horizon`` s (no handler runs, no held job starts by
+        then): the outbox sends at once, not waiting for others to share a round trip for nothing."""
         return self.executing == 0 and self.alarm.next_at() > time.monotonic() + horizon
 
     # -- shutdown -------------------------------------------------------------------------------

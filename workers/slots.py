@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+from .pace import DuePace
+
 
 class Slots:
     """Free handler slots (``free``) and free prefetch slots (``hold``).
@@ -16,12 +18,14 @@ class Slots:
     due ones from running; when it is due it moves to a handler slot (:meth:`take_for_held`),
     waiting for the next one to come back if none is free, and its prefetch slot comes back.
     The claim script takes due jobs only up to the handler slots reserved for them (lua/claim.lua,
-    ARGV 9), so a worker whose handlers are all busy never claims due jobs it cannot start.
+    ARGV 9), so a worker whose handlers are all busy never claims due jobs it cannot start soon:
+    beyond those, only as many as ``pace`` expects its handlers to start within half a claim's
+    round trip (:mod:`workers.pace`; 0 for handlers slower than that), on prefetch slots.
 
     ``wake`` is the claim loop's wake-up: set when a slot comes back, when a notification makes a
     partition a candidate, and at shutdown."""
 
-    __slots__ = ("concurrency", "free", "hold", "wake", "waiting")
+    __slots__ = ("concurrency", "free", "hold", "pace", "wake", "waiting")
 
     def __init__(self, concurrency: int, prefetch: int = 0) -> None:
         self.concurrency = concurrency
@@ -30,6 +34,7 @@ class Slots:
         self.wake = asyncio.Event()
         self.waiting: deque[asyncio.Future[None]] = deque()
         """Held jobs that are due, waiting for a handler slot, first come first served."""
+        self.pace = DuePace(concurrency)  # the handlers' and the claims' times (HandlerRunner, the fetch)
 
     def reserve(self, n: int) -> int:
         """Take ``n`` slots for a claim: handler slots first, then prefetch slots; returns how

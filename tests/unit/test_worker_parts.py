@@ -17,11 +17,11 @@ from scheduler.protocol.replies import Claimed
 from workers import Job, PermanentError, Retry, Worker, WorkerStats
 from workers.alarm import Alarm
 from workers.attempt import DONE, RELEASED, RUNNING, Attempt
-from workers.fetch import held_slots
 from workers.heartbeat import Heartbeats
 from workers.lifecycle import Lifecycle
 from workers.options import WorkerOptions
 from workers.outbox import CALL_BATCH, FLUSH_DELAY, Outbox
+from workers.pace import held_slots
 from workers.planner import CLAIM_CHUNK, ClaimPlanner
 from workers.registry import HandlerRegistry
 from workers.runner import HandlerRunner, ThreadCount
