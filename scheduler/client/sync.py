@@ -39,6 +39,7 @@ from .tracing import current_trace
 
 T = TypeVar("T")
 
+
 class Client:
     """Blocking producer client. Thread-safe (redis-py connection pool).
 
