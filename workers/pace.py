@@ -11,7 +11,7 @@ expected to start within half a claim's round trip: ``concurrency x round trip /
 time``, from the mean handler time of the claim's queue and the mean claim round trip (moving
 averages). Such a job waits on a prefetch slot for a handler slot of this worker, which it gets
 sooner than any claim, this worker's or another's, could hand it one; for handlers slower than
-the round trip the allowance is 0 and the rule is as before. Until a queue has had
+``concurrency`` half round trips the allowance is 0 and the rule is as before. Until a queue has had
 :data:`WARM_UP` handlers run there is no allowance. :func:`held_slots` puts a claim's jobs on
 its slots.
 """
@@ -57,7 +57,8 @@ class DuePace:
 
     def extra(self, queue: str, hold: int) -> int:
         """Due jobs of ``queue`` a claim may take past its handler slots, at most ``hold`` (its
-        prefetch slots): 0 until measured, and for handlers slower than half a round trip."""
+        prefetch slots): 0 until measured, and for handlers slower than ``concurrency`` half
+        round trips."""
         mean, rt = self.handler_s.get(queue), self.round_trip_s
         if hold <= 0 or mean is None or rt is None or self.runs.get(queue, 0) < WARM_UP:
             return 0
