@@ -112,7 +112,8 @@ class SchedulerProcess:
         # outage (an outage is identified by the epoch that blocks it: refusals do not change it)
         self._conflict_reported: dict[int, int] = {}
         self.ownership: Ownership | None = None
-        self.settings = NamespaceConfig(self.redis, self.client, self._limits_changed)  # rate limits, retention
+        # rate limits, retention
+        self.settings = NamespaceConfig(self.redis, self.client, self._limits_changed, TIER_RETRY)
         self._closing = False
         # the wake-up subscription is up: while it is not, producers' wake-ups are lost and each
         # partition ticks on every wake-up of its loop (PartitionRunner's ``listening``)

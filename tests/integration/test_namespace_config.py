@@ -8,9 +8,12 @@ import logging
 import pytest
 
 from scheduler.client import AsyncClient
+from scheduler.redisio.batch import RedisRetry
 from scheduler.redisio.connection import async_redis
 from scheduler.tier.namespace_config import NamespaceConfig
 from tests.support.servers import RedisServer
+
+RETRY = RedisRetry(budget=0.5, attempts=4)  # the tier's (scheduler/tier/process.py TIER_RETRY)
 
 
 async def test_a_replica_follows_the_namespace_settings_and_keeps_them_while_redis_is_down(
@@ -19,7 +22,7 @@ async def test_a_replica_follows_the_namespace_settings_and_keeps_them_while_red
     tier_redis = async_redis(fresh_redis.url, socket_timeout=2)
     tier = AsyncClient(tier_redis, namespace="cfgns", partitions=4)
     changed: list[dict[str, tuple[float, float]]] = []
-    settings = NamespaceConfig(tier_redis, tier, lambda: changed.append(dict(settings.rate_limits)))
+    settings = NamespaceConfig(tier_redis, tier, lambda: changed.append(dict(settings.rate_limits)), RETRY)
     try:
         await tier.connect()
         await settings.load()
@@ -52,6 +55,31 @@ async def test_a_replica_follows_the_namespace_settings_and_keeps_them_while_red
         await settings.load()
         assert settings.rate_limits == {"sms": (2.0, 4.0)} and settings.dead_retention == (None, None)
         assert changed[-1] == {"sms": (2.0, 4.0)}
+    finally:
+        await users.close()
+        await tier.close()
+
+
+async def test_the_first_read_after_a_redis_restart_gets_the_settings_without_a_warning(
+        fresh_redis: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    tier_redis = async_redis(fresh_redis.url, socket_timeout=2)
+    tier = AsyncClient(tier_redis, namespace="cfgns", partitions=4)
+    settings = NamespaceConfig(tier_redis, tier, lambda: None, RETRY)
+    users = AsyncClient.from_url(fresh_redis.url, namespace="cfgns", partitions=4)
+    try:
+        await tier.connect()
+        await settings.load()  # leaves an idle connection in the tier's pool
+        assert settings.rate_limits == {}
+
+        fresh_redis.kill()  # the pooled connection dies with the server, unnoticed by the pool
+        fresh_redis.start()
+        await users.set_rate_limit("mail", 5)
+        with caplog.at_level(logging.WARNING, logger="zsched.scheduler"):
+            await settings.load()
+        # before: "cannot read the namespace config (Connection closed by server.)", the last known
+        # settings kept until the next read (FOLLOW_S later)
+        assert [r.getMessage() for r in caplog.records] == []
+        assert settings.rate_limits == {"mail": (5.0, 1.25)}
     finally:
         await users.close()
         await tier.close()

@@ -15,6 +15,7 @@ from redis.exceptions import ConnectionError
 from scheduler.client import AsyncClient
 from scheduler.protocol.calls import Calls
 from scheduler.protocol.keys import Keyspace
+from scheduler.redisio.batch import RedisRetry
 from scheduler.redisio.transport_async import lost_connection, lost_in_transit
 from scheduler.tier.crons import cron_names, fill_calls
 from scheduler.tier.namespace_config import NamespaceConfig
@@ -167,15 +168,29 @@ class _Client:
     keyspace = _Keyspace()
 
 
+class CountedClosedByRedisPy(ClosedByRedisPy):
+    """:class:`ClosedByRedisPy` counting the reads sent through it."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def __getattr__(self, name: str) -> Any:
+        self.reads += 1
+        return _closed
+
+
 async def test_the_tiers_config_read_keeps_the_last_known_settings_when_its_connection_is_closed_under_it(
         caplog: pytest.LogCaptureFixture) -> None:
     changed: list[bool] = []
-    settings = NamespaceConfig(ClosedByRedisPy(), _Client(), lambda: changed.append(True))  # type: ignore[arg-type]
+    redis = CountedClosedByRedisPy()
+    retry = RedisRetry(budget=5.0, attempts=3, base=0.001, cap=0.002)
+    settings = NamespaceConfig(redis, _Client(), lambda: changed.append(True), retry)  # type: ignore[arg-type]
     settings.rate_limits = {"q": (5.0, 1.25)}
     settings.dead_retention = (10, None)
     with caplog.at_level(logging.WARNING, logger="zsched.scheduler"):
         await settings.load()  # before: the AttributeError ended the replica's config poller
     assert settings.rate_limits == {"q": (5.0, 1.25)} and settings.dead_retention == (10, None) and not changed
+    assert redis.reads == 3  # sent again under the retry, as a connection error
     assert [r.getMessage() for r in caplog.records] == [
         "cannot read the namespace config (the connection was closed while in use ('NoneType' object has no "
         "attribute 'writelines')); keeping the last known one"]
