@@ -417,7 +417,8 @@ def scrape_histogram(port: int, name: str, host: str = "127.0.0.1", timeout: flo
 
 
 def bucket_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
-    """Prometheus' histogram_quantile over cumulative (le, count) buckets, sorted by le."""
+    """Prometheus' histogram_quantile over cumulative (le, count) buckets, sorted by le. A quantile
+    that falls in the +Inf bucket is, as there, the highest finite bound: :func:`past_top` tells."""
     if not buckets or buckets[-1][1] <= 0:
         return None
     rank = q * buckets[-1][1]
@@ -429,3 +430,11 @@ def bucket_quantile(buckets: list[tuple[float, float]], q: float) -> float | Non
             return prev_le + (le - prev_le) * ((rank - prev_c) / max(c - prev_c, 1e-9))
         prev_le, prev_c = le, c
     return prev_le
+
+
+def past_top(buckets: list[tuple[float, float]], q: float) -> bool:
+    """Whether the ``q`` quantile of cumulative (le, count) buckets, sorted by le, lies past the
+    highest finite bound: :func:`bucket_quantile` then gives that bound, a floor, not an estimate."""
+    if not buckets or buckets[-1][1] <= 0 or buckets[-1][0] != float("inf") or len(buckets) < 2:
+        return False
+    return buckets[-2][1] < q * buckets[-1][1]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import shutil
 import signal
 import sys
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from ..client import Client
 from ..client.layout import follows_layout
-from ..metrics import bucket_quantile, scrape_histogram
+from ..metrics import LATENESS_BUCKETS, bucket_quantile, past_top, scrape_histogram
 from ..protocol import config
 from ..protocol.etcd_endpoints import check_etcd_endpoints
 from ..protocol.masking import mask_secrets
@@ -288,7 +289,11 @@ class View:
                 continue
         delta = sorted((le, total[le] - self.prev_buckets.get(le, 0.0)) for le in total)
         self.prev_buckets = total
-        return bucket_quantile(delta, 0.5), bucket_quantile(delta, 0.99)
+
+        def quantile(q: float) -> float | None:
+            # past the top bucket (jobs overdue since a stop, say) the bound is a floor: inf says so
+            return math.inf if past_top(delta, q) else bucket_quantile(delta, q)
+        return quantile(0.5), quantile(0.99)
 
     def owners(self) -> dict[str, list[int]]:
         async def read() -> dict[str, list[int]]:
@@ -380,6 +385,8 @@ class Sample:
 
 
 def _ms(v: float | None) -> str:
+    if v == math.inf:
+        return f"over {LATENESS_BUCKETS[-1]:g} s"
     return "-" if v is None else f"{v * 1000:.1f} ms"
 
 
