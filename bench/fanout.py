@@ -3,7 +3,7 @@
 For each number W of worker processes (default 1, 2, 4, 8, 16; concurrency 4 each, the no-op
 handler of ``bench/handlers.py``), each traffic shape and each backend, on the project's stack
 (``bench.stack.Stack``: redis-server with AOF everysec and hz 10, etcd, 2 scheduler replicas,
-16 partitions):
+16 partitions, or ``--partitions N``; only a run with 16 replaces the figures in RESULTS.md):
 
 * **spread**: N jobs (3 000) due at random moments over D s (10 s: 300 jobs/s);
 * **batched**: the same N jobs due at B instants (10), D/B s apart;
@@ -58,6 +58,7 @@ from bench.common import PAYLOAD, compile_checkout, emit, machine
 from bench.fanout_summary import compare, print_table, summarize, targets
 from bench.stack import NS, ROOT, Stack, bucket_summary
 from bench.workloads import records_summary
+from scheduler.protocol.keys import MAX_PARTITIONS
 
 WORKERS = (1, 2, 4, 8, 16)
 SHAPES = ("spread", "batched")
@@ -299,14 +300,15 @@ def with_workers(st: Stack, side: Side, n: int, loads: dict[str, list[float]], c
 
 
 @contextmanager
-def stack(backend: str, side: Side) -> Iterator[Stack]:
-    """A fresh stack on one redis-server or a balanced 3-master cluster, replicas running ``side``'s code."""
+def stack(backend: str, side: Side, partitions: int = PARTITIONS) -> Iterator[Stack]:
+    """A fresh stack on one redis-server or a balanced 3-master cluster, replicas running ``side``'s
+    code, the namespace in ``partitions`` partitions."""
     if backend == "single":
-        with Stack(partitions=PARTITIONS, code=side.code) as st:
+        with Stack(partitions=partitions, code=side.code) as st:
             st.start_schedulers(REPLICAS, side.scheduler_args)
             yield st
         return
-    with side_redis("cluster", NS, PARTITIONS) as (srv, _), Stack(partitions=PARTITIONS, redis=srv,
+    with side_redis("cluster", NS, partitions) as (srv, _), Stack(partitions=partitions, redis=srv,
                                                                    code=side.code) as st:
         st.start_schedulers(REPLICAS, side.scheduler_args)
         yield st
@@ -328,7 +330,8 @@ def run(quick: bool = False, workers: Sequence[int] | None = None, shapes: Seque
         seconds: float | None = None, bursts: int | None = None, concurrency: int = CONCURRENCY,
         other: Path | None = None, scheduler_args: Sequence[str] = (),
         worker_args: Sequence[str] = (), other_scheduler_args: Sequence[str] = (),
-        other_worker_args: Sequence[str] = (), idle_seconds: float = IDLE_S) -> dict[str, Any]:
+        other_worker_args: Sequence[str] = (), idle_seconds: float = IDLE_S,
+        partitions: int = PARTITIONS) -> dict[str, Any]:
     """The suite; its JSON result (``runs``: one entry per round, side, backend, W and shape;
     ``idle``: one per round, side, backend and W, ``idle_seconds`` long)."""
     q: dict[str, Any] = QUICK if quick else {}
@@ -349,7 +352,7 @@ def run(quick: bool = False, workers: Sequence[int] | None = None, shapes: Seque
         "machine": m, "quick": quick, "workers": list(workers), "shapes": list(shapes), "backends": list(backends),
         "rounds": rounds, "jobs": jobs, "seconds": seconds, "bursts": bursts, "concurrency": concurrency,
         "idle_seconds": idle_seconds,
-        "partitions": PARTITIONS, "replicas": REPLICAS, "sides": {s.name: s.describe() for s in sides},
+        "partitions": partitions, "replicas": REPLICAS, "sides": {s.name: s.describe() for s in sides},
         "lateness": "handler: each handler's start minus its job's due time (exact, from the no-op handler's "
                     "records); firing: landed in ready minus due time (replicas' histograms, bucket estimate)",
         "runs": [], "idle": [], "order": []}
@@ -357,7 +360,7 @@ def run(quick: bool = False, workers: Sequence[int] | None = None, shapes: Seque
         loads_of = {s: offsets_for(s, jobs, seconds, bursts, 1000 * rnd + i) for i, s in enumerate(SHAPES)}
         for side in orders(rnd % 2, sides):
             for backend in orders(rnd % 2, backends):
-                with stack(backend, side) as st:
+                with stack(backend, side, partitions) as st:
                     for n in orders(rnd, workers):
                         loads = {s: loads_of[s] for s in orders(rnd % 2, shapes)}
                         got = with_workers(st, side, n, loads, concurrency, idle_seconds)
@@ -386,7 +389,8 @@ def is_full(r: dict[str, Any]) -> bool:
     """A run with the default sizes: its figures may replace those in RESULTS.md and docs/img."""
     return (not r["quick"] and tuple(r["workers"]) == WORKERS and tuple(r["shapes"]) == SHAPES
             and tuple(r["backends"]) == BACKENDS and r["jobs"] == JOBS and r["seconds"] == SECONDS
-            and r["bursts"] == BURSTS and r["concurrency"] == CONCURRENCY and r["rounds"] >= ROUNDS)
+            and r["bursts"] == BURSTS and r["concurrency"] == CONCURRENCY and r["rounds"] >= ROUNDS
+            and r.get("partitions", PARTITIONS) == PARTITIONS)
 
 
 def finish(r: dict[str, Any], out: Path | None = None, plots: Path | None = None) -> None:
@@ -433,6 +437,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, help=f"span of a load's due times (default {SECONDS:g})")
     p.add_argument("--bursts", type=int, help=f"instants of the batched shape (default {BURSTS})")
     p.add_argument("--concurrency", type=int, default=CONCURRENCY, help="per worker process (default %(default)s)")
+    p.add_argument("--partitions", type=int, default=PARTITIONS,
+                   help=f"the namespace's partitions (default %(default)s; 1-{MAX_PARTITIONS})")
     p.add_argument("--idle-seconds", type=float, default=IDLE_S,
                    help="the idle window before each W's loads, seconds (default %(default)s)")
     p.add_argument("--scheduler-args", default="", metavar="ARGS",
@@ -459,6 +465,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         if bad:
             raise UsageError(f"unknown shape or backend {bad[0]!r} (shapes: {', '.join(SHAPES)}; backends: "
                              f"{', '.join(BACKENDS)})")
+        if not 1 <= a.partitions <= MAX_PARTITIONS:
+            raise UsageError(f"--partitions {a.partitions}: give a count from 1 to {MAX_PARTITIONS}")
         if not 0 < a.idle_seconds <= 3600:
             raise UsageError(f"--idle-seconds {a.idle_seconds:g}: give a window from more than 0 to 3600 seconds")
         if a.compare and not (a.compare / "scheduler").is_dir():
@@ -466,7 +474,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "worktree, the folder holding scheduler/ and workers/)")
         r = run(a.quick, a.workers, shapes, backends, a.rounds, a.jobs, a.seconds, a.bursts, a.concurrency,
                 a.compare, shlex.split(a.scheduler_args), shlex.split(a.worker_args),
-                shlex.split(a.other_scheduler_args), shlex.split(a.other_worker_args), a.idle_seconds)
+                shlex.split(a.other_scheduler_args), shlex.split(a.other_worker_args), a.idle_seconds,
+                a.partitions)
     except UsageError as exc:
         print(f"bench fanout: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

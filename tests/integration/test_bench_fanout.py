@@ -22,8 +22,9 @@ def test_a_tiny_run_gives_per_job_figures_per_shape_and_worker_count(tmp_path: P
     monkeypatch.setattr(fanout, "IDLE_S", 0.3)
     # LEAD_S stays the bench's own (2 s): the scheduling child must be done 0.5 s before the first
     # due time, and with 1 s a loaded machine (the suite's parallel workers) missed that
-    r = fanout.run(workers=[1], backends=["single"], rounds=1, jobs=60, seconds=0.6, bursts=2)
+    r = fanout.run(workers=[1], backends=["single"], rounds=1, jobs=60, seconds=0.6, bursts=2, partitions=4)
     assert {(x["shape"], x["workers"]) for x in r["runs"]} == {("spread", 1), ("batched", 1)}
+    assert r["partitions"] == 4 and not fanout.is_full(r)
     for run in r["runs"]:
         assert run["jobs"] == 60 and run["missing"] == 0 and run["duplicates"] == 0
         assert all(run[k] is not None for k in PER_JOB), run  # this checkout's workers export the counters
@@ -46,6 +47,16 @@ def test_compare_refuses_a_folder_that_is_not_a_checkout(tmp_path: Path, capsys:
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("bench fanout: error: --compare") and "worktree" in err[0]
+
+
+@pytest.mark.parametrize("count", ["0", "4097"])
+def test_a_partition_count_out_of_range_is_refused_before_any_server_starts(
+        count: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        fanout.main(["--partitions", count])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"bench fanout: error: --partitions {count}: give a count from 1 to 4096"]
 
 
 _KILLED_BENCH = """
