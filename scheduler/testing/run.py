@@ -2,9 +2,9 @@
 
 Everything a worker decides comes from the workers package itself: which handler serves a queue
 (:meth:`workers.Worker.handler_specs`), the :class:`~workers.Job` a handler receives and the jobs
-that cannot reach one (:func:`workers.runner.job_for`), what an exception means
-(:func:`workers.runner.failure_of`: ``Retry``, ``PermanentError``, full-jitter backoff) and what a
-handler timeout means (:func:`workers.runner.timeout_failure`). Claims, acks and fails are the
+that cannot reach one (:func:`workers.outcome.job_for`), what an exception means
+(:func:`workers.outcome.failure_of`: ``Retry``, ``PermanentError``, full-jitter backoff) and what a
+handler timeout means (:func:`workers.outcome.timeout_failure`). Claims, acks and fails are the
 production scripts, sent through the stack's client. What differs from a worker process: handlers
 run one at a time, in claim order, with no heartbeats (the stack's clock does not move while a
 handler runs unless the handler moves it). Timeouts are enforced in real seconds as a worker
@@ -25,8 +25,8 @@ from typing import Any
 from workers import Worker
 from workers.effects.outcomes import EffectSkipped
 from workers.job import Job
+from workers.outcome import Failure, Poison, failure_of, job_for, timeout_failure
 from workers.registry import HandlerSpec
-from workers.runner import Failure, Poison, failure_of, job_for, timeout_failure
 
 from ..client import Client
 from ..protocol.calls import CLAIM_MAX, error_arg, tombstone_ms
@@ -155,7 +155,7 @@ class RunReport:
 @dataclass(frozen=True, slots=True)
 class Claim:
     """One claimed job waiting for its handler: where it lives, what was claimed, the handler
-    (None: none) and the Job it receives (or why it cannot: :class:`~workers.runner.Poison`)."""
+    (None: none) and the Job it receives (or why it cannot: :class:`~workers.outcome.Poison`)."""
 
     queue: str
     partition: int

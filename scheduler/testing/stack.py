@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from workers import Worker
-from workers.runner import Poison
+from workers.outcome import Poison
 
 from ..client import AsyncClient, Client
 from ..protocol.errors import ZschedError

@@ -16,8 +16,8 @@ from scheduler.shell.cli import build_parser
 from scheduler.shell.servers import free_port
 from workers import Job, PermanentError, Retry, Worker, WorkerStats
 from workers.cli import load_worker
+from workers.outcome import type_name
 from workers.planner import CLAIM_CHUNK, ClaimPlanner
-from workers.runner import type_name
 
 
 def test_retry_delay_forms() -> None:
