@@ -1,9 +1,10 @@
 """``python -m bench fanout``: what every added worker process costs each job (issue 26).
 
 For each number W of worker processes (default 1, 2, 4, 8, 16; concurrency 4 each, the no-op
-handler of ``bench/handlers.py``), each traffic shape and each backend, on the project's stack
-(``bench.stack.Stack``: redis-server with AOF everysec and hz 10, etcd, 2 scheduler replicas,
-16 partitions, or ``--partitions N``; only a run with 16 replaces the figures in RESULTS.md):
+handler of ``bench/handlers.py``, or one that waits ``--handler-ms``), each traffic shape and each
+backend, on the project's stack (``bench.stack.Stack``: redis-server with AOF everysec and hz 10,
+etcd, 2 scheduler replicas, 16 partitions, or ``--partitions N``; only a run with 16 partitions
+and the no-op handler replaces the figures in RESULTS.md):
 
 * **spread**: N jobs (3 000) due at random moments over D s (10 s: 300 jobs/s);
 * **batched**: the same N jobs due at B instants (10), D/B s apart;
@@ -279,10 +280,11 @@ def wait_up(st: Stack, timeout: float = 120.0) -> None:
 
 
 def with_workers(st: Stack, side: Side, n: int, loads: dict[str, list[float]], concurrency: int,
-                 idle_seconds: float = IDLE_S) -> dict[str, Any]:
-    """Start ``n`` workers, measure them idle (``idle_seconds``), then each load in ``loads``' order;
-    stop them."""
-    st.start_workers(n, concurrency=concurrency, settle=0, extra=side.worker_args)  # wait_up() waits for them
+                 idle_seconds: float = IDLE_S, handler_ms: float = 0.0) -> dict[str, Any]:
+    """Start ``n`` workers (their handlers take ``handler_ms``), measure them idle (``idle_seconds``),
+    then each load in ``loads``' order; stop them."""
+    st.start_workers(n, concurrency=concurrency, settle=0, extra=side.worker_args,  # wait_up() waits for them
+                     handler_ms=handler_ms)
     try:
         wait_up(st)
         out: dict[str, Any] = {"idle": idle(st, idle_seconds)}
@@ -331,7 +333,7 @@ def run(quick: bool = False, workers: Sequence[int] | None = None, shapes: Seque
         other: Path | None = None, scheduler_args: Sequence[str] = (),
         worker_args: Sequence[str] = (), other_scheduler_args: Sequence[str] = (),
         other_worker_args: Sequence[str] = (), idle_seconds: float = IDLE_S,
-        partitions: int = PARTITIONS) -> dict[str, Any]:
+        partitions: int = PARTITIONS, handler_ms: float = 0.0) -> dict[str, Any]:
     """The suite; its JSON result (``runs``: one entry per round, side, backend, W and shape;
     ``idle``: one per round, side, backend and W, ``idle_seconds`` long)."""
     q: dict[str, Any] = QUICK if quick else {}
@@ -351,9 +353,9 @@ def run(quick: bool = False, workers: Sequence[int] | None = None, shapes: Seque
     result: dict[str, Any] = {
         "machine": m, "quick": quick, "workers": list(workers), "shapes": list(shapes), "backends": list(backends),
         "rounds": rounds, "jobs": jobs, "seconds": seconds, "bursts": bursts, "concurrency": concurrency,
-        "idle_seconds": idle_seconds,
-        "partitions": partitions, "replicas": REPLICAS, "sides": {s.name: s.describe() for s in sides},
-        "lateness": "handler: each handler's start minus its job's due time (exact, from the no-op handler's "
+        "idle_seconds": idle_seconds, "partitions": partitions, "handler_ms": handler_ms,
+        "replicas": REPLICAS, "sides": {s.name: s.describe() for s in sides},
+        "lateness": "handler: each handler's start minus its job's due time (exact, from the bench handler's "
                     "records); firing: landed in ready minus due time (replicas' histograms, bucket estimate)",
         "runs": [], "idle": [], "order": []}
     for rnd in range(rounds):
@@ -363,7 +365,7 @@ def run(quick: bool = False, workers: Sequence[int] | None = None, shapes: Seque
                 with stack(backend, side, partitions) as st:
                     for n in orders(rnd, workers):
                         loads = {s: loads_of[s] for s in orders(rnd % 2, shapes)}
-                        got = with_workers(st, side, n, loads, concurrency, idle_seconds)
+                        got = with_workers(st, side, n, loads, concurrency, idle_seconds, handler_ms)
                         key = {"round": rnd, "side": side.name, "backend": backend, "workers": n}
                         result["order"].append(f"{rnd}:{side.name}:{backend}:{n}")
                         result["idle"].append({**key, **got.pop("idle")})
@@ -385,12 +387,20 @@ def run(quick: bool = False, workers: Sequence[int] | None = None, shapes: Seque
     return result
 
 
+def handlers_source(checkout: Path) -> str:
+    """The text of ``checkout``'s bench handler ("" when it has none)."""
+    try:
+        return (checkout / "bench" / "handlers.py").read_text()
+    except OSError:
+        return ""
+
+
 def is_full(r: dict[str, Any]) -> bool:
     """A run with the default sizes: its figures may replace those in RESULTS.md and docs/img."""
     return (not r["quick"] and tuple(r["workers"]) == WORKERS and tuple(r["shapes"]) == SHAPES
             and tuple(r["backends"]) == BACKENDS and r["jobs"] == JOBS and r["seconds"] == SECONDS
             and r["bursts"] == BURSTS and r["concurrency"] == CONCURRENCY and r["rounds"] >= ROUNDS
-            and r.get("partitions", PARTITIONS) == PARTITIONS)
+            and r.get("partitions", PARTITIONS) == PARTITIONS and not r.get("handler_ms"))
 
 
 def finish(r: dict[str, Any], out: Path | None = None, plots: Path | None = None) -> None:
@@ -439,6 +449,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--concurrency", type=int, default=CONCURRENCY, help="per worker process (default %(default)s)")
     p.add_argument("--partitions", type=int, default=PARTITIONS,
                    help=f"the namespace's partitions (default %(default)s; 1-{MAX_PARTITIONS})")
+    p.add_argument("--handler-ms", type=float, default=0.0, metavar="MS",
+                   help="each handler sleeps this long (asyncio.sleep: waiting on I/O) after recording its "
+                        "start (default 0: returns at once; 0-60000)")
     p.add_argument("--idle-seconds", type=float, default=IDLE_S,
                    help="the idle window before each W's loads, seconds (default %(default)s)")
     p.add_argument("--scheduler-args", default="", metavar="ARGS",
@@ -467,6 +480,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                              f"{', '.join(BACKENDS)})")
         if not 1 <= a.partitions <= MAX_PARTITIONS:
             raise UsageError(f"--partitions {a.partitions}: give a count from 1 to {MAX_PARTITIONS}")
+        if not 0 <= a.handler_ms <= 60000:  # refuses nan too
+            raise UsageError(f"--handler-ms {a.handler_ms:g}: give a run time from 0 to 60000 ms")
+        if a.handler_ms and a.compare and "BENCH_HANDLER_MS" not in handlers_source(a.compare):
+            raise UsageError(f"--handler-ms with --compare {a.compare}: that checkout's bench/handlers.py does not "
+                             "sleep (it would compare slow handlers with no-op ones); use a checkout from "
+                             "2026-12-04 or later")
         if not 0 < a.idle_seconds <= 3600:
             raise UsageError(f"--idle-seconds {a.idle_seconds:g}: give a window from more than 0 to 3600 seconds")
         if a.compare and not (a.compare / "scheduler").is_dir():
@@ -475,7 +494,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         r = run(a.quick, a.workers, shapes, backends, a.rounds, a.jobs, a.seconds, a.bursts, a.concurrency,
                 a.compare, shlex.split(a.scheduler_args), shlex.split(a.worker_args),
                 shlex.split(a.other_scheduler_args), shlex.split(a.other_worker_args), a.idle_seconds,
-                a.partitions)
+                a.partitions, a.handler_ms)
     except UsageError as exc:
         print(f"bench fanout: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

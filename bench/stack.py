@@ -116,13 +116,15 @@ class Stack:
             time.sleep(0.1)
         raise RuntimeError(f"partitions not settled: {self.owners()}")
 
-    def start_workers(self, n: int, concurrency: int = 16, extra: Sequence[str] = (), settle: float = 1.5) -> None:
-        """Start ``n`` worker processes and give them ``settle`` s to import, connect and subscribe."""
+    def start_workers(self, n: int, concurrency: int = 16, extra: Sequence[str] = (), settle: float = 1.5,
+                      handler_ms: float = 0.0) -> None:
+        """Start ``n`` worker processes and give them ``settle`` s to import, connect and subscribe;
+        their handlers return at once, or after ``handler_ms`` (bench/handlers.py)."""
         for _ in range(n):
             rec = self.tmp / f"worker-{len(self.workers)}.txt"
             p = ZschedProc(["worker", "bench.handlers:worker", "--redis", self.url, "--namespace", NS, *extra],
                            env={"BENCH_RECORD": str(rec), "BENCH_CONCURRENCY": str(concurrency),
-                                "PYTHONPATH": str(self.code)},
+                                "BENCH_HANDLER_MS": f"{handler_ms:g}", "PYTHONPATH": str(self.code)},
                            cwd=str(self.code), lifeline=LIFELINE).start()
             self.workers.append((p, rec))
         time.sleep(settle)

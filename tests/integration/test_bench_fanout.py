@@ -2,6 +2,7 @@
 RESULTS.md section and the curves it draws. Shape only: benchmark figures are never asserted."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,9 +23,10 @@ def test_a_tiny_run_gives_per_job_figures_per_shape_and_worker_count(tmp_path: P
     monkeypatch.setattr(fanout, "IDLE_S", 0.3)
     # LEAD_S stays the bench's own (2 s): the scheduling child must be done 0.5 s before the first
     # due time, and with 1 s a loaded machine (the suite's parallel workers) missed that
-    r = fanout.run(workers=[1], backends=["single"], rounds=1, jobs=60, seconds=0.6, bursts=2, partitions=4)
+    r = fanout.run(workers=[1], backends=["single"], rounds=1, jobs=60, seconds=0.6, bursts=2, partitions=4,
+                   handler_ms=5)
     assert {(x["shape"], x["workers"]) for x in r["runs"]} == {("spread", 1), ("batched", 1)}
-    assert r["partitions"] == 4 and not fanout.is_full(r)
+    assert r["partitions"] == 4 and r["handler_ms"] == 5 and not fanout.is_full(r)
     for run in r["runs"]:
         assert run["jobs"] == 60 and run["missing"] == 0 and run["duplicates"] == 0
         assert all(run[k] is not None for k in PER_JOB), run  # this checkout's workers export the counters
@@ -57,6 +59,42 @@ def test_a_partition_count_out_of_range_is_refused_before_any_server_starts(
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"bench fanout: error: --partitions {count}: give a count from 1 to 4096"]
+
+
+@pytest.mark.parametrize("ms", ["-1", "60001", "nan"])
+def test_a_handler_time_out_of_range_is_refused(ms: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        fanout.main(["--handler-ms", ms])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"bench fanout: error: --handler-ms {ms}: give a run time")
+
+
+def test_slow_handlers_are_not_compared_with_a_checkout_whose_handler_cannot_wait(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "scheduler").mkdir()
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "handlers.py").write_text("async def noop(job): pass\n")  # an older bench handler
+    with pytest.raises(SystemExit) as exit_:
+        fanout.main(["--handler-ms", "100", "--compare", str(tmp_path)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not sleep" in err[0]
+
+
+def test_the_bench_handler_waits_as_long_as_it_is_told() -> None:
+    # in a child process: the handler module reads BENCH_HANDLER_MS when it is imported (the 5 ms:
+    # asyncio may run a timer up to its clock resolution early)
+    code = ("import asyncio, time\n"
+            "from bench import handlers\n"
+            "class J: id, due_ms = 'x', 0\n"
+            "t = time.monotonic(); asyncio.run(handlers.noop(J())); waited = time.monotonic() - t\n"
+            "print(handlers.HANDLER_S, len(handlers._records), waited >= handlers.HANDLER_S - 0.005)\n")
+    root = str(Path(fanout.__file__).resolve().parent.parent)
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": root, "BENCH_HANDLER_MS": "30"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0.03", "1", "True"]
 
 
 _KILLED_BENCH = """
