@@ -422,6 +422,8 @@ class DoorbellFetch(Fetch):
                     self.mark_all()
                     swept = True
                     ctx.life.ready.set()
+                pace = ctx.slots.pace
+                await self.bells.follow_pace([q for q in ctx.queues if pace.slow(q)])
                 await self.bells.wait_hungry(self.hungry, self.ctx.slots)
                 rung = await self.bells.take()
                 self._bells_heard = ctx.life.redis_answered = time.monotonic()  # it listened until now

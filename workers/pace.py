@@ -25,6 +25,8 @@ from scheduler.protocol.replies import Claimed
 ALPHA = 0.1  # weight of a new sample in the moving averages (about the last 10 samples)
 WARM_UP = 8  # handlers of a queue run before its allowance is more than 0
 SHARE = 0.5  # of a round trip that jobs past the handler slots may wait for one
+SLOW_AFTER = 2  # handlers of a queue run before it may be judged slow (DuePace.slow): the safe side
+SLOW_MARGIN = 4  # slow: handlers this many times slower than the allowance's threshold (a no-op never is)
 
 
 class DuePace:
@@ -64,6 +66,19 @@ class DuePace:
             return 0
         expected = self.concurrency * rt * SHARE / max(mean, 1e-6)
         return max(0, min(hold, int(expected)))
+
+
+    def slow(self, queue: str) -> bool:
+        """Whether ``queue``'s handlers are known to be slow: :data:`SLOW_MARGIN` times slower than
+        ``concurrency`` half claim round trips (the threshold past which :meth:`extra` gives
+        nothing), about 8 round trips at the default concurrency. A worker's handler slots then
+        fill faster than one claim after another can feed them. False until measured
+        (:data:`SLOW_AFTER` runs: judging too soon only costs wake-ups, too late costs lateness, so
+        fewer than :data:`WARM_UP`)."""
+        mean, rt = self.handler_s.get(queue), self.round_trip_s
+        if mean is None or rt is None or self.runs.get(queue, 0) < SLOW_AFTER:
+            return False
+        return mean > SLOW_MARGIN * self.concurrency * rt * SHARE
 
 
 def held_slots(jobs: Sequence[Claimed], now_ms: int, handler: int, hold: int) -> list[bool]:

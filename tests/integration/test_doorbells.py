@@ -37,11 +37,11 @@ WORKERS = 4
 
 def workers(url: str, n: int, *, concurrency: int = 4, idle_sweep: float = 600.0, gate: asyncio.Event | None = None,
             namespace: str = NS, by_worker: dict[int, DoorbellFetch] | None = None,
-            one_listener: bool = False, prefetch: int | None = None,
+            one_listener: bool = False, prefetch: int | None = None, handler_s: float = 0.0,
             ) -> tuple[list[Worker], list[str], list[DoorbellFetch]]:
     """``n`` workers of queue "q" (a long sweep period: only rings make them claim), the ids they
     ran, and their fetch strategies (in the order the workers made them; ``by_worker`` gets them
-    by the worker's index). ``gate``: handlers wait on it."""
+    by the worker's index). ``gate``: handlers wait on it; ``handler_s``: handlers sleep that long."""
     ran: list[str] = []
     made: list[DoorbellFetch] = []
 
@@ -61,6 +61,8 @@ def workers(url: str, n: int, *, concurrency: int = 4, idle_sweep: float = 600.0
         async def handle(job: Job) -> None:
             if gate is not None:
                 await gate.wait()
+            if handler_s:
+                await asyncio.sleep(handler_s)
             ran.append(job.id)
 
         out.append(w)
@@ -417,6 +419,34 @@ async def test_a_stopping_listener_hands_its_role_on(redis_url: str) -> None:
             await wait_for(lambda: jid in ran, 5, what="the job on the other worker")
             assert time.monotonic() - t0 < 1.0, "the other worker waited for the role to expire"
             assert ws[1 - hot].stats.claimed == 1
+    finally:
+        client.close()
+
+
+async def test_workers_whose_handlers_are_slow_leave_one_listener_and_all_wait_on_the_bells(redis_url: str) -> None:
+    """A listener of slow handlers fills its slots in a ring or two and hands the role on each
+    time; its rings waited for the next listener (16 workers, 100 ms handlers: 65 ms late at the
+    median). Once a worker has measured its handlers as slow against its claims (workers/pace.py),
+    it waits on the bells as without the option, and gives the role up."""
+    client = Client.from_url(redis_url, namespace=NS).connect()
+    ws, ran, made = workers(redis_url, 2, concurrency=1, one_listener=True, handler_s=0.3)
+    try:
+        async with serving(*ws):
+            await wait_for(lambda: len(made) == 2 and all(f.hungry.is_set() for f in made), 10, what="idle workers")
+            assert any(not f.bells.listening for f in made)  # one listener to begin with: a sleeper
+            for n in range(8):
+                jid = client.schedule(timedelta(0), n, queue="q")
+                await wait_for(lambda jid=jid: jid in ran, 10, what=f"job {n}")
+                if all(not f.bells.one_listener for f in made):
+                    break
+            # each ran at least two (one slot each: a full listener hands the role to the other)
+            assert all(not f.bells.one_listener and f.bells.listening for f in made)
+            key = made[0].bells.listener_key
+            await wait_for(lambda: client.redis.get(key) is None, 10, what="the listener role given up")
+            await wait_for(lambda: int(client.redis.info("clients")["blocked_clients"]) == 2, 10,
+                           what="both workers blocked on the bells")
+            jid = client.schedule(timedelta(0), "after", queue="q")
+            await wait_for(lambda: jid in ran, 10, what="a job rung after the switch")
     finally:
         client.close()
 

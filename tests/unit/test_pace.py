@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from workers.pace import ALPHA, WARM_UP, DuePace
+from workers.pace import ALPHA, SLOW_AFTER, WARM_UP, DuePace
 
 
 def _warmed(queue: str, handler_s: float, round_trip_s: float, concurrency: int = 4) -> DuePace:
@@ -59,3 +59,30 @@ def test_samples_that_are_not_times_are_ignored() -> None:
         pace.ran("q", bad)
         pace.claimed(bad)
     assert pace.extra("q", 32) == 20
+
+
+def test_handlers_are_judged_slow_after_two_runs_only_when_far_slower_than_the_claims() -> None:
+    pace = DuePace(4)
+    pace.claimed(0.001)
+    pace.ran("q", 0.1)
+    assert not pace.slow("q")  # one run is not a judgement
+    for _ in range(SLOW_AFTER - 1):
+        pace.ran("q", 0.1)
+    assert pace.slow("q")  # 100 ms handlers against 1 ms claims: one listener could not keep up
+    assert not DuePace(4).slow("q")  # nothing measured
+    unmeasured_claims = DuePace(4)
+    for _ in range(SLOW_AFTER):
+        unmeasured_claims.ran("q", 0.1)
+    assert not unmeasured_claims.slow("q")
+    # the threshold: 4 x the allowance's (concurrency half round trips), 8 ms with 1 ms claims
+    assert _warmed("q", 0.0081, 0.001).slow("q") and not _warmed("q", 0.0079, 0.001).slow("q")
+    assert not _warmed("q", 0.0021, 0.001).slow("q")  # no allowance, yet far from slow
+    assert not _warmed("q", 0.0001, 0.001).slow("q")
+
+
+def test_a_queue_judged_slow_is_quick_again_once_its_handlers_speed_up() -> None:
+    pace = _warmed("q", 0.1, 0.001)
+    assert pace.slow("q") and not pace.slow("other")
+    for _ in range(60):  # the moving average forgets the slow runs (ALPHA)
+        pace.ran("q", 0.0001)
+    assert not pace.slow("q")
