@@ -28,8 +28,9 @@ older than :data:`STALE_RING_MS` in the bells helps (waits on the bells beside t
 no ring came for :data:`HELP_S`) at once; the sleepers take the role once it has expired. Nothing
 is lost either way: the rings stay in the bells, and the busy workers' checks of the bells and the
 sweeps find the jobs too. One listener is for quick handlers: a worker whose handlers it measured
-as slow (``DuePace.slow``) waits on the bells as without the option (:meth:`Doorbell.follow_pace`). Workers serving different sets of queues have different listeners (a
-queue served by both sets has two).
+as slow (``DuePace.slow``) waits on the bells as without the option (:meth:`Doorbell.follow_pace`).
+Workers serving different sets of queues have different listeners (a queue served by both sets
+has two).
 
 **Burst bells.** One listener takes rings one after another, so a burst (many jobs made ready at
 once) would reach the fleet only as fast as it fills up and hands on. The scripts tell a burst
