@@ -434,7 +434,7 @@ async def test_workers_whose_handlers_are_slow_leave_one_listener_and_all_wait_o
         async with serving(*ws):
             await wait_for(lambda: len(made) == 2 and all(f.hungry.is_set() for f in made), 10, what="idle workers")
             assert any(not f.bells.listening for f in made)  # one listener to begin with: a sleeper
-            for n in range(8):
+            for n in range(20):  # about 6 in practice; a ring taken twice in a row by one worker costs one more
                 jid = client.schedule(timedelta(0), n, queue="q")
                 await wait_for(lambda jid=jid: jid in ran, 10, what=f"job {n}")
                 if all(not f.bells.one_listener for f in made):
