@@ -176,8 +176,10 @@ async def test_the_workers_of_a_queue_take_turns_at_the_safety_net_sweep(redis_u
             sweeps = (total(ws, "claims") - claims0) / parts
             periods = (time.monotonic() - t0) / period
             # one sweep per period for the queue (jitter: a period is 0.8-1.0 of idle_sweep, and a
-            # turn may lapse just before another worker looks); each worker sweeping would be ~4x
-            assert sweeps <= 1.5 * periods, f"{sweeps:.1f} sweeps in {periods:.1f} periods by {WORKERS} workers"
+            # turn may lapse just before another worker looks); each worker sweeping would be ~4x.
+            # 2x, not 1.5x: on a loaded VM a sweep straddling t0 and turns taken back to back gave
+            # 13 in 8 periods about one run in twenty (2026-12-04), which is not what this tests
+            assert sweeps <= 2 * periods, f"{sweeps:.1f} sweeps in {periods:.1f} periods by {WORKERS} workers"
             assert sweeps >= 0.5 * periods, f"only {sweeps:.1f} sweeps in {periods:.1f} periods"
     finally:
         client.close()
