@@ -301,13 +301,12 @@ class Doorbell:
 
     async def follow_pace(self, slow: Sequence[str]) -> None:
         """One listener while this worker's handlers are quick; while the queues in ``slow`` have
-        handlers known to be slower than ``concurrency`` half claim round trips
-        (``workers/pace.py``), it waits on the bells as every worker does without the option,
-        handing the role on if it holds it. A listener of slow
-        handlers fills its handler slots in a ring or two and hands the role on each time, and its
-        rings waited for the next one: 16 workers at 300 spread jobs/s with 100 ms handlers started
-        them 65 ms late at the median, 181 ms at p99, against 0.5 and 3 ms with every idle worker on
-        the bells. Raises the client's errors."""
+        handlers it measured as slow (``DuePace.slow``: about 8 claim round trips or more at
+        concurrency 4), it waits on the bells as every worker does without the option, handing the
+        role on if it holds it. A listener of slow handlers fills its handler slots in a ring or
+        two and hands the role on each time, and its rings waited for the next one: 16 workers at
+        300 spread jobs/s with 100 ms handlers started them 65 ms late at the median, 181 ms at
+        p99, against 0.5 and 3 ms with every idle worker on the bells. Raises the client's errors."""
         on = self.allowed and not slow
         if on == self.one_listener:
             return

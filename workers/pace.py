@@ -67,7 +67,6 @@ class DuePace:
         expected = self.concurrency * rt * SHARE / max(mean, 1e-6)
         return max(0, min(hold, int(expected)))
 
-
     def slow(self, queue: str) -> bool:
         """Whether ``queue``'s handlers are known to be slow: :data:`SLOW_MARGIN` times slower than
         ``concurrency`` half claim round trips (the threshold past which :meth:`extra` gives
