@@ -12,6 +12,7 @@ from scheduler.metrics import host_arg, port_arg
 from scheduler.protocol import config
 from scheduler.protocol.errors import ZschedError
 
+from .options import DEFAULT_PREFETCH
 from .worker import Worker
 
 
@@ -66,8 +67,8 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.Argument
     p.add_argument("--concurrency", metavar="N", type=_positive_int, help="handlers running at once (default 16)")
     p.add_argument("--prefetch", metavar="N", type=_count,
                    help="jobs handed off ahead of their due time (zsched scheduler --handoff-lead) that may wait "
-                        "for it on top of --concurrency (default 32; 0: "
-                        "they wait in handler slots)")
+                        f"for it on top of --concurrency (default {DEFAULT_PREFETCH}, a ceiling: a claim takes no more "
+                        "than the handlers start within 50 ms of their due time; 0: they wait in handler slots)")
     p.add_argument("--metrics-port", metavar="PORT", type=port_arg,
                    help="serve Prometheus /metrics on this port, and the probes /livez (event loop turning) and "
                         "/readyz (connected to Redis and claiming)")

@@ -40,6 +40,11 @@ once (a tick firing a batch, a claim leaving a batch behind), and ``resume``, ri
 sleepers too: a burst reaches them all at once, as it would with every worker on the bells, while
 the rings of spread traffic (one or a few jobs each) stay on the warm listener. A sleeper that
 takes a burst ring claims there and sleeps again.
+
+**Several rings per wait** (:meth:`Doorbell.take_many`, one server, sleepers only): a sleeper with
+room for the jobs of several partitions takes up to that many burst rings at once (``BZMPOP ... MIN
+COUNT k``), and the replica lands a burst's tick step's rings together (one ``MULTI``/``EXEC``),
+so a burst wakes about a quarter as many workers (``workers/pace.py`` ``rings_to_take``).
 """
 from __future__ import annotations
 
@@ -123,44 +128,66 @@ class Doorbell:
         # listener, with no role to take or hand on.
         self.one_listener = one_listener
         self.allowed = one_listener  # the option; follow_pace() turns one listener off while handlers are slow
+        # Several rings per wait (take_many) on one server; False on a cluster, whose rings come one
+        # by one from the partitions' owners (no MULTI to land them together), and once Redis
+        # refused BZMPOP (an ACL listing commands without it)
+        self.multi_take = self._pool is not None
         self.listening = not one_listener
         self._checked_until = 0.0
         self._helping_until = 0.0  # monotonic: a helper (not the listener) waits on the bells until then
 
-    @lost_in_transit
     async def take(self) -> tuple[str, bytes, float] | None:
-        """Wait up to :attr:`wait_s` for a ring on any of the bells and take it: (queue, member,
-        score), or None when nothing rang. A worker that is neither the listener of its queues nor
-        a helper waits to be woken instead (None when it was, or on a timeout: call again). Raises
-        the client's errors (the caller backs off)."""
+        """:meth:`take_many` of one ring: (queue, member, score), or None."""
+        rings = await self.take_many(1)
+        return rings[0] if rings else None
+
+    @lost_in_transit
+    async def take_many(self, count: int) -> list[tuple[str, bytes, float]]:
+        """Wait up to :attr:`wait_s` for rings on any of the bells and take up to ``count`` of them
+        from the first bell that has any (``BZMPOP ... MIN COUNT``; ``BZPOPMIN`` for one): (queue,
+        member, score) each, oldest first, none when nothing rang. A worker that is neither the
+        listener of its queues nor a helper waits to be woken instead (none when it was, or on a
+        timeout: call again). Raises the client's errors (the caller backs off).
+
+        ``count`` is how many partitions the caller can claim from at once: the burst of one tick
+        step rings a bell per partition, and a worker that takes them one by one wakes once per
+        partition, or wakes that many workers, each a cold process (docs/architecture.md, "Several
+        rings per wake-up"). Only a sleeper takes more than one: a listener that took several
+        spread rings made 8 workers' p99 at 1 000 jobs/s 1.5x."""
         listening = await self._listen_role()
         mode = LISTEN if listening else HELP if self.helping else SLEEP
-        if self._pool is None:
-            keys, timeout = self._command(mode)
-            reply = await self.redis.bzpopmin(keys, timeout=timeout)
-        else:
-            reply = await self._wait(mode)
+        count = count if self.multi_take and mode == SLEEP else 1
+        try:
+            reply = await self._wait(mode, count)
+        except NoPermissionError as exc:
+            if count == 1:
+                raise
+            # An ACL that lists commands and not BZMPOP: one ring per wait, as before 2026-12-05
+            log.error("doorbell: Redis refused BZMPOP (%s); this worker takes one ring per wait. Grant its ACL user "
+                      "+bzmpop (docs/operations.md, 'ACL users')", mask_secrets(str(exc)))
+            self.multi_take = False
+            return []
+        rings = _rings(reply, count)
         if mode == SLEEP:
-            if reply is None:
+            if not rings:
                 self._checked_until = 0.0  # a timeout: check the role (it may have expired) and the bells
-                return None
-            if _as_bytes(reply[0]) == self.wake_key.encode():  # woken: take the role if it is free, else help
+                return []
+            if rings[0][0] == self.wake_key.encode():  # woken: take the role if it is free, else help
                 self._checked_until = 0.0
-                if bytes(reply[1]).startswith(b"h"):  # from a worker before 2026-12-04 (helpers for bursts)
+                if rings[0][1].startswith(b"h"):  # from a worker before 2026-12-04 (helpers for bursts)
                     self._helping_until = time.monotonic() + HELP_S
-                return None
-        if reply is None:
+                return []
+        if not rings:
             self._helping_until = 0.0  # no ring for HELP_S: back to sleep
-            return None
+            return []
         if mode == HELP:
             self._helping_until = time.monotonic() + HELP_S
-        # a sleeper that took a burst ring claims there and sleeps again (spread traffic stays
+        # a sleeper that took burst rings claims there and sleeps again (spread traffic stays
         # on the listener)
-        key, member, score = reply
-        queue = self.queue_of.get(_as_bytes(key))
+        queue = self.queue_of.get(rings[0][0])
         if queue is None:  # not one of ours: cannot happen with the keys we asked for
-            return None
-        return queue, _as_bytes(member), float(score)
+            return []
+        return [(queue, member, score) for _key, member, score in rings]
 
     @property
     def helping(self) -> bool:
@@ -331,11 +358,15 @@ class Doorbell:
             await r.delete(self.listener_key)  # a worker that takes it between the two loses it: harmless
         await self._wake(["w"])
 
-    async def _wait(self, mode: str) -> Any:
-        """``BZPOPMIN`` on the bells (listener, helper) or on the listeners' wake-up key, on the kept
-        connection (a new one after a failure): a failed or cancelled wait closes it, since its
-        reply may be half read. A Sentinel client's connection turns a READONLY reply (its server
-        became a replica) into a connection error, as for any command."""
+    async def _wait(self, mode: str, count: int) -> Any:
+        """``BZPOPMIN`` (``count`` 1) or ``BZMPOP ... MIN COUNT count`` on the bells (listener,
+        helper) or on the listeners' wake-up key and the burst bells (sleeper): its raw reply. On one
+        server on the kept connection (a new one after a failure): a failed or cancelled wait
+        closes it, since its reply may be half read. A Sentinel client's connection turns a
+        READONLY reply (its server became a replica) into a connection error, as for any command."""
+        keys, timeout = self._command(mode)
+        if self._pool is None:  # a cluster client routes it (every bell carries the hash tag {NS}); one ring
+            return await self.redis.bzpopmin(keys, timeout=timeout)
         pool = self._pool
         # Let go of the kept connection before the probe: a probe that fails gives it back to the
         # pool, and keeping it then would share it with the pool's next caller (and a second give
@@ -343,10 +374,12 @@ class Doorbell:
         held, self._held = self._held, None
         conn = await checkout(pool, held)
         try:
-            packed = self._packed.get(mode)
+            shape = f"{mode}{count}"
+            packed = self._packed.get(shape)
             if packed is None:
-                keys, timeout = self._command(mode)
-                packed = self._packed[mode] = conn.pack_command("BZPOPMIN", *keys, timeout)
+                cmd = (("BZPOPMIN", *keys, timeout) if count == 1 else
+                       ("BZMPOP", timeout, len(keys), *keys, "MIN", "COUNT", count))
+                packed = self._packed[shape] = conn.pack_command(*cmd)
             await send_packed(conn, packed)
             reply = await conn.read_response()
         except BaseException:
@@ -405,6 +438,17 @@ class Doorbell:
 
 def _as_bytes(v: Any) -> bytes:
     return v if isinstance(v, bytes) else str(v).encode()
+
+
+def _rings(reply: Any, count: int) -> list[tuple[bytes, bytes, float]]:
+    """(key, member, score) of a ``BZPOPMIN`` reply (``count`` 1: ``[key, member, score]``) or a
+    ``BZMPOP`` one (``[key, [[member, score], ...]]``); none for a timeout (nil)."""
+    if not reply:
+        return []
+    key = _as_bytes(reply[0])
+    if count == 1:
+        return [(key, _as_bytes(reply[1]), float(reply[2]))]
+    return [(key, _as_bytes(m), float(sc)) for m, sc in reply[1]]
 
 
 def _pairs(reply: Any) -> list[tuple[bytes, float]]:

@@ -46,7 +46,7 @@ from .clock import RedisClock
 from .doorbell import Doorbell
 from .lifecycle import Lifecycle
 from .outbox import Meta, Outbox
-from .pace import held_slots
+from .pace import held_slots, rings_to_take
 from .planner import ClaimPlanner, ready_message
 from .slots import Slots
 from .wire import Outage, Send
@@ -329,10 +329,17 @@ class DoorbellFetch(Fetch):
         slots = self.ctx.slots
         # Due jobs only into handler slots; the prefetch allowance only takes jobs handed off ahead
         # of their time (lua/claim.lua), so it rides along with claims that have a handler slot.
+        # Each claim asks for no more than the worker's handlers are expected to start soon after
+        # they are due (DuePace.claim_size): a big prefetch allowance must not hoard a burst.
         steps = self.planner.plan(slots.free + slots.hold)
-        for (q, p, n, gen), h in zip(steps, slots.reserve_many([s[2] for s in steps])):
+        pace = slots.pace
+        sizes, held = [], slots.held
+        for (q, _, n, _), h in zip(steps, slots.handler_share([s[2] for s in steps])):
+            sizes.append(size := pace.claim_size(q, n, h, held))
+            held += size - h
+        for (q, p, _, gen), n, h in zip(steps, sizes, slots.reserve_many(sizes)):
             self._rid_n += 1
-            due = h + slots.pace.extra(q, n - h) if h else 0  # past the handler slots: on prefetch slots
+            due = h + pace.extra(q, n - h) if h else 0  # past the handler slots: on prefetch slots
             plan.append(Claim(q, p, n, gen, f"{self._rid_prefix}{self._rid_n:x}", h, due))
         return plan
 
@@ -425,7 +432,7 @@ class DoorbellFetch(Fetch):
                 pace = ctx.slots.pace
                 await self.bells.follow_pace([q for q in ctx.queues if pace.slow(q)])
                 await self.bells.wait_hungry(self.hungry, self.ctx.slots)
-                rung = await self.bells.take()
+                rungs = await self.bells.take_many(self._take_count())
                 self._bells_heard = ctx.life.redis_answered = time.monotonic()  # it listened until now
                 outage.ok()
             except REDIS_ERRORS as exc:
@@ -438,8 +445,13 @@ class DoorbellFetch(Fetch):
                 if await ctx.life.wait_stop(outage.failed(exc)):
                     return
                 continue
-            if rung is not None:
+            for rung in rungs:
                 self._rung(*rung)
+
+    def _take_count(self) -> int:
+        """How many rings one bell wait may take (``pace.rings_to_take``)."""
+        slots = self.ctx.slots
+        return rings_to_take(slots.pace, self.ctx.queues, slots.free, slots.hold, slots.held)
 
     def _ringed_partition(self, queue: str, member: bytes) -> int | None:
         """The partition a ring taken from ``queue``'s bell names (counted as a notification);

@@ -18,9 +18,10 @@ from scheduler.protocol.keys import validate_name
 from scheduler.protocol.registry import MAX_INTERVAL_S
 
 DEFAULT_CONCURRENCY = 16
-# jobs handed off ahead of their due time that may wait on top of the handler slots: the tier's
-# default 20 ms lead at up to 1 600 jobs/s per worker
-DEFAULT_PREFETCH = 32
+# jobs handed off ahead of their due time that may wait on top of the handler slots, at most: a
+# claim takes no more than the handlers start within 50 ms (workers/pace.py DuePace.claim_size).
+# A wake-up that takes 4 burst rings (pace.TAKE_MAX) claims those partitions' bursts whole with it
+DEFAULT_PREFETCH = 256
 DEFAULT_SHUTDOWN_GRACE = 30.0
 # at shutdown, how long undelivered outcomes (acks, failures, hand-backs) are retried while Redis
 # is unreachable before the worker exits without them (their jobs run again after their leases)

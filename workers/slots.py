@@ -25,16 +25,22 @@ class Slots:
     ``wake`` is the claim loop's wake-up: set when a slot comes back, when a notification makes a
     partition a candidate, and at shutdown."""
 
-    __slots__ = ("concurrency", "free", "hold", "pace", "wake", "waiting")
+    __slots__ = ("concurrency", "free", "hold", "pace", "prefetch", "wake", "waiting")
 
     def __init__(self, concurrency: int, prefetch: int = 0) -> None:
         self.concurrency = concurrency
         self.free = concurrency
+        self.prefetch = prefetch
         self.hold = prefetch
         self.wake = asyncio.Event()
         self.waiting: deque[asyncio.Future[None]] = deque()
         """Held jobs that are due, waiting for a handler slot, first come first served."""
         self.pace = DuePace(concurrency)  # the handlers' and the claims' times (HandlerRunner, the fetch)
+
+    @property
+    def held(self) -> int:
+        """Prefetch slots taken: by jobs waiting on them, and by claims in flight."""
+        return self.prefetch - self.hold
 
     def reserve(self, n: int) -> int:
         """Take ``n`` slots for a claim: handler slots first, then prefetch slots; returns how
@@ -49,6 +55,14 @@ class Slots:
         stays in the ready list for the next round trip), so giving the first claim every
         handler slot made the others come back empty. (Measured at 1 000 jobs/s with the
         hand-off lead: 0.9 empty claims per job, each a full script run in Redis.)"""
+        hs = self.handler_share(ns)
+        for n, h in zip(ns, hs):
+            self.free -= h
+            self.hold -= n - h
+        return hs
+
+    def handler_share(self, ns: list[int]) -> list[int]:
+        """The handler slots :meth:`reserve_many` would give claims of ``ns`` jobs (takes nothing)."""
         hs = [0] * len(ns)
         left = min(self.free, sum(ns))
         while left > 0:
@@ -56,9 +70,6 @@ class Slots:
                 if left and hs[i] < n:
                     hs[i] += 1
                     left -= 1
-        for n, h in zip(ns, hs):
-            self.free -= h
-            self.hold -= n - h
         return hs
 
     def put_back(self, handler: int, hold: int = 0) -> None:

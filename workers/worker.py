@@ -108,10 +108,10 @@ class Worker:
     dead-letters its jobs as ``NoHandler``). ``concurrency``: exact limit of handlers running at
     once (sync handlers run in a thread pool of that size). ``prefetch``: how many jobs handed off
     ahead of their due time (``zsched scheduler --handoff-lead``) may wait for it on top of
-    ``concurrency`` (default 32; 0: they wait in handler slots); due jobs are only ever claimed into
-    free handler slots. ``handler_timeouts``: seconds per queue (overrides
-    ``@handler(timeout=...)``); a timeout counts as a failure. ``shutdown_grace``: seconds running
-    handlers get to finish after the first SIGTERM/SIGINT before their jobs are handed back.
+    ``concurrency`` (default ``DEFAULT_PREFETCH``, a ceiling: workers/pace.py; 0: in handler
+    slots); due jobs are only ever claimed into free handler slots. ``handler_timeouts``: seconds
+    per queue (overrides ``@handler(timeout=...)``); a timeout counts as a failure.
+    ``shutdown_grace``: seconds running handlers get after the first SIGTERM/SIGINT.
     ``drain_timeout``: seconds a stopping worker keeps retrying the outcomes it could not deliver
     (Redis unreachable) before it exits without them (default 10; their jobs run again once their
     leases expire). ``tombstone_ttl``: deprecated (the namespace's is followed:

@@ -78,22 +78,29 @@ class AsyncScriptTransport:
 
     async def call_many(self, calls: Sequence[Call], *, retry: RedisRetry | None = None, resend: bool = True,
                         raise_on_error: bool = True, then: Sequence[Any] | None = None,
-                        lane: str | None = None) -> list[Any]:
+                        lane: str | None = None, atomic: bool = False) -> list[Any]:
         """See :meth:`ScriptTransport.call_many`; ``lane``: see the class docstring (ignored on a
-        cluster, where every round trip takes a connection from each node's pool)."""
+        cluster, where every round trip takes a connection from each node's pool). ``atomic``
+        (one server only; not with ``then``): the round trip's calls run in one ``MULTI``/``EXEC``,
+        so no other client's command runs between them and the clients blocked on the keys they
+        write are served once, after the last (the replica's ticks of one grid step: their burst
+        rings then reach a waiting worker together, workers/doorbell.py). A call re-sent after a
+        refusal or a lost reply goes again the same way; each keeps its own reply."""
         batch = Batch(calls, self.scripts)
         policy = retry or self.retry
         if self._routes is not None:
             tails = await self._cluster(self._routes, batch, policy.delays(), resend, then, not raise_on_error)
         else:
-            tails = [await self._single(batch, policy.delays(), resend, then, lane)]
+            if atomic and then is not None:
+                raise ValueError("call_many: atomic=True cannot carry a command after the batch (then=)")
+            tails = [await self._single(batch, policy.delays(), resend, then, lane, atomic)]
         out = finish(batch.results, raise_on_error)
         if then is not None:
             out.append(merge_tails(tails))
         return out
 
     async def _single(self, batch: Batch, delays: Iterator[float], resend: bool, then: Sequence[Any] | None,
-                      lane: str | None) -> Any:
+                      lane: str | None, atomic: bool = False) -> Any:
         """The batch on one server."""
         pool = self.redis.connection_pool
         tail: Any = None
@@ -105,7 +112,7 @@ class AsyncScriptTransport:
                     raise
                 continue
             try:
-                got = await self._roundtrip(conn, batch, then, batch.pending)
+                got = await self._roundtrip(conn, batch, then, batch.pending, atomic)
                 if got is not NO_TAIL:  # else nothing ran: keep the reply that covered what did
                     tail = got
             except TRANSIENT:
@@ -232,24 +239,28 @@ class AsyncScriptTransport:
         return True
 
     @staticmethod
-    async def _roundtrip(conn: Any, batch: Batch, then: Sequence[Any] | None, idx: Sequence[int]) -> Any:
+    async def _roundtrip(conn: Any, batch: Batch, then: Sequence[Any] | None, idx: Sequence[int],
+                         atomic: bool = False) -> Any:
         tail: Any = None
         ran = False  # a call of this connection ran: the last WAIT covers it (WAIT is per connection)
         idx = list(idx)
         for _ in range(3):
             cmds = batch.commands(idx)
-            if then is not None:
-                cmds.append(tuple(then))
-            asking = [i in batch.ask for i in idx]
-            await send_packed(conn, pack(conn, cmds))
-            replies = []
-            for ask in asking:
-                if ask:
-                    await conn.read_response()  # ASKING's +OK
-                try:
-                    replies.append(await conn.read_response())
-                except ResponseError as exc:
-                    replies.append(exc)
+            if atomic and len(idx) > 1:  # one server: no ASKING, no tail (call_many checked)
+                replies = await _transaction(conn, cmds)
+            else:
+                if then is not None:
+                    cmds.append(tuple(then))
+                asking = [i in batch.ask for i in idx]
+                await send_packed(conn, pack(conn, cmds))
+                replies = []
+                for ask in asking:
+                    if ask:
+                        await conn.read_response()  # ASKING's +OK
+                    try:
+                        replies.append(await conn.read_response())
+                    except ResponseError as exc:
+                        replies.append(exc)
             if then is not None:
                 try:
                     tail = await conn.read_response()
@@ -265,6 +276,29 @@ class AsyncScriptTransport:
                 await conn.read_response()
             idx = refused
         raise NoScriptError("scripts still missing after loading them twice (is SCRIPT FLUSH running in a loop?)")
+
+
+async def _transaction(conn: Any, cmds: list[tuple[Any, ...]]) -> list[Any]:
+    """``cmds`` in one ``MULTI``/``EXEC`` round trip: a reply per command, an error reply as its
+    exception. A command refused as it is queued (``LOADING``, ``BUSY``, ``OOM``: Redis checks
+    those then; ``BUSY`` refuses ``MULTI`` and ``EXEC`` too) makes ``EXEC`` run nothing: every
+    command gets the first refusal, so the batch's rules (:meth:`Batch.take`) treat them all as
+    not run, as they were."""
+    await send_packed(conn, pack(conn, [("MULTI",), *cmds, ("EXEC",)]))
+    refused: ResponseError | None = None
+    for _ in range(len(cmds) + 1):  # MULTI's +OK, then +QUEUED each (BUSY refuses all of them)
+        try:
+            await conn.read_response()  # +QUEUED
+        except ResponseError as exc:
+            refused = refused or exc
+    try:
+        replies = await conn.read_response()
+    except ResponseError as exc:
+        return [refused or exc] * len(cmds)
+    if refused is not None or not isinstance(replies, list) or len(replies) != len(cmds):
+        # EXEC ran although a command was refused, or answered something else: cannot happen
+        raise ResponseError(f"MULTI/EXEC of {len(cmds)} calls answered {replies!r:.200}")
+    return replies
 
 
 class _Failed:

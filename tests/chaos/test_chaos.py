@@ -42,7 +42,8 @@ from tests.chaos.history import Params, load, read_calls, read_runs, write_final
 from tests.chaos.nemesis import FIRST, Nemesis
 from tests.chaos.stack import Stack
 from tests.support.waits import wait_until
-from workers.options import DEFAULT_CONCURRENCY, DEFAULT_PREFETCH
+from workers.options import DEFAULT_CONCURRENCY
+from workers.pace import UNMEASURED_EARLY
 
 pytestmark = pytest.mark.fault
 
@@ -88,9 +89,10 @@ def test_chaos_short(capsys: pytest.CaptureFixture[str]) -> None:
                    what=f"{AFTER_HEAL} jobs to be scheduled after the heal")
         # The producers' traffic is spread, and one listener (the workers' default) keeps spread
         # traffic on one worker while it has room: a burst more jobs than all workers but one can
-        # hold (handler and prefetch slots), each running long enough that none frees its slot
+        # hold (handler slots and the early jobs a claim takes before the handlers' pace is
+        # measured, workers/pace.py), each running long enough that none frees its slot
         # before the burst is claimed, so that every worker must take part (checked below).
-        stack.burst((stack.n_workers - 1) * (DEFAULT_CONCURRENCY + DEFAULT_PREFETCH) + 8 * stack.n_workers,
+        stack.burst((stack.n_workers - 1) * (DEFAULT_CONCURRENCY + UNMEASURED_EARLY) + 8 * stack.n_workers,
                     BURST_JOB_MS, ahead_s=2.0)
         stack.stop_producers()
         final = stack.quiesce(timeout=60.0 + SECONDS / 20)

@@ -50,7 +50,7 @@ from scheduler.shell.servers import HOST, ServerError, ZschedProc, scheduler_pro
 from tests.support.servers import EtcdServer, RedisServer, SentinelSet
 from tests.support.waits import wait_until
 from tests.support.workers import read_runs, spawn_worker, write_app
-from workers.options import DEFAULT_PREFETCH
+from workers.pace import UNMEASURED_EARLY
 
 pytestmark = pytest.mark.fault
 
@@ -134,8 +134,9 @@ class Producer:
 
 def burst_size(workers: int, concurrency: int) -> int:
     """Jobs of a burst that every one of ``workers`` must take part in: more than all of them but
-    one can hold (handler and prefetch slots), 8 per worker to spare."""
-    return (workers - 1) * (concurrency + DEFAULT_PREFETCH) + 8 * workers
+    one can hold (handler slots, and the early jobs a claim may take before the handlers'
+    pace is measured: workers/pace.py; slow handlers take fewer after), 8 per worker to spare."""
+    return (workers - 1) * (concurrency + UNMEASURED_EARLY) + 8 * workers
 
 
 def schedule_burst(client: Client, jobs: int, after: float, **options: Any) -> list[Call]:

@@ -520,6 +520,71 @@ async def test_without_the_option_every_idle_worker_waits_on_the_bells_and_no_ro
         client.close()
 
 
+def sleeper_of(url: str) -> tuple[Doorbell, Any, Keyspace]:
+    """A Doorbell of queue "q" with one listener whose role another worker holds: a sleeper,
+    waiting on the wake-up key and the burst bells."""
+    ks = Keyspace(NS, 16)
+    Redis.from_url(url).set(ks.listener(["q"]), b"another-worker", px=60_000)
+    redis = aioredis.Redis.from_url(url)
+    return Doorbell(redis, ks, ["q"], wait=0.2, one_listener=True), redis, ks
+
+
+async def test_a_sleeper_takes_several_burst_rings_in_one_wait_oldest_first_no_more_than_asked(
+        redis_url: str) -> None:
+    """``take_many(k)`` (``BZMPOP ... MIN COUNT k``): a sleeper that can claim k partitions at once
+    takes k burst rings in one wake-up, the oldest first; the rest stay for the next wait (another
+    worker's). ``take()`` takes one; the listener takes one per wait whatever it is asked."""
+    bell, redis, ks = sleeper_of(redis_url)
+    sync = Redis.from_url(redis_url)
+    now = time.time() * 1000
+    try:
+        for i, p in enumerate((5, 2, 9, 7)):
+            await bells.ring(redis, ks, "q", str(p), now + i, burst=True)
+        assert await bell.take_many(3) == [("q", b"5", now), ("q", b"2", now + 1), ("q", b"9", now + 2)]
+        assert not bell.listening
+        assert await bell.take() == ("q", b"7", now + 3)
+        assert await bell.take_many(4) == [], "nothing rang: the wait ends empty after its block"
+        # a ring while it waits is taken at once, alone
+        task = asyncio.create_task(bell.take_many(4))
+        await wait_for(lambda: int(sync.info("clients")["blocked_clients"]) == 1, 5, what="the wait to block")
+        await bells.ring(redis, ks, "q", "3", burst=True)
+        assert [m for _q, m, _s in await asyncio.wait_for(task, 5)] == [b"3"]
+        # the role is free: the same worker takes it, and then takes one ring per wait
+        sync.delete(ks.listener(["q"]))
+        bell._checked_until = 0.0  # noqa: SLF001 (its next wait checks the role at once)
+        for p in (1, 4):
+            await bells.ring(redis, ks, "q", str(p), burst=True)
+        assert [m for _q, m, _s in await bell.take_many(4)] == [b"1"] and bell.listening
+    finally:
+        await bell.close()
+        await redis.aclose()
+        sync.close()
+
+
+async def test_a_worker_refused_bzmpop_says_so_once_and_takes_one_ring_per_wait(
+        redis_server: RedisServer, redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """An ACL that lists commands and not BZMPOP: one error naming what to grant, then one ring
+    per wait (BZPOPMIN), nothing lost: the refused wait took nothing."""
+    user = f"bzmpop-{os.getpid()}"
+    redis_server.command("ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all", "-bzmpop")
+    url = redis_url.replace("redis://", f"redis://{user}:pw@")
+    bell, redis, ks = sleeper_of(url)
+    caplog.set_level(logging.INFO, "zsched.worker")
+    now = time.time() * 1000
+    try:
+        for i, p in enumerate((4, 6)):
+            await bells.ring(redis, ks, "q", str(p), now + i, burst=True)
+        assert await bell.take_many(4) == [] and not bell.multi_take
+        got = [await bell.take_many(4), await bell.take_many(4)]
+        assert [[m for _q, m, _s in g] for g in got] == [[b"4"], [b"6"]]
+        refused = [r.getMessage() for r in caplog.records if "refused BZMPOP" in r.getMessage()]
+        assert len(refused) == 1 and "+bzmpop" in refused[0] and "pw@" not in refused[0], refused
+    finally:
+        await bell.close()
+        await redis.aclose()
+        redis_server.command("ACL", "DELUSER", user)
+
+
 async def test_a_worker_refused_the_listener_key_says_so_once_and_waits_on_the_bells(
         redis_server: RedisServer, redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
     """An ACL written before one listener was the default grants the bells but not

@@ -67,8 +67,8 @@ async def test_due_jobs_past_the_handler_slots_wait_on_prefetch_slots_once_each_
         redis_url: str, allowance: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # the allowance pinned (its estimate from real times is the next test's): the claims, the slots
     # and the held jobs' start with real Redis
-    monkeypatch.setattr(DuePace, "extra", (lambda self, q, hold: 0) if allowance == "none" else
-                        (lambda self, q, hold: hold))
+    monkeypatch.setattr(DuePace, "extra", (lambda self, q, hold, within=0.0: 0) if allowance == "none" else
+                        (lambda self, q, hold, within=0.0: hold))
     ns = f"pace-{allowance}"
     rec = Record()
     w = _worker(redis_url, ns, 0.0, rec)

@@ -42,6 +42,7 @@ from tests.support.servers import RedisServer
 from tests.support.waits import wait_for
 from tests.support.workers import serving, spawn_worker, write_app
 from workers import Job, Worker
+from workers.options import DEFAULT_PREFETCH
 
 NS = "reg"
 KS = Keyspace(NS, 4)
@@ -99,7 +100,7 @@ async def test_a_worker_registers_refreshes_shows_busy_slots_shows_stopping_and_
         assert first.id == wid and first.last_ms <= snap.now_ms < first.deadline_ms
         assert first.deadline_ms == first.last_ms + round(3 * FAST * 1000)  # live for 3 intervals
         assert (rec.host, rec.pid, rec.queues, rec.concurrency, rec.prefetch) == (
-            socket.gethostname(), os.getpid(), ("emails", "idle"), 4, 32)
+            socket.gethostname(), os.getpid(), ("emails", "idle"), 4, DEFAULT_PREFETCH)
         assert (rec.busy, rec.free, rec.stopping, rec.version, rec.interval_s) == (0, 4, False, zsched_version(), FAST)
         await wait_for(lambda: (e := entry(redis_url, wid)) and e.last_ms > first.last_ms, 10, what="a refresh")
 

@@ -36,13 +36,15 @@ class FakeTransport:
         self.trips: list[tuple[float, list[str]]] = []
         self.parts: list[set[int]] = []
         self.lanes: list[str | None] = []  # the transport lane each round trip named (TickBatcher: TICK_LANE)
+        self.atomic: list[bool] = []  # whether each round trip was asked to run as one MULTI/EXEC
         self.fail_next = 0
 
     async def call_many(self, calls: Sequence[tuple[str, Sequence[Any], Sequence[Any]]],
-                        raise_on_error: bool = True, lane: str | None = None) -> list[Any]:
+                        raise_on_error: bool = True, lane: str | None = None, atomic: bool = False) -> list[Any]:
         now = time.monotonic()
         self.trips.append((now, [name for name, _, _ in calls]))
         self.lanes.append(lane)
+        self.atomic.append(atomic)
         self.parts.append({int(args[0]) for _, _, args in calls})
         if self.fail_next:
             self.fail_next -= 1

@@ -138,3 +138,18 @@ async def test_a_busy_partition_still_reaps_once_per_interval() -> None:
     reaps = sum(names.count("reap") for _, names in transport.trips)
     assert len(transport.ticks) >= 30, "a busy partition ticks on its timers"
     assert 4 <= reaps <= 6, f"{reaps} reaps in 2.1 s at a 0.5 s interval"
+
+
+async def test_a_tick_batch_runs_as_one_transaction_when_one_of_its_ticks_asks_for_it() -> None:
+    """``TickBatcher.call_many(atomic=True)`` (a tick handing off a burst) makes the whole round
+    trip of its event-loop turn one MULTI/EXEC, so the step's burst rings land together; the next
+    round trip, whose callers did not ask, is a plain pipeline again (a spread job's ring must not
+    wait for the step's other ticks)."""
+    transport = FakeTransport(accept=True)
+    batcher = TickBatcher(transport)  # type: ignore[arg-type]
+    one = [("tick", [], [p, 5]) for p in range(3)]
+    await asyncio.gather(batcher.call_many(one[:1]), batcher.call_many(one[1:2], atomic=True),
+                         batcher.call_many(one[2:]))
+    await asyncio.gather(batcher.call_many(one[:1]), batcher.call_many(one[1:2]))
+    assert [len(names) for _, names in transport.trips] == [3, 2]
+    assert transport.atomic == [True, False]

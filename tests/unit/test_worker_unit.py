@@ -243,11 +243,11 @@ def test_the_one_listener_switch_is_checked_kept_and_given_on_the_command_line()
     assert parser.parse_args(["worker", "m:w"]).one_listener is None  # the Worker's own setting stays
 
 
-def test_the_prefetch_allowance_defaults_to_32_with_or_without_one_listener_unless_given() -> None:
-    assert Worker(queues=["q"], concurrency=4).prefetch == 32
-    assert Worker(queues=["q"], concurrency=4, one_listener=False).prefetch == 32
+def test_the_prefetch_allowance_defaults_to_256_with_or_without_one_listener_unless_given() -> None:
+    assert Worker(queues=["q"], concurrency=4).prefetch == 256
+    assert Worker(queues=["q"], concurrency=4, one_listener=False).prefetch == 256
     w = Worker(queues=["q"], concurrency=4).configure(one_listener=False)
-    assert w.configure(concurrency=8).prefetch == 32
+    assert w.configure(concurrency=8).prefetch == 256
     assert w.configure(prefetch=64).prefetch == 64
     assert w.configure(concurrency=2, one_listener=True).prefetch == 64  # a given allowance stays
     assert Worker(queues=["q"], prefetch=0).prefetch == 0
