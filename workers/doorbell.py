@@ -44,7 +44,8 @@ takes a burst ring claims there and sleeps again.
 **Several rings per wait** (:meth:`Doorbell.take_many`, one server, sleepers only): a sleeper with
 room for the jobs of several partitions takes up to that many burst rings at once (``BZMPOP ... MIN
 COUNT k``), and the replica lands a burst's tick step's rings together (one ``MULTI``/``EXEC``),
-so a burst wakes about a quarter as many workers (``workers/pace.py`` ``rings_to_take``).
+so a burst wakes about half as many workers (``workers/pace.py`` ``rings_to_take``; 16 workers,
+``bench fanout`` batched: 160 burst rings in 74 wake-ups, 25 of them taking 4).
 """
 from __future__ import annotations
 
