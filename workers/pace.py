@@ -74,9 +74,10 @@ class DuePace:
         """Due jobs of ``queue`` a claim may take past its handler slots, at most ``hold`` (its
         prefetch slots): as many as the handlers start within half a claim round trip, or
         ``within`` seconds if longer; 0 until measured, and for handlers slower than that."""
-        mean, rt = self.handler_s.get(queue), self.round_trip_s
-        if hold <= 0 or mean is None or rt is None or self.runs.get(queue, 0) < WARM_UP:
+        if hold <= 0 or not self.measured(queue):
             return 0
+        mean, rt = self.handler_s[queue], self.round_trip_s
+        assert rt is not None  # measured
         expected = self.concurrency * max(rt * SHARE, within) / max(mean, 1e-6)
         return max(0, min(hold, int(expected)))
 
