@@ -146,6 +146,10 @@ class Window:
                 "script_calls": sum(x.get(c, (0, 0))[0] for x in stats for c in SCRIPT_COMMANDS),
                 # the scripts' ready and wake notifications (counted in commandstats from Lua too)
                 "publishes": sum(x.get(c, (0, 0))[0] for x in stats for c in ("publish", "spublish")),
+                # command -> (calls, usec inside the command) over the masters: where Redis's CPU
+                # went, the rest of INFO cpu being its event loop and the sockets
+                "commands": {c: (sum(x.get(c, (0, 0))[0] for x in stats), sum(x.get(c, (0, 0))[1] for x in stats))
+                             for c in sorted({c for x in stats for c in x})},
                 "foreign_cpu_s": max(0.0, busy - ours)}
 
 

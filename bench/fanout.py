@@ -195,6 +195,10 @@ def window_figures(win: dict[str, Any], c0: dict[str, float | None], c1: dict[st
             "redis_cpu": round(sum(win["redis_cpu_s"].values()) / per * scale, 2),
             "replica_cpu": round(win["schedulers_cpu_s"] / per * scale, 2),
             "script_calls": round(win["script_calls"] / per, 4), "publishes": round(win["publishes"] / per, 4),
+            "round_trips": round(win["reads"] / per, 4),
+            # per command: calls and µs inside it (times ``scale`` / 1e6), the busiest first
+            "commands": {c: [round(n / per, 4), round(us / per * scale / 1e6, 2)]
+                         for c, (n, us) in sorted(win["commands"].items(), key=lambda kv: -kv[1][1])},
             **{k: delta(c0, c1, k, per) for k in COUNTERS},
             "foreign_cpu_s_per_s": round(win["foreign_cpu_s"] / win["seconds"], 3)}
 

@@ -33,11 +33,24 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if name in KEY or name == "round":
                 continue
             values = [r.get(name) for r in rs]
+            if all(isinstance(v, dict) for v in values):  # per command: the median of each column
+                entry[name] = _table_medians(values)
+                continue
             nums = _numbers(values)
             entry[name] = ({"median": round(statistics.median(nums), 4), "min": min(nums), "max": max(nums),
                             "runs": values} if nums else None)
         out.append(entry)
     return out
+
+
+def _table_medians(tables: list[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """Per row (a command) of per-round tables: each column's median over the rounds (a round
+    without the row counts as zeros), the rows by their last column's median, largest first."""
+    rows = {k for t in tables for k in t}
+    width = max((len(v) for t in tables for v in t.values()), default=0)
+    out = {k: [round(statistics.median(t.get(k, [0.0] * width)[i] for t in tables), 4) for i in range(width)]
+           for k in rows}
+    return dict(sorted(out.items(), key=lambda kv: -kv[1][-1]))
 
 
 def median(entry: dict[str, Any] | None, name: str) -> float | None:

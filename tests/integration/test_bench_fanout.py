@@ -30,7 +30,13 @@ def test_a_tiny_run_gives_per_job_figures_per_shape_and_worker_count(tmp_path: P
     for run in r["runs"]:
         assert run["jobs"] == 60 and run["missing"] == 0 and run["duplicates"] == 0
         assert all(run[k] is not None for k in PER_JOB), run  # this checkout's workers export the counters
+        # where Redis's time went: per command, calls and µs per job; the scripts are among them
+        assert run["commands_per_job"]["evalsha"][0] > 0 and run["round_trips_per_job"] > 0
+        assert all(len(v) == 2 for v in run["commands_per_job"].values())
     assert [e["shape"] for e in r["summary"]] == ["spread", "batched"]
+    commands = r["summary"][0]["commands_per_job"]  # each column's median over rounds, busiest first
+    assert commands["evalsha"] == r["runs"][0]["commands_per_job"]["evalsha"]
+    assert [v[1] for v in commands.values()] == sorted((v[1] for v in commands.values()), reverse=True)
     assert set(r["summary"][0][PER_JOB[0]]) == {"median", "min", "max", "runs"}
     assert r["idle"][0]["worker_cpu_ms_per_s"] >= 0
     assert [t["shape"] for t in r["targets"]] == ["spread", "batched"]
