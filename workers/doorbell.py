@@ -67,6 +67,7 @@ from scheduler.redisio.errors import REDIS_ERRORS
 from scheduler.redisio.transport_async import checkout, drop_and_release, lost_in_transit, send_packed
 
 from .slots import Slots
+from .turns import Turns
 
 log = logging.getLogger("zsched.worker")
 
@@ -105,7 +106,7 @@ class Doorbell:
     waits on them all, on a cluster too)."""
 
     def __init__(self, redis: Any, ks: Keyspace, queues: Sequence[str], wait: float = BELL_WAIT,
-                 one_listener: bool = False) -> None:
+                 one_listener: bool = False, turns: Turns | None = None) -> None:
         self.redis = redis
         self.ks = ks
         self.queues = list(queues)
@@ -136,6 +137,9 @@ class Doorbell:
         self.listening = not one_listener
         self._checked_until = 0.0
         self._helping_until = 0.0  # monotonic: a helper (not the listener) waits on the bells until then
+        # A wait that timed out gives the worker's periodic chores their turn (workers/turns.py):
+        # the process is awake for its role check anyway
+        self.turns = turns
 
     async def take(self) -> tuple[str, bytes, float] | None:
         """:meth:`take_many` of one ring: (queue, member, score), or None."""
@@ -169,6 +173,8 @@ class Doorbell:
             self.multi_take = False
             return []
         rings = _rings(reply, count)
+        if not reply and self.turns is not None:
+            self.turns.pulse()  # timed out: idle
         if mode == SLEEP:
             if not rings:
                 self._checked_until = 0.0  # a timeout: check the role (it may have expired) and the bells

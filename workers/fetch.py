@@ -166,7 +166,8 @@ class DoorbellFetch(Fetch):
         self._bells_heard = time.monotonic()  # when the worker last waited on the bells or took from them
         # Redis's clock on ours (workers/clock.py): one server, or a cluster's nodes (each claim alone)
         self.clock = RedisClock(keep=not is_cluster(ctx.redis))
-        self.bells = Doorbell(ctx.redis, ctx.calls.ks, ctx.queues, one_listener=ctx.one_listener)
+        self.bells = Doorbell(ctx.redis, ctx.calls.ks, ctx.queues, one_listener=ctx.one_listener,
+                              turns=ctx.life.turns)
         # Set while the worker has a free handler slot and nothing to claim: the listen loop waits
         # on the bells only then, so a busy worker takes no rings (they go to idle workers).
         self.hungry = asyncio.Event()

@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable
 
 from scheduler.runtime import stop_signals
 
+from .turns import Turns
+
 log = logging.getLogger("zsched.worker")
 
 
@@ -25,7 +27,7 @@ class Lifecycle:
     subscribed and swept once. ``stopped``: ``serve()`` has finished. ``redis_answered``: when
     (monotonic) Redis last answered the listen loop's bell wait (which an idle worker sends every
     few seconds anyway) or a round trip of claims: the readiness check needs no round trip of its
-    own while that is recent."""
+    own while that is recent. ``turns``: the idle turns the periodic chores ride on (:mod:`.turns`)."""
 
     def __init__(self) -> None:
         self.stop_requested = asyncio.Event()
@@ -34,6 +36,7 @@ class Lifecycle:
         self.stopping = False
         self.drain_deadline = math.inf
         self.redis_answered = -math.inf
+        self.turns = Turns()
 
     async def wait_stop(self, delay: float) -> bool:
         """Sleep ``delay`` s; True at once if a stop was requested (so backoff never delays shutdown)."""

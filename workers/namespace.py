@@ -16,6 +16,7 @@ from scheduler.redisio.errors import REDIS_ERRORS
 
 from .lifecycle import Lifecycle
 from .options import WorkerOptions
+from .turns import Turns
 from .wire import Outage
 
 log = logging.getLogger("zsched.worker")
@@ -45,13 +46,14 @@ async def connect(redis: Any, options: WorkerOptions, life: Lifecycle) -> AsyncC
     return client
 
 
-async def follow_settings(client: AsyncClient, interval: float | None = None) -> None:
+async def follow_settings(client: AsyncClient, interval: float | None = None, turns: Turns | None = None) -> None:
     """Until cancelled: read the settings every ``interval`` seconds and apply a change to
     ``client.calls`` (which the worker's outbox builds its acks with); ``interval`` defaults to
-    :data:`SETTINGS_INTERVAL`, read when the loop starts."""
+    :data:`SETTINGS_INTERVAL`, read when the loop starts. With ``turns``, each read may come up
+    to its window early, on an idle turn (:mod:`.turns`)."""
     every = SETTINGS_INTERVAL if interval is None else interval
     while True:
-        await asyncio.sleep(every)
+        await (asyncio.sleep(every) if turns is None else turns.sleep(every))
         try:
             if await client.reload_settings():
                 log.info("tombstone TTL now %g s (the namespace's setting)", client.calls.tomb_ms / 1000)

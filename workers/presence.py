@@ -139,7 +139,8 @@ class Presence:
     async def _sleep(self, delay: float) -> None:
         """Until the next refresh is due, :meth:`leave` is called, or (once) a stop is asked for."""
         events = [self._done] if self._stopping_sent else [self._done, self.life.stop_requested]
-        waiters = [asyncio.ensure_future(e.wait()) for e in events]
+        # or the idle turn in its last seconds (workers/turns.py): an idle worker is awake then anyway
+        waiters = [asyncio.ensure_future(e.wait()) for e in events] + [self.life.turns.ticket(delay)]
         try:
             await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
         finally:

@@ -452,8 +452,8 @@ class Worker:
         async def flush() -> None:
             await outbox.run(send, life, roundtrip, runner.quiet)
 
-        loops = (("doorbell", fetch.listen_loop), ("claim", fetch.claim_loop), ("flush", flush),
-                 ("heartbeat", heartbeats.run), ("settings", functools.partial(follow_settings, client)))
+        loops = (("doorbell", fetch.listen_loop), ("claim", fetch.claim_loop), ("flush", flush), ("heartbeat",
+                 heartbeats.run), ("settings", functools.partial(follow_settings, client, turns=life.turns)))
         tasks = {name: loop.create_task(supervise(name, fn)) for name, fn in loops}
         presence.start()
         return _Crew(slots, outbox, runner, fetch, tasks, server, presence)

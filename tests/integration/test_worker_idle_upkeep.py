@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 from redis import Redis
 
 import workers.health
+import workers.namespace
 from scheduler import Client
 from scheduler.health import CHECK_TIMEOUT_S, Health
 from scheduler.protocol.keys import Keyspace
@@ -243,3 +244,55 @@ async def test_a_sleeper_woken_by_bursts_checks_its_role_once_per_wait_not_once_
         await bell.close()
         await redis.aclose()
         sync.close()
+
+
+async def test_an_idle_workers_registry_beats_and_settings_reads_ride_on_its_role_checks(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each periodic chore of an idle worker goes in the wake-up of a bell-wait timeout, beside
+    the role check (workers/turns.py), not on a timer of its own: each wake-up of an idle process
+    costs it about as much CPU as the round trip it makes. Seen from Redis (MONITOR): every
+    registry beat and settings read after the first comes within a few ms of a role check. With
+    the 3 s intervals here and checks every BELL_WAIT (2 s), chores on timers of their own came
+    there about once in twenty."""
+    import threading
+
+    monkeypatch.setattr(workers.namespace, "SETTINGS_INTERVAL", 3.0)
+    ns = "rides"
+    ks = Keyspace(ns, 16)
+    w = Worker.from_url(redis_url, namespace=ns, queues=["q"], concurrency=1, registry_interval=3.0,
+                        shutdown_grace=2.0)
+    w.handler("q")(_noop)
+    seen: list[tuple[float, str]] = []  # (Redis's time, what)
+    stop = threading.Event()
+    listener, workers_key, config_key = ks.listener(["q"]), ks.workers_key, ks.config_key
+
+    def watch() -> None:
+        with Redis.from_url(redis_url).monitor() as m:
+            while not stop.is_set():
+                cmd = m.next_command()
+                args = cmd["command"].split()
+                if args[0] == "SET" and listener in args[1]:
+                    seen.append((cmd["time"], "role"))
+                elif args[0] == "EVALSHA" and any(workers_key in a for a in args):
+                    seen.append((cmd["time"], "beat"))
+                elif args[0] == "HGETALL" and config_key in args[1]:
+                    seen.append((cmd["time"], "settings"))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        async with serving(w):
+            t0 = time.time()
+            # each chore twice after its first run at start (3 s apart: one every other role check)
+            await wait_for(lambda: sum(1 for t, what in seen if what == "beat" and t > t0 + 1) >= 2
+                           and sum(1 for t, what in seen if what == "settings" and t > t0 + 1) >= 2, 20,
+                           what="two registry beats and two settings reads")
+            t1 = time.time()  # before the stop (its registry removal is an EVALSHA of those keys too)
+    finally:
+        stop.set()
+        Redis.from_url(redis_url).ping()  # gives the monitor a line to return on
+        watcher.join(10)
+    roles = [t for t, what in seen if what == "role"]
+    chores = [(t, what) for t, what in seen if what != "role" and t0 + 1 < t < t1]
+    far = [(round(t - t0, 3), what, round(min(abs(t - r) for r in roles), 3)) for t, what in chores]
+    assert all(gap < 0.05 for _, _, gap in far), f"chores (time, what, distance to a role check): {far}"
