@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -49,6 +48,7 @@ from .outbox import Meta, Outbox
 from .pace import held_slots, rings_to_take
 from .planner import ClaimPlanner, ready_message
 from .slots import Slots
+from .sweep import SweepTimer
 from .wire import Outage, Send
 
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ class DoorbellFetch(Fetch):
         self._orphans: list[Claim] = []
         self._orphan_rids: dict[str, float] = {}  # request id -> when it was first orphaned
         self._orphans_at = 0.0
-        self._last_sweep = time.monotonic()  # the first sweep starts the listen loop
+        self.sweeps = SweepTimer(ctx.life.turns, ctx.slots.wake)  # the first sweep starts the listen loop
         self._bells_heard = time.monotonic()  # when the worker last waited on the bells or took from them
         # Redis's clock on ours (workers/clock.py): one server, or a cluster's nodes (each claim alone)
         self.clock = RedisClock(keep=not is_cluster(ctx.redis))
@@ -180,7 +180,7 @@ class DoorbellFetch(Fetch):
         """Full sweep: every (queue, partition) becomes a candidate."""
         self.hungry.clear()  # the claims come first; the bells again when they found nothing
         self.planner.mark_all()
-        self._last_sweep = time.monotonic()
+        self.sweeps.swept()
         self.ctx.slots.wake.set()
 
     # -- claims ---------------------------------------------------------------------------------
@@ -238,7 +238,7 @@ class DoorbellFetch(Fetch):
         now = time.monotonic()
         if now - self._bells_heard < BELL_NEGLECT_S:  # it listened a moment ago: nothing was missed
             return
-        if now - self._last_sweep >= every:
+        if now - self.sweeps.last >= every:
             await self._safety_sweep(every)
         await self._take_waiting_rings()
 
@@ -295,7 +295,7 @@ class DoorbellFetch(Fetch):
             self._bells_heard = time.monotonic()
         else:
             self.hungry.clear()
-        wait = self._last_sweep + every * self.bells.sweep_stretch * random.uniform(0.8, 1.0) - time.monotonic()
+        wait = self.sweeps.wait(every, self.bells.sweep_stretch)
         if wait <= 0:
             if slots.free > 0:
                 await self._safety_sweep(every)  # a lost ring costs at most about one sweep period
@@ -314,7 +314,7 @@ class DoorbellFetch(Fetch):
         that takes its turn for the period (:meth:`Doorbell.sweep_turns`), so it costs one claim per
         partition per period however many workers serve it. When Redis cannot tell, sweep: the
         claims find out whether it is back."""
-        self._last_sweep = time.monotonic()
+        self.sweeps.swept()
         try:
             mine = await self.bells.sweep_turns(self.ctx.queues, every, self._rid_prefix)
         except REDIS_ERRORS:

@@ -2,8 +2,9 @@
 
 An idle worker's bell wait times out every few seconds (``BELL_WAIT``, :mod:`.doorbell`) and the
 doorbell then checks the listener role: one wake-up and one round trip. The worker's other
-periodic chores, the registry record (:mod:`.presence`, every 5 s) and the namespace settings
-(:mod:`.namespace`, every 5 s), each came on a timer of its own and woke the process once more.
+periodic chores, the registry record (:mod:`.presence`, every 5 s), the namespace settings
+(:mod:`.namespace`, every 5 s) and a sleeper's try for the safety-net sweep's turn
+(:mod:`.sweep`, every 6.4-8 s), each came on a timer of its own and woke the process once more.
 A wake-up of an idle process costs far more than the little it does there (about 0.2 ms of CPU
 each on the 2-core VM: the process is cold), and an idle worker's upkeep is what every added
 worker costs the fleet per second, jobs or not: 16 workers' upkeep over a 10 s load of 3 000

@@ -296,3 +296,41 @@ async def test_an_idle_workers_registry_beats_and_settings_reads_ride_on_its_rol
     chores = [(t, what) for t, what in seen if what != "role" and t0 + 1 < t < t1]
     far = [(round(t - t0, 3), what, round(min(abs(t - r) for r in roles), 3)) for t, what in chores]
     assert all(gap < 0.05 for _, _, gap in far), f"chores (time, what, distance to a role check): {far}"
+
+
+async def test_a_sleepers_tries_for_the_sweep_turn_ride_on_its_role_checks(redis_url: str) -> None:
+    """A sleeper tries for the safety-net sweep's turn every SLEEPER_SWEEP_STRETCH periods: on an
+    idle turn (workers/sweep.py), in the wake-up of its bell wait's timeout beside its role check,
+    not on a timer of its own. With a 1 s period a sleeper tries every 3.2-4 s; on a timer, a try
+    fell within 50 ms of one of its role checks (every 2 s) about once in ten."""
+    ns = "sweeprides"
+    made: list[DoorbellFetch] = []
+
+    def fetch(ctx: FetchContext) -> DoorbellFetch:
+        made.append(DoorbellFetch(ctx))
+        return made[-1]
+
+    ws = [Worker.from_url(redis_url, namespace=ns, queues=["q"], idle_sweep=1.0, fetch=fetch, shutdown_grace=2.0,
+                          one_listener=True) for _ in range(2)]
+    for w in ws:
+        w.handler("q")(_noop)
+    loop = asyncio.get_running_loop()
+    roles: dict[int, list[float]] = {0: [], 1: []}
+    tries: dict[int, list[float]] = {0: [], 1: []}
+
+    def stamped(fn: Any, times: list[float]) -> Any:
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            times.append(loop.time())
+            return await fn(*args, **kwargs)
+        return call
+
+    async with serving(*ws):
+        await wait_for(lambda: len(made) == 2 and sum(f.bells.listening for f in made) == 1, 10, what="one listener")
+        for i, f in enumerate(made):
+            f.bells.role_trip = stamped(f.bells.role_trip, roles[i])  # type: ignore[method-assign]
+            f.bells.sweep_turns = stamped(f.bells.sweep_turns, tries[i])  # type: ignore[method-assign]
+        sleeper = next(i for i, f in enumerate(made) if not f.bells.listening)
+        await wait_for(lambda: len(tries[sleeper]) >= 2 and roles[sleeper], 20, what="two tries of the sleeper")
+        assert not made[sleeper].bells.listening, "the roles changed during the test"
+    far = [round(min(abs(t - r) for r in roles[sleeper]), 3) for t in tries[sleeper]]
+    assert all(gap < 0.05 for gap in far), f"the sleeper's tries, seconds from its nearest role check: {far}"
