@@ -162,7 +162,7 @@ class DoorbellFetch(Fetch):
         self._orphans: list[Claim] = []
         self._orphan_rids: dict[str, float] = {}  # request id -> when it was first orphaned
         self._orphans_at = 0.0
-        self.sweeps = SweepTimer(ctx.life.turns, ctx.slots.wake)  # the first sweep starts the listen loop
+        self.sweep_timer = SweepTimer(ctx.life.turns, ctx.slots.wake)  # the first sweep starts the listen loop
         self._bells_heard = time.monotonic()  # when the worker last waited on the bells or took from them
         # Redis's clock on ours (workers/clock.py): one server, or a cluster's nodes (each claim alone)
         self.clock = RedisClock(keep=not is_cluster(ctx.redis))
@@ -180,7 +180,7 @@ class DoorbellFetch(Fetch):
         """Full sweep: every (queue, partition) becomes a candidate."""
         self.hungry.clear()  # the claims come first; the bells again when they found nothing
         self.planner.mark_all()
-        self.sweeps.swept()
+        self.sweep_timer.swept()
         self.ctx.slots.wake.set()
 
     # -- claims ---------------------------------------------------------------------------------
@@ -238,7 +238,7 @@ class DoorbellFetch(Fetch):
         now = time.monotonic()
         if now - self._bells_heard < BELL_NEGLECT_S:  # it listened a moment ago: nothing was missed
             return
-        if now - self.sweeps.last >= every:
+        if now - self.sweep_timer.last >= every:
             await self._safety_sweep(every)
         await self._take_waiting_rings()
 
@@ -295,7 +295,7 @@ class DoorbellFetch(Fetch):
             self._bells_heard = time.monotonic()
         else:
             self.hungry.clear()
-        wait = self.sweeps.wait(every, self.bells.sweep_stretch)
+        wait = self.sweep_timer.wait(every, self.bells.sweep_stretch)
         if wait <= 0:
             if slots.free > 0:
                 await self._safety_sweep(every)  # a lost ring costs at most about one sweep period
@@ -314,7 +314,7 @@ class DoorbellFetch(Fetch):
         that takes its turn for the period (:meth:`Doorbell.sweep_turns`), so it costs one claim per
         partition per period however many workers serve it. When Redis cannot tell, sweep: the
         claims find out whether it is back."""
-        self.sweeps.swept()
+        self.sweep_timer.swept()
         try:
             mine = await self.bells.sweep_turns(self.ctx.queues, every, self._rid_prefix)
         except REDIS_ERRORS:
