@@ -357,7 +357,7 @@ class PartitionRunner:
         t0 = time.perf_counter()
         start_ns = time.time_ns() if cfg.trace_firing else 0
         # a burst's tick goes in one MULTI/EXEC with the step's others (TickBatcher.call_many)
-        replies = await (self._send_ticks(calls, atomic=True) if self.lead.burst_ahead else self._send_ticks(calls))
+        replies = await self._send_ticks(calls, atomic=self.lead.burst_ahead)
         received = time.monotonic()
         self._m.tick_duration.labels(self._m.replica).observe(time.perf_counter() - t0)
         tick = parse_tick(replies[0])

@@ -122,8 +122,9 @@ async def test_a_replicas_idle_partitions_wake_together_on_the_idle_grid() -> No
 class BusyTransport(FakeTransport):
     """A busy partition: every tick says the next timer is 30 ms away."""
 
-    async def call_many(self, calls: Any, raise_on_error: bool = True, lane: str | None = None) -> list[Any]:
-        out = await super().call_many(calls, raise_on_error, lane)
+    async def call_many(self, calls: Any, raise_on_error: bool = True, lane: str | None = None,
+                        atomic: bool = False) -> list[Any]:
+        out = await super().call_many(calls, raise_on_error, lane, atomic)
         now_ms = int(time.time() * 1000)
         return [[0, now_ms + 30, now_ms, 0, 0, 0, 0, -1] if name == "tick" else reply
                 for (name, _, _), reply in zip(calls, out)]
