@@ -30,7 +30,8 @@ is lost either way: the rings stay in the bells, and the busy workers' checks of
 sweeps find the jobs too. One listener is for quick handlers: a worker whose handlers it measured
 as slow (``DuePace.slow``) waits on the bells as without the option (:meth:`Doorbell.follow_pace`).
 Workers serving different sets of queues have different listeners (a queue served by both sets
-has two).
+has two). The role's state and checks are :mod:`.listen_role`'s; the waits and the checks go out on
+a connection the doorbell keeps (:mod:`.kept`, one server).
 
 **Burst bells.** One listener takes rings one after another, so a burst (many jobs made ready at
 once) would reach the fleet only as fast as it fills up and hands on. The scripts tell a burst
@@ -52,7 +53,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -64,16 +64,18 @@ from scheduler.protocol.keys import Keyspace
 from scheduler.protocol.masking import mask_secrets
 from scheduler.redisio.connection import is_cluster
 from scheduler.redisio.errors import REDIS_ERRORS
-from scheduler.redisio.transport_async import checkout, drop_and_release, lost_in_transit, send_packed
+from scheduler.redisio.transport_async import lost_in_transit
 
+from .kept import KeptConnection
+from .listen_role import HELP_S, ListenerRole, as_bytes
+from .listen_role import LISTEN_TTL_MS as LISTEN_TTL_MS  # the role's constants, where they were before
+from .listen_role import STALE_RING_MS as STALE_RING_MS
 from .slots import Slots
 from .turns import Turns
 
 log = logging.getLogger("zsched.worker")
 
 BELL_WAIT = 2.0  # seconds one BZPOPMIN waits before it is sent again (below any socket timeout we set)
-LISTEN_TTL_MS = 4_000  # a listener's role outlives its last check by this much (> BELL_WAIT + a check)
-LISTEN_CHECK_S = 1.0  # how often a listener renews its role (at most, and only when it waits again)
 # How long a listener with a free slot may stay off the bells (claiming on) before it hands the role
 # on: a ring waits at most about this long, plus a wake-up, while another worker has room. The
 # default hand-off lead (zsched scheduler --handoff-lead), so such a job still starts on time; and
@@ -81,14 +83,6 @@ LISTEN_CHECK_S = 1.0  # how often a listener renews its role (at most, and only 
 # listener taking one ring after another keeps the role. One with no free slot hands it on at once
 # (a burst then spreads one hop per worker, as before).
 HAND_OFF_S = 0.020
-# How long a helper (a sleeper that found a stale ring) keeps waiting on the bells after its last
-# ring: longer than a claim round trip, short enough that spread traffic returns to the listener.
-HELP_S = 0.050
-WAKE_TTL_MS = 2_000  # wake-ups nobody took expire (no sleeper then: each would cost a wasted turn)
-# A ring this old (ms) in a bell means the listener is not taking rings (killed, stopped, its loop
-# blocked): a sleeper that sees one at its role check helps at once instead of waiting for the
-# role to expire. Far above HAND_OFF_S and a claim; rings are scored by the ringing host's clock.
-STALE_RING_MS = 500
 
 # A sleeper (one listener on, not the listener, not helping) tries for the queues' safety-net sweep
 # turn this many times less often than the sweep period: the listener, awake anyway, takes the
@@ -114,32 +108,28 @@ class Doorbell:
         self.burst = [ks.burst_bell(q) for q in queues]
         self.queue_of = {k.encode(): q for k, q in zip(self.keys + self.burst, list(queues) * 2)}
         self.wait_s = _block_seconds(redis, wait)
-        # One server (or a Sentinel master): the wait goes out on a connection this object keeps,
-        # packed once, with no per-call pool checkout, retry wrapper or command book-keeping.
-        # That path cost about as much as the claim and the ack together, once per job (a ring
-        # per job when the workers are not busy). A cluster client routes it itself.
-        self._pool = None if is_cluster(redis) else redis.connection_pool
-        self._held: Any | None = None
-        self._packed: dict[str, list[bytes]] = {}
-        # One listener per set of queues (the module docstring): this worker's id in it, whether
-        # it held the role at its last check, and until when (monotonic) that check holds.
-        self.listener_key = ks.listener(queues)
-        self.wake_key = ks.listen_wake(queues)
-        self.id = os.urandom(8).hex().encode()
-        # Off (Worker(one_listener=False)), every idle worker waits on the bells: each is a
-        # listener, with no role to take or hand on.
-        self.one_listener = one_listener
-        self.allowed = one_listener  # the option; follow_pace() turns one listener off while handlers are slow
+        # One server (or a Sentinel master): the waits and role checks go out on a connection this
+        # object keeps (workers/kept.py). A cluster client routes them itself.
+        self.kept = None if is_cluster(redis) else KeptConnection(redis.connection_pool)
+        # One listener per set of queues (the module docstring; workers/listen_role.py)
+        self.role = ListenerRole(redis, ks, queues, self.keys, one_listener, self.kept, self.wait_s)
         # Several rings per wait (take_many) on one server; False on a cluster, whose rings come one
         # by one from the partitions' owners (no MULTI to land them together), and once Redis
         # refused BZMPOP (an ACL listing commands without it)
-        self.multi_take = self._pool is not None
-        self.listening = not one_listener
-        self._checked_until = 0.0
-        self._helping_until = 0.0  # monotonic: a helper (not the listener) waits on the bells until then
+        self.multi_take = self.kept is not None
         # A wait that timed out gives the worker's periodic chores their turn (workers/turns.py):
         # the process is awake for its role check anyway
         self.turns = turns
+
+    @property
+    def listening(self) -> bool:
+        """Whether this worker waits on the bells as its queues' listener (always, with one listener off)."""
+        return self.role.listening
+
+    @property
+    def helping(self) -> bool:
+        """Whether this worker helps a listener that stopped taking rings (:attr:`ListenerRole.helping`)."""
+        return self.role.helping
 
     async def take(self) -> tuple[str, bytes, float] | None:
         """:meth:`take_many` of one ring: (queue, member, score), or None."""
@@ -152,18 +142,22 @@ class Doorbell:
         from the first bell that has any (``BZMPOP ... MIN COUNT``; ``BZPOPMIN`` for one): (queue,
         member, score) each, oldest first, none when nothing rang. A worker that is neither the
         listener of its queues nor a helper waits to be woken instead (none when it was, or on a
-        timeout: call again). Raises the client's errors (the caller backs off).
+        timeout: call again). Raises the client's errors.
 
         ``count`` is how many partitions the caller can claim from at once: the burst of one tick
         step rings a bell per partition, and a worker that takes them one by one wakes once per
         partition, or wakes that many workers, each a cold process (docs/architecture.md, "Several
         rings per wake-up"). Only a sleeper takes more than one: a listener that took several
         spread rings made 8 workers' p99 at 1 000 jobs/s 1.5x."""
-        listening = await self._listen_role()
-        mode = LISTEN if listening else HELP if self.helping else SLEEP
+        role = self.role
+        listening = await role.check()
+        mode = LISTEN if listening else HELP if role.helping else SLEEP
         count = count if self.multi_take and mode == SLEEP else 1
+        # A sleeper's role check rides on its wait (one server): sent behind it, Redis runs it
+        # when the wait ends, and both answers come back in one reply
+        check = mode == SLEEP and role.one_listener and self.kept is not None
         try:
-            reply = await self._wait(mode, count)
+            reply, ridden = await self._wait(mode, count, check)
         except NoPermissionError as exc:
             if count == 1:
                 raise
@@ -172,23 +166,27 @@ class Doorbell:
                       "+bzmpop (docs/operations.md, 'ACL users')", mask_secrets(str(exc)))
             self.multi_take = False
             return []
+        if ridden is not None:
+            await role.ridden(ridden)
         rings = _rings(reply, count)
         if not reply and self.turns is not None:
             self.turns.pulse()  # timed out: idle
         if mode == SLEEP:
             if not rings:
-                self._checked_until = 0.0  # a timeout: check the role (it may have expired) and the bells
+                if ridden is None:
+                    role.checked_until = 0.0  # a timeout: check the role (it may have expired) and the bells
                 return []
-            if rings[0][0] == self.wake_key.encode():  # woken: take the role if it is free, else help
-                self._checked_until = 0.0
+            if rings[0][0] == role.wake_key.encode():  # woken: take the role if it is free, else help
+                if ridden is None:
+                    role.checked_until = 0.0
                 if rings[0][1].startswith(b"h"):  # from a worker before 2026-12-04 (helpers for bursts)
-                    self._helping_until = time.monotonic() + HELP_S
+                    role.helping_until = time.monotonic() + HELP_S
                 return []
         if not rings:
-            self._helping_until = 0.0  # no ring for HELP_S: back to sleep
+            role.helping_until = 0.0  # no ring for HELP_S: back to sleep
             return []
         if mode == HELP:
-            self._helping_until = time.monotonic() + HELP_S
+            role.helping_until = time.monotonic() + HELP_S
         # a sleeper that took burst rings claims there and sleeps again (spread traffic stays
         # on the listener)
         queue = self.queue_of.get(rings[0][0])
@@ -197,132 +195,24 @@ class Doorbell:
         return [(queue, member, score) for _key, member, score in rings]
 
     @property
-    def helping(self) -> bool:
-        """Whether this worker is a helper now: not the listener, it found a ring nobody took (the
-        listener stalls) and waits on the bells until no ring came for :data:`HELP_S`."""
-        return time.monotonic() < self._helping_until
-
-    @property
     def sweep_stretch(self) -> float:
         """How many sweep periods apart this worker tries for the safety-net sweep turn:
         :data:`SLEEPER_SWEEP_STRETCH` for a sleeper, 1 otherwise."""
-        sleeper = self.one_listener and not self.listening and not self.helping
-        return SLEEPER_SWEEP_STRETCH if sleeper else 1
+        return SLEEPER_SWEEP_STRETCH if self.role.sleeping else 1
 
     def _command(self, mode: str) -> tuple[list[str], float]:
         """The keys and timeout of the wait in ``mode``: the bells and burst bells (listener,
         helper), or the wake-up key and the burst bells (sleeper)."""
         if mode == SLEEP:
-            return [self.wake_key, *self.burst], self.wait_s
+            return [self.role.wake_key, *self.burst], self.wait_s
         return self.keys + self.burst, (self.wait_s if mode == LISTEN else HELP_S)
-
-    async def _wake(self, members: Sequence[str]) -> None:
-        """Add ``members`` to the wake-up key (each wakes one sleeper: ``w`` to take the role);
-        the key expires if nobody sleeps to take them."""
-        now = time.time() * 1000
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.zadd(self.wake_key, dict.fromkeys(members, now))
-        pipe.pexpire(self.wake_key, WAKE_TTL_MS)
-        await pipe.execute()
-
-    async def _listen_role(self) -> bool:
-        """Whether this worker is its queues' listener: it takes the role when nobody holds it
-        (``SET NX``) and keeps it alive while it holds it (checked at most every
-        :data:`LISTEN_CHECK_S`, so a listener taking one ring after another pays no round trip
-        for it). A listener that died loses the role :data:`LISTEN_TTL_MS` after its last check;
-        until then its rings wait in the bells (the sweeps still find their jobs)."""
-        now = time.monotonic()
-        if not self.one_listener or now < self._checked_until:
-            return self.listening
-        r, key = self.redis, self.listener_key
-        # One round trip (SET NX GET, Redis 7): None means the role was free and is ours now; our own
-        # id means we hold it. A worker that held it at its last check renews it in the same round
-        # trip (PEXPIRE): an idle listener checks every BELL_WAIT, so a second round trip was a third
-        # of its Redis calls. Should the role have passed to another worker meanwhile (ours expired
-        # while this one stalled), that PEXPIRE lengthens the other's role once, which it renews
-        # anyway while it lives. A sleeper reads the oldest ring of each bell along (every key here
-        # carries the hash tag {NS}: one slot on a cluster); the listener renewing its role and a
-        # helper taking rings have no use for it.
-        renew = self.listening
-        # A sleeper's check is kept for a whole wait (a timeout or a wake-up ends it early), so one
-        # woken by burst rings (every second, say) checks every other burst, not at each: those
-        # round trips were a cost per burst of every sleeper, growing with the fleet. It still
-        # checks at least once per wait, as an idle sleeper does at each timeout, so a dead
-        # listener's rings wait no longer. A listener or helper keeps its check LISTEN_CHECK_S.
-        sleeper = not (self.listening or self.helping)
-        try:
-            before, *rest = await self.role_trip(renew, sleeper)
-        except NoPermissionError as exc:
-            # An ACL written before one listener was the default (no ~{NS}:listen:*): wait on the
-            # bells as every worker did then, rather than retry a refused command forever.
-            log.error("doorbell: Redis refused the listener key %s (%s); this worker waits on the bells as with "
-                      "--no-one-listener. Grant its ACL user ~{%s}:listen:* (docs/operations.md, 'ACL users') "
-                      "for one listener", key, mask_secrets(str(exc)), self.ks.namespace)
-            self.one_listener, self.allowed, self.listening, self._helping_until = False, False, True, 0.0
-            return True
-        oldest = rest[1:] if renew else rest
-        held = before is None
-        if before == self.id:
-            # renewed along; or, not the listener at its last check (a hand-off whose DEL did not go
-            # through), renewed now: False if it expired between the two
-            held = rest[0] if renew else await r.pexpire(key, LISTEN_TTL_MS)
-        self.listening = bool(held)
-        self._checked_until = now + (max(self.wait_s, LISTEN_CHECK_S) if sleeper and not held else LISTEN_CHECK_S)
-        if not held and _stale(oldest, time.time() * 1000 - STALE_RING_MS):
-            # Rings wait that nobody takes: the listener died or stalls, and its role would keep
-            # them waiting until it expires (LISTEN_TTL_MS). Help: wait on the bells now.
-            self._helping_until = now + HELP_S
-        return self.listening
-
-    async def role_trip(self, renew: bool, read_bells: bool) -> list[Any]:
-        """The role check's one round trip: ``SET NX GET`` of the listener key, with ``renew`` its
-        ``PEXPIRE``, with ``read_bells`` the oldest ring of each bell (``ZRANGE 0 0 WITHSCORES``,
-        as (member, score) pairs). One server: on the kept connection of the bell waits, packed
-        once per shape (a redis-py pipeline cost the client about twice the round trip: 135
-        against 70 us measured); a cluster client routes a pipeline. Raises the first error
-        reply (after reading them all) and the client's errors."""
-        key = self.listener_key
-        if self._pool is None:
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.set(key, self.id, px=LISTEN_TTL_MS, nx=True, get=True)
-            if renew:
-                pipe.pexpire(key, LISTEN_TTL_MS)
-            for bell in self.keys if read_bells else ():
-                pipe.zrange(bell, 0, 0, withscores=True)
-            return list(await pipe.execute())
-        pool, (held, self._held) = self._pool, (self._held, None)
-        conn = await checkout(pool, held)
-        try:
-            shape = f"role{int(renew)}{int(read_bells)}"
-            packed = self._packed.get(shape)
-            if packed is None:
-                cmds: list[tuple[Any, ...]] = [("SET", key, self.id, "PX", LISTEN_TTL_MS, "NX", "GET")]
-                if renew:
-                    cmds.append(("PEXPIRE", key, LISTEN_TTL_MS))
-                cmds += [("ZRANGE", bell, 0, 0, "WITHSCORES") for bell in (self.keys if read_bells else ())]
-                packed = self._packed[shape] = conn.pack_commands(cmds)
-            await send_packed(conn, packed)
-            replies: list[Any] = []
-            for _ in range(1 + renew + (len(self.keys) if read_bells else 0)):
-                try:
-                    replies.append(await conn.read_response())
-                except ResponseError as exc:  # the others are read all the same: the connection stays in step
-                    replies.append(exc)
-        except BaseException:
-            await asyncio.shield(drop_and_release(pool, conn))
-            raise
-        self._held = conn
-        for r in replies:
-            if isinstance(r, ResponseError):
-                raise r
-        return replies[:1 + renew] + [_pairs(r) for r in replies[1 + renew:]]
 
     async def wait_hungry(self, hungry: asyncio.Event, slots: Slots) -> None:
         """Wait for ``hungry`` (the worker has a free slot and nothing else to claim). A listener
         with no free handler slot hands its role on at once, and one that is not back on the bells
         within :data:`HAND_OFF_S` (it keeps claiming elsewhere) does then: the rings would
         otherwise wait for it while another worker has room. Raises the client's errors."""
-        if self.one_listener and self.listening and not hungry.is_set():
+        if self.role.one_listener and self.role.listening and not hungry.is_set():
             if slots.free > 0:
                 try:
                     async with asyncio.timeout(HAND_OFF_S):
@@ -341,68 +231,54 @@ class Doorbell:
         two and hands the role on each time, and its rings waited for the next one: 16 workers at
         300 spread jobs/s with 100 ms handlers started them 65 ms late at the median, 181 ms at
         p99, against 0.5 and 3 ms with every idle worker on the bells. Raises the client's errors."""
-        on = self.allowed and not slow
-        if on == self.one_listener:
+        role = self.role
+        on = role.allowed and not slow
+        if on == role.one_listener:
             return
         if on:
             log.info("doorbell: the handlers are quick again: one listener for queues %s", ", ".join(self.queues))
-            self.one_listener, self.listening, self._checked_until = True, False, 0.0
+            role.one_listener, role.listening, role.checked_until = True, False, 0.0
             return
         log.info("doorbell: handlers of queue(s) %s are slower than the claims can feed one listener: every "
                  "idle worker waits on the bells", ", ".join(slow))
         await self.hand_off()
-        self.one_listener, self.listening, self._helping_until = False, True, 0.0
+        role.one_listener, role.listening, role.helping_until = False, True, 0.0
 
     @lost_in_transit
     async def hand_off(self) -> None:
         """Give the listener role up (this worker has no free slot left, or stops) and wake one
         of the workers waiting for it. Raises the client's errors."""
-        if not (self.one_listener and self.listening):
-            return
-        self.listening, self._checked_until = False, 0.0
-        r = self.redis
-        if await r.get(self.listener_key) == self.id:
-            await r.delete(self.listener_key)  # a worker that takes it between the two loses it: harmless
-        await self._wake(["w"])
+        await self.role.hand_off()
 
-    async def _wait(self, mode: str, count: int) -> Any:
+    async def _wait(self, mode: str, count: int, check: bool = False) -> tuple[Any, list[Any] | None]:
         """``BZPOPMIN`` (``count`` 1) or ``BZMPOP ... MIN COUNT count`` on the bells (listener,
-        helper) or on the listeners' wake-up key and the burst bells (sleeper): its raw reply. On one
-        server on the kept connection (a new one after a failure): a failed or cancelled wait
-        closes it, since its reply may be half read. A Sentinel client's connection turns a
-        READONLY reply (its server became a replica) into a connection error, as for any command."""
+        helper) or on the listeners' wake-up key and the burst bells (sleeper): its raw reply,
+        and with ``check`` (one server) the raw replies of a sleeper's role check sent behind it
+        (error replies as they are). On one server on the kept connection.
+
+        Redis runs the commands a blocked client sent behind its wait once the wait ends (taken or
+        timed out), so the check sees the role as it is then, and its replies come back with the
+        wait's, in the same read: a sleeper makes no round trip for its checks, and one woken to
+        take the role (a hand-off's ``w``) takes it in the same round trip."""
         keys, timeout = self._command(mode)
-        if self._pool is None:  # a cluster client routes it (every bell carries the hash tag {NS}); one ring
-            return await self.redis.bzpopmin(keys, timeout=timeout)
-        pool = self._pool
-        # Let go of the kept connection before the probe: a probe that fails gives it back to the
-        # pool, and keeping it then would share it with the pool's next caller (and a second give
-        # back fails: seen as a KeyError from the pool in a Sentinel failover).
-        held, self._held = self._held, None
-        conn = await checkout(pool, held)
-        try:
-            shape = f"{mode}{count}"
-            packed = self._packed.get(shape)
-            if packed is None:
-                cmd = (("BZPOPMIN", *keys, timeout) if count == 1 else
-                       ("BZMPOP", timeout, len(keys), *keys, "MIN", "COUNT", count))
-                packed = self._packed[shape] = conn.pack_command(*cmd)
-            await send_packed(conn, packed)
-            reply = await conn.read_response()
-        except BaseException:
-            await asyncio.shield(drop_and_release(pool, conn))
-            raise
-        self._held = conn
-        return reply
+        if self.kept is None:  # a cluster client routes it (every bell carries the hash tag {NS}); one ring
+            return await self.redis.bzpopmin(keys, timeout=timeout), None
+        wait = (("BZPOPMIN", *keys, timeout) if count == 1 else
+                ("BZMPOP", timeout, len(keys), *keys, "MIN", "COUNT", count))
+        cmds = [wait, *(self.role.commands(False, True) if check else ())]
+        shape = f"{mode}{count}{self.role.shape(False, True) if check else ''}"
+        reply, *ridden = await self.kept.exchange(shape, lambda: cmds, len(cmds))
+        if isinstance(reply, ResponseError):
+            raise reply
+        return reply, (ridden if check else None)
 
     async def close(self) -> None:
         """Hand the listener role on (a stopping worker takes no more rings) and give the kept
         connection back to the pool (the listen loop has ended)."""
         with contextlib.suppress(*REDIS_ERRORS):
             await self.hand_off()
-        conn, self._held = self._held, None
-        if conn is not None and self._pool is not None:
-            await self._pool.release(conn)
+        if self.kept is not None:
+            await self.kept.release()
 
     @lost_in_transit
     async def take_waiting(self, count: int) -> list[tuple[str, bytes, float]]:
@@ -414,7 +290,7 @@ class Doorbell:
         for k in keys:
             pipe.zpopmin(k, count)
         replies = await pipe.execute()
-        out = [(self.queue_of[k.encode()], _as_bytes(m), float(score))
+        out = [(self.queue_of[k.encode()], as_bytes(m), float(score))
                for k, reply in zip(keys, replies) for m, score in reply]
         out.sort(key=lambda r: r[2])
         return out
@@ -443,31 +319,15 @@ class Doorbell:
         await bells.ring(self.redis, self.ks, queue, member, score, burst=True)
 
 
-def _as_bytes(v: Any) -> bytes:
-    return v if isinstance(v, bytes) else str(v).encode()
-
-
 def _rings(reply: Any, count: int) -> list[tuple[bytes, bytes, float]]:
     """(key, member, score) of a ``BZPOPMIN`` reply (``count`` 1: ``[key, member, score]``) or a
     ``BZMPOP`` one (``[key, [[member, score], ...]]``); none for a timeout (nil)."""
     if not reply:
         return []
-    key = _as_bytes(reply[0])
+    key = as_bytes(reply[0])
     if count == 1:
-        return [(key, _as_bytes(reply[1]), float(reply[2]))]
-    return [(key, _as_bytes(m), float(sc)) for m, sc in reply[1]]
-
-
-def _pairs(reply: Any) -> list[tuple[bytes, float]]:
-    """A raw ``ZRANGE ... WITHSCORES`` reply as (member, score) pairs: flat in RESP2, pairs in RESP3."""
-    if reply and isinstance(reply[0], list):
-        return [(_as_bytes(m), float(sc)) for m, sc in reply]
-    return [(_as_bytes(reply[i]), float(reply[i + 1])) for i in range(0, len(reply), 2)]
-
-
-def _stale(oldest: Sequence[Any], before_ms: float) -> bool:
-    """Whether any bell's oldest ring (ZRANGE 0 0 WITHSCORES replies) was rung before ``before_ms``."""
-    return any(reply and float(reply[0][1]) < before_ms for reply in oldest)
+        return [(key, as_bytes(reply[1]), float(reply[2]))]
+    return [(key, as_bytes(m), float(sc)) for m, sc in reply[1]]
 
 
 def _block_seconds(redis: Any, wait: float) -> float:

@@ -1,7 +1,8 @@
 """Idle turns: the moments an idle worker is awake anyway, for its periodic chores to ride on.
 
 An idle worker's bell wait times out every few seconds (``BELL_WAIT``, :mod:`.doorbell`) and the
-doorbell then checks the listener role: one wake-up and one round trip. The worker's other
+doorbell then checks the listener role (a sleeper's check, on one server, comes back in the wait's
+own reply): one wake-up. The worker's other
 periodic chores, the registry record (:mod:`.presence`, every 5 s), the namespace settings
 (:mod:`.namespace`, every 5 s) and a sleeper's try for the safety-net sweep's turn
 (:mod:`.sweep`, every 6.4-8 s), each came on a timer of its own and woke the process once more.

@@ -185,7 +185,7 @@ async def test_the_workers_of_a_queue_take_turns_at_the_safety_net_sweep(redis_u
         client.close()
 
 
-# -- the bell wait's kept connection (workers/doorbell.py Doorbell._wait) ---------------------------
+# -- the bell wait's kept connection (workers/kept.py, workers/doorbell.py Doorbell._wait) ---------------
 
 
 def bell_of(url: str, wait: float = 5.0) -> tuple[Doorbell, Any, Keyspace]:
@@ -316,8 +316,8 @@ async def test_a_kept_connection_whose_probe_failed_is_not_used_again(redis_url:
 def listener_of(fetches: dict[int, DoorbellFetch], client: Client) -> int:
     """Which worker (its index) holds the listener role of queue "q"."""
     held = client.redis.get(client.keyspace.listener(["q"]))
-    found = [i for i, f in fetches.items() if f.bells.id == held]
-    assert len(found) == 1, f"listener key {held!r}, worker ids {[f.bells.id for f in fetches.values()]}"
+    found = [i for i, f in fetches.items() if f.bells.role.id == held]
+    assert len(found) == 1, f"listener key {held!r}, worker ids {[f.bells.role.id for f in fetches.values()]}"
     return found[0]
 
 
@@ -367,7 +367,7 @@ async def test_a_listener_with_no_free_slot_hands_its_role_on_at_once(redis_url:
                 # it holds its only slot now: the role moves on within a few ms (after the last
                 # one, nobody has room to take it: it is left free, and the wake-up waits)
                 moved_on = (lambda who=who: client.redis.get(client.keyspace.listener(["q"]))
-                            not in (None, fetches[who].bells.id)) if n < 2 else \
+                            not in (None, fetches[who].bells.role.id)) if n < 2 else \
                     (lambda: client.redis.get(client.keyspace.listener(["q"])) is None)
                 await wait_for(moved_on, 2, what="the role to move on")
             assert sorted(order) == [0, 1, 2], f"each job on another worker: {order}"
@@ -400,7 +400,7 @@ async def test_a_sleeper_takes_a_lost_listeners_rings_at_once_and_its_role_when_
             if role_ttl_ms > LISTEN_TTL_MS:
                 assert client.redis.get(key) == b"a-lost-listener"  # helped, did not take the role
             else:
-                await wait_for(lambda: client.redis.get(key) in {f.bells.id for f in made},
+                await wait_for(lambda: client.redis.get(key) in {f.bells.role.id for f in made},
                                LISTEN_TTL_MS / 1000 + BELL_WAIT + 3, what="a sleeper to take the expired role")
                 assert client.redis.ttl(key) > 0
     finally:
@@ -439,11 +439,11 @@ async def test_workers_whose_handlers_are_slow_leave_one_listener_and_all_wait_o
             for n in range(20):  # about 6 in practice; a ring taken twice in a row by one worker costs one more
                 jid = client.schedule(timedelta(0), n, queue="q")
                 await wait_for(lambda jid=jid: jid in ran, 10, what=f"job {n}")
-                if all(not f.bells.one_listener for f in made):
+                if all(not f.bells.role.one_listener for f in made):
                     break
             # each ran at least two (one slot each: a full listener hands the role to the other)
-            assert all(not f.bells.one_listener and f.bells.listening for f in made)
-            key = made[0].bells.listener_key
+            assert all(not f.bells.role.one_listener and f.bells.listening for f in made)
+            key = made[0].bells.role.listener_key
             await wait_for(lambda: client.redis.get(key) is None, 10, what="the listener role given up")
             await wait_for(lambda: int(client.redis.info("clients")["blocked_clients"]) == 2, 10,
                            what="both workers blocked on the bells")
@@ -551,7 +551,7 @@ async def test_a_sleeper_takes_several_burst_rings_in_one_wait_oldest_first_no_m
         assert [m for _q, m, _s in await asyncio.wait_for(task, 5)] == [b"3"]
         # the role is free: the same worker takes it, and then takes one ring per wait
         sync.delete(ks.listener(["q"]))
-        bell._checked_until = 0.0  # noqa: SLF001 (its next wait checks the role at once)
+        bell.role.checked_until = 0.0  # its next wait checks the role at once
         for p in (1, 4):
             await bells.ring(redis, ks, "q", str(p), burst=True)
         assert [m for _q, m, _s in await bell.take_many(4)] == [b"1"] and bell.listening
@@ -600,7 +600,7 @@ async def test_a_worker_refused_the_listener_key_says_so_once_and_waits_on_the_b
     try:
         async with serving(*ws):
             await all_waiting(made, client, 2)
-            assert all(f.bells.listening and not f.bells.one_listener for f in made)
+            assert all(f.bells.listening and not f.bells.role.one_listener for f in made)
             for n in range(3):
                 t0 = time.monotonic()
                 jid = client.schedule(timedelta(0), n, queue="q")
