@@ -263,11 +263,16 @@ class Doorbell:
         keys, timeout = self._command(mode)
         if self.kept is None:  # a cluster client routes it (every bell carries the hash tag {NS}); one ring
             return await self.redis.bzpopmin(keys, timeout=timeout), None
-        wait = (("BZPOPMIN", *keys, timeout) if count == 1 else
-                ("BZMPOP", timeout, len(keys), *keys, "MIN", "COUNT", count))
-        cmds = [wait, *(self.role.commands(False, True) if check else ())]
-        shape = f"{mode}{count}{self.role.shape(False, True) if check else ''}"
-        reply, *ridden = await self.kept.exchange(shape, lambda: cmds, len(cmds))
+        role = self.role
+
+        def commands() -> list[tuple[Any, ...]]:  # built only to pack a shape the first time
+            wait = (("BZPOPMIN", *keys, timeout) if count == 1 else
+                    ("BZMPOP", timeout, len(keys), *keys, "MIN", "COUNT", count))
+            return [wait, *(role.commands(False, True) if check else ())]
+
+        # a sleeper's check: SET NX GET and the oldest ring of each bell
+        replies = 1 + (1 + len(self.keys) if check else 0)
+        reply, *ridden = await self.kept.exchange(f"{mode}{count}{'c' if check else ''}", commands, replies)
         if isinstance(reply, ResponseError):
             raise reply
         return reply, (ridden if check else None)

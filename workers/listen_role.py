@@ -141,8 +141,8 @@ class ListenerRole:
         if self.kept is None:
             replies = await self._pipelined(renew, sleeper)
         else:
-            cmds = self.commands(renew, sleeper)
-            replies = await self.kept.exchange(self.shape(renew, sleeper), lambda: cmds, len(cmds))
+            n = 1 + renew + (len(self.bells) if sleeper else 0)
+            replies = await self.kept.exchange(self.shape(renew, sleeper), lambda: self.commands(renew, sleeper), n)
             for r in replies:
                 if isinstance(r, ResponseError):
                     raise r
