@@ -270,8 +270,7 @@ class Doorbell:
                     ("BZMPOP", timeout, len(keys), *keys, "MIN", "COUNT", count))
             return [wait, *(role.commands(False, True) if check else ())]
 
-        # a sleeper's check: SET NX GET and the oldest ring of each bell
-        replies = 1 + (1 + len(self.keys) if check else 0)
+        replies = 1 + (role.replies(False, True) if check else 0)
         reply, *ridden = await self.kept.exchange(f"{mode}{count}{'c' if check else ''}", commands, replies)
         if isinstance(reply, ResponseError):
             raise reply

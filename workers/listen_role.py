@@ -127,6 +127,10 @@ class ListenerRole:
             cmds.append(("PEXPIRE", key, LISTEN_TTL_MS))
         return cmds + [("ZRANGE", bell, 0, 0, "WITHSCORES") for bell in (self.bells if sleeper else ())]
 
+    def replies(self, renew: bool, sleeper: bool) -> int:
+        """How many replies a check's :meth:`commands` get."""
+        return 1 + renew + (len(self.bells) if sleeper else 0)
+
     @staticmethod
     def shape(renew: bool, sleeper: bool) -> str:
         """The name of a check's shape (what :meth:`commands` depends on), to pack it once."""
@@ -141,8 +145,8 @@ class ListenerRole:
         if self.kept is None:
             replies = await self._pipelined(renew, sleeper)
         else:
-            n = 1 + renew + (len(self.bells) if sleeper else 0)
-            replies = await self.kept.exchange(self.shape(renew, sleeper), lambda: self.commands(renew, sleeper), n)
+            replies = await self.kept.exchange(self.shape(renew, sleeper), lambda: self.commands(renew, sleeper),
+                                               self.replies(renew, sleeper))
             for r in replies:
                 if isinstance(r, ResponseError):
                     raise r
