@@ -170,7 +170,8 @@ class Doorbell:
             await role.ridden(ridden)
         rings = _rings(reply, count)
         if not reply and self.turns is not None:
-            self.turns.pulse()  # timed out: idle
+            # timed out: idle. The chores that can ride go with the next wait (one server)
+            self.turns.pulse(riding=self.kept is not None)
         if mode == SLEEP:
             if not rings:
                 if ridden is None:
@@ -271,7 +272,9 @@ class Doorbell:
             return [wait, *(role.commands(False, True) if check else ())]
 
         replies = 1 + (role.replies(False, True) if check else 0)
-        reply, *ridden = await self.kept.exchange(f"{mode}{count}{'c' if check else ''}", commands, replies)
+        # idle chores whose turn has come go ahead of the wait, in the same write (workers/turns.py)
+        ahead = self.turns.rides() if self.turns is not None else ()
+        reply, *ridden = await self.kept.exchange(f"{mode}{count}{'c' if check else ''}", commands, replies, ahead)
         if isinstance(reply, ResponseError):
             raise reply
         return reply, (ridden if check else None)

@@ -14,7 +14,12 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from scheduler.redisio.batch import pack
 from scheduler.redisio.transport_async import checkout, drop_and_release, send_packed
+
+Ahead = tuple[Sequence[tuple[Any, ...]], "asyncio.Future[list[Any] | None]"]
+"""Commands sent ahead of a round trip's own, and the future their replies go to
+(:meth:`workers.turns.Turns.rides`)."""
 
 
 class KeptConnection:
@@ -27,12 +32,18 @@ class KeptConnection:
         self._packed: dict[str, list[bytes]] = {}
 
     async def exchange(self, shape: str | None, commands: Callable[[], Sequence[tuple[Any, ...]]],
-                       replies: int) -> list[Any]:
+                       replies: int, ahead: Sequence[Ahead] = ()) -> list[Any]:
         """Send ``commands()`` in one write (packed once per ``shape``; None: packed each time,
         for commands whose arguments vary) and read ``replies`` replies. An error reply comes back
         as its :class:`~redis.exceptions.ResponseError`, the others read all the same, so the
         connection stays in step. Raises the client's errors; a failed or cancelled round trip
         closes the connection (its replies may be half read), and the next one takes a new one.
+
+        ``ahead``: other commands, each group with its future, sent first in the same write. Redis
+        answers them before it runs ``commands()`` (a blocking wait: before it blocks), and each
+        future gets its group's replies as soon as they are read, one per command. A group whose
+        replies were not all read when the round trip failed gets None (its owner then sends the
+        commands itself: they must be the same when applied twice).
 
         Before each round trip the kept connection is probed as the pool probes its own (one the
         server closed, e.g. after a restart, reconnects). A probe that fails gives it back to the
@@ -42,24 +53,40 @@ class KeptConnection:
         connection error, as for any command."""
         pool = self.pool
         held, self._held = self._held, None
-        conn = await checkout(pool, held)
+        try:
+            conn = await checkout(pool, held)
+        except BaseException:
+            _settle(ahead)
+            raise
         try:
             packed = self._packed.get(shape) if shape is not None else None
             if packed is None:
                 packed = conn.pack_commands(list(commands()))
                 if shape is not None:
                     self._packed[shape] = packed
+            if ahead:
+                packed = pack(conn, [c for cmds, _fut in ahead for c in cmds]) + list(packed)
             await send_packed(conn, packed)
-            out: list[Any] = []
-            for _ in range(replies):
-                try:
-                    out.append(await conn.read_response())
-                except ResponseError as exc:
-                    out.append(exc)
+            for cmds, fut in ahead:
+                got = await self._read(conn, len(cmds))
+                if not fut.done():
+                    fut.set_result(got)
+            out = await self._read(conn, replies)
         except BaseException:
+            _settle(ahead)
             await asyncio.shield(drop_and_release(pool, conn))
             raise
         self._held = conn
+        return out
+
+    @staticmethod
+    async def _read(conn: Any, replies: int) -> list[Any]:
+        out: list[Any] = []
+        for _ in range(replies):
+            try:
+                out.append(await conn.read_response())
+            except ResponseError as exc:
+                out.append(exc)
         return out
 
     async def release(self) -> None:
@@ -67,3 +94,10 @@ class KeptConnection:
         conn, self._held = self._held, None
         if conn is not None:
             await self.pool.release(conn)
+
+
+def _settle(ahead: Sequence[Ahead]) -> None:
+    """The round trip failed: the groups still waiting for their replies get None."""
+    for _cmds, fut in ahead:
+        if not fut.done():
+            fut.set_result(None)

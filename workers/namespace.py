@@ -50,12 +50,33 @@ async def follow_settings(client: AsyncClient, interval: float | None = None, tu
     """Until cancelled: read the settings every ``interval`` seconds and apply a change to
     ``client.calls`` (which the worker's outbox builds its acks with); ``interval`` defaults to
     :data:`SETTINGS_INTERVAL`, read when the loop starts. With ``turns``, each read may come up
-    to its window early, on an idle turn (:mod:`.turns`)."""
+    to its window early, on an idle turn, and go ahead of a bell wait in its write (:mod:`.turns`)."""
     every = SETTINGS_INTERVAL if interval is None else interval
+    key = client.keyspace.config_key
+
+    def ride() -> list[tuple[Any, ...]]:
+        return [("HGETALL", key)]
+
     while True:
-        await (asyncio.sleep(every) if turns is None else turns.sleep(every))
+        if turns is None:
+            await asyncio.sleep(every)
+            ridden = None
+        else:  # the read may ride on a bell wait (workers/turns.py)
+            ridden = await turns.sleep(every, ride)
         try:
-            if await client.reload_settings():
+            if await client.reload_settings(config_of(ridden)):
                 log.info("tombstone TTL now %g s (the namespace's setting)", client.calls.tomb_ms / 1000)
         except REDIS_ERRORS:
             pass  # the claim and outcome loops log the outage; the last known TTL stays meanwhile
+
+
+def config_of(ridden: list[Any] | None) -> dict[Any, Any] | None:
+    """The config hash from a ridden ``HGETALL``'s replies (a flat list in RESP2, a map in RESP3),
+    or None when it did not ride or came back refused (the read is then made as usual, and its
+    error handled there)."""
+    if not ridden or isinstance(ridden[0], Exception):
+        return None
+    reply = ridden[0]
+    if isinstance(reply, dict):
+        return reply
+    return dict(zip(reply[::2], reply[1::2]))

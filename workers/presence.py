@@ -18,9 +18,11 @@ import socket
 import time
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from redis.exceptions import ResponseError
 
+from scheduler.protocol.call import Call
 from scheduler.protocol.keys import Keyspace
 from scheduler.protocol.masking import mask_secrets
 from scheduler.protocol.registry import (
@@ -34,7 +36,7 @@ from scheduler.protocol.registry import (
     new_worker_id,
     zsched_version,
 )
-from scheduler.redisio.batch import not_run
+from scheduler.redisio.batch import evalsha, not_run
 from scheduler.redisio.errors import REDIS_ERRORS
 from scheduler.redisio.transport import AsyncScriptTransport
 
@@ -75,6 +77,7 @@ class Presence:
         self._done = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping_sent = False
+        self._rode = False  # a bell wait took this interval's refresh (ride)
         self._outage = Outage("worker registry")
         self._refusal: str | None = None  # the refusal last logged (NOPERM, ...), until a refresh succeeds
 
@@ -103,19 +106,35 @@ class Presence:
         """Register now and refresh from then on (a task on the running loop)."""
         self._task = asyncio.get_running_loop().create_task(supervise("registry", self._run))
 
-    async def beat(self) -> float:
-        """One refresh; returns the seconds until the next one (sooner after a failure)."""
-        rec = self.record()
-        self._stopping_sent = rec.stopping
-        try:
-            await self.transport.call(*beat_call(self.ks, self.id, encode_record(rec), rec.interval_s))
-        except REDIS_ERRORS as exc:
-            return self._failed(exc)
+    async def beat(self, ridden: list[Any] | None = None) -> float:
+        """One refresh; returns the seconds until the next one (sooner after a failure).
+        ``ridden``: the replies of the refresh that rode on a bell wait (:meth:`ride`); a refresh
+        whose ride did not come back whole, or came back refused (NOSCRIPT after a restart or a
+        ``SCRIPT FLUSH``, a failover's READONLY, NOPERM, ...), is sent again as usual, so its
+        error is handled and logged as any other."""
+        if ridden is None or any(isinstance(r, Exception) for r in ridden):
+            rec = self.record()
+            self._stopping_sent = rec.stopping
+            try:
+                await self.transport.call(*self._call(rec))
+            except REDIS_ERRORS as exc:
+                return self._failed(exc)
         self._outage.ok()
         if self._refusal is not None:
             log.info("worker registry: Redis accepts this worker's record again")
             self._refusal = None
         return self.base.interval_s
+
+    def ride(self) -> list[tuple[Any, ...]]:
+        """A refresh's command, for a bell wait to send ahead of its own (:mod:`.turns`): built
+        when the wait takes it, so the record says what is true then."""
+        rec = self.record()
+        self._stopping_sent = rec.stopping
+        self._rode = True
+        return [evalsha(self.transport.scripts, self._call(rec))]
+
+    def _call(self, rec: WorkerRecord) -> Call:
+        return beat_call(self.ks, self.id, encode_record(rec), rec.interval_s)
 
     def _failed(self, exc: BaseException) -> float:
         if isinstance(exc, ResponseError) and not not_run(exc):
@@ -132,20 +151,31 @@ class Presence:
         return min(self.base.interval_s, self._outage.failed(exc))
 
     async def _run(self) -> None:
+        ridden = None
         while not self._done.is_set():
-            delay = await self.beat()
-            await self._sleep(delay)
+            delay = await self.beat(ridden)
+            ridden = await self._sleep(delay)
 
-    async def _sleep(self, delay: float) -> None:
-        """Until the next refresh is due, :meth:`leave` is called, or (once) a stop is asked for."""
+    async def _sleep(self, delay: float) -> list[Any] | None:
+        """Until the next refresh is due, :meth:`leave` is called, or (once) a stop is asked for;
+        or until the idle turn in its last seconds (workers/turns.py: an idle worker is awake then
+        anyway), whose bell wait may have taken the refresh along: its replies, else None."""
         events = [self._done] if self._stopping_sent else [self._done, self.life.stop_requested]
-        # or the idle turn in its last seconds (workers/turns.py): an idle worker is awake then anyway
-        waiters = [asyncio.ensure_future(e.wait()) for e in events] + [self.life.turns.ticket(delay)]
+        self._rode = False
+        ticket = self.life.turns.ticket(delay, self.ride)
+        waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(e.wait()) for e in events]
         try:
+            waiters.append(ticket)
             await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+            if self._rode and not ticket.done():
+                # a wait took the refresh and its reply is on the way: it lands before whatever
+                # comes next (a removal after it would leave the record live until it expires)
+                await asyncio.wait([ticket], timeout=LEAVE_TIMEOUT / 2)
+            return ticket.result() if ticket.done() and not ticket.cancelled() else None
         finally:
             for w in waiters:
                 w.cancel()
+            ticket.cancel()
 
     async def leave(self, timeout: float = LEAVE_TIMEOUT) -> None:
         """Stop refreshing (a refresh under way finishes first, so none lands after the removal) and

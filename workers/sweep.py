@@ -12,7 +12,7 @@ import asyncio
 import random
 import time
 
-from .turns import Turns
+from .turns import Ticket, Turns
 
 
 class SweepTimer:
@@ -23,7 +23,7 @@ class SweepTimer:
         self.last = time.monotonic()
         self._turns = turns
         self._wake = wake
-        self._ticket: asyncio.Future[None] | None = None
+        self._ticket: Ticket | None = None
 
     def wait(self, every: float, stretch: float) -> float:
         """Seconds until the next try (0 or less: now), the period ``every`` times ``stretch``
@@ -44,6 +44,6 @@ class SweepTimer:
             self._ticket.cancel()
             self._ticket = None
 
-    def _turn(self, ticket: asyncio.Future[None]) -> None:
+    def _turn(self, ticket: Ticket) -> None:
         if not ticket.cancelled():
             self._wake.set()

@@ -17,10 +17,22 @@ other events) goes at the first bell-wait timeout (:meth:`Turns.pulse`) in the l
 whose bell waits are answered by rings or not sent at all): never later than before, at most
 :data:`WINDOW_S` earlier (never before half its interval), and on an idle worker in the same
 wake-up as the role check, its round trip sent beside the role check's.
+
+**Riding.** A chore whose round trip is a few plain commands may ride (``ticket(delay, ride)``):
+once its window has opened, the doorbell's next bell wait on the connection it keeps (one server,
+:mod:`.kept`) takes the commands (:meth:`Turns.rides`) and sends them ahead of the wait, in the
+same write; Redis runs them at once, before the wait blocks, and the chore gets their replies as
+its ticket's result. The round trip through redis-py's client (its pool, retry wrapper and
+command book-keeping), about 75 us warm and several times that in an idle, cold process, was most
+of what each chore cost an idle worker (docs/scaling.md, "Chores ride on the bell waits"). A
+ticket with a ride that no wait took by the end of its interval (a busy worker, a cluster) ends
+as any other, and the chore makes its round trip itself.
 """
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
 
 WINDOW_S = 2.5
 """How early a chore may go to ride on a bell-wait timeout: a little over the doorbell's
@@ -29,48 +41,82 @@ every window of an idle worker, also when Redis answers a wait's timeout late (i
 ``hz`` times a second)."""
 
 
+Ride = Callable[[], Sequence[tuple[Any, ...]]]
+"""A chore's commands, built when a bell wait takes them (so they say what is true then)."""
+
+Ticket = asyncio.Future[list[Any] | None]
+"""A chore's turn: its result is None (go now, with a round trip of your own) or the replies of
+the commands it rode with (one each, an error reply as its exception)."""
+
+
 class Turns:
     """The chores waiting for a turn, and the pulses that give them one (one per ``serve()``)."""
 
     def __init__(self, window: float = WINDOW_S) -> None:
         self.window = window
-        self._waiting: list[tuple[float, asyncio.Future[None]]] = []
+        self._waiting: list[tuple[float, Ticket, Ride | None]] = []
 
-    def ticket(self, delay: float) -> asyncio.Future[None]:
+    def ticket(self, delay: float, ride: Ride | None = None) -> Ticket:
         """A future that the first :meth:`pulse` after ``delay - window`` seconds from now
-        resolves (and never one before ``delay / 2``). The caller waits for it, or ``delay``, or
-        anything else, then cancels it."""
+        resolves (and never one before ``delay / 2``), to None. With ``ride``, a bell wait sent
+        from then on may take the chore's commands instead (:meth:`rides`): the result is then
+        their replies. The caller waits for it, or ``delay``, or anything else, then cancels it."""
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
+        fut: Ticket = loop.create_future()
         # the tickets of chores that went on their own (no pulse came: a busy worker) go here, so
         # the list stays as short as the chores are few
         self._waiting = [w for w in self._waiting if not w[1].done()]
-        self._waiting.append((loop.time() + max(delay - self.window, delay / 2), fut))
+        self._waiting.append((loop.time() + max(delay - self.window, delay / 2), fut, ride))
         return fut
 
-    async def sleep(self, delay: float) -> None:
-        """Sleep ``delay`` seconds, or until the first pulse in its last ``window``."""
-        fut = self.ticket(delay)
+    async def sleep(self, delay: float, ride: Ride | None = None) -> list[Any] | None:
+        """Sleep ``delay`` seconds, or until the first pulse in its last ``window``; with ``ride``,
+        the replies of the commands it rode with (:meth:`ticket`), else None."""
+        fut = self.ticket(delay, ride)
         try:
             await asyncio.wait([fut], timeout=delay)
+            return fut.result() if fut.done() and not fut.cancelled() else None
         finally:
             fut.cancel()
 
-    def pulse(self) -> None:
+    def pulse(self, riding: bool = False) -> None:
         """The worker is awake with nothing else to do (a bell wait timed out): every chore whose
-        window has opened goes now. Chores whose callers stopped waiting are dropped."""
+        window has opened goes now, except, with ``riding`` (the caller's next wait will call
+        :meth:`rides`), those that can ride. Chores whose callers stopped waiting are dropped."""
         if not self._waiting:
             return
         now = asyncio.get_running_loop().time()
         keep = []
-        for at, fut in self._waiting:
+        for w in self._waiting:
+            at, fut, ride = w
             if fut.done():
                 continue
-            if at <= now:
+            if at <= now and not (riding and ride is not None):
                 fut.set_result(None)
             else:
-                keep.append((at, fut))
+                keep.append(w)
         self._waiting = keep
+
+    def rides(self) -> list[tuple[Sequence[tuple[Any, ...]], Ticket]]:
+        """The commands of the chores that can ride and whose window has opened, each with its
+        ticket, taken off the list: a bell wait about to be sent carries them ahead of its own
+        command and sets each ticket's result to its commands' replies (:mod:`.kept`)."""
+        if not self._waiting:
+            return []
+        now = asyncio.get_running_loop().time()
+        out: list[tuple[Sequence[tuple[Any, ...]], Ticket]] = []
+        keep = []
+        for w in self._waiting:
+            at, fut, ride = w
+            if fut.done():
+                continue
+            if ride is not None and at <= now:
+                out.append((ride(), fut))
+            else:
+                keep.append(w)
+        if out:
+            self._waiting = keep
+        return out
 
     @property
     def waiting(self) -> int:

@@ -49,6 +49,12 @@ def pack(conn: Any, cmds: list[tuple[Any, ...]]) -> Any:
     return [b"".join([_hiredis_pack(c) for c in cmds])]
 
 
+def evalsha(scripts: dict[str, Script], call: Call) -> tuple[Any, ...]:
+    """The ``EVALSHA`` command of ``call`` (its script's SHA1 from ``scripts``)."""
+    name, keys, args = call
+    return ("EVALSHA", scripts[name].sha, len(keys), *keys, *args)
+
+
 # -- retry safety -------------------------------------------------------------------------------
 # What happens when a script call is sent twice (the first reply was lost):
 #   "safe": the second run finds the first one's result and changes nothing it should not
@@ -214,10 +220,9 @@ class Batch:
         by = self.scripts
         out: list[tuple[Any, ...]] = []
         for i in idx:
-            name, keys, args = self.calls[i]
             if i in self.ask:
                 out.append(("ASKING",))
-            out.append(("EVALSHA", by[name].sha, len(keys), *keys, *args))
+            out.append(evalsha(by, self.calls[i]))
         return out
 
     def take(self, idx: Sequence[int], replies: Sequence[Any]) -> tuple[list[str], bool]:

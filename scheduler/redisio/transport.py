@@ -52,6 +52,7 @@ from .batch import (
     NodeFailed,
     RedisRetry,
     any_ran,
+    evalsha,
     finish,
     is_noscript,
     mark_resend,
@@ -160,7 +161,7 @@ class ScriptTransport:
             return self.call_many([(name, keys, args)], retry=retry, resend=resend)[0]
         conn = held.conn
         try:
-            conn.send_packed_command(pack(conn, [("EVALSHA", self.scripts[name].sha, len(keys), *keys, *args)]),
+            conn.send_packed_command(pack(conn, [evalsha(self.scripts, (name, keys, args))]),
                                      check_health=False)
             return conn.read_response()
         except ResponseError as exc:  # the reply was read: the connection is still in sync

@@ -85,6 +85,20 @@ class TierStandIn:
             await asyncio.wait_for(self._task, 5)
 
 
+def chore_worker(url: str, namespace: str, every: float = 3.0) -> Worker:
+    """An idle worker of queue ``q`` (one slot, a no-op handler) whose registry refreshes come every
+    ``every`` seconds (patch ``workers.namespace.SETTINGS_INTERVAL`` for its settings reads): for
+    tests of what an idle worker sends."""
+    w = Worker.from_url(url, namespace=namespace, queues=["q"], concurrency=1, registry_interval=every,
+                        shutdown_grace=2.0)
+
+    async def noop(job: Any) -> None:
+        return None
+
+    w.handler("q")(noop)
+    return w
+
+
 @contextlib.asynccontextmanager
 async def serving(*workers: Worker, ready: bool = True) -> AsyncIterator[list[asyncio.Task[None]]]:
     """Run in-process workers for the duration of the block; stop them (gracefully) afterwards."""

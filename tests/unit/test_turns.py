@@ -83,3 +83,53 @@ async def test_sleep_ends_at_its_interval_without_a_pulse_and_early_with_one() -
     turns.pulse()
     await asyncio.wait_for(short, 0.1)  # long before its 0.3 s
     assert turns.waiting == 0
+
+
+async def test_a_chore_that_can_ride_is_left_at_a_pulse_for_the_next_bell_wait_to_take(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock(monkeypatch)
+    turns = Turns(window=2.5)
+    built = []
+
+    def ride() -> list[tuple[str, ...]]:
+        built.append(clock.now)  # built when a wait takes it, not when the ticket is made
+        return [("HGETALL", "cfg")]
+
+    ticket = turns.ticket(5.0, ride)
+    assert turns.rides() == [] and not built, "its window has not opened"
+    clock.now += 3.0
+    turns.pulse(riding=True)
+    assert not ticket.done(), "a pulse whose next wait takes rides leaves it to that wait"
+    taken = turns.rides()
+    assert [(list(cmds), fut) for cmds, fut in taken] == [([("HGETALL", "cfg")], ticket)] and built == [clock.now]
+    assert turns.rides() == [] and turns.waiting == 0, "taken once"
+    ticket.set_result([{b"k": b"v"}])
+
+
+async def test_without_a_wait_to_ride_on_a_pulse_gives_a_riding_chore_its_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a cluster: the doorbell keeps no connection, and its pulses say so
+    clock = Clock(monkeypatch)
+    turns = Turns(window=2.5)
+    ticket = turns.ticket(5.0, lambda: [("PING",)])
+    plain = turns.ticket(5.0)
+    clock.now += 3.0
+    turns.pulse(riding=True)
+    assert plain.done() and plain.result() is None, "a chore that cannot ride goes at the pulse"
+    turns.pulse(riding=False)
+    assert ticket.done() and ticket.result() is None and turns.rides() == []
+
+
+async def test_sleep_returns_the_replies_of_the_commands_it_rode_with() -> None:
+    turns = Turns(window=0.2)
+    sleeping = asyncio.ensure_future(turns.sleep(0.3, lambda: [("HGETALL", "cfg")]))
+    await asyncio.sleep(0.16)  # its window opened after 0.15 s
+    [(cmds, ticket)] = turns.rides()
+    assert list(cmds) == [("HGETALL", "cfg")]
+    ticket.set_result([[b"tombstone_ttl_ms", b"5000"]])
+    assert await asyncio.wait_for(sleeping, 0.1) == [[b"tombstone_ttl_ms", b"5000"]]
+    # a ride whose round trip failed gets None: the chore makes its own
+    sleeping = asyncio.ensure_future(turns.sleep(0.3, lambda: [("PING",)]))
+    await asyncio.sleep(0.16)
+    [(_, ticket)] = turns.rides()
+    ticket.set_result(None)
+    assert await asyncio.wait_for(sleeping, 0.1) is None
