@@ -303,19 +303,37 @@ class Doorbell:
         return out
 
     @lost_in_transit
-    async def sweep_turns(self, queues: Sequence[str], period: float, token: str) -> list[str]:
+    async def sweep_turns(self, queues: Sequence[str], period: float, token: str,
+                          ridden: Sequence[Any] | None = None) -> list[str]:
         """Which of ``queues`` this worker sweeps this period: those whose turn it took (``SET NX``
         of :meth:`Keyspace.sweep_turn` for ``period`` s), or still holds (``token``, its own: a
         worker tries every 0.8-1.0 period, so its own last turn is often still there, and the
         listener, which takes most turns, would then sweep every other period). The workers of a
-        queue take turns, so a queue is swept about once per period whatever their number."""
+        queue take turns, so a queue is swept about once per period whatever their number.
+
+        ``ridden``: the replies of :meth:`sweep_commands` sent ahead of a bell wait (workers/sweep.py),
+        read instead of a round trip; one that Redis refused (NOPERM, READONLY, ...) makes the
+        round trip, which says how."""
+        if ridden is not None and len(ridden) == len(queues) and not any(isinstance(r, Exception) for r in ridden):
+            return self.sweep_mine(queues, token, ridden)
         pipe = self.redis.pipeline(transaction=False)
+        for cmd in self.sweep_commands(queues, period, token):
+            # get: redis-py then parses SET's reply as the old value, as set(get=True) does
+            pipe.execute_command(*cmd, get=True)
+        return self.sweep_mine(queues, token, await pipe.execute())
+
+    def sweep_commands(self, queues: Sequence[str], period: float, token: str) -> list[tuple[Any, ...]]:
+        """:meth:`sweep_turns`'s commands (one ``SET NX PX GET`` per queue; GET: Redis 7, as the
+        role check), also for a try that rides on a bell wait (workers/sweep.py)."""
         ms = max(1, round(period * 1000))
-        for q in queues:
-            pipe.set(self.ks.sweep_turn(q), token, nx=True, px=ms, get=True)  # GET: Redis 7, as the role check
-        held = await pipe.execute()
+        return [("SET", self.ks.sweep_turn(q), token, "NX", "PX", ms, "GET") for q in queues]
+
+    @staticmethod
+    def sweep_mine(queues: Sequence[str], token: str, held: Sequence[Any]) -> list[str]:
+        """The queues whose turn the replies of :meth:`sweep_commands` gave this worker (none
+        held it before, or this worker did: ``token``)."""
         mine = token.encode()
-        return [q for q, before in zip(queues, held) if before is None or before == mine]
+        return [q for q, before in zip(queues, held) if before is None or as_bytes(before) == mine]
 
     @lost_in_transit
     async def ring(self, queue: str, member: bytes | str, score: float | None = None) -> None:

@@ -162,7 +162,10 @@ class DoorbellFetch(Fetch):
         self._orphans: list[Claim] = []
         self._orphan_rids: dict[str, float] = {}  # request id -> when it was first orphaned
         self._orphans_at = 0.0
-        self.sweep_timer = SweepTimer(ctx.life.turns, ctx.slots.wake)  # the first sweep starts the listen loop
+        # the safety-net sweep: one claim per (queue, partition), under ~16 calls/s per worker whatever their number
+        self.sweep_every = ctx.idle_sweep * max(1.0, len(ctx.queues) * ctx.partitions / 32)
+        self.sweep_timer = SweepTimer(ctx.life.turns, ctx.slots.wake, ride=lambda: self.bells.sweep_commands(
+            ctx.queues, self.sweep_every, self._rid_prefix))  # the first sweep starts the listen loop
         self._bells_heard = time.monotonic()  # when the worker last waited on the bells or took from them
         # Redis's clock on ours (workers/clock.py): one server, or a cluster's nodes (each claim alone)
         self.clock = RedisClock(keep=not is_cluster(ctx.redis))
@@ -187,9 +190,7 @@ class DoorbellFetch(Fetch):
     async def claim_loop(self) -> None:
         ctx = self.ctx
         outage = Outage("claim")
-        # The safety-net sweep costs one claim per (queue, partition): keep it under ~16 calls/s
-        # per worker, however many partitions and queues (notifications do the real work).
-        every = ctx.idle_sweep * max(1.0, len(ctx.queues) * ctx.partitions / 32)
+        every = self.sweep_every
         while not ctx.life.stopping or self._lost is not None:
             plan = self._lost  # the same request ids: Redis answers from the receipts; slots still reserved
             if plan is None:
@@ -314,9 +315,9 @@ class DoorbellFetch(Fetch):
         that takes its turn for the period (:meth:`Doorbell.sweep_turns`), so it costs one claim per
         partition per period however many workers serve it. When Redis cannot tell, sweep: the
         claims find out whether it is back."""
-        self.sweep_timer.swept()
+        ridden = self.sweep_timer.swept(fresh=every / 2)  # the replies of a try that rode on a bell wait
         try:
-            mine = await self.bells.sweep_turns(self.ctx.queues, every, self._rid_prefix)
+            mine = await self.bells.sweep_turns(self.ctx.queues, every, self._rid_prefix, ridden)
         except REDIS_ERRORS:
             mine = list(self.ctx.queues)
         if mine:

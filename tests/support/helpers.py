@@ -204,15 +204,16 @@ def command_calls(r: Any, command: str) -> int:
 
 
 @contextmanager
-def probing(port: int, path: str = "/readyz", every: float = 0.25) -> Iterator[list[tuple[int, str]]]:
+def probing(port: int, path: str = "/readyz", every: float = 0.25,
+            timeout: float = 2.0) -> Iterator[list[tuple[int, str]]]:
     """Probe ``path`` every ``every`` s from a thread while the block runs, as a kubelet does (the
-    probes' checks run only when asked); yields the answers so far."""
+    probes' checks run only when asked; each waits up to ``timeout`` s); yields the answers so far."""
     seen: list[tuple[int, str]] = []
     done = threading.Event()
 
     def run() -> None:
         while not done.is_set():
-            seen.append(http_get(port, path))
+            seen.append(http_get(port, path, timeout))
             done.wait(every)
 
     thread = threading.Thread(target=run, name=f"probe-{port}", daemon=True)
