@@ -31,6 +31,7 @@ as any other, and the chore makes its round trip itself.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -55,6 +56,9 @@ class Turns:
     def __init__(self, window: float = WINDOW_S) -> None:
         self.window = window
         self._waiting: list[tuple[float, Ticket, Ride | None]] = []
+        # when the first ride's window opens (or earlier: a ticket since dropped), so that a
+        # listener's waits, one per ring, look through the tickets only once one may ride
+        self._ride_at = math.inf
 
     def ticket(self, delay: float, ride: Ride | None = None) -> Ticket:
         """A future that the first :meth:`pulse` after ``delay - window`` seconds from now
@@ -66,7 +70,10 @@ class Turns:
         # the tickets of chores that went on their own (no pulse came: a busy worker) go here, so
         # the list stays as short as the chores are few
         self._waiting = [w for w in self._waiting if not w[1].done()]
-        self._waiting.append((loop.time() + max(delay - self.window, delay / 2), fut, ride))
+        at = loop.time() + max(delay - self.window, delay / 2)
+        self._waiting.append((at, fut, ride))
+        if ride is not None:
+            self._ride_at = min(self._ride_at, at)
         return fut
 
     async def sleep(self, delay: float, ride: Ride | None = None) -> list[Any] | None:
@@ -101,11 +108,12 @@ class Turns:
         """The commands of the chores that can ride and whose window has opened, each with its
         ticket, taken off the list: a bell wait about to be sent carries them ahead of its own
         command and sets each ticket's result to its commands' replies (:mod:`.kept`)."""
-        if not self._waiting:
-            return []
         now = asyncio.get_running_loop().time()
+        if now < self._ride_at:
+            return []
         out: list[tuple[Sequence[tuple[Any, ...]], Ticket]] = []
         keep = []
+        self._ride_at = math.inf
         for w in self._waiting:
             at, fut, ride = w
             if fut.done():
@@ -114,8 +122,9 @@ class Turns:
                 out.append((ride(), fut))
             else:
                 keep.append(w)
-        if out:
-            self._waiting = keep
+                if ride is not None:
+                    self._ride_at = min(self._ride_at, at)
+        self._waiting = keep
         return out
 
     @property

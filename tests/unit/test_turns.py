@@ -133,3 +133,20 @@ async def test_sleep_returns_the_replies_of_the_commands_it_rode_with() -> None:
     [(_, ticket)] = turns.rides()
     ticket.set_result(None)
     assert await asyncio.wait_for(sleeping, 0.1) is None
+
+
+async def test_a_wait_looks_through_the_tickets_only_once_a_ride_may_be_due(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a listener sends a wait per ring: most find no ride due and must not build or scan anything
+    clock = Clock(monkeypatch)
+    turns = Turns(window=2.5)
+    built: list[str] = []
+    first = turns.ticket(5.0, lambda: built.append("a") or [("PING",)])  # type: ignore[func-returns-value]
+    turns.ticket(9.0, lambda: built.append("b") or [("PING",)])  # type: ignore[func-returns-value]
+    turns.ticket(3.0)  # cannot ride: never taken by a wait
+    assert turns.rides() == [] and not built
+    clock.now += 2.5
+    assert [fut for _, fut in turns.rides()] == [first] and built == ["a"]
+    assert turns.rides() == [] and built == ["a"], "the next ride's window opens at 6.5 s"
+    clock.now += 4.0
+    assert len(turns.rides()) == 1 and built == ["a", "b"]
+    first.cancel()
