@@ -6,7 +6,7 @@ trip) once per sweep period, a sleeper every few periods (``Doorbell.sweep_stret
 on an idle turn (:mod:`.turns`): the wake-up of a bell wait's timeout in the last part of that
 wait, beside the role check, instead of a wake-up of its own; on one server its commands go ahead
 of the next bell wait, in its write (``ride``), and the sweep reads their replies
-(:meth:`SweepTimer.ridden`) instead of making the round trip itself.
+(:meth:`SweepTimer.swept`) instead of making the round trip itself.
 """
 from __future__ import annotations
 
