@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -76,6 +77,13 @@ from .turns import Turns
 log = logging.getLogger("zsched.worker")
 
 BELL_WAIT = 2.0  # seconds one BZPOPMIN waits before it is sent again (below any socket timeout we set)
+# A sleeper that does not hold the watch (workers/listen_role.py; one server) waits until its next
+# periodic chore must go, less RIDE_MARGIN (so the chore rides on the next wait, before its own
+# timer would send it), at least BELL_WAIT and at most this long: the chores (registry and settings
+# every 5 s, sweep tries every 6.4-8 s) then ride on one timeout every few seconds instead of
+# waking the process every BELL_WAIT.
+SLEEP_WAIT_MAX = 5.0
+RIDE_MARGIN = 0.25
 # How long a listener with a free slot may stay off the bells (claiming on) before it hands the role
 # on: a ring waits at most about this long, plus a wake-up, while another worker has room. The
 # default hand-off lead (zsched scheduler --handoff-lead), so such a job still starts on time; and
@@ -108,6 +116,7 @@ class Doorbell:
         self.burst = [ks.burst_bell(q) for q in queues]
         self.queue_of = {k.encode(): q for k, q in zip(self.keys + self.burst, list(queues) * 2)}
         self.wait_s = _block_seconds(redis, wait)
+        self.sleep_max = max(self.wait_s, _block_seconds(redis, SLEEP_WAIT_MAX))
         # One server (or a Sentinel master): the waits and role checks go out on a connection this
         # object keeps (workers/kept.py). A cluster client routes them itself.
         self.kept = None if is_cluster(redis) else KeptConnection(redis.connection_pool)
@@ -205,8 +214,21 @@ class Doorbell:
         """The keys and timeout of the wait in ``mode``: the bells and burst bells (listener,
         helper), or the wake-up key and the burst bells (sleeper)."""
         if mode == SLEEP:
-            return [self.role.wake_key, *self.burst], self.wait_s
+            return [self.role.wake_key, *self.burst], self.sleep_s()
         return self.keys + self.burst, (self.wait_s if mode == LISTEN else HELP_S)
+
+    def sleep_s(self) -> float:
+        """How long a sleeper's wait lasts: ``BELL_WAIT`` for the watcher (it finds a dead
+        listener's rings) and on a cluster; for the others, until the first chore that may ride
+        must go, at most :data:`SLEEP_WAIT_MAX`, less :data:`RIDE_MARGIN`, at least ``BELL_WAIT``,
+        in tenths of a second (each value's wait is packed once)."""
+        role = self.role
+        if role.watching or not role.watches or self.turns is None:
+            return self.wait_s
+        # capped below SLEEP_WAIT_MAX too: a chore that takes its ticket while this wait is out
+        # (its last turn ended just now) has a whole interval (5 s or more), so it rides next time
+        due = min(self.turns.ride_due() - asyncio.get_running_loop().time(), self.sleep_max) - RIDE_MARGIN
+        return max(self.wait_s, math.floor(due * 10) / 10)
 
     async def wait_hungry(self, hungry: asyncio.Event, slots: Slots) -> None:
         """Wait for ``hungry`` (the worker has a free slot and nothing else to claim). A listener
@@ -261,10 +283,14 @@ class Doorbell:
         timed out), so the check sees the role as it is then, and its replies come back with the
         wait's, in the same read: a sleeper makes no round trip for its checks, and one woken to
         take the role (a hand-off's ``w``) takes it in the same round trip."""
-        keys, timeout = self._command(mode)
         if self.kept is None:  # a cluster client routes it (every bell carries the hash tag {NS}); one ring
+            keys, timeout = self._command(mode)
             return await self.redis.bzpopmin(keys, timeout=timeout), None
         role = self.role
+        # idle chores whose turn has come go ahead of the wait, in the same write (workers/turns.py);
+        # taken first, so that a sleeper's timeout is set by the chores still waiting
+        ahead = self.turns.rides() if self.turns is not None else ()
+        keys, timeout = self._command(mode)
 
         def commands() -> list[tuple[Any, ...]]:  # built only to pack a shape the first time
             wait = (("BZPOPMIN", *keys, timeout) if count == 1 else
@@ -272,9 +298,8 @@ class Doorbell:
             return [wait, *(role.commands(False, True) if check else ())]
 
         replies = 1 + (role.replies(False, True) if check else 0)
-        # idle chores whose turn has come go ahead of the wait, in the same write (workers/turns.py)
-        ahead = self.turns.rides() if self.turns is not None else ()
-        reply, *ridden = await self.kept.exchange(f"{mode}{count}{'c' if check else ''}", commands, replies, ahead)
+        shape = f"{mode}{count}{role.shape(False, True) if check else ''}{timeout}"
+        reply, *ridden = await self.kept.exchange(shape, commands, replies, ahead)
         if isinstance(reply, ResponseError):
             raise reply
         return reply, (ridden if check else None)

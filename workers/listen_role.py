@@ -10,6 +10,17 @@ it, wake a sleeper), and the *watch*.
 helps at once; and a role that expired is taken. On one server the check rides on the wait
 (``Doorbell``'s wait sends it behind the wait, and Redis runs it when the wait ends), so it costs
 the sleeper no round trip of its own.
+
+**The watch** (one server). Finding a dead listener's rings needs one sleeper to check every
+``BELL_WAIT``, not all of them: each wake-up of an idle process costs it a few tenths of a
+millisecond of CPU, and that upkeep is what every added worker costs the fleet. So one sleeper at a
+time holds the *watch* (:meth:`Keyspace.listen_watch`: ``SET NX`` with :data:`WATCH_TTL_MS`,
+renewed along with each of its checks, in the same commands that ride on its wait) and keeps the
+``BELL_WAIT`` timeouts; the other sleepers' waits last until their next periodic chore is due
+(``Doorbell``, at most ``SLEEP_WAIT_MAX``), and the chores ride on that one timeout. A watcher that
+dies or stalls loses the watch :data:`WATCH_TTL_MS` after its last check, and the next sleeper to
+check takes it. A watcher that takes the listener role gives the watch up at once. On a cluster
+every sleeper checks every ``BELL_WAIT`` (its checks are round trips of their own there).
 """
 from __future__ import annotations
 
@@ -35,6 +46,7 @@ WAKE_TTL_MS = 2_000  # wake-ups nobody took expire (no sleeper then: each would 
 # blocked): a sleeper that sees one at its role check helps at once instead of waiting for the
 # role to expire. Far above HAND_OFF_S and a claim; rings are scored by the ringing host's clock.
 STALE_RING_MS = 500
+WATCH_TTL_MS = 4_000  # the watch outlives its holder's last check by this much (> BELL_WAIT + a check)
 # How long a helper (a sleeper that found a stale ring) keeps waiting on the bells after its last
 # ring: longer than a claim round trip, short enough that spread traffic returns to the listener.
 HELP_S = 0.050
@@ -54,6 +66,12 @@ class ListenerRole:
         self.wait_s = wait_s
         self.listener_key = ks.listener(queues)
         self.wake_key = ks.listen_wake(queues)
+        self.watch_key = ks.listen_watch(queues)
+        # One server: one sleeper watches the listener (the module docstring), the others sleep
+        # until their chores are due. On a cluster each sleeper's check is a round trip of its own,
+        # and every sleeper checks at each wait's timeout, as before the watch.
+        self.watches = kept is not None
+        self.watching = False  # this worker held the watch at its last check
         self.id = os.urandom(8).hex().encode()
         # Off (Worker(one_listener=False)), every idle worker waits on the bells: each is a
         # listener, with no role to take or hand on.
@@ -125,16 +143,25 @@ class ListenerRole:
         cmds: list[tuple[Any, ...]] = [("SET", key, self.id, "PX", LISTEN_TTL_MS, "NX", "GET")]
         if renew:
             cmds.append(("PEXPIRE", key, LISTEN_TTL_MS))
-        return cmds + [("ZRANGE", bell, 0, 0, "WITHSCORES") for bell in (self.bells if sleeper else ())]
+        cmds += [("ZRANGE", bell, 0, 0, "WITHSCORES") for bell in (self.bells if sleeper else ())]
+        if sleeper and self.watches:
+            # the watch: taken if free, renewed if held (a PEXPIRE of another's watch, should ours
+            # have expired and been taken meanwhile, lengthens it once: harmless)
+            cmds.append(("SET", self.watch_key, self.id, "PX", WATCH_TTL_MS, "NX", "GET"))
+            if self.watching:
+                cmds.append(("PEXPIRE", self.watch_key, WATCH_TTL_MS))
+        return cmds
 
     def replies(self, renew: bool, sleeper: bool) -> int:
         """How many replies a check's :meth:`commands` get."""
-        return 1 + renew + (len(self.bells) if sleeper else 0)
+        return 1 + renew + (len(self.bells) + self._watch_replies() if sleeper else 0)
 
-    @staticmethod
-    def shape(renew: bool, sleeper: bool) -> str:
+    def _watch_replies(self) -> int:
+        return (1 + self.watching) if self.watches else 0
+
+    def shape(self, renew: bool, sleeper: bool) -> str:
         """The name of a check's shape (what :meth:`commands` depends on), to pack it once."""
-        return f"role{int(renew)}{int(sleeper)}"
+        return f"role{int(renew)}{int(sleeper)}{self._watch_replies() if sleeper else 0}"
 
     async def trip(self, renew: bool, sleeper: bool) -> list[Any]:
         """A check's one round trip (:meth:`commands`): its replies, the rings as (member, score)
@@ -154,7 +181,8 @@ class ListenerRole:
 
     async def _pipelined(self, renew: bool, sleeper: bool) -> list[Any]:
         """:meth:`commands` as a redis-py pipeline (a cluster client routes it; its replies parsed
-        by redis-py: ``SET ... GET`` the value, ``PEXPIRE`` a bool, the rings as pairs)."""
+        by redis-py: ``SET ... GET`` the value, ``PEXPIRE`` a bool, the rings as pairs). No watch:
+        a cluster's sleepers all check at each timeout."""
         key = self.listener_key
         pipe = self.redis.pipeline(transaction=False)
         pipe.set(key, self.id, px=LISTEN_TTL_MS, nx=True, get=True)
@@ -165,13 +193,17 @@ class ListenerRole:
         return list(await pipe.execute())
 
     def _parsed(self, replies: list[Any], renew: bool, sleeper: bool) -> list[Any]:
+        """The role's replies and the rings as pairs, then the watch's replies as they are."""
         n = 1 + renew
-        return replies[:n] + [_pairs(r) for r in replies[n:]]
+        k = n + (len(self.bells) if sleeper else 0)
+        return replies[:n] + [_pairs(r) for r in replies[n:k]] + replies[k:]
 
     async def took(self, replies: Sequence[Any], renew: bool, sleeper: bool, now: float) -> None:
         """Take a check's parsed replies (:meth:`trip`'s, or those that rode on a sleeper's wait):
         whether this worker holds the role, until when that holds, whether it helps."""
         before, *rest = replies
+        watch = rest[len(rest) - (self._watch_replies() if sleeper else 0):]
+        rest = rest[:len(rest) - len(watch)]
         oldest = rest[1:] if renew else rest
         held = before is None
         if before == self.id:
@@ -179,6 +211,11 @@ class ListenerRole:
             # through), renewed now: False if it expired between the two
             held = rest[0] if renew else await self.redis.pexpire(self.listener_key, LISTEN_TTL_MS)
         self.listening = bool(held)
+        if watch:
+            # free (taken now) or ours (renewed along, or within its expiry: renewed next time)
+            self.watching = watch[0] is None or as_bytes(watch[0]) == self.id
+        if held and self.watching:
+            await self.give_watch_up()
         self.checked_until = now + (max(self.wait_s, LISTEN_CHECK_S) if sleeper and not held else LISTEN_CHECK_S)
         if not held and _stale(oldest, time.time() * 1000 - STALE_RING_MS):
             # Rings wait that nobody takes: the listener died or stalls, and its role would keep
@@ -197,6 +234,13 @@ class ListenerRole:
             self.checked_until = 0.0
         else:
             await self.took(self._parsed(replies, False, True), False, True, time.monotonic())
+
+    async def give_watch_up(self) -> None:
+        """Give the watch up (this worker became the listener): another sleeper takes it at its
+        next check, instead of after the watch's expiry. Raises the client's errors."""
+        self.watching = False
+        if await self.redis.get(self.watch_key) == self.id:
+            await self.redis.delete(self.watch_key)  # one that takes it between the two loses it till its next check
 
     async def hand_off(self) -> None:
         """Give the listener role up and wake one of the workers waiting for it. Raises the

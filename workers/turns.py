@@ -55,7 +55,8 @@ class Turns:
 
     def __init__(self, window: float = WINDOW_S) -> None:
         self.window = window
-        self._waiting: list[tuple[float, Ticket, Ride | None]] = []
+        # (window opens, ticket, ride, interval ends), in loop time
+        self._waiting: list[tuple[float, Ticket, Ride | None, float]] = []
         # when the first ride's window opens (or earlier: a ticket since dropped), so that a
         # listener's waits, one per ring, look through the tickets only once one may ride
         self._ride_at = math.inf
@@ -70,11 +71,19 @@ class Turns:
         # the tickets of chores that went on their own (no pulse came: a busy worker) go here, so
         # the list stays as short as the chores are few
         self._waiting = [w for w in self._waiting if not w[1].done()]
-        at = loop.time() + max(delay - self.window, delay / 2)
-        self._waiting.append((at, fut, ride))
+        now = loop.time()
+        at = now + max(delay - self.window, delay / 2)
+        self._waiting.append((at, fut, ride, now + delay))
         if ride is not None:
             self._ride_at = min(self._ride_at, at)
         return fut
+
+    def ride_due(self) -> float:
+        """When the first chore that may ride and waits for its turn must go (loop time: the end
+        of its interval, when it goes on its own), or infinity if none waits: a sleeper's bell
+        wait may last until just before then, and the chore rides on the next one."""
+        return min((end for _at, fut, ride, end in self._waiting if ride is not None and not fut.done()),
+                   default=math.inf)
 
     async def sleep(self, delay: float, ride: Ride | None = None) -> list[Any] | None:
         """Sleep ``delay`` seconds, or until the first pulse in its last ``window``; with ``ride``,
@@ -95,7 +104,7 @@ class Turns:
         now = asyncio.get_running_loop().time()
         keep = []
         for w in self._waiting:
-            at, fut, ride = w
+            at, fut, ride, _end = w
             if fut.done():
                 continue
             if at <= now and not (riding and ride is not None):
@@ -115,7 +124,7 @@ class Turns:
         keep = []
         self._ride_at = math.inf
         for w in self._waiting:
-            at, fut, ride = w
+            at, fut, ride, _end = w
             if fut.done():
                 continue
             if ride is not None and at <= now:

@@ -197,6 +197,13 @@ class Keyspace:
         helper."""
         return "{%s}:listen:%s:wake" % (self.namespace, _queue_set(queues))
 
+    def listen_watch(self, queues: Sequence[str]) -> str:
+        """Which sleeper of the workers serving ``queues`` watches the listener (one server): a
+        string holding its id, set with NX and kept alive with an expiry while it sleeps. Its bell
+        waits time out every ``BELL_WAIT`` so that it finds a dead listener's rings at once; the
+        other sleepers' waits last until their next chore is due (workers/listen_role.py)."""
+        return "{%s}:listen:%s:watch" % (self.namespace, _queue_set(queues))
+
     def sweep_turn(self, queue: str) -> str:
         """Whose turn it is to sweep ``queue`` (workers/doorbell.py): a string set with NX and an
         expiry of the sweep period by the worker that sweeps; the others skip that period. Hash tag

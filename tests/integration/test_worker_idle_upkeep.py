@@ -23,7 +23,7 @@ from scheduler.shell.servers import RedisServer, free_port
 from tests.support.helpers import command_calls as calls
 from tests.support.helpers import probing, ready
 from tests.support.waits import wait_for
-from tests.support.workers import chore_worker, serving
+from tests.support.workers import chore_worker, one_listener_workers, serving
 from workers import Job, Worker
 from workers.doorbell import SLEEPER_SWEEP_STRETCH, Doorbell
 from workers.fetch import DoorbellFetch, FetchContext
@@ -206,8 +206,9 @@ def _counting(fn: Any, tries: dict[int, int], i: int, taken: dict[int, int] | No
 @pytest.mark.parametrize("protocol", [2, 3])
 async def test_a_sleepers_role_check_reads_the_oldest_rings_in_one_round_trip_on_the_kept_connection(
         redis_url: str, protocol: int) -> None:
-    """One server: the role check goes out packed on the connection the bell waits use (RESP2 and
-    RESP3 replies read alike), and leaves it in step for the wait that follows."""
+    """One server: the role check (and the watch, taken when free) goes out packed on the
+    connection the bell waits use (RESP2 and RESP3 replies read alike), and leaves it in step for
+    the wait that follows."""
     ks = Keyspace(f"roletrip{protocol}", 16)
     redis = aioredis.Redis.from_url(redis_url, protocol=protocol)
     bell = Doorbell(redis, ks, ["q", "r"], wait=0.2, one_listener=True)
@@ -216,8 +217,9 @@ async def test_a_sleepers_role_check_reads_the_oldest_rings_in_one_round_trip_on
     rung = time.time() * 1000 - 10_000
     sync.zadd(ks.bell("r"), {"3": rung})  # a ring nobody took for 10 s: the listener stalls
     try:
-        before, *oldest = await bell.role.trip(False, True)
+        before, *oldest, watch = await bell.role.trip(False, True)
         assert before == b"another-worker" and oldest == [[], [(b"3", rung)]]
+        assert watch is None and sync.get(ks.listen_watch(["q", "r"])) == bell.role.id  # the watch was free: taken
         assert await bell.take() == ("r", b"3", rung), "a sleeper that sees a stale ring helps at once"
         assert bell.helping and not bell.listening
         assert sync.get(ks.listener(["q", "r"])) == b"another-worker"
@@ -255,8 +257,11 @@ async def test_a_sleepers_role_check_rides_on_its_bell_waits_and_sees_the_role_a
             assert got is not None and got[:2] == ("q", b"1"), got
         for _ in range(3):  # idle: each wait times out
             assert await bell.take() is None
-        assert trips.pipelines == [2], "only the first check is a round trip of its own"
-        assert calls(sync, "bzpopmin") == 6 and calls(sync, "set") == 7 and calls(sync, "zrange") == 7
+        # the first check: the role's SET, the oldest ring, the watch's SET (free: taken)
+        assert trips.pipelines == [3], "only the first check is a round trip of its own"
+        # each check sets the role and the watch (renewed by the watcher along: PEXPIRE)
+        assert calls(sync, "bzpopmin") == 6 and calls(sync, "set") == 14 and calls(sync, "zrange") == 7
+        assert calls(sync, "pexpire") == 6 and bell.role.watching
         assert not (bell.listening or bell.helping) and sync.get(key) == b"another-worker"
 
         # a ring nobody took for a second, seen when the wait ends: help (wait on the bells) at once
@@ -273,15 +278,17 @@ async def test_a_sleepers_role_check_rides_on_its_bell_waits_and_sees_the_role_a
         await blocked(1)
         sync.delete(key)
         assert await task is None and bell.listening and sync.get(key) == bell.role.id
-        assert trips.pipelines == [2]
+        assert trips.pipelines == [3]
+        # a watcher that takes the role gives the watch up, for another sleeper to take at once
+        assert not bell.role.watching and sync.get(ks.listen_watch(["q"])) is None
 
         # the listener hands the role on: the sleeper woken by it takes it in the same answer
         task = asyncio.create_task(other.take())
         await blocked(1)
-        assert other_trips.pipelines == [2] and not other.listening
+        assert other_trips.pipelines == [3] and not other.listening and other.role.watching
         await bell.hand_off()
         assert await asyncio.wait_for(task, 5) is None
-        assert other.listening and sync.get(key) == other.role.id and other_trips.pipelines == [2]
+        assert other.listening and sync.get(key) == other.role.id and other_trips.pipelines == [3]
     finally:
         await bell.close()
         await other.close()
@@ -347,17 +354,7 @@ async def test_a_sleepers_tries_for_the_sweep_turn_ride_on_its_bell_wait_timeout
     timer, a try fell within 50 ms of one of its timeouts (every 2 s) about once in ten. On one
     server the try's commands go ahead of the next bell wait, in its write: the sleeper makes no
     round trip of its own for them (``sweep_turns``)."""
-    ns = "sweeprides"
-    made: list[DoorbellFetch] = []
-
-    def fetch(ctx: FetchContext) -> DoorbellFetch:
-        made.append(DoorbellFetch(ctx))
-        return made[-1]
-
-    ws = [Worker.from_url(redis_url, namespace=ns, queues=["q"], idle_sweep=1.0, fetch=fetch, shutdown_grace=2.0,
-                          one_listener=True) for _ in range(2)]
-    for w in ws:
-        w.handler("q")(_noop)
+    ws, made = one_listener_workers(redis_url, "sweeprides", 2, idle_sweep=1.0)
     loop = asyncio.get_running_loop()
     timeouts: dict[int, list[float]] = {0: [], 1: []}
     tries: dict[int, list[float]] = {0: [], 1: []}

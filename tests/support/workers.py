@@ -99,6 +99,27 @@ def chore_worker(url: str, namespace: str, every: float = 3.0) -> Worker:
     return w
 
 
+def one_listener_workers(url: str, namespace: str, n: int, idle_sweep: float) -> tuple[list[Worker], list[Any]]:
+    """``n`` idle workers of queue ``q`` with one listener (a no-op handler), and their doorbell
+    fetch strategies (``workers.fetch.DoorbellFetch``) in the order the workers made them."""
+    from workers.fetch import DoorbellFetch, FetchContext
+
+    made: list[DoorbellFetch] = []
+
+    def fetch(ctx: FetchContext) -> DoorbellFetch:
+        made.append(DoorbellFetch(ctx))
+        return made[-1]
+
+    async def noop(job: Any) -> None:
+        return None
+
+    ws = [Worker.from_url(url, namespace=namespace, queues=["q"], idle_sweep=idle_sweep, fetch=fetch,
+                          shutdown_grace=2.0, one_listener=True) for _ in range(n)]
+    for w in ws:
+        w.handler("q")(noop)
+    return ws, made
+
+
 @contextlib.asynccontextmanager
 async def serving(*workers: Worker, ready: bool = True) -> AsyncIterator[list[asyncio.Task[None]]]:
     """Run in-process workers for the duration of the block; stop them (gracefully) afterwards."""

@@ -150,3 +150,22 @@ async def test_a_wait_looks_through_the_tickets_only_once_a_ride_may_be_due(monk
     clock.now += 4.0
     assert len(turns.rides()) == 1 and built == ["a", "b"]
     first.cancel()
+
+
+async def test_ride_due_is_the_end_of_the_first_riding_interval_that_still_waits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sleeper without the watch waits until just before ride_due: the chores that may ride and
+    wait for their turn, not those that went, rode, or cannot ride."""
+    clock = Clock(monkeypatch)
+    turns = Turns(window=2.5)
+    assert turns.ride_due() == float("inf")
+    turns.ticket(3.0)  # cannot ride: a pulse gives it its turn, no wait is shaped for it
+    assert turns.ride_due() == float("inf")
+    later = turns.ticket(7.0, lambda: [("PING",)])
+    sooner = turns.ticket(5.0, lambda: [("PING",)])
+    assert turns.ride_due() == 1005.0
+    clock.now += 2.6  # the sooner one's window is open: a wait takes it, the later one's end is next
+    assert [fut for _cmds, fut in turns.rides()] == [sooner]
+    assert turns.ride_due() == 1007.0
+    later.cancel()  # its chore went on its own
+    assert turns.ride_due() == float("inf")
