@@ -129,6 +129,8 @@ class Doorbell:
         # A wait that timed out gives the worker's periodic chores their turn (workers/turns.py):
         # the process is awake for its role check anyway
         self.turns = turns
+        # the queues whose sweep turn this worker held at its last try: renewed at the next
+        self._sweep_held: set[str] = set()
 
     @property
     def listening(self) -> bool:
@@ -334,31 +336,41 @@ class Doorbell:
         of :meth:`Keyspace.sweep_turn` for ``period`` s), or still holds (``token``, its own: a
         worker tries every 0.8-1.0 period, so its own last turn is often still there, and the
         listener, which takes most turns, would then sweep every other period). The workers of a
-        queue take turns, so a queue is swept about once per period whatever their number.
+        queue take turns, so a queue is swept about once per period whatever their number. A turn
+        held at the last try is renewed along (``PEXPIRE``), so the worker that sweeps keeps the
+        turn while it tries each period: the listener, awake anyway, rather than a sleeper woken
+        for a sweep of every partition once the listener's turn lapsed between two of its tries
+        (with 15 sleepers trying, one took about every other period).
 
         ``ridden``: the replies of :meth:`sweep_commands` sent ahead of a bell wait (workers/sweep.py),
         read instead of a round trip; one that Redis refused (NOPERM, READONLY, ...) makes the
         round trip, which says how."""
-        if ridden is not None and len(ridden) == len(queues) and not any(isinstance(r, Exception) for r in ridden):
-            return self.sweep_mine(queues, token, ridden)
-        pipe = self.redis.pipeline(transaction=False)
-        for cmd in self.sweep_commands(queues, period, token):
-            # get: redis-py then parses SET's reply as the old value, as set(get=True) does
-            pipe.execute_command(*cmd, get=True)
-        return self.sweep_mine(queues, token, await pipe.execute())
+        if ridden is not None and len(ridden) >= len(queues) and not any(isinstance(r, Exception) for r in ridden):
+            mine = self.sweep_mine(queues, token, ridden)
+        else:
+            pipe = self.redis.pipeline(transaction=False)
+            for cmd in self.sweep_commands(queues, period, token):
+                # get: redis-py then parses SET's reply as the old value, as set(get=True) does
+                pipe.execute_command(*cmd, **({"get": True} if cmd[0] == "SET" else {}))
+            mine = self.sweep_mine(queues, token, await pipe.execute())
+        self._sweep_held = set(mine)
+        return mine
 
     def sweep_commands(self, queues: Sequence[str], period: float, token: str) -> list[tuple[Any, ...]]:
         """:meth:`sweep_turns`'s commands (one ``SET NX PX GET`` per queue; GET: Redis 7, as the
-        role check), also for a try that rides on a bell wait (workers/sweep.py)."""
+        role check), then a ``PEXPIRE`` of each turn this worker held at its last try (should it
+        have lapsed and gone to another meanwhile, that lengthens the other's turn once:
+        harmless); also for a try that rides on a bell wait (workers/sweep.py)."""
         ms = max(1, round(period * 1000))
-        return [("SET", self.ks.sweep_turn(q), token, "NX", "PX", ms, "GET") for q in queues]
+        return ([("SET", self.ks.sweep_turn(q), token, "NX", "PX", ms, "GET") for q in queues]
+                + [("PEXPIRE", self.ks.sweep_turn(q), ms) for q in queues if q in self._sweep_held])
 
     @staticmethod
     def sweep_mine(queues: Sequence[str], token: str, held: Sequence[Any]) -> list[str]:
         """The queues whose turn the replies of :meth:`sweep_commands` gave this worker (none
-        held it before, or this worker did: ``token``)."""
+        held it before, or this worker did: ``token``); the renewals' replies after them are not read."""
         mine = token.encode()
-        return [q for q, before in zip(queues, held) if before is None or as_bytes(before) == mine]
+        return [q for q, before in zip(queues, held[:len(queues)]) if before is None or as_bytes(before) == mine]
 
     @lost_in_transit
     async def ring(self, queue: str, member: bytes | str, score: float | None = None) -> None:

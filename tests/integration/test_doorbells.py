@@ -189,7 +189,8 @@ async def test_the_workers_of_a_queue_take_turns_at_the_safety_net_sweep(redis_u
 async def test_a_try_for_the_sweep_turn_takes_a_free_turn_keeps_its_own_and_leaves_anothers(
         redis_url: str, protocol: int) -> None:
     """The try's reply (the turn's holder before it, ``SET ... GET``) is read alike when the try
-    made its round trip and when it rode on a bell wait (raw replies, either protocol)."""
+    made its round trip and when it rode on a bell wait (raw replies, either protocol); a turn held
+    at the last try is renewed, another's is not."""
     ks = Keyspace(NS, 16)
     redis = aioredis.Redis.from_url(redis_url, protocol=protocol)
     bell = Doorbell(redis, ks, ["q", "r"], wait=0.2)
@@ -197,9 +198,13 @@ async def test_a_try_for_the_sweep_turn_takes_a_free_turn_keeps_its_own_and_leav
     try:
         sync.set(ks.sweep_turn("r"), "another", px=60_000)
         assert await bell.sweep_turns(["q", "r"], 5.0, "tok") == ["q"], "q was free, r is another's"
+        sync.pexpire(ks.sweep_turn("q"), 1_000)  # its turn about to lapse: the next try renews it
+        sync.pexpire(ks.sweep_turn("r"), 30_000)
         assert await bell.sweep_turns(["q", "r"], 5.0, "tok") == ["q"], "its own turn is still its own"
-        assert 0 < sync.pttl(ks.sweep_turn("q")) <= 5_000
+        assert 4_000 < sync.pttl(ks.sweep_turn("q")) <= 5_000, "renewed along"
+        assert 20_000 < sync.pttl(ks.sweep_turn("r")) <= 30_000, "another's turn is not renewed"
         assert await bell.sweep_turns(["q"], 5.0, "other") == []
+        assert await bell.sweep_turns(["q", "r"], 5.0, "tok") == ["q"]
         # the same commands sent ahead of a bell wait, on the kept connection
         assert bell.kept is not None
         fut: asyncio.Future[list[Any] | None] = asyncio.get_running_loop().create_future()
@@ -207,7 +212,10 @@ async def test_a_try_for_the_sweep_turn_takes_a_free_turn_keeps_its_own_and_leav
         await bell.kept.exchange(None, lambda: [("PING",)], 1,
                                  ahead=[(bell.sweep_commands(["q", "r"], 5.0, "tok"), fut)])
         replies = fut.result()
-        assert replies is not None and bell.sweep_mine(["q", "r"], "tok", replies) == ["q"]
+        # the SETs, then the renewal of q's turn (held at the last try)
+        assert replies is not None and len(replies) == 3 and bell.sweep_mine(["q", "r"], "tok", replies) == ["q"]
+        assert await bell.sweep_turns(["q", "r"], 5.0, "tok", replies) == ["q"]
+        assert 4_000 < sync.pttl(ks.sweep_turn("q")) <= 5_000
     finally:
         await bell.close()
         await redis.aclose()
