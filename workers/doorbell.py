@@ -23,7 +23,7 @@ wake-up key (:meth:`Keyspace.listen_wake`). The listener keeps taking rings whil
 warm; when its slots are full, when it has been off the bells for 20 ms claiming elsewhere
 (:data:`HAND_OFF_S`), or when it stops, it gives the role up and wakes one sleeper, which takes
 it. A listener that dies keeps the role until its expiry (``LISTEN_TTL_MS``), but its rings do
-not wait that long: a sleeper's wait times out every ``BELL_WAIT``, and one that then finds a ring
+not wait that long: the watching sleeper's wait times out every ``BELL_WAIT``, and one that finds a ring
 older than :data:`STALE_RING_MS` in the bells helps (waits on the bells beside the listener until
 no ring came for :data:`HELP_S`) at once; the sleepers take the role once it has expired. Nothing
 is lost either way: the rings stay in the bells, and the busy workers' checks of the bells and the
@@ -77,11 +77,11 @@ from .turns import Turns
 log = logging.getLogger("zsched.worker")
 
 BELL_WAIT = 2.0  # seconds one BZPOPMIN waits before it is sent again (below any socket timeout we set)
-# A sleeper that does not hold the watch (workers/listen_role.py; one server) waits until its next
-# periodic chore must go, less RIDE_MARGIN (so the chore rides on the next wait, before its own
-# timer would send it), at least BELL_WAIT and at most this long: the chores (registry and settings
-# every 5 s, sweep tries every 6.4-8 s) then ride on one timeout every few seconds instead of
-# waking the process every BELL_WAIT.
+# A sleeper that does not hold the watch (workers/listen_role.py) waits until its next periodic
+# chore must go, less RIDE_MARGIN (so the chore rides on the next wait, before its own timer would
+# send it), at least BELL_WAIT and at most this long: the chores (registry and settings every 5 s,
+# sweep tries every 6.4-8 s) then ride on one timeout every few seconds instead of waking the
+# process every BELL_WAIT (on a cluster, where nothing rides, they go on that timeout's wake-up).
 SLEEP_WAIT_MAX = 5.0
 RIDE_MARGIN = 0.25
 # How long a listener with a free slot may stay off the bells (claiming on) before it hands the role
@@ -221,9 +221,10 @@ class Doorbell:
 
     def sleep_s(self) -> float:
         """How long a sleeper's wait lasts: ``BELL_WAIT`` for the watcher (it finds a dead
-        listener's rings) and on a cluster; for the others, until the first chore that may ride
-        must go, at most :data:`SLEEP_WAIT_MAX`, less :data:`RIDE_MARGIN`, at least ``BELL_WAIT``,
-        in tenths of a second (each value's wait is packed once)."""
+        listener's rings); for the others, until the first chore that may ride must go (on a
+        cluster none rides: they go when the wait times out), at most :data:`SLEEP_WAIT_MAX`,
+        less :data:`RIDE_MARGIN`, at least ``BELL_WAIT``, in tenths of a second (each value's wait
+        is packed once)."""
         role = self.role
         if role.watching or not role.watches or self.turns is None:
             return self.wait_s

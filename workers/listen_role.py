@@ -11,7 +11,7 @@ helps at once; and a role that expired is taken. On one server the check rides o
 (``Doorbell``'s wait sends it behind the wait, and Redis runs it when the wait ends), so it costs
 the sleeper no round trip of its own.
 
-**The watch** (one server). Finding a dead listener's rings needs one sleeper to check every
+**The watch**. Finding a dead listener's rings needs one sleeper to check every
 ``BELL_WAIT``, not all of them: each wake-up of an idle process costs it a few tenths of a
 millisecond of CPU, and that upkeep is what every added worker costs the fleet. So one sleeper at a
 time holds the *watch* (:meth:`Keyspace.listen_watch`: ``SET NX`` with :data:`WATCH_TTL_MS`,
@@ -20,7 +20,10 @@ renewed along with each of its checks, in the same commands that ride on its wai
 (``Doorbell``, at most ``SLEEP_WAIT_MAX``), and the chores ride on that one timeout. A watcher that
 dies or stalls loses the watch :data:`WATCH_TTL_MS` after its last check, and the next sleeper to
 check takes it. A watcher that takes the listener role gives the watch up at once. On a cluster
-every sleeper checks every ``BELL_WAIT`` (its checks are round trips of their own there).
+a sleeper's check is a round trip of its own after its wait (a pipeline the cluster client sends
+to the node of the ``{NS}`` slot), with the watch's commands in it, and the chores go on the same
+wake-up, each with its own round trip: the other sleepers then wake once per chore interval there
+too, not every ``BELL_WAIT``.
 """
 from __future__ import annotations
 
@@ -67,10 +70,10 @@ class ListenerRole:
         self.listener_key = ks.listener(queues)
         self.wake_key = ks.listen_wake(queues)
         self.watch_key = ks.listen_watch(queues)
-        # One server: one sleeper watches the listener (the module docstring), the others sleep
-        # until their chores are due. On a cluster each sleeper's check is a round trip of its own,
-        # and every sleeper checks at each wait's timeout, as before the watch.
-        self.watches = kept is not None
+        # One sleeper watches the listener (the module docstring), the others sleep until their
+        # chores are due; with one listener off there are no sleepers. (A cluster's sleepers all
+        # checked at every BELL_WAIT until 2026-12-05: an idle worker there cost 0.6 ms/s.)
+        self.watches = one_listener
         self.watching = False  # this worker held the watch at its last check
         self.id = os.urandom(8).hex().encode()
         # Off (Worker(one_listener=False)), every idle worker waits on the bells: each is a
@@ -180,9 +183,9 @@ class ListenerRole:
         return self._parsed(replies, renew, sleeper)
 
     async def _pipelined(self, renew: bool, sleeper: bool) -> list[Any]:
-        """:meth:`commands` as a redis-py pipeline (a cluster client routes it; its replies parsed
-        by redis-py: ``SET ... GET`` the value, ``PEXPIRE`` a bool, the rings as pairs). No watch:
-        a cluster's sleepers all check at each timeout."""
+        """:meth:`commands` as a redis-py pipeline (a cluster client routes it: every key carries
+        the hash tag ``{NS}``, so it goes to one node; its replies parsed by redis-py: ``SET ...
+        GET`` the value, ``PEXPIRE`` a bool, the rings as pairs)."""
         key = self.listener_key
         pipe = self.redis.pipeline(transaction=False)
         pipe.set(key, self.id, px=LISTEN_TTL_MS, nx=True, get=True)
@@ -190,6 +193,10 @@ class ListenerRole:
             pipe.pexpire(key, LISTEN_TTL_MS)
         for bell in self.bells if sleeper else ():
             pipe.zrange(bell, 0, 0, withscores=True)
+        if sleeper and self.watches:  # the same commands as commands()'s
+            pipe.set(self.watch_key, self.id, px=WATCH_TTL_MS, nx=True, get=True)
+            if self.watching:
+                pipe.pexpire(self.watch_key, WATCH_TTL_MS)
         return list(await pipe.execute())
 
     def _parsed(self, replies: list[Any], renew: bool, sleeper: bool) -> list[Any]:

@@ -45,13 +45,12 @@ def _recording(f: DoorbellFetch, loop: asyncio.AbstractEventLoop,
     bells.turns.ticket = recorded_ticket  # type: ignore[method-assign]
 
 
-async def test_one_sleeper_watches_the_listener_and_the_others_wake_only_when_their_chores_are_due(
-        redis_url: str) -> None:
-    """Three idle workers: one listens, one sleeper holds the watch and its waits time out every
-    BELL_WAIT, the third's waits last until its chores (registry and settings, every 5 s) are due,
-    and every chore of that sleeper rides on its waits (none goes on a timer of its own)."""
-    client = Client.from_url(redis_url, namespace=NS).connect()
-    ws, made = one_listener_workers(redis_url, NS, 3, idle_sweep=600.0)
+async def _one_watcher(url: str, namespace: str) -> tuple[list[tuple[float, float]], list[tuple[float, float]],
+                                                          list[bool], float]:
+    """Three idle workers of ``url``: the waits (when, how long) of the watcher and of the other
+    sleeper over 11 s, the sleeper's chore turns (True: went without riding), and when it began."""
+    client = Client.from_url(url, namespace=namespace).connect()
+    ws, made = one_listener_workers(url, namespace, 3, idle_sweep=600.0)
     loop = asyncio.get_running_loop()
     watch_key = client.keyspace.listen_watch(["q"])
     try:
@@ -74,16 +73,38 @@ async def test_one_sleeper_watches_the_listener_and_the_others_wake_only_when_th
             assert client.redis.get(watch_key) == watcher.bells.role.id and client.redis.pttl(watch_key) > 0
     finally:
         client.close()
-    w_sleeps, _ = records["watcher"]
-    s_sleeps, _ = records["sleeper"]
+    return records["watcher"][0], records["sleeper"][0], s_turns, t0
+
+
+def _waits_follow_the_watch(w_sleeps: list[tuple[float, float]], s_sleeps: list[tuple[float, float]],
+                            t0: float) -> None:
     assert w_sleeps and all(s == BELL_WAIT for _, s in w_sleeps), w_sleeps
     assert 5 <= len(w_sleeps) <= 7, f"the watcher's waits in 11 s: {w_sleeps}"
     # after the first chores it recorded (they set the pace), the sleeper waits as long as they let it
     late = [(round(t - t0, 2), s) for t, s in s_sleeps if t > t0 + 5.5]
     assert late and all(s > BELL_WAIT + 1.5 for _, s in late), f"the sleeper's waits (when, seconds): {s_sleeps}"
     assert 2 <= len(s_sleeps) <= 4, f"the sleeper's waits in 11 s: {s_sleeps}"
+
+
+async def test_one_sleeper_watches_the_listener_and_the_others_wake_only_when_their_chores_are_due(
+        redis_url: str) -> None:
+    """Three idle workers: one listens, one sleeper holds the watch and its waits time out every
+    BELL_WAIT, the third's waits last until its chores (registry and settings, every 5 s) are due,
+    and every chore of that sleeper rides on its waits (none goes on a timer of its own)."""
+    w_sleeps, s_sleeps, s_turns, t0 = await _one_watcher(redis_url, NS)
+    _waits_follow_the_watch(w_sleeps, s_sleeps, t0)
     assert len(s_turns) >= 2, "two chore turns at least in 11 s"
     assert not any(s_turns), f"{sum(s_turns)} of the sleeper's {len(s_turns)} chore turns went on a timer of their own"
+
+
+async def test_on_a_cluster_one_sleeper_watches_and_the_others_wake_only_when_their_chores_are_due(
+        redis_cluster_url: str) -> None:
+    """The same on a Redis Cluster, where the checks are pipelines of their own and nothing rides:
+    one watcher waking every BELL_WAIT, the other sleeper's waits as long as its chores let them
+    (its chores go on those wake-ups, each with its own round trip)."""
+    w_sleeps, s_sleeps, s_turns, t0 = await _one_watcher(redis_cluster_url, NS + "c")
+    _waits_follow_the_watch(w_sleeps, s_sleeps, t0)
+    assert len(s_turns) >= 2, "two chore turns at least in 11 s"
 
 
 async def test_a_lost_watch_is_taken_by_the_next_sleeper_to_check_and_a_watcher_keeps_short_waits(
