@@ -2,11 +2,13 @@
 
 W worker processes (default 1, 8 and 16; concurrency 4, the no-op handler of ``bench/handlers.py``)
 serve a queue with nothing due, on the project's stack (``bench.stack.Stack``: one redis-server with
-AOF everysec, etcd, 2 scheduler replicas, 16 partitions). After a settling pause, over a window of
+AOF everysec, or with ``--backend cluster`` a 3-master Redis Cluster with the partitions spread
+evenly; etcd, 2 scheduler replicas, 16 partitions). After a settling pause, over a window of
 S seconds (20): each worker's CPU (every thread's run time from ``/proc/PID/task/*/schedstat``, in
 nanoseconds: idle costs are a few ms per second, below ``/proc/PID/stat``'s 10 ms ticks), the
-replicas' CPU, Redis's CPU (INFO cpu) and the commands Redis ran per second by name (INFO
-commandstats, reset when the window opens: the commands scripts run count too).
+replicas' CPU, Redis's CPU (INFO cpu, summed over a cluster's masters) and the commands Redis ran
+per second by name (INFO commandstats of every master, reset when the window opens: the commands
+scripts run count too).
 
 A worker's idle cost is what a fleet pays for being there: at 1 000 idle workers, each round trip
 per worker per second is 1 000 calls per second on Redis, and a burst that wakes all of them pays
@@ -32,43 +34,49 @@ import redis
 
 from bench.common import cpu_ns, emit, machine
 from bench.fanout import Side, UsageError, orders, stack, wait_up
-from bench.stack import ROOT
+from bench.stack import ROOT, redis_cpu, redis_nodes
 
 WORKERS = (1, 8, 16)
 SECONDS = 20.0
 SETTLE_S = 3.0  # after every worker is up: start-up sweeps and first role checks are not idle cost
 ROUNDS = 2
 CONCURRENCY = 4
+BACKENDS = ("single", "cluster")
 # counted apart from the window's commands: the measurement's own INFO and CONFIG RESETSTAT
 OWN = {"info", "config|resetstat"}
 
 
-def window(side: Side, workers: int, seconds: float) -> dict[str, Any]:
-    """One stack, ``workers`` idle workers, one measured window."""
-    with stack("single", side) as st:
+def window(side: Side, workers: int, seconds: float, backend: str = "single") -> dict[str, Any]:
+    """One stack on ``backend``, ``workers`` idle workers, one measured window."""
+    with stack(backend, side) as st:
         st.start_workers(workers, concurrency=CONCURRENCY, settle=0)
         try:
             wait_up(st)
             time.sleep(SETTLE_S)
-            r = redis.Redis.from_url(st.url)
+            nodes = redis_nodes(st.redis_srv)
             wpids = [p.proc.pid for p, _ in st.workers if p.proc is not None]
             rpids = [s.proc.pid for s in st.schedulers if s.proc is not None]
-            r.config_resetstat()
-            c0 = r.info("cpu")
+            conns = [redis.Redis.from_url(n.url) for n in nodes]
+            for r in conns:
+                r.config_resetstat()
+            c0 = redis_cpu(st.redis_srv)
             before = {pid: cpu_ns(pid) for pid in wpids + rpids}
             t0 = time.monotonic()
             time.sleep(seconds)
             after = {pid: cpu_ns(pid) for pid in wpids + rpids}
             elapsed = time.monotonic() - t0
-            c1 = r.info("cpu")
-            stats = r.info("commandstats")
-            r.close()
+            c1 = redis_cpu(st.redis_srv)
+            per_s: dict[str, float] = {}
+            for r in conns:
+                for name, v in r.info("commandstats").items():
+                    key = name[len("cmdstat_"):]
+                    per_s[key] = per_s.get(key, 0.0) + v["calls"] / elapsed
+                r.close()
         finally:
             st.stop_workers()
-    per_s = {name[len("cmdstat_"):]: v["calls"] / elapsed for name, v in stats.items()}
-    redis_s = sum(c1[k] - c0[k] for k in ("used_cpu_sys", "used_cpu_user"))
+    redis_s = sum(c1[port] - c0[port] for port in c1)
     each = [(after[p] - before[p]) / elapsed / 1e6 for p in wpids]
-    return {"side": side.name, "workers": workers, "seconds": round(elapsed, 2),
+    return {"side": side.name, "backend": backend, "workers": workers, "seconds": round(elapsed, 2),
             "worker_cpu_ms_per_s_each": [round(x, 3) for x in each],
             "worker_cpu_ms_per_s_mean": round(statistics.fmean(each), 3),
             "replica_cpu_ms_per_s": round(sum(after[p] - before[p] for p in rpids) / elapsed / 1e6, 3),
@@ -94,16 +102,16 @@ def summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run(workers: Sequence[int] = WORKERS, seconds: float = SECONDS, rounds: int = ROUNDS,
-        compare: Path | None = None) -> dict[str, Any]:
+        compare: Path | None = None, backend: str = "single") -> dict[str, Any]:
     sides = [Side("this", ROOT)] + ([Side("other", compare)] if compare is not None else [])
     runs = []
     for rnd in range(rounds):
         for w in orders(rnd, list(workers)):
             for side in sides if rnd % 2 == 0 else sides[::-1]:
-                runs.append(window(side, w, seconds) | {"round": rnd})
+                runs.append(window(side, w, seconds, backend) | {"round": rnd})
                 print(f"  round {rnd} {side.name} W={w}: worker {runs[-1]['worker_cpu_ms_per_s_mean']} ms/s each, "
                       f"Redis {runs[-1]['redis_cpu_ms_per_s']} ms/s", file=sys.stderr)
-    return {"machine": machine(), "workers": list(workers), "seconds": seconds, "rounds": rounds,
+    return {"machine": machine(), "backend": backend, "workers": list(workers), "seconds": seconds, "rounds": rounds,
             "sides": [s.describe() for s in sides], "runs": runs, "summary": summary(runs)}
 
 
@@ -113,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, default=SECONDS, help="the measured window (default 20)")
     p.add_argument("--rounds", type=int, default=ROUNDS, help="rounds (default 2)")
     p.add_argument("--compare", type=Path, metavar="OTHER_CHECKOUT", help="also run every round with this checkout")
+    p.add_argument("--backend", choices=BACKENDS, default="single",
+                   help="one redis-server (default) or a 3-master Redis Cluster")
     a = p.parse_args(argv)
     try:
         ws = [int(x) for x in a.workers.split(",")]
@@ -121,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError:
         p.error("--workers takes positive integers (1,8,16), --seconds a positive number, --rounds at least 1")
     try:
-        emit(run(ws, a.seconds, a.rounds, a.compare))
+        emit(run(ws, a.seconds, a.rounds, a.compare, a.backend))
     except UsageError as exc:  # the other checkout does not import
         p.error(str(exc))
 
