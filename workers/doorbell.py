@@ -396,9 +396,14 @@ def _rings(reply: Any, count: int) -> list[tuple[bytes, bytes, float]]:
 def _block_seconds(redis: Any, wait: float) -> float:
     """How long one BZPOPMIN may block: ``wait``, or less when the client's socket timeout (URL
     ``socket_timeout=``) is shorter: a read that outlasts it fails as a timeout instead of
-    returning empty. A cluster client keeps its settings per node: ours use the default (10 s)."""
+    returning empty. A cluster client gives its nodes' settings (``get_connection_kwargs``)."""
     pool = getattr(redis, "connection_pool", None)
-    timeout = (getattr(pool, "connection_kwargs", None) or {}).get("socket_timeout")
+    if pool is not None:
+        kwargs = getattr(pool, "connection_kwargs", None) or {}
+    else:  # a cluster client (a sleeper's wait lasts up to SLEEP_WAIT_MAX there too)
+        get = getattr(redis, "get_connection_kwargs", None)
+        kwargs = (get() if callable(get) else None) or {}
+    timeout = kwargs.get("socket_timeout")
     if isinstance(timeout, int | float) and timeout > 0:
         return max(0.1, min(wait, timeout / 2))
     return wait

@@ -167,3 +167,20 @@ async def test_the_wait_of_a_sleeper_without_the_watch_ends_before_its_first_cho
         assert bell.sleep_s() == BELL_WAIT
     finally:
         await bell.redis.aclose()
+
+
+async def test_a_cluster_clients_socket_timeout_bounds_its_sleepers_waits() -> None:
+    """A sleeper's wait lasts up to SLEEP_WAIT_MAX on a cluster too, so a shorter socket timeout
+    in the cluster URL bounds it (half of it), as on one server: a read that outlasts the timeout
+    would fail instead of returning empty. (No connection is made: nothing listens on port 1.)"""
+    short = aioredis.RedisCluster.from_url("redis://127.0.0.1:1/?socket_timeout=3")
+    plain = aioredis.RedisCluster.from_url("redis://127.0.0.1:1/?socket_timeout=10")  # the workers' default
+    try:
+        bell = Doorbell(short, Keyspace("timeouts", 16), ["q"], one_listener=True, turns=Turns())
+        assert bell.kept is None and bell.wait_s == 1.5 and bell.sleep_max == 1.5
+        assert bell.sleep_s() == 1.5
+        bell = Doorbell(plain, Keyspace("timeouts", 16), ["q"], one_listener=True, turns=Turns())
+        assert bell.wait_s == BELL_WAIT and bell.sleep_max == workers.doorbell.SLEEP_WAIT_MAX
+    finally:
+        await short.aclose()
+        await plain.aclose()
