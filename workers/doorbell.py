@@ -180,12 +180,8 @@ class Doorbell:
         if ridden is not None:
             await role.ridden(ridden)
         rings = _rings(reply, count)
-        if self.turns is not None and (not reply or self.kept is None):
-            # Timed out: idle. The chores that can ride go with the next wait (one server). On a
-            # cluster nothing rides, so a wake-up by a ring gives the chores in their window their
-            # turn too: the process is awake anyway. Under batched load a burst wakes the sleepers
-            # every second or so, their waits never time out, and each chore went on a timer of its
-            # own: about five more wake-ups per worker in 10 s, each a cold process's round trip.
+        if not reply and self.turns is not None:
+            # timed out: idle. The chores that can ride go with the next wait (one server)
             self.turns.pulse(riding=self.kept is not None)
         if mode == SLEEP:
             if not rings:

@@ -12,11 +12,11 @@ worker costs the fleet per second, jobs or not: 16 workers' upkeep over a 10 s l
 batched jobs was about as much as the jobs' own work (docs/scaling.md, "Adding workers").
 
 So a chore that waits for its next turn (:meth:`Turns.sleep`, or :meth:`Turns.ticket` beside
-other events) goes at the first bell-wait timeout (:meth:`Turns.pulse`; on a cluster, where
-nothing rides, at the end of any bell wait) in the last :data:`WINDOW_S` of its interval, and at
-the end of its interval when none comes (a busy worker, whose bell waits are not sent at all):
-never later than before, at most :data:`WINDOW_S` earlier (never before half its interval), and on
-an idle worker in the same wake-up as the role check, its round trip sent beside the role check's.
+other events) goes at the first bell-wait timeout (:meth:`Turns.pulse`) in the last
+:data:`WINDOW_S` of its interval, and at the end of its interval when none comes (a busy worker,
+whose bell waits are answered by rings or not sent at all): never later than before, at most
+:data:`WINDOW_S` earlier (never before half its interval), and on an idle worker in the same
+wake-up as the role check, its round trip sent beside the role check's.
 
 **Riding.** A chore whose round trip is a few plain commands may ride (``ticket(delay, ride)``):
 once its window has opened, the doorbell's next bell wait on the connection it keeps (one server,
@@ -96,7 +96,7 @@ class Turns:
             fut.cancel()
 
     def pulse(self, riding: bool = False) -> None:
-        """The worker is awake anyway (a bell wait ended; on one server: timed out): every chore whose
+        """The worker is awake with nothing else to do (a bell wait timed out): every chore whose
         window has opened goes now, except, with ``riding`` (the caller's next wait will call
         :meth:`rides`), those that can ride. Chores whose callers stopped waiting are dropped."""
         if not self._waiting:

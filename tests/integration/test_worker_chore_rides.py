@@ -18,14 +18,11 @@ import workers.namespace
 from scheduler import Client
 from scheduler.protocol.keys import Keyspace
 from scheduler.redisio.batch import is_noscript
-from scheduler.redisio.connection import async_redis, sync_redis
 from scheduler.shell.servers import free_port
 from tests.support.waits import wait_for
 from tests.support.workers import chore_worker, serving
-from workers.doorbell import Doorbell
 from workers.kept import KeptConnection
 from workers.namespace import config_of
-from workers.turns import Turns
 
 
 @pytest.mark.parametrize("protocol", [2, 3])
@@ -176,36 +173,4 @@ async def test_a_refused_ride_falls_back_to_the_chores_own_round_trip(redis_url:
             assert w.stats.claimed == 0
     finally:
         client.close()
-        sync.close()
-
-
-async def test_on_a_cluster_a_ring_that_wakes_a_sleeper_gives_the_chores_in_their_window_their_turn(
-        redis_cluster_url: str) -> None:
-    """Nothing rides on a cluster, so a chore goes when a wait ends: also when a ring ended it, not
-    only a timeout. (Under batched load the bursts woke the sleepers before their waits timed out,
-    and each chore went on a timer of its own: a wake-up more.) A chore whose window has not opened
-    waits on."""
-    ks = Keyspace("clusterpulse", 16)
-    sync = sync_redis(redis_cluster_url)
-    redis = async_redis(redis_cluster_url)
-    sync.set(ks.listener(["q"]), b"another-worker", px=60_000)  # this one sleeps
-    turns = Turns()
-    bell = Doorbell(redis, ks, ["q"], one_listener=True, turns=turns)
-    loop = asyncio.get_running_loop()
-    try:
-        assert bell.kept is None
-        open_at = loop.time() + 0.5
-        in_window = turns.ticket(1.0)  # its window opens after half its interval: 0.5 s
-        later = turns.ticket(60.0)
-        waiting = asyncio.create_task(bell.take_many(4))
-        await asyncio.sleep(max(0.0, open_at - loop.time()) + 0.2)
-        assert not waiting.done() and not in_window.done()
-        sync.zadd(ks.burst_bell("q"), {b"7": time.time() * 1000})
-        rings = await asyncio.wait_for(waiting, 5)
-        assert [(q, m) for q, m, _ in rings] == [("q", b"7")], "woken by the ring, before any timeout"
-        assert in_window.done() and in_window.result() is None, "the chore in its window goes now"
-        assert not later.done(), "a chore whose window has not opened waits on"
-    finally:
-        await bell.close()
-        await redis.aclose()
         sync.close()
