@@ -121,7 +121,8 @@ class Doorbell:
         # object keeps (workers/kept.py). A cluster client routes them itself.
         self.kept = None if is_cluster(redis) else KeptConnection(redis.connection_pool)
         # One listener per set of queues (the module docstring; workers/listen_role.py)
-        self.role = ListenerRole(redis, ks, queues, self.keys, one_listener, self.kept, self.wait_s)
+        self.role = ListenerRole(redis, ks, queues, self.keys, one_listener, self.kept, self.wait_s,
+                                 self.sleep_max - RIDE_MARGIN)
         # Several rings per wait (take_many) on one server; False on a cluster, whose rings come one
         # by one from the partitions' owners (no MULTI to land them together), and once Redis
         # refused BZMPOP (an ACL listing commands without it)

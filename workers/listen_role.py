@@ -61,12 +61,16 @@ class ListenerRole:
     which the checks go too; None on a cluster."""
 
     def __init__(self, redis: Any, ks: Keyspace, queues: Sequence[str], bells: Sequence[str],
-                 one_listener: bool, kept: KeptConnection | None, wait_s: float) -> None:
+                 one_listener: bool, kept: KeptConnection | None, wait_s: float,
+                 sleep_check_s: float | None = None) -> None:
         self.redis = redis
         self.ks = ks
         self.bells = list(bells)
         self.kept = kept
         self.wait_s = wait_s
+        # how long a sleeper without the watch keeps its check when rings wake it before its wait
+        # times out (a timeout makes it check at once): about its longest wait (Doorbell.sleep_s)
+        self.sleep_check_s = wait_s if sleep_check_s is None else max(wait_s, sleep_check_s)
         self.listener_key = ks.listener(queues)
         self.wake_key = ks.listen_wake(queues)
         self.watch_key = ks.listen_watch(queues)
@@ -223,7 +227,14 @@ class ListenerRole:
             self.watching = watch[0] is None or as_bytes(watch[0]) == self.id
         if held and self.watching:
             await self.give_watch_up()
-        self.checked_until = now + (max(self.wait_s, LISTEN_CHECK_S) if sleeper and not held else LISTEN_CHECK_S)
+        if sleeper and not held:
+            # Kept for a whole wait. A sleeper without the watch keeps it as long as its waits
+            # last: only the watcher needs to look every BELL_WAIT, and on a cluster each check is
+            # a round trip of its own, which bursts a second apart made every other second.
+            keep = self.wait_s if self.watching or not self.watches else self.sleep_check_s
+            self.checked_until = now + max(keep, LISTEN_CHECK_S)
+        else:
+            self.checked_until = now + LISTEN_CHECK_S
         if not held and _stale(oldest, time.time() * 1000 - STALE_RING_MS):
             # Rings wait that nobody takes: the listener died or stalls, and its role would keep
             # them waiting until it expires (LISTEN_TTL_MS). Help: wait on the bells now.

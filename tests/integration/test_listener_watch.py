@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from redis import Redis
 import workers.doorbell
 from scheduler import Client
 from scheduler.protocol.keys import Keyspace
+from scheduler.redisio.connection import async_redis, sync_redis
 from tests.support.waits import wait_for
 from tests.support.workers import one_listener_workers, serving
 from workers.doorbell import BELL_WAIT, Doorbell
@@ -184,3 +186,44 @@ async def test_a_cluster_clients_socket_timeout_bounds_its_sleepers_waits() -> N
     finally:
         await short.aclose()
         await plain.aclose()
+
+
+@pytest.mark.parametrize("holds_watch", [False, True])
+async def test_on_a_cluster_a_sleeper_woken_by_rings_checks_the_role_once_per_long_wait_unless_it_watches(
+        redis_cluster_url: str, holds_watch: bool) -> None:
+    """Bursts wake every sleeper before its wait times out. On a cluster each role check is a round
+    trip of its own: a sleeper without the watch keeps its check about as long as its longest wait
+    (4.45 s), the watcher keeps checking every BELL_WAIT. Rings every 0.3 s for 3.2 s: one check
+    (the first) for the sleeper, two for the watcher."""
+    ks = Keyspace("checks" + ("w" if holds_watch else ""), 16)
+    sync = sync_redis(redis_cluster_url)
+    redis = async_redis(redis_cluster_url)
+    sync.set(ks.listener(["q"]), b"another-worker", px=60_000)
+    if not holds_watch:
+        sync.set(ks.listen_watch(["q"]), b"another-sleeper", px=60_000)
+    bell = Doorbell(redis, ks, ["q"], one_listener=True, turns=Turns())
+    trips = 0
+    trip = bell.role.trip
+
+    async def counted(renew: bool, sleeper: bool) -> list[Any]:
+        nonlocal trips
+        trips += 1
+        return await trip(renew, sleeper)
+
+    bell.role.trip = counted  # type: ignore[method-assign]
+    loop = asyncio.get_running_loop()
+    try:
+        end = loop.time() + 3.2
+        n = 0
+        while loop.time() < end:
+            waiting = asyncio.create_task(bell.take_many(1))
+            await asyncio.sleep(0.3)
+            n += 1
+            sync.zadd(ks.burst_bell("q"), {str(n).encode(): time.time() * 1000})
+            assert [m for _, m, _ in await asyncio.wait_for(waiting, 5)] == [str(n).encode()]
+        assert bell.role.watching == holds_watch
+        assert trips == (2 if holds_watch else 1), f"{trips} role checks in 3.2 s of rings every 0.3 s"
+    finally:
+        await bell.close()
+        await redis.aclose()
+        sync.close()
