@@ -4,8 +4,9 @@
 check (``SET NX GET`` of :meth:`Keyspace.listener`, renewed along while held), the hand-off (delete
 it, wake a sleeper), and the *watch*.
 
-**The sleepers' checks.** A sleeper checks at the end of each of its waits (a timeout every
-``BELL_WAIT``, a wake-up), reading the oldest ring of each bell along: one older than
+**The sleepers' checks.** A sleeper checks at the end of its waits (at each timeout; after
+wake-ups by rings, once its last check is older than ``BELL_WAIT``, or its longest wait when it
+does not hold the watch), reading the oldest ring of each bell along: one older than
 :data:`STALE_RING_MS` means the listener stopped taking rings (killed, stalled), and the sleeper
 helps at once; and a role that expired is taken. On one server the check rides on the wait
 (``Doorbell``'s wait sends it behind the wait, and Redis runs it when the wait ends), so it costs
