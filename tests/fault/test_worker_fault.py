@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from scheduler import Client, JobState
+from scheduler.shell.servers import ZschedProc
+from scheduler.tier import SchedulerConfig, SchedulerProcess
 from tests.support.servers import RedisServer
 from tests.support.waits import wait_for
 from tests.support.workers import TierStandIn, read_runs, serving, spawn_worker, wait_worker_ready, write_app
@@ -133,6 +135,32 @@ async def test_a_stopping_worker_gives_up_outcomes_redis_cannot_take_after_its_d
         srv.stop()
 
 
+async def _kill_the_listener_and_see_the_survivor_take_over(client: Client, tmp_path: Path, first: ZschedProc,
+                                                            second: ZschedProc, role: str) -> None:
+    """A job runs on ``first`` (the listener); ``first`` is killed with SIGKILL; a job made ready
+    then starts on ``second`` within BELL_WAIT + STALE_RING_MS, and ``second`` holds the role
+    LISTEN_TTL + BELL_WAIT after the kill."""
+    from workers.doorbell import BELL_WAIT, LISTEN_TTL_MS, STALE_RING_MS
+
+    held_by_first = client.redis.get(role)
+    before = client.schedule(timedelta(0), {"before": True})
+    await wait_for(lambda: any(r[1] == before and r[0] == "END" for r in read_runs(tmp_path)), 10,
+                   what="a job on the listener")
+    assert [r[3] for r in read_runs(tmp_path) if r[1] == before] == [first.pid] * 2
+    first.kill()
+    killed_at = time.time()
+    after = client.schedule(timedelta(0), {"after": True})
+    bound = BELL_WAIT + STALE_RING_MS / 1000
+    await wait_for(lambda: any(r[1] == after and r[0] == "END" for r in read_runs(tmp_path)), bound + 5,
+                   what="the job on the surviving worker")
+    [start] = [r for r in read_runs(tmp_path) if r[1] == after and r[0] == "START"]
+    assert start[3] == second.pid and start[4] - killed_at <= bound + 1.5
+    role_bound = LISTEN_TTL_MS / 1000 + BELL_WAIT
+    await wait_for(lambda: client.redis.get(role) not in (None, held_by_first),
+                   killed_at + role_bound + 2 - time.time(), what="the survivor to take the role")
+    assert client.get(after).state is JobState.DONE
+
+
 async def test_kill9_of_the_one_listener_leaves_its_rings_to_a_sleeper_long_before_its_role_expires(
         redis_url: str, tmp_path: Path) -> None:
     """``--one-listener``: the listener is killed with SIGKILL, so nobody hands its role on. A job
@@ -140,8 +168,6 @@ async def test_kill9_of_the_one_listener_leaves_its_rings_to_a_sleeper_long_befo
     or at its next role check (its wait times out every BELL_WAIT), which finds the ring older
     than STALE_RING_MS and helps: within BELL_WAIT + STALE_RING_MS, once, long before the role
     expires; and the survivor holds the role LISTEN_TTL + BELL_WAIT after the kill."""
-    from workers.doorbell import BELL_WAIT, LISTEN_TTL_MS, STALE_RING_MS
-
     write_app(tmp_path)
     client = Client.from_url(redis_url)
     role = client.keyspace.listener(["default", "sync"])
@@ -155,25 +181,43 @@ async def test_kill9_of_the_one_listener_leaves_its_rings_to_a_sleeper_long_befo
         await wait_worker_ready(second)
         # both idle, their start-up sweeps done: the listener on the bells, the other on the wake key
         await wait_for(lambda: int(client.redis.info("clients")["blocked_clients"]) == 2, 10, what="two idle workers")
-        before = client.schedule(timedelta(0), {"before": True})
-        await wait_for(lambda: any(r[1] == before and r[0] == "END" for r in read_runs(tmp_path)), 10,
-                       what="a job on the listener")
-        assert [r[3] for r in read_runs(tmp_path) if r[1] == before] == [first.pid] * 2
         assert client.redis.get(role) == held_by_first  # an idle listener keeps its role
-        first.kill()
-        killed_at = time.time()
-        after = client.schedule(timedelta(0), {"after": True})
-        bound = BELL_WAIT + STALE_RING_MS / 1000
-        await wait_for(lambda: any(r[1] == after and r[0] == "END" for r in read_runs(tmp_path)), bound + 5,
-                       what="the job on the surviving worker")
-        [start] = [r for r in read_runs(tmp_path) if r[1] == after and r[0] == "START"]
-        assert start[3] == second.pid and start[4] - killed_at <= bound + 1.5
-        role_bound = LISTEN_TTL_MS / 1000 + BELL_WAIT
-        await wait_for(lambda: client.redis.get(role) not in (None, held_by_first),
-                       killed_at + role_bound + 2 - time.time(), what="the survivor to take the role")
-        assert client.get(after).state is JobState.DONE
+        await _kill_the_listener_and_see_the_survivor_take_over(client, tmp_path, first, second, role)
     finally:
         for p in (first, second):
             if p is not None and p.alive:
                 p.term(10)
+        client.close()
+
+
+async def test_kill9_of_the_one_listener_on_a_cluster_leaves_its_rings_to_the_watching_sleeper(
+        redis_cluster_url: str, etcd_endpoint: str, tmp_path: Path) -> None:
+    """The same on a Redis Cluster, where a sleeper that does not hold the watch waits up to 5 s:
+    the other worker is the watcher (its waits time out every BELL_WAIT), and a job made ready
+    after the listener's SIGKILL (its ring relayed by the partition's owner, a real replica) starts
+    on it within BELL_WAIT + STALE_RING_MS; it holds the role after the role's expiry."""
+    write_app(tmp_path)
+    client = Client.from_url(redis_cluster_url).connect()
+    queues = ["default", "sync"]
+    role, watch = client.keyspace.listener(queues), client.keyspace.listen_watch(queues)
+    replica = SchedulerProcess(SchedulerConfig(redis_url=redis_cluster_url, etcd_endpoints=etcd_endpoint,
+                                               namespace=client.keyspace.namespace, replica_id="owner",
+                                               lease_ttl=2.0))
+    owning = asyncio.create_task(replica.run())
+    first = spawn_worker(tmp_path, redis_cluster_url, "--one-listener")
+    second = None
+    try:
+        await wait_for(lambda: len(replica.runners) == client.keyspace.partitions, 15,
+                       what="the replica to own every partition")
+        await wait_worker_ready(first)
+        await wait_for(lambda: client.redis.get(role) is not None, 10, what="the first worker to take the role")
+        second = spawn_worker(tmp_path, redis_cluster_url, "--one-listener")
+        await wait_worker_ready(second)
+        await wait_for(lambda: client.redis.get(watch) is not None, 10, what="the second worker to take the watch")
+        await _kill_the_listener_and_see_the_survivor_take_over(client, tmp_path, first, second, role)
+    finally:
+        for proc in [p for p in (first, second) if p is not None and p.alive]:
+            proc.term(10)
+        replica.stop()
+        await asyncio.wait_for(owning, 10)
         client.close()
