@@ -71,17 +71,35 @@ def emit(result: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+# pid -> (the process's start time, {thread id: its run time when last read}, run time of threads
+# whose ids came back with a new thread): what cpu_ns has seen of each process's threads
+_THREADS: dict[int, tuple[str, dict[str, int], int]] = {}
+
+
 def cpu_ns(pid: int) -> int:
     """Run time of every thread of ``pid`` in nanoseconds, from the scheduler's own account
-    (``/proc/PID/task/*/schedstat``; a thread that ended meanwhile is left out)."""
-    total = 0
+    (``/proc/PID/task/*/schedstat``), never less than at an earlier call: a thread that ended since
+    counts with its run time when last read. (Counted only while alive, a thread that ran before a
+    window and ended in it, such as the metrics server's thread answering the scrape just before
+    the window, made the window's delta negative: -0.49 ms/s in an idle window.) Its run time
+    between that read and its end is not counted."""
+    with open(f"/proc/{pid}/stat") as f:
+        start = f.read().rsplit(")", 1)[1].split()[19]  # field 22, starttime: a reused pid starts afresh
+    seen_start, threads, gone = _THREADS.get(pid, ("", {}, 0))
+    if seen_start != start:
+        threads, gone = {}, 0
     for task in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                total += int(f.read().split()[0])
+                ns = int(f.read().split()[0])
         except (OSError, ValueError):
-            pass
-    return total
+            continue
+        before = threads.get(task, 0)
+        if ns < before:  # a new thread with an ended one's id
+            gone += before
+        threads[task] = ns
+    _THREADS[pid] = (start, threads, gone)
+    return gone + sum(threads.values())
 
 
 def run_seconds(pid: int) -> float:

@@ -36,7 +36,7 @@ import pytest
 
 from scheduler import Client
 from scheduler.client import outbox
-from scheduler.shell.servers import ZschedProc, free_port
+from scheduler.shell.servers import ZschedProc, die_with_parent, free_port
 from scheduler.shell.servers.postgres import PostgresServer
 from tests.integration.test_compose import load_yaml
 from tests.support.waits import wait_until
@@ -358,14 +358,6 @@ class Prometheus:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
 
 
-def _pdeathsig() -> None:  # Prometheus dies with this test process, whatever happens to it
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
 @pytest.fixture(scope="module")
 def relay(dev_stack: DevStack, pg_server: PostgresServer) -> Iterator[ZschedProc]:
     """A ``zsched relay`` on the dev stack's namespace with an outbox in a database of its own, a
@@ -414,10 +406,12 @@ def prometheus(dev_stack: DevStack, relay: ZschedProc,
     port = free_port()
     log = d / "prometheus.log"
     with open(log, "wb") as fh:
-        proc = subprocess.Popen([exe, f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'data'}",
-                                 f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h",
-                                 "--log.level=warn"], stdout=fh, stderr=subprocess.STDOUT, cwd=d,
-                                preexec_fn=_pdeathsig)
+        # Prometheus dies with this test process, whatever happens to it. Not through preexec_fn:
+        # Python code between fork and exec in a process with threads (gRPC's, of the etcd client)
+        # once aborted the child before the exec ("epoll_wait error: Bad file descriptor", SIGABRT).
+        argv = [exe, f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h", "--log.level=warn"]
+        proc = subprocess.Popen(die_with_parent(argv, signal.SIGTERM), stdout=fh, stderr=subprocess.STDOUT, cwd=d)
     prom = Prometheus(f"http://127.0.0.1:{port}", proc, log)
     try:
         deadline = time.monotonic() + 30
