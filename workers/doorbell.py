@@ -68,7 +68,7 @@ from scheduler.redisio.errors import REDIS_ERRORS
 from scheduler.redisio.transport_async import lost_in_transit
 
 from .kept import KeptConnection
-from .listen_role import HELP_S, ListenerRole, as_bytes
+from .listen_role import HELP_S, ListenerRole, as_bytes, pipelined
 from .listen_role import LISTEN_TTL_MS as LISTEN_TTL_MS  # the role's constants, where they were before
 from .listen_role import STALE_RING_MS as STALE_RING_MS
 from .slots import Slots
@@ -350,11 +350,8 @@ class Doorbell:
         if ridden is not None and len(ridden) >= len(queues) and not any(isinstance(r, Exception) for r in ridden):
             mine = self.sweep_mine(queues, token, ridden)
         else:
-            pipe = self.redis.pipeline(transaction=False)
-            for cmd in self.sweep_commands(queues, period, token):
-                # get: redis-py then parses SET's reply as the old value, as set(get=True) does
-                pipe.execute_command(*cmd, **({"get": True} if cmd[0] == "SET" else {}))
-            mine = self.sweep_mine(queues, token, await pipe.execute())
+            replies = await pipelined(self.redis, self.sweep_commands(queues, period, token))
+            mine = self.sweep_mine(queues, token, replies)
         self._sweep_held = set(mine)
         return mine
 

@@ -189,20 +189,8 @@ class ListenerRole:
 
     async def _pipelined(self, renew: bool, sleeper: bool) -> list[Any]:
         """:meth:`commands` as a redis-py pipeline (a cluster client routes it: every key carries
-        the hash tag ``{NS}``, so it goes to one node; its replies parsed by redis-py: ``SET ...
-        GET`` the value, ``PEXPIRE`` a bool, the rings as pairs)."""
-        key = self.listener_key
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.set(key, self.id, px=LISTEN_TTL_MS, nx=True, get=True)
-        if renew:
-            pipe.pexpire(key, LISTEN_TTL_MS)
-        for bell in self.bells if sleeper else ():
-            pipe.zrange(bell, 0, 0, withscores=True)
-        if sleeper and self.watches:  # the same commands as commands()'s
-            pipe.set(self.watch_key, self.id, px=WATCH_TTL_MS, nx=True, get=True)
-            if self.watching:
-                pipe.pexpire(self.watch_key, WATCH_TTL_MS)
-        return list(await pipe.execute())
+        the hash tag ``{NS}``, so it goes to one node)."""
+        return await pipelined(self.redis, self.commands(renew, sleeper))
 
     def _parsed(self, replies: list[Any], renew: bool, sleeper: bool) -> list[Any]:
         """The role's replies and the rings as pairs, then the watch's replies as they are."""
@@ -275,6 +263,17 @@ class ListenerRole:
         pipe.zadd(self.wake_key, {"w": now})  # wakes one sleeper, to take the role
         pipe.pexpire(self.wake_key, WAKE_TTL_MS)  # gone if nobody sleeps to take it
         await pipe.execute()
+
+
+async def pipelined(redis: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """``commands`` in one redis-py pipeline (a cluster client routes it), for a client the kept
+    connection does not serve: their replies as redis-py parses them, ``SET ... GET`` as the old
+    value (as ``set(get=True)``), ``PEXPIRE`` a bool, ``ZRANGE ... WITHSCORES`` as the server sent
+    it (flat in RESP2, pairs in RESP3: :func:`_pairs` reads both). Raises the first error reply."""
+    pipe = redis.pipeline(transaction=False)
+    for cmd in commands:
+        pipe.execute_command(*cmd, **({"get": True} if cmd[0] == "SET" else {}))
+    return list(await pipe.execute())
 
 
 def as_bytes(v: Any) -> bytes:
