@@ -42,9 +42,10 @@ sleepers too: a burst reaches them all at once, as it would with every worker on
 the rings of spread traffic (one or a few jobs each) stay on the warm listener. A sleeper that
 takes a burst ring claims there and sleeps again.
 
-**Several rings per wait** (:meth:`Doorbell.take_many`, one server, sleepers only): a sleeper with
+**Several rings per wait** (:meth:`Doorbell.take_many`, sleepers only): a sleeper with
 room for the jobs of several partitions takes up to that many burst rings at once (``BZMPOP ... MIN
-COUNT k``), and the replica lands a burst's tick step's rings together (one ``MULTI``/``EXEC``),
+COUNT k``), and the replica lands a burst's tick step's rings together (one ``MULTI``/``EXEC`` on
+one server; on a cluster, where the owner rings, one ``ZADD`` per bell: scheduler/tier/bells.py),
 so a burst wakes about half as many workers (``workers/pace.py`` ``rings_to_take``; 16 workers,
 ``bench fanout`` batched: 160 burst rings in 74 wake-ups, 25 of them taking 4).
 """
@@ -123,10 +124,10 @@ class Doorbell:
         # One listener per set of queues (the module docstring; workers/listen_role.py)
         self.role = ListenerRole(redis, ks, queues, self.keys, one_listener, self.kept, self.wait_s,
                                  self.sleep_max - RIDE_MARGIN)
-        # Several rings per wait (take_many) on one server; False on a cluster, whose rings come one
-        # by one from the partitions' owners (no MULTI to land them together), and once Redis
-        # refused BZMPOP (an ACL listing commands without it)
-        self.multi_take = self.kept is not None
+        # Several rings per wait (take_many); False once Redis refused BZMPOP (an ACL listing
+        # commands without it). On a cluster too since 2026-12-05: the owners ring a grid step's
+        # partitions in one ZADD per bell (scheduler/tier/bells.py), no longer one by one
+        self.multi_take = True
         # A wait that timed out gives the worker's periodic chores their turn (workers/turns.py):
         # the process is awake for its role check anyway
         self.turns = turns
@@ -287,9 +288,11 @@ class Doorbell:
         timed out), so the check sees the role as it is then, and its replies come back with the
         wait's, in the same read: a sleeper makes no round trip for its checks, and one woken to
         take the role (a hand-off's ``w``) takes it in the same round trip."""
-        if self.kept is None:  # a cluster client routes it (every bell carries the hash tag {NS}); one ring
+        if self.kept is None:  # a cluster client routes it (every bell carries the hash tag {NS})
             keys, timeout = self._command(mode)
-            return await self.redis.bzpopmin(keys, timeout=timeout), None
+            if count == 1:
+                return await self.redis.bzpopmin(keys, timeout=timeout), None
+            return await self.redis.execute_command("BZMPOP", timeout, len(keys), *keys, "MIN", "COUNT", count), None
         role = self.role
         # idle chores whose turn has come go ahead of the wait, in the same write (workers/turns.py);
         # taken first, so that a sleeper's timeout is set by the chores still waiting

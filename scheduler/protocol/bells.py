@@ -8,6 +8,7 @@ workers' safety-net sweep period, never a job."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from .keys import Keyspace, validate_name
@@ -17,19 +18,46 @@ from .keys import Keyspace, validate_name
 RELAY_PREFIXES = (b"r ", b"b ")
 
 
+# One ring: (queue, member, score_ms or None for now, burst)
+Ring = tuple[str, bytes | str, float | None, bool]
+
+
 async def ring(redis: Any, ks: Keyspace, queue: str, member: bytes | str, score_ms: float | None = None,
                burst: bool = False) -> None:
     """Ring ``queue``'s bell (``burst``: its burst bell, which every idle worker waits on) with
     ``member`` ("P" or "P:resume"), keeping an earlier ring of the same member and its time (NX).
     ``score_ms``: when it was rung first (default now, this host's clock)."""
-    at = time.time() * 1000 if score_ms is None else score_ms
-    if not burst:
-        await redis.zadd(ks.bell(queue), {member: at}, nx=True)
+    await ring_many(redis, ks, [(queue, member, score_ms, burst)])
+
+
+async def ring_many(redis: Any, ks: Keyspace, rings: Iterable[Ring]) -> None:
+    """Ring several bells in one round trip (:func:`ring` for each of ``rings``), one ``ZADD NX``
+    per bell with all its members: Redis serves the workers blocked on a bell after each command,
+    so rung together the members of one bell reach a waiting sleeper together and it takes several
+    at once (workers/doorbell.py ``take_many``); rung one by one, each woke a worker of its own.
+    A member rung twice keeps its earliest time. Every bell carries the hash tag ``{NS}``, so on
+    a cluster this is one round trip to one node."""
+    now = time.time() * 1000
+    adds: dict[str, dict[bytes, float]] = {}
+    moved: dict[str, list[bytes]] = {}
+    for queue, member, score_ms, burst in rings:
+        m = member.encode() if isinstance(member, str) else member
+        at = now if score_ms is None else score_ms
+        members = adds.setdefault(ks.burst_bell(queue) if burst else ks.bell(queue), {})
+        members[m] = min(at, members.get(m, at))
+        if burst:  # moved out of the bell, as the scripts do (lua/_lib.lua bell_ring): one claim per ring
+            moved.setdefault(ks.bell(queue), []).append(m)
+    if not adds:
         return
-    # moved out of the bell, as the scripts do (lua/_lib.lua bell_ring): one claim per ring
+    if not moved and len(adds) == 1:
+        key, members = next(iter(adds.items()))
+        await redis.zadd(key, members, nx=True)
+        return
     pipe = redis.pipeline(transaction=False)
-    pipe.zadd(ks.burst_bell(queue), {member: at}, nx=True)
-    pipe.zrem(ks.bell(queue), member)
+    for key, members in adds.items():
+        pipe.zadd(key, members, nx=True)
+    for key, gone in moved.items():
+        pipe.zrem(key, *gone)
     await pipe.execute()
 
 

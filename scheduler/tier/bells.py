@@ -6,7 +6,11 @@ partition, every queue whose ready list already has jobs (a relay sent while nob
 partition was lost). Off a cluster the scripts ring the bells themselves and this is not used.
 
 Rings go out in the background: the firing loop never waits for one, and a failed ring is
-logged at debug level only (the workers' safety-net sweep finds those jobs)."""
+logged at debug level only (the workers' safety-net sweep finds those jobs). The rings asked for in
+one event-loop turn go together, one ``ZADD`` per bell (``bells.ring_many``): the ticks of a grid
+step come back together (``TickBatcher``), and a sleeper then takes several of their burst rings in
+one wake-up, as on one server, where the step's ticks run in one ``MULTI``. Rung one per partition,
+each woke a worker of its own: a burst woke every partition's worth of cold processes."""
 from __future__ import annotations
 
 import asyncio
@@ -29,12 +33,23 @@ class BellRinger:
         self.redis = redis
         self.ks = ks
         self._tasks: set[asyncio.Task[None]] = set()
+        self._pending: list[bells.Ring] = []  # asked for in this event-loop turn: rung at its end
 
     def ring(self, queues: Iterable[tuple[str, bool]], member: bytes | str, score_ms: float | None = None) -> None:
         """Ring the bell of each (queue, burst) of ``queues`` (its burst bell when burst) with
-        ``member`` (a partition number, or ``P:resume``)."""
-        for q, burst in queues:
-            self._spawn(bells.ring(self.redis, self.ks, q, member, score_ms, burst))
+        ``member`` (a partition number, or ``P:resume``), together with the other rings asked for
+        in this event-loop turn (the module docstring)."""
+        rings = [(q, member, score_ms, burst) for q, burst in queues]
+        if rings and not self._pending:
+            # after the callbacks already scheduled: the other partitions' runners woken by the
+            # same round trip of ticks ask for theirs first
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._pending += rings
+
+    def _flush(self) -> None:
+        rings, self._pending = self._pending, []
+        if rings:
+            self._spawn(bells.ring_many(self.redis, self.ks, rings))
 
     def relay(self, data: bytes, owned: Iterable[int]) -> bool:
         """Ring the bell a relay message names if this replica owns its partition; True when
@@ -63,9 +78,8 @@ class BellRinger:
         for name in names:
             pipe.llen(self.ks.ready(partition, name))
         depths = await pipe.execute()
-        for name, depth in zip(names, depths):
-            if depth:  # a list that waited for an owner may hold many: every idle worker hears it
-                await bells.ring(self.redis, self.ks, name, str(partition), burst=True)
+        # a list that waited for an owner may hold many: every idle worker hears it
+        self.ring([(name, True) for name, depth in zip(names, depths) if depth], str(partition))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(_quietly(coro))

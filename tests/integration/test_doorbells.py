@@ -23,8 +23,10 @@ from scheduler.protocol import bells
 from scheduler.protocol.ids import decode_id, partition_of
 from scheduler.protocol.keys import Keyspace
 from scheduler.protocol.tick import NO_RETENTION, parse_tick, tick_call
+from scheduler.redisio.connection import async_redis, sync_redis
 from scheduler.redisio.errors import REDIS_ERRORS
-from scheduler.shell.servers import RedisServer
+from scheduler.shell.servers import ClusterSet, RedisServer
+from scheduler.tier.bells import BellRinger
 from tests.support.waits import wait_for
 from tests.support.workers import serving
 from workers import Job, Worker, doorbell
@@ -595,6 +597,63 @@ async def test_a_sleeper_takes_several_burst_rings_in_one_wait_oldest_first_no_m
     finally:
         await bell.close()
         await redis.aclose()
+        sync.close()
+
+
+async def test_rings_asked_for_together_go_in_one_zadd_per_bell_each_member_at_its_earliest_time(
+        redis_url: str) -> None:
+    """``bells.ring_many``: a burst ring moves its member out of the plain bell (one claim per
+    ring, as the scripts do), a member rung twice keeps its earliest time, NX keeps a ring already
+    there, and the rings of one bell reach a blocked sleeper together (it takes all of them)."""
+    bell, redis, ks = sleeper_of(redis_url)
+    sync = Redis.from_url(redis_url)
+    try:
+        task = asyncio.create_task(bell.take_many(4))
+        await wait_for(lambda: int(sync.info("clients")["blocked_clients"]) == 1, 5, what="the wait to block")
+        await bells.ring_many(redis, ks, [("q", "3", 30.0, True), ("q", b"4", 40.0, True), ("q", "3", 20.0, True)])
+        got = await asyncio.wait_for(task, 5)
+        assert [(m, sc) for _q, m, sc in got] == [(b"3", 20.0), (b"4", 40.0)], "both burst rings in one wake-up"
+        sync.zadd(ks.bell("q"), {b"5": 5.0, b"8": 6.0})
+        await bells.ring_many(redis, ks, [("q", "5", 50.0, True), ("q", "7", 70.0, False), ("q", "8", 1.0, False)])
+        assert sync.zrange(ks.bell("q"), 0, -1, withscores=True) == [(b"8", 6.0), (b"7", 70.0)], \
+            "5 moved to the burst bell, 7 rung on the bell, 8 kept its first ring's time (NX)"
+        assert sync.zrange(ks.burst_bell("q"), 0, -1, withscores=True) == [(b"5", 50.0)]
+        await bells.ring_many(redis, ks, [])
+    finally:
+        await bell.close()
+        await redis.aclose()
+        sync.close()
+
+
+async def test_on_a_cluster_the_burst_rings_an_owner_asks_for_in_one_turn_reach_a_sleeper_in_one_wake_up(
+        redis_cluster: ClusterSet, redis_cluster_url: str) -> None:
+    """On a cluster the partitions' owner rings the bells (scheduler/tier/bells.py). The rings its
+    runners ask for in one event-loop turn (a grid step's ticks come back in one round trip) go in
+    one ``ZADD`` per bell, and a sleeper takes several in one wait (``BZMPOP`` through the cluster
+    client), as on one server. Rung one by one, each woke a worker of its own."""
+    url = redis_cluster_url
+    ks = Keyspace(NS, 16)
+    sync = sync_redis(url)
+    sync.set(ks.listener(["q"]), b"another-worker", px=60_000)
+    redis, ringer_redis = async_redis(url), async_redis(url)
+    bell = Doorbell(redis, ks, ["q"], wait=2.0, one_listener=True)
+    ringer = BellRinger(ringer_redis, ks)
+
+    def blocked() -> int:
+        return sum(int(m.info("clients")["blocked_clients"]) for m in redis_cluster.masters())
+
+    try:
+        task = asyncio.create_task(bell.take_many(4))
+        await wait_for(lambda: blocked() == 1, 5, what="the sleeper's wait to block")
+        for p in (6, 1, 11):  # three partitions' runners, woken by the same round trip of ticks
+            ringer.ring([("q", True)], str(p), 1000.0 + p)
+        got = await asyncio.wait_for(task, 5)
+        assert [m for _q, m, _s in got] == [b"1", b"6", b"11"], "all three in one wake-up, oldest first"
+        assert not bell.listening and bell.multi_take
+    finally:
+        await bell.close()
+        await redis.aclose()
+        await ringer_redis.aclose()
         sync.close()
 
 
