@@ -8,6 +8,7 @@ replicas and workers from another checkout of zsched (``PYTHONPATH`` and working
 for old-vs-new comparisons; this process's own client stays on the running code."""
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from collections.abc import Sequence
@@ -84,6 +85,8 @@ class Stack:
         self.etcd.stop()
         if self.own_redis:
             self.redis_srv.stop()
+        # the workers' records, read by stop_workers (a run used to leave one directory per stack in /tmp)
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def start_schedulers(self, n: int, extra: Sequence[str] = ()) -> None:
         for _ in range(n):

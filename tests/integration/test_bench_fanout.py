@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,9 @@ PER_JOB = ("worker_cpu_us_per_job", "redis_cpu_us_per_job", "replica_cpu_us_per_
 def test_a_tiny_run_gives_per_job_figures_per_shape_and_worker_count(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fanout, "IDLE_S", 0.3)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # where the stack keeps its workers' records
     # LEAD_S stays the bench's own (2 s): the scheduling child must be done 0.5 s before the first
     # due time, and with 1 s a loaded machine (the suite's parallel workers) missed that
     r = fanout.run(workers=[1], backends=["single"], rounds=1, jobs=60, seconds=0.6, bursts=2, partitions=4,
@@ -41,6 +45,7 @@ def test_a_tiny_run_gives_per_job_figures_per_shape_and_worker_count(tmp_path: P
     assert r["idle"][0]["worker_cpu_ms_per_s"] >= 0
     assert [t["shape"] for t in r["targets"]] == ["spread", "batched"]
     assert r["sides"]["this"]["imports"]["workers"].startswith(str(fanout.ROOT))
+    assert not list(tmp.glob("zsched-bench-*")), "each stack removes its records' directory"
 
     fanout.finish(r, tmp_path / "fanout.json", tmp_path / "img")
     assert sorted(p.name for p in (tmp_path / "img").iterdir()) == sorted(
