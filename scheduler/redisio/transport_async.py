@@ -148,8 +148,12 @@ class AsyncScriptTransport:
                 groups = routes.groups(batch)
             except RedisClusterException as exc:  # a slot with no known master (a failover under way)
                 groups = [(None, exc)]  # type: ignore[list-item]  # _on_node reports it as a failure
-            results = await asyncio.gather(*(self._on_node(node, batch, then, idx, resend, isolate)
-                                             for node, idx in groups), return_exceptions=True)
+            if len(groups) == 1:  # one node (most of a worker's round trips): no task of gather's to make and wake
+                node, idx = groups[0]
+                results: list[Any] = [await self._on_node(node, batch, then, idx, resend, isolate)]
+            else:
+                results = await asyncio.gather(*(self._on_node(node, batch, then, idx, resend, isolate)
+                                                 for node, idx in groups), return_exceptions=True)
             failed: BaseException | None = None
             down: set[str] = set()
             for r in results:
