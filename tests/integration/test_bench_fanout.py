@@ -119,14 +119,16 @@ time.sleep(600)
 """
 
 
-def test_a_killed_bench_leaves_no_replica_or_worker_running() -> None:
+def test_a_killed_bench_leaves_no_replica_or_worker_running(tmp_path: Path) -> None:
     # Before, a bench ended by a signal (its stack's cleanup skipped) left its replicas and workers
     # running for as long as nobody noticed, retrying a Redis that was gone and taking CPU from the
     # next measurements. They hold the bench's lifeline now and stop once it is gone.
     from tests.support.devstack import start_time, still_alive, wait_gone
 
+    # its temporary directories in the test's own (killed, the stack cannot remove its records' directory)
     bench = subprocess.Popen([sys.executable, "-c", _KILLED_BENCH], stdout=subprocess.PIPE, text=True,
-                             cwd=str(Path(fanout.__file__).resolve().parent.parent))
+                             cwd=str(Path(fanout.__file__).resolve().parent.parent),
+                             env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
         line = bench.stdout.readline() if bench.stdout else ""
         assert line.strip(), f"the bench stack did not start (exit {bench.poll()})"
