@@ -199,12 +199,15 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-def stop_serving(server: Any) -> None:
-    """Stop a server :func:`serve` returned, at once, from any thread (the caller's thread waits
-    a millisecond or so, not for a poll). Its thread sleeps in its selector with no timeout and
-    looks for a stop request only when it wakes: shutting the listening socket down wakes it (the
-    accept that follows fails and is ignored). Where the platform refuses that for a listening
-    socket, connections to the server's own address wake it until the stop request is seen."""
+def stop_serving(server: Any | None) -> None:
+    """Stop a server :func:`serve` returned (None: nothing to stop), at once, from any thread (the
+    caller's thread waits a millisecond or so, not for a poll). Its thread sleeps in its selector
+    with no timeout and looks for a stop request only when it wakes: shutting the listening socket
+    down wakes it (the accept that follows fails and is ignored). Where the platform refuses that
+    for a listening socket, connections to the server's own address wake it until the stop request
+    is seen."""
+    if server is None:
+        return
     try:
         server.socket.shutdown(socket.SHUT_RDWR)
     except OSError:

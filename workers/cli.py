@@ -12,7 +12,7 @@ from scheduler.metrics import host_arg, port_arg
 from scheduler.protocol import config
 from scheduler.protocol.errors import ZschedError
 
-from .options import DEFAULT_PREFETCH
+from .options import DEFAULT_PREFETCH, MAX_ACK_LINGER
 from .worker import Worker
 
 
@@ -52,6 +52,17 @@ def _seconds(value: str) -> float:
     return s
 
 
+def _linger_ms(value: str) -> float:
+    """``--ack-linger``: milliseconds from 0 to 1000, as seconds."""
+    try:
+        ms = float(value)
+    except ValueError:
+        ms = -1.0
+    if not 0 <= ms <= MAX_ACK_LINGER * 1000:  # refuses nan too
+        raise argparse.ArgumentTypeError(f"expected milliseconds from 0 to {MAX_ACK_LINGER * 1000:g}, got {value!r}")
+    return ms / 1000.0
+
+
 def add_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.ArgumentParser:
     """Register the ``worker`` subcommand (called by scheduler/shell/cli.py)."""
     p: argparse.ArgumentParser = subparsers.add_parser(
@@ -87,6 +98,10 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.Argument
                         "sleep until it fills up or a burst rings them all (the default): less CPU per job "
                         "with many workers; --no-one-listener: every idle worker waits on them "
                         "(docs/scaling.md, Adding workers)")
+    p.add_argument("--ack-linger", metavar="MS", type=_linger_ms,
+                   help="an ack may wait up to MS (at most a tenth of its job's lease) for others of its "
+                        "partition, to share one script call: less Redis and worker CPU per job under spread "
+                        "traffic, a finished job shows as running up to MS longer (default 0, up to 1000)")
     p.set_defaults(func=main)
     return p
 
@@ -131,7 +146,7 @@ def main(args: argparse.Namespace) -> int:
                      concurrency=args.concurrency, prefetch=args.prefetch, metrics_port=args.metrics_port,
                      metrics_host=args.metrics_host, shutdown_grace=args.shutdown_grace,
                      registry_interval=args.registry_interval, drain_timeout=args.drain_timeout,
-                     one_listener=args.one_listener)
+                     one_listener=args.one_listener, ack_linger=args.ack_linger)
     args.redis = worker.redis_url  # the URL the worker uses, for zsched's error messages
     worker.run()
     return 0

@@ -206,7 +206,7 @@ class DoorbellFetch(Fetch):
                 plan = orphans + new
             # Outcomes waiting for the outcome loop ride along (one round trip instead of two); they
             # go first, so a job failed with no delay is back in ready before the claims run.
-            calls, meta = ctx.outbox.take()
+            calls, meta = ctx.outbox.take(with_acks=not ctx.outbox.linger)  # lingering acks wait for others
             k = len(calls)
             calls += self._claim_calls(plan)
             t0 = time.monotonic()

@@ -31,6 +31,10 @@ DEFAULT_METRICS_HOST = config.DEFAULT_METRICS_HOST
 # seconds between refreshes of the worker's registry record (zsched workers); one small script
 # call per interval, and a killed worker drops out of the live list 3 intervals after its last one
 DEFAULT_REGISTRY_INTERVAL = 5.0
+# how long an ack may wait for others of its partition to share its script call (workers/outbox.py);
+# 0: sent within about a millisecond, as before the option
+DEFAULT_ACK_LINGER = 0.0
+MAX_ACK_LINGER = 1.0
 
 def check_positive(name: str, value: object, *, integer: bool = False) -> float:
     """``value`` if it is a finite number > 0 (an int when ``integer``); TypeError or ValueError
@@ -100,6 +104,7 @@ class WorkerOptions:
     sharded_pubsub: bool | None = None  # None: sharded exactly on a Redis Cluster (AsyncClient's rule)
     registry_interval: float = DEFAULT_REGISTRY_INTERVAL
     one_listener: bool = True  # one worker of a set of queues waits on the bells (workers/doorbell.py)
+    ack_linger: float = DEFAULT_ACK_LINGER  # seconds an ack may wait to share a call (workers/outbox.py)
 
     def __post_init__(self) -> None:
         # Normalised in place (frozen: through object.__setattr__); checking an already
@@ -139,6 +144,9 @@ class WorkerOptions:
             raise TypeError(f"sharded_pubsub must be True, False or None (automatic), got {self.sharded_pubsub!r}")
         if not isinstance(self.one_listener, bool):
             raise TypeError(f"one_listener must be True or False, got {self.one_listener!r}")
+        put("ack_linger", float(_seconds("ack_linger", self.ack_linger)))
+        if self.ack_linger > MAX_ACK_LINGER:
+            raise ValueError(f"ack_linger must be from 0 to {MAX_ACK_LINGER:g} seconds, got {self.ack_linger!r}")
 
     @property
     def prefetch_slots(self) -> int:

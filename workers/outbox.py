@@ -8,6 +8,15 @@ the claim loop takes whatever is queued along with its claims. A round trip that
 outcomes back (the jobs keep their leases meanwhile) and marks them uncertain: once re-sent, a
 refusal may mean "already applied".
 
+**Lingering acks** (``Worker(ack_linger=S)``, ``zsched worker --ack-linger MS``; off by default).
+Under spread traffic each job finishes at its own moment and its ack was a script call of its
+own. With a linger, acks wait up to S seconds (never more than a tenth of the job's lease) so that
+those of the same partition share one ``ack`` call and the round trip carries several: the claim
+loop leaves them queued, and they go when the first of them is due, when any other outcome goes
+(they ride along), at :data:`FLUSH_BIG`, or at once while the worker stops. What it costs: a
+finished job stays ``running`` up to S longer, and a worker killed meanwhile leaves those jobs to
+run again after their leases, as any worker killed before its acks landed does.
+
 Retries during an outage back off, but never past a tenth of the shortest lease among the queued
 outcomes (:meth:`Outbox.retry_wait`): the lease of a finished job keeps running while its ack
 waits, so an ack that waits out a long backoff after Redis is back loses the lease and the job
@@ -64,14 +73,17 @@ class Outbox:
     calls through :mod:`scheduler.protocol.transitions`, and ``on_refused(attempt, what)`` is told
     when Redis refused an outcome because the attempt no longer holds the lease."""
 
-    def __init__(self, calls: Builder, on_refused: Refused) -> None:
+    def __init__(self, calls: Builder, on_refused: Refused, linger: float = 0.0) -> None:
         self.calls = calls
         self.on_refused = on_refused
+        self.linger = linger    # seconds an ack may wait for others (Worker(ack_linger=)); 0: none
         self.acks: defaultdict[int, list[Attempt]] = defaultdict(list)
         self.fails: defaultdict[int, list[Fail]] = defaultdict(list)
         self.extends: defaultdict[int, list[Attempt]] = defaultdict(list)
         self.releases: defaultdict[int, list[Attempt]] = defaultdict(list)
         self.n = 0              # outcomes queued
+        self.n_acks = 0         # acks among them
+        self.ack_due = math.inf  # with a linger: when the queued acks must go (monotonic)
         self.flushing = False   # the outcome loop has a round trip in flight
         self.in_flight = 0      # outcomes in that round trip (back in ``n`` if it fails)
         self.wake = asyncio.Event()
@@ -80,7 +92,15 @@ class Outbox:
     def ack(self, r: Attempt) -> None:
         self.acks[r.p].append(r)
         self.n += 1
-        self.wake.set()
+        self.n_acks += 1
+        if not self.linger:
+            self.wake.set()
+            return
+        # The job's lease runs on while its ack waits: at most a tenth of it, as for retries.
+        due = time.monotonic() + min(self.linger, r.lease_s * RETRY_LEASE_SHARE)
+        if due < self.ack_due or self.n >= FLUSH_BIG:  # else the outcome loop's wait already covers it
+            self.ack_due = min(self.ack_due, due)
+            self.wake.set()
 
     def fail(self, r: Attempt, kind: FailKind, delay_ms: int, err: bytes) -> None:
         self.fails[r.p].append((r, kind, max(0, int(delay_ms)), err))
@@ -98,16 +118,20 @@ class Outbox:
         self.wake.set()
 
     # -- batching -------------------------------------------------------------------------------
-    def take(self) -> tuple[list[Call], Meta]:
+    def take(self, with_acks: bool = True) -> tuple[list[Call], Meta]:
         """Empty the outbox into script calls, and the items each call carries: extends first (a
         job may have finished since its heartbeat was queued: those are dropped), then fails,
-        acks and releases; at most :data:`CALL_BATCH` jobs' arguments per call."""
-        if not self.n:
+        acks and releases; at most :data:`CALL_BATCH` jobs' arguments per call. ``with_acks``
+        False leaves the acks queued (they wait for their linger)."""
+        if self.n <= (0 if with_acks else self.n_acks):
             return [], []
-        ext, fails, acks, rels = self.extends, self.fails, self.acks, self.releases
-        self.extends, self.fails, self.acks, self.releases = (defaultdict(list), defaultdict(list),
-                                                              defaultdict(list), defaultdict(list))
-        self.n = 0
+        ext, fails, rels = self.extends, self.fails, self.releases
+        self.extends, self.fails, self.releases = defaultdict(list), defaultdict(list), defaultdict(list)
+        acks: defaultdict[int, list[Attempt]] = defaultdict(list)
+        if with_acks:
+            acks, self.acks = self.acks, acks
+            self.n_acks, self.ack_due = 0, math.inf
+        self.n = self.n_acks
         wire = self.calls
         calls: list[Call] = []
         meta: Meta = []
@@ -150,6 +174,8 @@ class Outbox:
                 elif kind == "ack":
                     self.acks[r.p].append(r)
                     self.n += 1
+                    self.n_acks += 1
+                    self.ack_due = 0.0  # they waited already: no second linger after the retry wait
                 else:
                     self.releases[r.p].append(r)
                     self.n += 1
@@ -240,7 +266,17 @@ class Outbox:
                 self.wake.clear()
                 await self.wake.wait()
                 continue
-            if self.n < FLUSH_BIG and (quiet is None or not quiet(FLUSH_DELAY)):
+            if self.linger and self.n == self.n_acks and self.n < FLUSH_BIG and not life.stopping:
+                wait = self.ack_due - time.monotonic()
+                if wait > 0:  # acks alone: they wait for others of their partitions, until the first is due
+                    self.wake.clear()
+                    try:
+                        async with asyncio.timeout(wait):
+                            await self.wake.wait()  # another outcome, an earlier due time, FLUSH_BIG
+                    except TimeoutError:
+                        pass
+                    continue
+            elif self.n < FLUSH_BIG and (quiet is None or not quiet(FLUSH_DELAY)):
                 await asyncio.sleep(FLUSH_DELAY)  # let more outcomes join this round trip
             sending = self.n
             calls, meta = self.take()

@@ -74,11 +74,6 @@ def _lease_lost(r: Attempt, what: str) -> None:
                 "may run again elsewhere", encode_id(r.raw_id), r.queue, what)
 
 
-def _stop_server(server: Any) -> None:
-    if server is not None:
-        stop_serving(server)
-
-
 @dataclass(slots=True)
 class _Crew:
     """The parts of one ``serve()`` and the tasks running their loops."""
@@ -97,7 +92,7 @@ class _Crew:
             t.cancel()
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
         self.runner.close()
-        _stop_server(self.metrics_server)
+        stop_serving(self.metrics_server)
 
 
 class Worker:
@@ -129,7 +124,9 @@ class Worker:
     refreshing (killed) drops out of the live list 3 intervals after its last refresh.
     ``one_listener``: of the workers serving the same queues only one waits on the doorbells, the
     others sleep until it fills up or a burst comes (default True; False: every idle worker waits on
-    them; docs/scaling.md "Adding workers"). ``fetch``: how jobs are fetched: a
+    them; docs/scaling.md "Adding workers"). ``ack_linger``: seconds an ack may wait (at most a tenth of
+    its job's lease; default 0, up to 1) so that acks of one partition share a script call
+    (workers/outbox.py, "Lingering acks"). ``fetch``: how jobs are fetched: a
     :class:`~workers.fetch.Fetch` subclass (or any callable taking a
     :class:`~workers.fetch.FetchContext` and returning a ``Fetch``); default
     :class:`~workers.fetch.DoorbellFetch`. The settings are in :attr:`options`.
@@ -158,6 +155,7 @@ class Worker:
         registry_interval: float | None = None,
         redis_kwargs: Mapping[str, Any] | None = None,
         one_listener: bool | None = None,
+        ack_linger: float | None = None,
     ) -> None:
         redis_options = redis_options_arg(redis_options, redis_kwargs)
         # None leaves the first group at its default, as configure() does.
@@ -167,7 +165,7 @@ class Worker:
         self.options: WorkerOptions = base.updated(
             redis_url=redis_url, namespace=namespace, queues=queues, concurrency=concurrency, prefetch=prefetch,
             handler_timeouts=handler_timeouts, shutdown_grace=shutdown_grace, metrics_port=metrics_port,
-            drain_timeout=drain_timeout, one_listener=one_listener)
+            drain_timeout=drain_timeout, one_listener=one_listener, ack_linger=ack_linger)
         if not callable(fetch):
             raise TypeError(f"fetch must be a Fetch subclass or factory, got {type(fetch).__name__}")
         self.fetch = fetch
@@ -202,6 +200,7 @@ class Worker:
         registry_interval: float | None = None,
         drain_timeout: float | None = None,
         one_listener: bool | None = None,
+        ack_linger: float | None = None,
     ) -> Worker:
         """Change settings before the worker starts (the CLI uses this for its overrides); ``None``
         leaves a setting unchanged."""
@@ -211,7 +210,7 @@ class Worker:
             redis_url=redis_url, namespace=namespace, queues=queues, concurrency=concurrency, prefetch=prefetch,
             handler_timeouts=handler_timeouts, shutdown_grace=shutdown_grace, metrics_port=metrics_port,
             metrics_host=metrics_host, registry_interval=registry_interval, drain_timeout=drain_timeout,
-            one_listener=one_listener)
+            one_listener=one_listener, ack_linger=ack_linger)
         return self
 
     def handler(self, queue: str, *, timeout: float | None = None) -> Callable[[Handler], Handler]:
@@ -401,7 +400,7 @@ class Worker:
                 if crew is not None:
                     await crew.close()
                 else:
-                    _stop_server(exported[2])
+                    stop_serving(exported[2])
                 life.remove_signals(loop, signals)
                 with contextlib.suppress(Exception):
                     await transport.close()
@@ -435,7 +434,7 @@ class Worker:
         send = sender(transport)
         roundtrip = hist.roundtrip if hist is not None else None
         slots = Slots(self.concurrency, self.prefetch)
-        outbox = Outbox(calls, _lease_lost)
+        outbox = Outbox(calls, _lease_lost, self.options.ack_linger)
         heartbeats = Heartbeats(self._running, outbox)
         runner = HandlerRunner(
             loop=loop, specs=self._handlers.for_queues(queues, self.options.handler_timeouts), qstats=self._qstats,

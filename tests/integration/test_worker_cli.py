@@ -133,10 +133,11 @@ def test_cli_reports_bad_app_spec(tmp_path: Path) -> None:
                                 env={"RUN_LOG_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
 
     # (the other spec errors are unit-tested on load_worker; here: exit code and message of the CLI)
-    # the three invocations at once: each is a Python start-up, and none depends on another
+    # the invocations at once: each is a Python start-up, and none depends on another
     runs = [(("nosuchmodule:worker",), "cannot import module 'nosuchmodule'"),
             (("wapp:LOG_DIR",), "expected a workers.Worker"),
-            (("wapp:worker", "--concurrency", "0"), "positive integer")]
+            (("wapp:worker", "--concurrency", "0"), "positive integer"),
+            (("wapp:worker", "--ack-linger", "1500"), "expected milliseconds from 0 to 1000, got '1500'")]
     for (args, needle), proc in [(run, start(*run[0])) for run in runs]:
         out, err = proc.communicate(timeout=30)
         assert proc.returncode == 2, (args, out, err)

@@ -253,6 +253,12 @@ def test_parser_wiring() -> None:
     assert _parse("stats", "--etcd", "h:2379").etcd == "h:2379"
 
 
+def test_worker_ack_linger_is_given_in_milliseconds_and_kept_in_seconds() -> None:
+    assert _parse("worker", "app:worker", "--ack-linger", "250").ack_linger == 0.25
+    assert _parse("worker", "app:worker", "--ack-linger", "0").ack_linger == 0.0
+    assert _parse("worker", "app:worker").ack_linger is None  # the Worker's own setting stays
+
+
 @pytest.mark.parametrize("argv", [["dev"], ["scheduler"], ["worker", "app:worker"], ["stats"], ["ui"],
                                   ["job", "show", "0" * 30], ["dead", "purge", "--older-than", "7d"]])
 def test_log_level_and_debug_are_accepted_after_the_subcommand_too(argv: list[str]) -> None:

@@ -93,6 +93,8 @@ def test_options_normalise_and_stay_immutable() -> None:
     (dict(max_payload_bytes=0), ValueError), (dict(max_payload_bytes=1.5), ValueError),
     (dict(idle_sweep=0), ValueError), (dict(idle_sweep=math.nan), ValueError),
     (dict(redis_url="http://nope"), ValueError),
+    (dict(ack_linger=-0.001), ValueError), (dict(ack_linger=1.001), ValueError),
+    (dict(ack_linger=math.nan), ValueError), (dict(ack_linger=True), ValueError), (dict(ack_linger="0.1"), ValueError),
 ])
 def test_options_refuse_bad_values(kwargs: dict[str, Any], error: type[Exception]) -> None:
     with pytest.raises(error):
@@ -389,6 +391,104 @@ def test_outbox_sends_at_once_when_the_worker_is_quiet_else_waits_for_outcomes_t
     waits = run_outbox_until_acked(monkeypatch, box, a, send, is_quiet)
     assert a.stats.acked == 1 and asked == [FLUSH_DELAY]
     assert waits == ([] if quiet else [FLUSH_DELAY])
+
+
+class Flushes:
+    """The outcome loop of a lingering outbox, run for real (its waits are the linger's): each
+    round trip's time and its calls as (script, partition, jobs); every job succeeds."""
+
+    def __init__(self, linger: float) -> None:
+        self.box = Outbox(FakeCalls(5000), Refusals(), linger)
+        self.life = Lifecycle()
+        self.sent: list[tuple[float, list[tuple[str, str, int]]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def send(self, calls: Any, lane: str) -> list[Any]:
+        jobs = [(len(c[2]) - 1) // 2 if c[0] == "ack" else len(c[2]) // 5 for c in calls]
+        self.sent.append((time.monotonic(), [(c[0], c[1][0], n) for c, n in zip(calls, jobs)]))
+        return [[1] * n for n in jobs]
+
+    async def __aenter__(self) -> Flushes:
+        self._task = asyncio.create_task(self.box.run(self.send, self.life, None))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    async def until_sent(self, n: int = 1) -> None:
+        for _ in range(2000):  # 10 s; the linger is at most 1 s
+            if len(self.sent) >= n:
+                return
+            await asyncio.sleep(0.005)
+        raise AssertionError(f"{len(self.sent)} round trips, expected {n}")
+
+
+async def test_lingering_acks_wait_for_their_linger_and_share_one_call_per_partition() -> None:
+    """Spread traffic: jobs finish one by one, and each ack was a script call of its own."""
+    async with Flushes(linger=0.05) as f:
+        t0 = time.monotonic()
+        f.box.ack(attempt(1, p=0))
+        await asyncio.sleep(0.01)  # a later finish, within the first one's linger
+        f.box.ack(attempt(2, p=0))
+        f.box.ack(attempt(3, p=1))
+        await f.until_sent()
+        await asyncio.sleep(0.06)  # nothing else goes: all three went in that round trip
+    assert len(f.sent) == 1 and f.sent[0][0] - t0 >= 0.05
+    assert f.sent[0][1] == [("ack", "p0", 2), ("ack", "p1", 1)]
+
+
+async def test_a_lingering_ack_waits_at_most_a_tenth_of_its_jobs_lease() -> None:
+    """The lease runs on while the ack waits (the same share as for retries in an outage)."""
+    async with Flushes(linger=1.0) as f:
+        t0 = time.monotonic()
+        f.box.ack(attempt(1, lease_ms=30_000))
+        f.box.ack(attempt(2, lease_ms=200))  # due 20 ms from now: the earlier due time wakes the loop
+        await f.until_sent()
+    assert 0.02 <= f.sent[0][0] - t0 < 0.5 and f.sent[0][1] == [("ack", "p0", 2)]
+
+
+async def test_another_outcome_takes_the_lingering_acks_along_at_once() -> None:
+    async with Flushes(linger=1.0) as f:
+        t0 = time.monotonic()
+        f.box.ack(attempt(1, p=0))
+        f.box.fail(attempt(2, p=1), FailKind.FAILED, 0, b"err")
+        await f.until_sent()
+    assert f.sent[0][0] - t0 < 0.5 and f.sent[0][1] == [("fail", "p1", 1), ("ack", "p0", 1)]
+
+
+async def test_a_stopping_worker_sends_its_lingering_acks_at_once() -> None:
+    async with Flushes(linger=1.0) as f:
+        f.box.ack(attempt(1))
+        await asyncio.sleep(0.01)  # the loop waits for the linger
+        t0 = time.monotonic()
+        f.life.stopping = True
+        f.box.wake.set()  # as Outbox.drain does
+        await f.until_sent()
+    assert f.sent[0][0] - t0 < 0.5
+
+
+async def test_an_ack_queued_again_after_a_failed_round_trip_does_not_linger_again() -> None:
+    async with Flushes(linger=1.0) as f:
+        a = attempt(1)
+        f.box.ack(a)
+        _, meta = f.box.take()
+        t0 = time.monotonic()
+        f.box.requeue(meta)
+        await f.until_sent()
+    assert f.sent[0][0] - t0 < 0.5 and a.uncertain
+
+
+def test_claims_leave_lingering_acks_queued_and_take_the_other_outcomes() -> None:
+    box = Outbox(FakeCalls(5000), Refusals(), linger=0.5)
+    a, f = attempt(1, p=0), attempt(2, p=1)
+    box.ack(a)
+    assert box.take(with_acks=False) == ([], [])
+    box.fail(f, FailKind.FAILED, 0, b"err")
+    calls, meta = box.take(with_acks=False)
+    assert [k for k, _ in meta] == ["fail"] and box.n == box.n_acks == 1
+    assert box.take()[1] == [("ack", [a])] and box.n == box.n_acks == 0 and box.ack_due == math.inf
 
 
 # -- heartbeats -----------------------------------------------------------------------------------

@@ -1,0 +1,84 @@
+"""Lingering acks (``Worker(ack_linger=)``, ``zsched worker --ack-linger``) against a real
+redis-server, with in-process workers and the tier's stand-in: the acks of jobs of one partition
+that finish apart land in one ``ack`` call, and a stopping worker does not wait for the linger.
+
+Each ``ack`` call reads the server's clock once and stamps every job it finishes with it
+(``finished_at``): jobs finished by one call share it to the millisecond, jobs finished by calls
+100 ms apart do not."""
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+
+import pytest
+
+from scheduler import Client, JobState
+from tests.support.waits import wait_for
+from tests.support.workers import TierStandIn, serving
+from workers import Job, Worker
+
+GAP_MS = 100  # between two handlers' ends: far more than a round trip, far less than the linger
+
+
+def _client(redis_url: str, ns: str) -> Client:
+    return Client.from_url(redis_url, namespace=ns, partitions=1).connect()  # one partition: one ack call
+
+
+@pytest.mark.parametrize("linger", [0.0, 0.6])
+async def test_acks_of_jobs_that_finish_apart_share_one_call_only_with_a_linger(redis_url: str,
+                                                                                 linger: float) -> None:
+    ns = f"linger{int(linger * 1000)}"
+    client = _client(redis_url, ns)
+    ended: list[float] = []
+    worker = Worker.from_url(redis_url, namespace=ns, concurrency=8, shutdown_grace=5.0, ack_linger=linger)
+
+    @worker.handler("default")
+    async def handle(job: Job) -> None:
+        await asyncio.sleep(job.payload["ms"] / 1000)
+        ended.append(time.monotonic())
+
+    try:
+        async with TierStandIn(redis_url, namespace=ns), serving(worker):
+            ids = client.schedule_many([(timedelta(0), {"ms": i * GAP_MS}) for i in range(3)])
+
+            def done() -> bool:
+                return all(i is not None and i.state is JobState.DONE for i in client.get_many(ids).values())
+
+            await wait_for(done, 10, what="the jobs to be done")
+            assert worker.stats.acked == 3
+        finished = {info.finished_at for info in client.get_many(ids).values() if info is not None}
+    finally:
+        client.close()
+    assert max(ended) - min(ended) >= 2 * GAP_MS / 1000 * 0.9  # they did finish apart
+    if linger:
+        assert len(finished) == 1, finished  # one call: the first ack waited for the others
+    else:
+        assert len(finished) > 1, finished  # each ack went on its own
+
+
+async def test_a_stopping_worker_sends_its_lingering_acks_at_once(redis_url: str) -> None:
+    """The linger (1 s, the longest; a 600 s lease does not shorten it) must not hold the shutdown:
+    the ack of a job that just finished goes when the worker stops, and the job is done, not left
+    running until its lease expires."""
+    ns = "lingerstop"
+    client = _client(redis_url, ns)
+    ended: list[float] = []
+    worker = Worker.from_url(redis_url, namespace=ns, shutdown_grace=5.0, ack_linger=1.0)
+
+    @worker.handler("default")
+    async def handle(job: Job) -> None:
+        ended.append(time.monotonic())
+
+    try:
+        async with TierStandIn(redis_url, namespace=ns):
+            async with serving(worker):
+                jid = client.schedule(timedelta(0), {}, lease=600)
+                await wait_for(lambda: bool(ended), 10, what="the handler to run")
+                assert client.get(jid).state is JobState.RUNNING  # its ack lingers
+            stopped = time.monotonic()
+        info = client.get(jid)
+    finally:
+        client.close()
+    assert info.state is JobState.DONE and worker.stats.acked == 1
+    assert stopped - ended[0] < 0.9, stopped - ended[0]
