@@ -66,6 +66,44 @@ async def test_kill9_mid_job_runs_it_again_once_after_its_lease(redis_url: str, 
         client.close()
 
 
+async def test_kill9_while_acks_linger_runs_the_finished_job_again_once_after_its_lease(
+        redis_url: str, tmp_path: Path) -> None:
+    """``zsched worker --ack-linger``: a worker killed while a finished job's ack waits leaves the
+    job leased to nobody; it runs again once, after its lease, as after any kill -9 before the ack
+    landed (at-least-once; docs/workers.md "Lingering acks"). Through the command line, so this
+    also proves the option reaches the worker: without it the ack lands within milliseconds."""
+    ns, lease = "lingerkill", 12.0  # a tenth of the lease caps the wait: 1.2 s, above the 1 s linger
+    write_app(tmp_path)
+    client = Client.from_url(redis_url, namespace=ns)
+    p1 = spawn_worker(tmp_path, redis_url, "--namespace", ns, "--ack-linger", "1000")
+    p2 = None
+    try:
+        async with TierStandIn(redis_url, namespace=ns) as tier:
+            await wait_worker_ready(p1)
+            jid = client.schedule(timedelta(0), {}, lease=lease)
+
+            def ends() -> list[float]:
+                return [r[4] for r in read_runs(tmp_path) if r[0] == "END" and r[1] == jid]
+
+            await wait_for(lambda: bool(ends()), 10, what="the job to run")
+            p1.kill()
+            assert time.time() - ends()[0] < 1.0  # killed within the linger: the ack was still waiting
+            assert client.get(jid).state is JobState.RUNNING
+            p2 = spawn_worker(tmp_path, redis_url, "--namespace", ns)
+            await wait_worker_ready(p2)
+            await wait_for(lambda: len(ends()) == 2, lease + 15, what="the job to run again after its lease")
+            await wait_for(lambda: client.get(jid).state is JobState.DONE, 5, what="the second run's ack")
+            assert tier.reaped == 1
+        starts = [r for r in read_runs(tmp_path) if r[0] == "START" and r[1] == jid]
+        assert [(r[2], r[3]) for r in starts] == [(1, p1.pid), (2, p2.pid)]
+        assert starts[1][4] >= starts[0][4] + lease - 0.5  # not before the first claim's lease ran out
+    finally:
+        for p in (p1, p2):
+            if p is not None and p.alive:
+                p.term(10)
+        client.close()
+
+
 async def test_redis_crash_outcomes_are_delivered_after_restart(tmp_path: Path) -> None:
     # AOF with fsync on every write, so a kill -9 of Redis loses nothing and the job's lease survives.
     srv = RedisServer(extra_args=["--appendonly", "yes", "--appendfsync", "always"]).start()
