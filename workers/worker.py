@@ -482,6 +482,7 @@ class Worker:
         life.stopping = True
         life.drain_deadline = time.monotonic() + self.shutdown_grace + self.options.drain_timeout
         crew.slots.wake.set()
+        crew.outbox.wake.set()  # lingering acks go now, not at their due time
         crew.tasks["doorbell"].cancel()
         # The claim loop finishes its round trip (jobs it gets are released at once), then exits.
         claim_t = crew.tasks["claim"]

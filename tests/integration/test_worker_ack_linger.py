@@ -59,26 +59,35 @@ async def test_acks_of_jobs_that_finish_apart_share_one_call_only_with_a_linger(
 
 async def test_a_stopping_worker_sends_its_lingering_acks_at_once(redis_url: str) -> None:
     """The linger (1 s, the longest; a 600 s lease does not shorten it) must not hold the shutdown:
-    the ack of a job that just finished goes when the worker stops, and the job is done, not left
-    running until its lease expires."""
+    the ack of a job that just finished goes as soon as the worker starts to stop, while another
+    handler still runs in its grace period, and the job is done, not left running until its lease
+    expires."""
     ns = "lingerstop"
     client = _client(redis_url, ns)
-    ended: list[float] = []
-    worker = Worker.from_url(redis_url, namespace=ns, shutdown_grace=5.0, ack_linger=1.0)
+    ended: list[str] = []
+    worker = Worker.from_url(redis_url, namespace=ns, concurrency=2, shutdown_grace=5.0, ack_linger=1.0)
 
     @worker.handler("default")
     async def handle(job: Job) -> None:
-        ended.append(time.monotonic())
+        await asyncio.sleep(job.payload["s"])
+        ended.append(job.id)
 
     try:
         async with TierStandIn(redis_url, namespace=ns):
             async with serving(worker):
-                jid = client.schedule(timedelta(0), {}, lease=600)
-                await wait_for(lambda: bool(ended), 10, what="the handler to run")
-                assert client.get(jid).state is JobState.RUNNING  # its ack lingers
-            stopped = time.monotonic()
-        info = client.get(jid)
+                slow = client.schedule(timedelta(0), {"s": 3.0}, lease=600)
+                fast = client.schedule(timedelta(0), {"s": 0}, lease=600)
+                await wait_for(lambda: ended == [fast], 10, what="the fast job's handler to end")
+                assert client.get(fast).state is JobState.RUNNING  # its ack lingers
+                stopping = asyncio.create_task(worker.stop())
+                t0 = time.monotonic()
+                await wait_for(lambda: client.get(fast).state is JobState.DONE, 5, what="the lingering ack")
+                acked_after = time.monotonic() - t0
+                assert ended == [fast] and client.get(slow).state is JobState.RUNNING  # still in its grace
+                await stopping
+            assert ended == [fast, slow]
+        states = {jid: info.state for jid, info in client.get_many([fast, slow]).items() if info is not None}
     finally:
         client.close()
-    assert info.state is JobState.DONE and worker.stats.acked == 1
-    assert stopped - ended[0] < 0.9, stopped - ended[0]
+    assert states == {fast: JobState.DONE, slow: JobState.DONE} and worker.stats.acked == 2
+    assert acked_after < 0.5, acked_after  # not the linger's 1 s
