@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -120,6 +121,23 @@ def cpu_seconds(pid: int) -> float:
         fields = f.read().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     return (int(fields[11]) + int(fields[12])) / ticks
+
+
+CODE_DIRS = ("scheduler", "workers", "bench")
+"""What a bench's processes import from a checkout: the packages and the bench's own handlers."""
+
+
+def copy_code(checkout: Path, to: Path) -> None:
+    """Copy ``checkout``'s :data:`CODE_DIRS` into ``to``, with its Lua scripts as the package
+    ``scheduler.lua`` (pyproject.toml maps it to ``lua/``; a checkout set up for tests links
+    ``scheduler/lua`` to ``../lua``, which is followed): without them there, the editable install's
+    finder would hand the copy the main checkout's scripts. No bytecode, outputs or peers."""
+    skip = shutil.ignore_patterns("__pycache__", "out", "peers")
+    for d in CODE_DIRS:
+        if (checkout / d).is_dir():
+            shutil.copytree(checkout / d, to / d, symlinks=False, ignore=skip)
+    if not (to / "scheduler" / "lua").is_dir() and (checkout / "lua").is_dir():
+        shutil.copytree(checkout / "lua", to / "scheduler" / "lua", ignore=skip)
 
 
 def compile_checkout(code: Path) -> None:

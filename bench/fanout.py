@@ -35,6 +35,10 @@ OTHER (another checkout of zsched: its replicas and workers run from OTHER with
 ``PYTHONPATH=OTHER`` and its jobs are scheduled by its own client; redis-server, etcd and this
 driver are shared), the sides' order alternating per round, and gives per figure the ratio this
 / other of the medians and the median of the per-round ratios.
+
+Each side's processes run from a copy of its checkout's code made when the run starts
+(``snapshot``), removed when it ends: editing the checkout during a run does not change what the
+rounds still to come measure.
 """
 from __future__ import annotations
 
@@ -43,19 +47,21 @@ import json
 import os
 import random
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.cluster_measure import Window, side_redis
-from bench.common import PAYLOAD, compile_checkout, emit, machine
+from bench.common import PAYLOAD, compile_checkout, copy_code, emit, machine
 from bench.fanout_summary import compare, print_table, summarize, targets
 from bench.stack import NS, ROOT, Stack, bucket_summary
 from bench.workloads import records_summary
@@ -89,23 +95,26 @@ class Side:
     """Whose code runs the replicas, the workers and the producer: ``this`` checkout or the ``other``."""
 
     name: str
-    code: Path
+    code: Path  # where its processes import from: a copy of the checkout while a run measures (snapshot())
     scheduler_args: tuple[str, ...] = ()  # extra `zsched scheduler` arguments (--scheduler-args, --other-...)
     worker_args: tuple[str, ...] = ()     # extra `zsched worker` arguments (--worker-args, --other-...)
+    checkout: Path | None = None  # the checkout ``code`` was copied from (None: ``code`` is the checkout)
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "PYTHONPATH": str(self.code)}
 
     def describe(self) -> dict[str, Any]:
+        checkout = self.checkout or self.code
+
         def git(*args: str) -> str:
-            p = subprocess.run(["git", "-C", str(self.code), *args], capture_output=True, text=True, timeout=10)
+            p = subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True, timeout=10)
             return p.stdout.strip() if p.returncode == 0 else "unknown"
 
         commit = git("rev-parse", "--short", "HEAD")  # "unknown": not a git checkout
         # the code only: a run leaves RESULTS.md and the curves changed, the next run's code is the same
         dirty = None if commit == "unknown" else bool(git("status", "--porcelain", "--untracked-files=no", "--",
                                                           ".", ":!bench/RESULTS.md", ":!docs"))
-        return {"path": str(self.code), "commit": commit, "dirty": dirty, "imports": verify(self),
+        return {"path": str(checkout), "commit": commit, "dirty": dirty, "imports": verify(self),
                 "scheduler_args": list(self.scheduler_args), "worker_args": list(self.worker_args)}
 
 
@@ -115,6 +124,17 @@ out = {m: importlib.import_module(m).__file__ for m in ("scheduler", "workers", 
 out["scheduler.lua"] = str(importlib.resources.files("scheduler.lua").joinpath("tick.lua"))
 print(json.dumps(out))
 """
+
+
+def snapshot(side: Side, cleanup: ExitStack) -> Side:
+    """``side`` running from a copy of its checkout's code, made now and removed by ``cleanup``. A
+    run starts its replicas and workers afresh for every W and round, for up to a quarter of an
+    hour: from the checkout itself, a change saved meanwhile (the next edit of whoever waits for
+    the figures) reached the rounds that started after it, and one run measured two versions."""
+    copy = Path(tempfile.mkdtemp(prefix=f"zsched-bench-code-{side.name}-"))
+    cleanup.callback(shutil.rmtree, copy, True)
+    copy_code(side.code, copy)
+    return replace(side, code=copy, checkout=side.code)
 
 
 def verify(side: Side) -> dict[str, str]:
@@ -349,46 +369,48 @@ def run(quick: bool = False, workers: Sequence[int] | None = None, shapes: Seque
     bursts = bursts or q.get("bursts", BURSTS)
     sides = [Side("this", ROOT, tuple(scheduler_args), tuple(worker_args))] + (
         [Side("other", other.resolve(), tuple(other_scheduler_args), tuple(other_worker_args))] if other else [])
-    for side in sides:
-        compile_checkout(side.code)
-    t_start = time.time()
-    m = machine()
-    m["loadavg_start"] = os.getloadavg()
-    result: dict[str, Any] = {
-        "machine": m, "quick": quick, "workers": list(workers), "shapes": list(shapes), "backends": list(backends),
-        "rounds": rounds, "jobs": jobs, "seconds": seconds, "bursts": bursts, "concurrency": concurrency,
-        "idle_seconds": idle_seconds, "partitions": partitions, "handler_ms": handler_ms,
-        "replicas": REPLICAS, "sides": {s.name: s.describe() for s in sides},
-        "lateness": "handler: each handler's start minus its job's due time (exact, from the bench handler's "
-                    "records); firing: landed in ready minus due time (replicas' histograms, bucket estimate)",
-        "runs": [], "idle": [], "order": []}
-    for rnd in range(rounds):
-        loads_of = {s: offsets_for(s, jobs, seconds, bursts, 1000 * rnd + i) for i, s in enumerate(SHAPES)}
-        for side in orders(rnd % 2, sides):
-            for backend in orders(rnd % 2, backends):
-                with stack(backend, side, partitions) as st:
-                    for n in orders(rnd, workers):
-                        loads = {s: loads_of[s] for s in orders(rnd % 2, shapes)}
-                        got = with_workers(st, side, n, loads, concurrency, idle_seconds, handler_ms)
-                        key = {"round": rnd, "side": side.name, "backend": backend, "workers": n}
-                        result["order"].append(f"{rnd}:{side.name}:{backend}:{n}")
-                        result["idle"].append({**key, **got.pop("idle")})
-                        for shape, fig in got.items():
-                            result["runs"].append({**key, "shape": shape, **fig})
-                            print(f"  round {rnd} {side.name} {backend} W={n} {shape}: per job worker "
-                                  f"{fig['worker_cpu_us_per_job']:.0f} µs, Redis {fig['redis_cpu_us_per_job']:.0f} "
-                                  f"µs, replicas {fig['replica_cpu_us_per_job']:.0f} µs, "
-                                  f"{fig['script_calls_per_job']:.2f} script calls, notified "
-                                  f"{fig['notified_per_job']}, p99 {fig['handler_lateness_p99_ms']} ms, load "
-                                  f"{fig['loadavg_1m']}", file=sys.stderr, flush=True)
-    m["loadavg_end"] = os.getloadavg()
-    result["summary"] = summarize(result["runs"])
-    result["idle_summary"] = summarize(result["idle"])
-    result["targets"] = targets(result["summary"])
-    if other:
-        result["compare"] = compare(result["runs"])
-    result["seconds_total"] = round(time.time() - t_start, 1)
-    return result
+    with ExitStack() as cleanup:  # the copies of the code go when the run ends, however it ends
+        sides = [snapshot(side, cleanup) for side in sides]
+        for side in sides:
+            compile_checkout(side.code)
+        t_start = time.time()
+        m = machine()
+        m["loadavg_start"] = os.getloadavg()
+        result: dict[str, Any] = {
+            "machine": m, "quick": quick, "workers": list(workers), "shapes": list(shapes), "backends": list(backends),
+            "rounds": rounds, "jobs": jobs, "seconds": seconds, "bursts": bursts, "concurrency": concurrency,
+            "idle_seconds": idle_seconds, "partitions": partitions, "handler_ms": handler_ms,
+            "replicas": REPLICAS, "sides": {s.name: s.describe() for s in sides},
+            "lateness": "handler: each handler's start minus its job's due time (exact, from the bench handler's "
+                        "records); firing: landed in ready minus due time (replicas' histograms, bucket estimate)",
+            "runs": [], "idle": [], "order": []}
+        for rnd in range(rounds):
+            loads_of = {s: offsets_for(s, jobs, seconds, bursts, 1000 * rnd + i) for i, s in enumerate(SHAPES)}
+            for side in orders(rnd % 2, sides):
+                for backend in orders(rnd % 2, backends):
+                    with stack(backend, side, partitions) as st:
+                        for n in orders(rnd, workers):
+                            loads = {s: loads_of[s] for s in orders(rnd % 2, shapes)}
+                            got = with_workers(st, side, n, loads, concurrency, idle_seconds, handler_ms)
+                            key = {"round": rnd, "side": side.name, "backend": backend, "workers": n}
+                            result["order"].append(f"{rnd}:{side.name}:{backend}:{n}")
+                            result["idle"].append({**key, **got.pop("idle")})
+                            for shape, fig in got.items():
+                                result["runs"].append({**key, "shape": shape, **fig})
+                                print(f"  round {rnd} {side.name} {backend} W={n} {shape}: per job worker "
+                                      f"{fig['worker_cpu_us_per_job']:.0f} µs, Redis {fig['redis_cpu_us_per_job']:.0f} "
+                                      f"µs, replicas {fig['replica_cpu_us_per_job']:.0f} µs, "
+                                      f"{fig['script_calls_per_job']:.2f} script calls, notified "
+                                      f"{fig['notified_per_job']}, p99 {fig['handler_lateness_p99_ms']} ms, load "
+                                      f"{fig['loadavg_1m']}", file=sys.stderr, flush=True)
+        m["loadavg_end"] = os.getloadavg()
+        result["summary"] = summarize(result["runs"])
+        result["idle_summary"] = summarize(result["idle"])
+        result["targets"] = targets(result["summary"])
+        if other:
+            result["compare"] = compare(result["runs"])
+        result["seconds_total"] = round(time.time() - t_start, 1)
+        return result
 
 
 def handlers_source(checkout: Path) -> str:

@@ -44,8 +44,11 @@ def test_a_tiny_run_gives_per_job_figures_per_shape_and_worker_count(tmp_path: P
     assert set(r["summary"][0][PER_JOB[0]]) == {"median", "min", "max", "runs"}
     assert r["idle"][0]["worker_cpu_ms_per_s"] >= 0
     assert [t["shape"] for t in r["targets"]] == ["spread", "batched"]
-    assert r["sides"]["this"]["imports"]["workers"].startswith(str(fanout.ROOT))
-    assert not list(tmp.glob("zsched-bench-*")), "each stack removes its records' directory"
+    # the processes ran from a copy of the checkout's code, made for the run and removed after it
+    this = r["sides"]["this"]
+    assert this["path"] == str(fanout.ROOT) and this["commit"] != "unknown"
+    assert all(Path(p).is_relative_to(tmp) and "zsched-bench-code-this-" in p for p in this["imports"].values())
+    assert not list(tmp.glob("zsched-bench-*")), "each stack removes its records' directory, the run its code copy"
 
     fanout.finish(r, tmp_path / "fanout.json", tmp_path / "img")
     assert sorted(p.name for p in (tmp_path / "img").iterdir()) == sorted(
