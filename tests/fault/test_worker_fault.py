@@ -104,13 +104,14 @@ async def test_kill9_while_acks_linger_runs_the_finished_job_again_once_after_it
         client.close()
 
 
-async def test_redis_crash_outcomes_are_delivered_after_restart(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ack_linger", [0.0, 0.3])  # 0.3: the lingering ack's first try fails too
+async def test_redis_crash_outcomes_are_delivered_after_restart(tmp_path: Path, ack_linger: float) -> None:
     # AOF with fsync on every write, so a kill -9 of Redis loses nothing and the job's lease survives.
     srv = RedisServer(extra_args=["--appendonly", "yes", "--appendfsync", "always"]).start()
     client = Client.from_url(srv.url)
     gate = asyncio.Event()
     ran: list[tuple[str, int]] = []
-    w = Worker.from_url(srv.url, shutdown_grace=2)
+    w = Worker.from_url(srv.url, shutdown_grace=2, ack_linger=ack_linger)
 
     @w.handler("default")
     async def handle(job: Job) -> None:
