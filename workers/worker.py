@@ -124,9 +124,8 @@ class Worker:
     refreshing (killed) drops out of the live list 3 intervals after its last refresh.
     ``one_listener``: of the workers serving the same queues only one waits on the doorbells, the
     others sleep until it fills up or a burst comes (default True; False: every idle worker waits on
-    them; docs/scaling.md "Adding workers"). ``ack_linger``: seconds an ack may wait (at most a tenth of
-    its job's lease; default 0, up to 1) so that acks of one partition share a script call
-    (workers/outbox.py, "Lingering acks"). ``fetch``: how jobs are fetched: a
+    them; docs/scaling.md "Adding workers"). ``ack_linger``: seconds (0-1, default 0) an ack may wait,
+    at most a tenth of its lease, to share a script call (workers/outbox.py). ``fetch``: how jobs are fetched: a
     :class:`~workers.fetch.Fetch` subclass (or any callable taking a
     :class:`~workers.fetch.FetchContext` and returning a ``Fetch``); default
     :class:`~workers.fetch.DoorbellFetch`. The settings are in :attr:`options`.
@@ -387,11 +386,12 @@ class Worker:
                 failed_to_start = True  # bad credentials, the metrics port taken...: its error says it all
                 raise
             settle_gc()
-            port = self.metrics_port
-            metrics = "" if port is None else f", metrics on {metrics_url(self.metrics_host, port)}"
+            port, linger = self.metrics_port, self.options.ack_linger
+            extra = ("" if port is None else f", metrics on {metrics_url(self.metrics_host, port)}") + (
+                f", acks linger up to {linger * 1000:g} ms" if linger else "")
             log.info("worker serving namespace %r, queues %s, %d partitions, concurrency %d, event loop %s%s, "
                      "registry id %s", calls.ks.namespace, ",".join(queues), calls.ks.partitions, self.concurrency,
-                     loop_name(loop), metrics, presence.id)
+                     loop_name(loop), extra, presence.id)
             await life.stop_requested.wait()
             await self._shutdown(crew, life)
         finally:

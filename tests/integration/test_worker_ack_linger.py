@@ -8,6 +8,7 @@ Each ``ack`` call reads the server's clock once and stamps every job it finishes
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from datetime import timedelta
 
@@ -26,8 +27,9 @@ def _client(redis_url: str, ns: str) -> Client:
 
 
 @pytest.mark.parametrize("linger", [0.0, 0.6])
-async def test_acks_of_jobs_that_finish_apart_share_one_call_only_with_a_linger(redis_url: str,
-                                                                                 linger: float) -> None:
+async def test_acks_of_jobs_that_finish_apart_share_one_call_only_with_a_linger(
+        redis_url: str, linger: float, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="zsched.worker")
     ns = f"linger{int(linger * 1000)}"
     client = _client(redis_url, ns)
     ended: list[float] = []
@@ -51,6 +53,8 @@ async def test_acks_of_jobs_that_finish_apart_share_one_call_only_with_a_linger(
     finally:
         client.close()
     assert max(ended) - min(ended) >= 2 * GAP_MS / 1000 * 0.9  # they did finish apart
+    serving_line = next(r.getMessage() for r in caplog.records if "worker serving" in r.getMessage())
+    assert ("acks linger up to 600 ms" in serving_line) == bool(linger), serving_line  # the start-up line says so
     if linger:
         assert len(finished) == 1, finished  # one call: the first ack waited for the others
     else:
