@@ -27,6 +27,8 @@ time under valgrind, and blurred the figures by a percent or two.
   claim's instructions (callgrind's lpFind), which a partition with a few running jobs does not pay.
 - ``ack``: the running jobs are set up first (scheduled due, claimed in one call); each measured
   ack finishes one, leaving its tombstone.
+- ``ack4``: the same with 4 jobs per call, as the acks of one partition that waited together go
+  (``zsched worker --ack-linger``; workers/outbox.py); per call, not per job.
 - ``reap``: the owner's reap of an idle partition (epoch 1, batch 1000), which finds no expired
   lease: what every partition sends twice a second, idle or busy.
 """
@@ -231,28 +233,31 @@ def claim_side(calls: int) -> Side:
     return Side(setup, nth, check)
 
 
-def ack_side(calls: int) -> Side:
-    """A worker's ack of one job per call (a tombstone kept, as by default), the jobs claimed in
-    the set-up, one claim for all of them; off a cluster, as the claim side."""
+def ack_side(calls: int, per_call: int = 1) -> Side:
+    """A worker's ack of ``per_call`` jobs per call (a tombstone kept, as by default; 4: the acks
+    of one partition that waited together, workers/outbox.py), the jobs claimed in the set-up,
+    one claim for all of them; off a cluster, as the claim side."""
     builder = Calls(Keyspace("bench", 1), max_payload_bytes=65536, tombstone_ttl=3600, declare_all_keys=False)
     opts = JobOptions()
     held: list[tuple[bytes, int]] = []
+    jobs_needed = (WARM_UP + calls) * per_call
 
     def setup(r: redis.Redis, shas: dict[str, str]) -> None:
-        send(r, shas, builder.prepare([(PAST, PAYLOAD)] * (WARM_UP + calls), opts)[0])
-        _, keys, args = claim_call(builder, 0, "default", WARM_UP + calls, request_id="bench-ack",
-                                   receipt_ms=RECEIPT_MS, earlier_request_id="", max_due=WARM_UP + calls)
+        send(r, shas, builder.prepare([(PAST, PAYLOAD)] * jobs_needed, opts)[0])
+        _, keys, args = claim_call(builder, 0, "default", jobs_needed, request_id="bench-ack",
+                                   receipt_ms=RECEIPT_MS, earlier_request_id="", max_due=jobs_needed)
         _, jobs = parse_claim(r.evalsha(shas["claim"], len(keys), *keys, *args))
         held.extend((j.raw_id, j.token) for j in jobs)
 
     def nth(i: int) -> Call:
-        _, keys, args = ack_call(builder, 0, [held[i]])
+        _, keys, args = ack_call(builder, 0, held[i * per_call:(i + 1) * per_call])
         return list(keys), list(args)
 
     def check(r: redis.Redis, n: int) -> None:
         running = int(r.zcard(builder.ks.partition_keys(0)[3]))
-        if running != len(held) - n:
-            raise RuntimeError(f"ack side: {running} jobs still running after {n} acks of {len(held)}")
+        if running != len(held) - n * per_call:
+            raise RuntimeError(f"ack side: {running} jobs still running after {n} acks of {per_call} "
+                               f"of {len(held)}")
 
     return Side(setup, nth, check)
 
@@ -273,7 +278,8 @@ def reap_side() -> Side:
     return Side(nothing, nth, check)
 
 
-WORKLOADS = ("schedule", "tick", "claim", "ack", "reap")
+WORKLOADS = ("schedule", "tick", "claim", "ack", "ack4", "reap")
+ACK_BATCH = 4  # the ack4 workload's jobs per call
 
 
 def run(calls: int, only: str | None = None) -> dict[str, Any]:
@@ -287,6 +293,9 @@ def run(calls: int, only: str | None = None) -> dict[str, Any]:
                                               "general_path_only": general_only("claim"), "empty_script": EMPTY}),
         "ack": (lambda: ack_side(calls), {"shipped": shipped["ack"].source, "general_path_only": general_only("ack"),
                                           "empty_script": EMPTY}),
+        "ack4": (lambda: ack_side(calls, ACK_BATCH), {"shipped": shipped["ack"].source,
+                                                      "general_path_only": general_only("ack"),
+                                                      "empty_script": EMPTY}),
         "reap": (reap_side, {"shipped": shipped["reap"].source, "general_path_only": general_only("reap"),
                              "empty_script": EMPTY}),
     }

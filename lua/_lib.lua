@@ -348,12 +348,13 @@ local function paused_here(prefix, qname) return redis.call('HEXISTS', prefix ..
 -- worker and a burst reaches all idle workers at once. On a cluster the relay message is
 -- "b MEMBER QUEUE" for a burst, and tick flags its queues in its reply.
 local BURST_RING = 4
+local BURST_RANK = '3' -- BURST_RING - 1 as text: redis.call formats a Lua number with %.17g (2 k instructions)
 -- The due time (ms) of the BURST_RING-th earliest timer in the timer set 'k_t', or -1 when it holds
 -- fewer: tick reports it beside the earliest one, so the owner sees a burst coming (BURST_RING due
 -- together) and hands it off with its wider burst lead (scheduler/tier/coalesce.py HandoffLead).
 -- O(log n), one member read.
 local function burst_score(k_t)
-  local h = redis.call('ZRANGE', k_t, BURST_RING - 1, BURST_RING - 1, 'WITHSCORES')
+  local h = redis.call('ZRANGE', k_t, BURST_RANK, BURST_RANK, 'WITHSCORES')
   if h[2] then return tonumber(h[2]) end
   return -1
 end

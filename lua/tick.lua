@@ -112,7 +112,7 @@ if #A == 12 and A[7] == '0' and A[8] == '0' and A[9] == '0' and A[10] == '0' and
         local idx = u16(rec, 1)
         local q = names[idx]
         if q == nil then
-          q = call('HGET', KEYS[10] or prefix .. 'q', 'i:' .. idx)
+          q = call('HGET', KEYS[10] or prefix .. 'q', 'i:' .. string.format('%d', idx))
           names[idx] = q
         end
         if not q then ok = false; break end

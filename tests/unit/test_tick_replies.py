@@ -3,6 +3,7 @@ laid out as the lua/*.lua headers say, then the real scripts on fakeredis, so a 
 script's reply layout that the parser does not follow fails here."""
 from __future__ import annotations
 
+import re
 import time
 from datetime import timedelta
 
@@ -14,6 +15,7 @@ from scheduler.protocol.calls import Calls
 from scheduler.protocol.codes import EPOCH_REFUSED, CronFillCode
 from scheduler.protocol.keys import Keyspace
 from scheduler.protocol.replies import StatsReply, parse_stats
+from scheduler.protocol.scripts import library_source
 from scheduler.protocol.tick import (
     CRON_FIELDS,
     CronFillReply,
@@ -168,3 +170,12 @@ def test_cron_table_and_cron_fill_replies_of_the_real_scripts(redis: fakeredis.F
     assert stale == CronFillReply(CronFillCode.CHANGED, None)
     refused = t.call_many([cron_fill_call(c, 0, 1, "every-minute", table.version, [(after, after)])])[0]
     assert parse_cron_fill(refused) == EpochRefused(2)
+
+
+def test_the_burst_score_reads_the_burst_ring_th_timer() -> None:
+    """burst_score (lua/_lib.lua) sends the rank as text (a Lua number argument costs Redis a
+    %.17g formatting): the text must stay BURST_RING - 1."""
+    lib = library_source()
+    ring = re.search(r"^local BURST_RING = (\d+)$", lib, re.M)
+    rank = re.search(r"^local BURST_RANK = '(\d+)'", lib, re.M)
+    assert ring and rank and int(rank.group(1)) == int(ring.group(1)) - 1
