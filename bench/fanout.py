@@ -26,15 +26,17 @@ loads of each W an idle window (no job due) gives what W idle workers cost per s
 
 Rounds (3) are interleaved: the W values run in another order every round (ascending,
 descending, then shuffled), the shapes and the backends alternate; one stack per round and
-backend, its workers restarted per W. Each figure is reported as the median over rounds with min
+backend, its workers restarted per W (with ``--compare``, one stack per round, side, backend and
+W: ``blocks``). Each figure is reported as the median over rounds with min
 and max. Other processes' CPU during each window is measured (``foreign_cpu_s_per_s``) and the
 load average recorded: the machine is shared, read medians.
 
 ``--compare OTHER`` runs every round once with this checkout's code and once with the code at
 OTHER (another checkout of zsched: its replicas and workers run from OTHER with
 ``PYTHONPATH=OTHER`` and its jobs are scheduled by its own client; redis-server, etcd and this
-driver are shared), the sides' order alternating per round, and gives per figure the ratio this
-/ other of the medians and the median of the per-round ratios.
+driver are shared), the two sides of each W back to back, which of them goes first alternating
+(ABBA, ``blocks``), and gives per figure the ratio this / other of the medians and the median of
+the per-round ratios.
 
 Each side's processes run from a copy of its checkout's code made when the run starts
 (``snapshot``), removed when it ends: editing the checkout during a run does not change what the
@@ -351,6 +353,23 @@ def orders(rnd: int, items: Sequence[Any]) -> list[Any]:
     return out
 
 
+def blocks(rnd: int, sides: Sequence[Side], backends: Sequence[str],
+           workers: Sequence[int]) -> list[tuple[Side, str, list[int]]]:
+    """Round ``rnd``'s order: (side, backend, the W values it runs on one stack), in turn. One side:
+    one stack per backend. Two sides: one stack per side, backend and W, the sides of each W
+    back to back, the first of each pair alternating (ABBA), so that the two runs of a pair are a
+    minute apart: the machine's speed drifts over a run (a fan-out run on 2026-12-06 saw the same
+    commands take 1.3x longer in its later rounds), and sides run a whole round apart read that
+    drift as a difference between them."""
+    if len(sides) == 1:
+        return [(sides[0], backend, orders(rnd, workers)) for backend in orders(rnd % 2, backends)]
+    out: list[tuple[Side, str, list[int]]] = []
+    for backend in orders(rnd % 2, backends):
+        for n in orders(rnd, workers):
+            out += [(side, backend, [n]) for side in orders((len(out) // 2 + rnd) % 2, sides)]
+    return out
+
+
 def run(quick: bool = False, workers: Sequence[int] | None = None, shapes: Sequence[str] = SHAPES,
         backends: Sequence[str] | None = None, rounds: int | None = None, jobs: int | None = None,
         seconds: float | None = None, bursts: int | None = None, concurrency: int = CONCURRENCY,
@@ -386,23 +405,22 @@ def run(quick: bool = False, workers: Sequence[int] | None = None, shapes: Seque
             "runs": [], "idle": [], "order": []}
         for rnd in range(rounds):
             loads_of = {s: offsets_for(s, jobs, seconds, bursts, 1000 * rnd + i) for i, s in enumerate(SHAPES)}
-            for side in orders(rnd % 2, sides):
-                for backend in orders(rnd % 2, backends):
-                    with stack(backend, side, partitions) as st:
-                        for n in orders(rnd, workers):
-                            loads = {s: loads_of[s] for s in orders(rnd % 2, shapes)}
-                            got = with_workers(st, side, n, loads, concurrency, idle_seconds, handler_ms)
-                            key = {"round": rnd, "side": side.name, "backend": backend, "workers": n}
-                            result["order"].append(f"{rnd}:{side.name}:{backend}:{n}")
-                            result["idle"].append({**key, **got.pop("idle")})
-                            for shape, fig in got.items():
-                                result["runs"].append({**key, "shape": shape, **fig})
-                                print(f"  round {rnd} {side.name} {backend} W={n} {shape}: per job worker "
-                                      f"{fig['worker_cpu_us_per_job']:.0f} µs, Redis {fig['redis_cpu_us_per_job']:.0f} "
-                                      f"µs, replicas {fig['replica_cpu_us_per_job']:.0f} µs, "
-                                      f"{fig['script_calls_per_job']:.2f} script calls, notified "
-                                      f"{fig['notified_per_job']}, p99 {fig['handler_lateness_p99_ms']} ms, load "
-                                      f"{fig['loadavg_1m']}", file=sys.stderr, flush=True)
+            for side, backend, ws in blocks(rnd, sides, backends, workers):
+                with stack(backend, side, partitions) as st:
+                    for n in ws:
+                        loads = {s: loads_of[s] for s in orders(rnd % 2, shapes)}
+                        got = with_workers(st, side, n, loads, concurrency, idle_seconds, handler_ms)
+                        key = {"round": rnd, "side": side.name, "backend": backend, "workers": n}
+                        result["order"].append(f"{rnd}:{side.name}:{backend}:{n}")
+                        result["idle"].append({**key, **got.pop("idle")})
+                        for shape, fig in got.items():
+                            result["runs"].append({**key, "shape": shape, **fig})
+                            print(f"  round {rnd} {side.name} {backend} W={n} {shape}: per job worker "
+                                  f"{fig['worker_cpu_us_per_job']:.0f} µs, Redis {fig['redis_cpu_us_per_job']:.0f} "
+                                  f"µs, replicas {fig['replica_cpu_us_per_job']:.0f} µs, "
+                                  f"{fig['script_calls_per_job']:.2f} script calls, notified "
+                                  f"{fig['notified_per_job']}, p99 {fig['handler_lateness_p99_ms']} ms, load "
+                                  f"{fig['loadavg_1m']}", file=sys.stderr, flush=True)
         m["loadavg_end"] = os.getloadavg()
         result["summary"] = summarize(result["runs"])
         result["idle_summary"] = summarize(result["idle"])
