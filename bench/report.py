@@ -310,7 +310,8 @@ def fanout_markdown(r: dict[str, Any], plots: list[str]) -> str:
         "",
         f"Measured {m['date']} on {m['cpus']} cores, {m['redis'].split(' sha=')[0]}: {r['rounds']} rounds, "
         "interleaved (the worker counts in another order every round, shapes and backends alternating"
-        f"{', the two sides of each worker count back to back, which goes first alternating' if compared else ''}); per load {num(r['jobs'])} jobs, *spread*: due "
+        f"{', the two sides of each worker count back to back, which goes first alternating' if compared else ''}"
+        f"); per load {num(r['jobs'])} jobs, *spread*: due "
         f"at random moments over {r['seconds']:g} s ({num(r['jobs'] / r['seconds'])}/s), *batched*: due at "
         f"{r['bursts']} instants {r['seconds'] / r['bursts']:g} s apart; W worker processes at concurrency "
         f"{r['concurrency']} with a no-op handler, {r['replicas']} scheduler replicas, {r['partitions']} "

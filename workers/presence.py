@@ -50,12 +50,13 @@ log = logging.getLogger("zsched.worker")
 LEAVE_TIMEOUT = 2.0  # seconds a graceful stop waits to remove the record (it expires by itself anyway)
 
 
-def base_record(queues: list[str], concurrency: int, prefetch: int, interval: float) -> WorkerRecord:
+def base_record(queues: list[str], concurrency: int, prefetch: int, interval: float,
+                ack_linger: float = 0.0) -> WorkerRecord:
     """This process's record before anything ran; :class:`~scheduler.protocol.registry.RecordTooLarge`
     (a ValueError) when a refresh could ever exceed the record size limit, so that a worker serving
     too many queue names is refused when it starts, not at its first refresh."""
     rec = WorkerRecord(socket.gethostname(), os.getpid(), tuple(queues), concurrency, prefetch, interval,
-                       version=zsched_version())
+                       version=zsched_version(), ack_linger_s=ack_linger)
     encode_record(rec.worst_case())
     return rec
 

@@ -358,7 +358,7 @@ class Worker:
         if self._serving:
             raise RuntimeError("this Worker is already serving")
         queues = self._queues_to_serve()
-        record = base_record(queues, self.concurrency, self.prefetch, self.registry_interval)  # too many queues: here
+        record = base_record(queues, self.concurrency, self.prefetch, self.registry_interval, self.options.ack_linger)
         self._serving = True
         life = self._life = Lifecycle()
         self._qstats = {q: WorkerStats() for q in queues}

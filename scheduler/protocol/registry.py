@@ -25,8 +25,9 @@ left out when none runs), ``hd`` jobs waiting on prefetch slots for their due ti
 (the start is LAST_MS - up, free of clock skew), ``s`` 1 while the worker stops (drains), ``v``
 the zsched version, ``j`` the jobs whose handlers run, the :data:`MAX_CURRENT_JOBS` longest
 running at most, each ``[id (15 bytes), queue index into q, ms it has run]`` (its start is LAST_MS
-minus that, again free of skew; left out when none runs). At most :data:`MAX_RECORD_BYTES` (the
-script refuses more).
+minus that, again free of skew; left out when none runs), ``al`` the ms an ack may wait for others
+of its partition (``zsched worker --ack-linger``; left out when 0). At most
+:data:`MAX_RECORD_BYTES` (the script refuses more).
 """
 from __future__ import annotations
 
@@ -113,6 +114,7 @@ class WorkerRecord:
     stopping: bool = False
     version: str = ""
     current: tuple[CurrentJob, ...] = ()  # the longest-running handlers' jobs, MAX_CURRENT_JOBS at most
+    ack_linger_s: float = 0.0  # how long an ack may wait for others (Worker(ack_linger=...)); 0: never
 
     @property
     def free(self) -> int:
@@ -133,7 +135,8 @@ class WorkerRecord:
         q = self.queues[-1] if self.queues else ""
         jobs = (CurrentJob(b"\xff" * ID_BYTES, q, 1e15),) * MAX_CURRENT_JOBS
         return WorkerRecord(self.host, self.pid, self.queues, self.concurrency, self.prefetch, self.interval_s,
-                            _U64, (_U64,) * len(self.queues), _U64, _U64, _U64, 1e15, True, self.version, jobs)
+                            _U64, (_U64,) * len(self.queues), _U64, _U64, _U64, 1e15, True, self.version, jobs,
+                            self.ack_linger_s)
 
 
 def encode_record(rec: WorkerRecord) -> bytes:
@@ -145,6 +148,8 @@ def encode_record(rec: WorkerRecord) -> bytes:
         doc["r"] = list(rec.running)
     if rec.stopping:
         doc["s"] = 1
+    if rec.ack_linger_s > 0:
+        doc["al"] = round(rec.ack_linger_s * 1000)
     if rec.current:
         index = {q: i for i, q in enumerate(rec.queues)}
         doc["j"] = [[j.raw_id, index.get(j.queue, 0), round(j.ran_s * 1000)] for j in rec.current[:MAX_CURRENT_JOBS]]
@@ -185,7 +190,7 @@ def decode_record(data: bytes) -> WorkerRecord:
         running=tuple(running) if len(running) == len(queues) else (), held=_typed(doc, "hd", int, 0),
         claimed=counts[0] if counts else 0, acked=counts[1] if len(counts) > 1 else 0,
         uptime_s=_typed(doc, "up", int, 0) / 1000.0, stopping=bool(_typed(doc, "s", int, 0)),
-        version=_typed(doc, "v", str, ""), current=current)
+        version=_typed(doc, "v", str, ""), current=current, ack_linger_s=_typed(doc, "al", int, 0) / 1000.0)
 
 
 def _current_jobs(items: list[Any], queues: list[str]) -> tuple[CurrentJob, ...]:

@@ -47,7 +47,7 @@ def test_the_workers_page_lists_each_live_worker_with_its_slots_and_current_jobs
     jid = client.schedule(timedelta(hours=1), None, queue="emails")
     rec = WorkerRecord("web-7", 4321, ("emails", "sms"), 8, 16, 60.0, busy=12, running=(11, 1), held=3,
                        claimed=40, acked=28, uptime_s=3700.0, version="9.9",
-                       current=(CurrentJob(decode_id(jid), "emails", 42.0),))
+                       current=(CurrentJob(decode_id(jid), "emails", 42.0),), ack_linger_s=0.25)
     register(client, "web-7-4321-aaaa", rec)
     register(client, "db-1-99-bbbb", WorkerRecord("db-1", 99, ("sms",), 2, 4, 60.0, stopping=True))
     page = tc.get("/workers")
@@ -61,8 +61,10 @@ def test_the_workers_page_lists_each_live_worker_with_its_slots_and_current_jobs
     assert f'<a href="/job/{jid}">{jid}</a>' in row.group(0) and "(42." in row.group(0), "job and how long it ran"
     assert "and 11 more" in row.group(0), "busy handlers the record does not name are counted"
     assert re.search(r"[0-9.]+ s ago", row.group(0)), "last heartbeat age"
+    assert re.search(r'class="muted linger"[^>]*>acks linger 250 ms<', row.group(0)), "its acks linger"
     stopping = re.search(r'<tr data-worker="db-1-99-bbbb".*?</tr>', page.text, re.S)
     assert stopping and 'class="state">stopping<' in stopping.group(0)
+    assert "acks linger" not in stopping.group(0), "a worker whose acks do not linger says nothing of it"
     per_queue = re.search(r'<tr data-queue="sms">(.*?)</tr>', page.text).group(1)  # type: ignore[union-attr]
     assert re.findall(r'class="n">(\d+)<', per_queue) == ["1", "8", "1", "0"], "stopping workers are not counted"
     assert client.redis.hlen(client.keyspace.workers_key) == 2

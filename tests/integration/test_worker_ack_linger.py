@@ -15,6 +15,7 @@ from datetime import timedelta
 import pytest
 
 from scheduler import Client, JobState
+from scheduler.shell import admin
 from tests.support.waits import wait_for
 from tests.support.workers import TierStandIn, serving
 from workers import Job, Worker
@@ -49,6 +50,8 @@ async def test_acks_of_jobs_that_finish_apart_share_one_call_only_with_a_linger(
 
             await wait_for(done, 10, what="the jobs to be done")
             assert worker.stats.acked == 3
+            doc = admin.workers_doc(admin.read_registry(client), ns)  # what `zsched workers --json` prints
+            assert [w["ack_linger_ms"] for w in doc["workers"]] == [round(linger * 1000)]
         finished = {info.finished_at for info in client.get_many(ids).values() if info is not None}
     finally:
         client.close()

@@ -47,6 +47,17 @@ def test_a_record_survives_its_encoding_and_stays_small() -> None:
     assert decode_record(idle).running == ()
 
 
+def test_a_record_says_how_long_its_acks_linger_and_leaves_it_out_when_they_do_not() -> None:
+    r = rec(ack_linger_s=0.1)
+    data = encode_record(r)
+    assert msgpack.unpackb(data)["al"] == 100 and decode_record(data) == r
+    assert "al" not in msgpack.unpackb(encode_record(rec()))
+    assert decode_record(encode_record(rec())).ack_linger_s == 0.0
+    assert len(encode_record(rec(ack_linger_s=1.0).worst_case())) <= MAX_RECORD_BYTES
+    with pytest.raises(ValueError, match="'al'"):
+        decode_record(msgpack.packb({"q": ["x"], "al": "100"}))
+
+
 def test_a_reader_ignores_fields_it_does_not_know_and_defaults_missing_ones() -> None:
     doc = msgpack.packb({"h": "a", "p": 1, "q": ["x"], "c": 4, "future": {"k": 1}})
     r = decode_record(doc)
