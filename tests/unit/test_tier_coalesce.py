@@ -9,6 +9,7 @@ from scheduler.tier.coalesce import (
     GRID_S,
     JOBS_PER_STEP,
     MIN_JOBS_PER_STEP,
+    RATE_SPAN_S,
     RATE_WINDOW_S,
     HandoffLead,
     aligned_sleep,
@@ -132,9 +133,53 @@ def test_the_lead_changes_at_most_once_per_window_and_returns_when_traffic_stops
     assert lead.lead == pytest.approx(0.160)
     assert not lead.observe(50, at + RATE_WINDOW_S / 2)  # a burst inside the window changes nothing yet
     assert lead.lead == pytest.approx(0.160)
-    assert lead.observe(0, at + RATE_WINDOW_S * 20)  # then 19.5 quiet seconds (idle ticks): changed
+    assert lead.observe(0, at + 20.0)  # then 19.9 quiet seconds (idle ticks): changed
     assert lead.lead == pytest.approx(BASE)  # 50 jobs over 20 s: 2.5/s, too few to widen
     assert lead.step == pytest.approx(grid_step(BASE))
+
+
+def test_a_partition_whose_traffic_starts_reaches_its_level_within_a_second() -> None:
+    # 300 jobs/s over 16 partitions begin: 20, 40, 80, 160 ms, a level per quarter-second window
+    lead = HandoffLead(BASE, WIDEST)
+    lead.observe(0, 100.0)
+    at = 100.0
+    while lead.lead < WIDEST:
+        at = window(lead, 19.0, at)
+    assert at - 100.0 == pytest.approx(3 * RATE_WINDOW_S) and at - 100.0 <= 1.0
+
+
+def test_a_quiet_window_amid_steady_traffic_keeps_the_lead() -> None:
+    # a quarter second with one job of a partition firing 19 jobs/s (one window in twenty): the
+    # last second still asks for the widest level, so the lead stays (it would drop to 20 ms and
+    # climb back over three windows)
+    lead = HandoffLead(BASE, WIDEST)
+    at = settle(lead, 19.0)
+    assert lead.lead == pytest.approx(WIDEST)
+    assert not lead.observe(1, at + RATE_WINDOW_S)
+    assert lead.lead == pytest.approx(WIDEST)
+    at = window(lead, 19.0, at + RATE_WINDOW_S)
+    assert lead.lead == pytest.approx(WIDEST)
+
+
+def test_the_lead_narrows_once_the_last_second_is_quiet_too() -> None:
+    lead = HandoffLead(BASE, WIDEST)
+    at = settle(lead, 19.0)
+    changed_at = None
+    for i in range(1, 13):  # idle ticks a quarter second apart (the partition's idle checks)
+        if lead.observe(0, at + i * RATE_WINDOW_S):
+            changed_at = i * RATE_WINDOW_S
+            break
+    assert lead.lead == pytest.approx(BASE)
+    assert changed_at is not None and RATE_WINDOW_S < changed_at <= RATE_SPAN_S
+
+
+def test_traffic_too_dense_for_a_wide_lead_narrows_it_at_once() -> None:
+    # a partition at 160 ms whose rate jumps to 1 000 jobs/s: a 10 ms step already holds 2.5
+    # jobs, and both the window and the last second say so at the next window's end
+    lead = HandoffLead(BASE, WIDEST)
+    at = settle(lead, 19.0)
+    window(lead, 1000.0, at)
+    assert lead.lead == pytest.approx(BASE)
 
 
 def test_a_burst_at_one_instant_does_not_widen_the_lead() -> None:
