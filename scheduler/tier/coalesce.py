@@ -194,11 +194,11 @@ class HandoffLead:
             while span - recent[0][1] >= RATE_SPAN_S:  # keep just enough windows to cover the span
                 span -= recent.popleft()[1]
             want = self.choose(self._moved / elapsed)
-            # Up one level per window, down at once. The first tick on a wider lead hands off every
-            # job due before the new edge at once, from all the replica's partitions on the same
-            # grid point, and the jobs due soonest among them have only the old lead to reach a
-            # worker: a jump from 20 to 160 ms made a lone worker (16 rings, 45 jobs in that
-            # moment, its prefetch allowance full) start some of them up to 50 ms late.
+            # Up one level per window, down at once (once both rates agree). The first tick on a wider
+            # lead hands off every job due before the new edge at once, from all the replica's
+            # partitions on the same grid point, and the jobs due soonest among them have only the
+            # old lead to reach a worker: a jump from 20 to 160 ms made a lone worker (16 rings, 45
+            # jobs in that moment, its prefetch allowance full) start some of them up to 50 ms late.
             if want > self.lead:
                 self.lead = min(want, self.lead * 2)
             else:  # choose() is not monotonic in the rate: too few jobs and too many both narrow
