@@ -89,8 +89,9 @@ def measure(st: Stack, side: Side, offsets: Sequence[float]) -> dict[str, Any]:
     r = st.r
     jobs = len(offsets)
     base = st.counter("acked", QUEUE)
+    room = jobs * LOG_ENTRIES_PER_JOB + 10_000  # slow log entries kept
     t0, _ = schedule(st, side, offsets)
-    r.config_set("slowlog-max-len", jobs * LOG_ENTRIES_PER_JOB + 10_000)
+    r.config_set("slowlog-max-len", room)
     r.config_set("slowlog-log-slower-than", 0)
     time.sleep(max(0.0, t0 - 0.1 - time.time()))
     r.slowlog_reset()
@@ -98,8 +99,8 @@ def measure(st: Stack, side: Side, offsets: Sequence[float]) -> dict[str, Any]:
     poll_acked(st, base + jobs, None, offsets[-1] + 60)
     cpu1, seconds = st.cpu()["redis"], time.monotonic() - w0
     r.config_set("slowlog-log-slower-than", 10_000)  # as Redis ships: the read below is not logged
-    entries = r.slowlog_get(jobs * LOG_ENTRIES_PER_JOB + 10_000)
-    if len(entries) >= jobs * LOG_ENTRIES_PER_JOB + 10_000:
+    entries = r.slowlog_get(room)
+    if len(entries) >= room:
         raise RuntimeError("the slow log filled up: its oldest entries are lost (raise LOG_ENTRIES_PER_JOB)")
     names = script_names()
     out = per_job(tally(entries, names), jobs, set(names.values()))
