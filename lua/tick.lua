@@ -28,7 +28,8 @@
 --          log); on Redis Cluster (sharded CHAN) the queues whose ready lists received jobs (and
 --          are not paused in this partition), whose bells the caller rings (they are in another
 --          slot; r = 0 off a cluster, where the script rang them), each with 1 when it received
---          BURST_RING jobs or more (the caller rings the burst bell) else 0; then the due time of the
+--          a burst (BURST_RING jobs or more due within BURST_SPAN_MS: bursty in _lib.lua; the caller
+--          rings the burst bell) else 0; then the due time of the
 --          BURST_RING-th earliest remaining timer (-1: fewer remain), with which the caller sees a
 --          burst coming (burst_score in _lib.lua); then one lateness value per fired job (now - its
 --          due time; negative when handed off ahead of time).
@@ -51,11 +52,11 @@
 -- sweep three entries per tombstone they write (_lib_finish.lua), which keeps up on its own. At
 -- 100 ms these sweeps were 7 % of Redis's CPU at 1 000 jobs/s (0.3 HSCAN of ~256 entries per job).
 -- Rings (ring() in _lib.lua) the bell of each queue whose ready list received jobs (its burst bell
--- when it received BURST_RING jobs or more), once, off a cluster (not a queue paused in this partition); on a cluster it names those queues in the reply
+-- when it received a burst: BURST_RING jobs or more due within BURST_SPAN_MS, bursty), once, off a cluster (not a queue paused in this partition); on a cluster it names those queues in the reply
 -- instead (see Returns).
 -- Uses: BATCH_LIMIT_MAX, BURST_RING, CHAN, COMMON, HISTORY_TTL_S, ID_LEN, K_C, K_D, K_E, K_F, K_G, K_J, K_K,
 --       K_M, K_META, K_Q, K_T, K_X, LAYOUT, MAX_INT, MAX_MS, NAME_MAX, NAME_PATTERN, PART, PREFIX,
---       arg, bell_ring, bump, burst_score, check_epoch, common_ok, cron_advance, error_blob, flag, flush_bumps, fmt,
+--       arg, bell_ring, bump, burst_score, bursty, check_epoch, common_ok, cron_advance, error_blob, flag, flush_bumps, fmt,
 --       head_score, jget, jval, layout_fence, multi, now_ms, p48, paused_here, queue_name,
 --       rec_is_cron, rec_opts, rec_qidx, rec_valid, refusal, release_key, retire_queues, ring,
 --       tally, tombstone, trim_dead, trim_tombstones, u16, u32
@@ -101,6 +102,7 @@ if #A == 12 and A[7] == '0' and A[8] == '0' and A[9] == '0' and A[10] == '0' and
       -- every job: a valid record of a queue this partition knows, not a cron occurrence, not
       -- past a misfire grace (skip policy)
       local names, per_queue, order, jargs, late, ok = {}, {}, {}, {}, {}, nd > 0
+      local dues = {} -- per queue: its jobs' due times, the due ones as now (bursty)
       for i = 1, #due, 2 do
         local member = due[i]
         local rec, score = string.sub(member, ID_LEN + 1), tonumber(due[i + 1])
@@ -117,9 +119,11 @@ if #A == 12 and A[7] == '0' and A[8] == '0' and A[9] == '0' and A[10] == '0' and
         end
         if not q then ok = false; break end
         local ids = per_queue[q]
-        if not ids then ids = {}; per_queue[q] = ids; order[#order + 1] = q end
+        if not ids then ids = {}; per_queue[q] = ids; dues[q] = {}; order[#order + 1] = q end
         local id = string.sub(member, 1, ID_LEN)
         ids[#ids + 1] = id
+        local dq = dues[q]
+        dq[#dq + 1] = score > now and score or now
         jargs[#jargs + 1] = id
         jargs[#jargs + 1] = p48(score) .. rec
         late[#late + 1] = now - score
@@ -144,11 +148,12 @@ if #A == 12 and A[7] == '0' and A[8] == '0' and A[9] == '0' and A[10] == '0' and
             call('EXPIRE', hk, HISTORY_TTL_S)
           end
           if call('HEXISTS', prefix .. 'paused', q) == 0 then
+            local burst = #ids >= BURST_RING and bursty(dues[q])
             if plain then
-              bell_ring(bell .. q, p, string.format('%d', now), #ids >= BURST_RING)
+              bell_ring(bell .. q, p, string.format('%d', now), burst)
             else
               to_ring[#to_ring + 1] = q
-              to_ring[#to_ring + 1] = #ids >= BURST_RING and 1 or 0
+              to_ring[#to_ring + 1] = burst and 1 or 0
             end
           end
         end
@@ -242,10 +247,13 @@ local crons = {}
 local function attention(name) if name then crons[#crons + 1] = name end end
 local per_queue = {}
 local moved = 0
+local dues = {} -- per queue: its fired jobs' due times, the due ones as now (bursty)
 local function fire(id, q, due)
   local ids = per_queue[q]
-  if not ids then ids = {}; per_queue[q] = ids end
+  if not ids then ids = {}; per_queue[q] = ids; dues[q] = {} end
   ids[#ids + 1] = id
+  local dq = dues[q]
+  dq[#dq + 1] = due > now and due or now
   lateness[#lateness + 1] = now - due
 end
 
@@ -338,11 +346,13 @@ local sharded = string.byte(CHAN, 1) == 123
 for q, ids in pairs(per_queue) do
   multi('LPUSH', PREFIX .. 'r:' .. q, ids)
   tally(K_C, PREFIX, 'fired:' .. q, #ids, now)
+  -- a burst rings the burst bell: BURST_RING of the queue's jobs due within BURST_SPAN_MS (bursty)
+  local n = (#ids >= BURST_RING and bursty(dues[q])) and #ids or math.min(#ids, BURST_RING - 1)
   if not sharded then
-    ring(CHAN, PREFIX, q, PART, now, #ids)
+    ring(CHAN, PREFIX, q, PART, now, n)
   elseif not paused_here(PREFIX, q) then
     to_ring[#to_ring + 1] = q
-    to_ring[#to_ring + 1] = #ids >= BURST_RING and 1 or 0
+    to_ring[#to_ring + 1] = n >= BURST_RING and 1 or 0
   end
 end
 for i = 1, nlim do

@@ -18,6 +18,13 @@ from .keys import Keyspace, validate_name
 RELAY_PREFIXES = (b"r ", b"b ")
 
 
+BURST_SPAN_MS = 10
+"""A tick's jobs of one queue ring the burst bell when ``BURST_RING`` (4) of them come due within this
+many ms of each other (lua/_lib.lua ``bursty``; the due ones count as due now), and the owner sees
+a burst coming when its partition's fourth earliest timer is due this close to the earliest
+(scheduler/tier/coalesce.py ``HandoffLead.look_ahead``). Spread jobs handed off together with a
+widened lead are not a burst: the listener takes them, warm."""
+
 # One ring: (queue, member, score_ms or None for now, burst)
 Ring = tuple[str, bytes | str, float | None, bool]
 

@@ -444,7 +444,7 @@ class PartitionRunner:
         token, or ``idle_check`` passed."""
         wait = self._cfg.idle_check
         if tick.next_due_ms is not None:  # wake when the next timer enters the hand-off window
-            wait = min(wait, (tick.next_due_ms - tick.now_ms) / 1000.0 - self.lead.next_lead)
+            wait = min(wait, (tick.next_due_ms - tick.now_ms) / 1000.0 - self.lead.wake_ahead)
         if held_any:
             wait = min(wait, token_wait if token_wait != float("inf") else 0.01)
         return wait

@@ -22,7 +22,7 @@ from scheduler import Client
 from scheduler.protocol import bells
 from scheduler.protocol.ids import decode_id, partition_of
 from scheduler.protocol.keys import Keyspace
-from scheduler.protocol.tick import NO_RETENTION, parse_tick, tick_call
+from scheduler.protocol.tick import NO_RETENTION, EpochRefused, parse_tick, tick_call
 from scheduler.redisio.connection import async_redis, sync_redis
 from scheduler.redisio.errors import REDIS_ERRORS
 from scheduler.shell.servers import ClusterSet, RedisServer
@@ -508,6 +508,48 @@ async def test_a_burst_rings_the_burst_bell_and_a_few_jobs_the_bell(redis_url: s
         burst = jobs >= 4
         assert client.redis.zrange(ks.burst_bell("q"), 0, -1) == ([b"0"] if burst else [])
         assert client.redis.zrange(ks.bell("q"), 0, -1) == ([] if burst else [b"0"])
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("housekeeping", [True, False])
+async def test_jobs_handed_off_together_but_due_apart_ring_the_bell_and_overdue_ones_a_burst(
+        redis_url: str, housekeeping: bool) -> None:
+    """A tick that hands off four jobs due 30 ms apart (a widened lead, spread traffic) rings the
+    bell: the listener takes them, warm. Four jobs within BURST_SPAN_MS are a burst, and so are
+    jobs fired after their due time, however far apart it was (they are all due now). The general
+    path (housekeeping) and the fast path alike."""
+    ns = f"apart{int(housekeeping)}"
+    client = Client.from_url(redis_url, namespace=ns, partitions=1).connect()
+    ks, r = client.keyspace, client.redis
+
+    def tick(lead_ms: int) -> int:
+        reply = parse_tick(client.transport.call(*tick_call(client.calls, 0, 0, 100, {}, NO_RETENTION,
+                                                            lead_ms=lead_ms, housekeeping=housekeeping)))
+        assert not isinstance(reply, EpochRefused)
+        return reply.moved
+
+    def rung() -> tuple[list[bytes], list[bytes]]:
+        got = r.zrange(ks.bell("q"), 0, -1), r.zrange(ks.burst_bell("q"), 0, -1)
+        r.delete(ks.bell("q"), ks.burst_bell("q"))
+        return got
+
+    try:
+        tick(0)  # an idle tick sweeps: a firing tick soon after may take the fast path
+        base = (int(time.time()) + 30) * 1000  # whole ms
+        client.schedule_many([((base + 30 * i) / 1000, i) for i in range(4)], queue="q")
+        assert tick(40_000) == 4
+        assert rung() == ([b"0"], []), "spread jobs handed off together: the bell"
+        client.schedule_many([((base + 3 * i) / 1000, i) for i in range(4)], queue="q")
+        assert tick(40_000) == 4
+        assert rung() == ([], [b"0"]), "four jobs within 10 ms: the burst bell"
+        secs, micros = r.time()
+        soon = (secs * 1000 + micros // 1000 + 200)
+        client.schedule_many([((soon + 40 * i) / 1000, i) for i in range(4)], queue="q")
+        await wait_for(lambda: sum(int(x) * k for x, k in zip(r.time(), (1000, 0.001))) > soon + 130, 5,
+                       what="all four due")
+        assert tick(0) == 4
+        assert rung() == ([], [b"0"]), "four overdue jobs, whatever their due times were: a burst"
     finally:
         client.close()
 

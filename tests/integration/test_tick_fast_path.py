@@ -17,6 +17,7 @@ from typing import Any
 
 import redis
 
+from scheduler.protocol.bells import BURST_SPAN_MS
 from scheduler.protocol.tick import TickReply, parse_tick
 from tests.support.fastpath import ScriptPair, pair_fixture
 from tests.support.helpers import namespace_state
@@ -83,6 +84,17 @@ class Pair(ScriptPair):
             return {**h, b"tsw": b"<ms>"} if name.endswith(":meta") and b"tsw" in h else h
         return namespace_state(self.r, ns, hash_fix=meta)
 
+    def check_rings(self, step: str, p: int, spread: tuple[int, ...], tick: TickReply, sharded: bool) -> None:
+        """The tick of jobs of queue 'mail' due at ``spread`` (ms apart) rang its burst bell when
+        four of them are due within BURST_SPAN_MS, else its bell (on a cluster: its reply says so)."""
+        burst = any(b - a <= BURST_SPAN_MS for a, b in zip(spread, spread[3:]))
+        if sharded:
+            assert tick.to_ring == [("mail", burst)], step
+            return
+        member = str(p).encode()
+        assert member in self.r.zrange("{fa}:bell:mail" + (":b" if burst else ""), 0, -1), step
+        assert member not in self.r.zrange("{fa}:bell:mail" + ("" if burst else ":b"), 0, -1), step
+
     def check(self, step: str, replies: tuple[Any, Any]) -> None:
         fast, general = replies
         if isinstance(fast, tuple) or isinstance(general, tuple) or fast[0] == -1:
@@ -97,6 +109,21 @@ class Pair(ScriptPair):
 
 
 pair = pair_fixture(Pair)
+
+
+def schedule_step(pair: Pair, p: int, now: float, queues: tuple[str, ...], spread: tuple[int, ...], later: int,
+                  later_ms: list[int]) -> None:
+    """A step's jobs in partition ``p``: one per queue due a minute from ``now`` (within the lead),
+    the others of ``spread`` that many ms after it, ``later`` two hours ahead (beyond the lead)."""
+    soon = now + 60
+    for q in queues:
+        pair.schedule(soon, q, p)
+    for ms in spread[1:]:  # the first is the step's own job, at soon
+        pair.schedule((round(soon * 1000) + ms) / 1000, "mail", p)
+    for _ in range(later):  # a second apart
+        at_ms = (int(now) + 7200 + 10 * p + len(later_ms)) * 1000  # whole seconds: exact as ms
+        pair.schedule(at_ms / 1000, "mail", p)
+        later_ms.append(at_ms)
 
 
 def test_the_fast_path_and_the_general_path_leave_the_same_state_and_replies(pair: Pair) -> None:
@@ -123,19 +150,22 @@ def test_the_fast_path_and_the_general_path_leave_the_same_state_and_replies(pai
          True),
         ("three timers left beyond the lead (no burst ahead)", {"_later": 3}, True),
         ("five timers left beyond the lead (the fourth one's due time: a burst ahead?)", {"_later": 2}, True),
+        ("four jobs 30 ms apart (spread, not a burst: the bell)", {"_spread": (0, 30, 60, 90)}, True),
+        ("four jobs within 10 ms (a burst: the burst bell)", {"_spread": (0, 4, 7, 10)}, True),
+        ("five jobs, four of them within 10 ms (a burst)", {"_spread": (0, 20, 24, 27, 30)}, True),
+        ("four jobs 30 ms apart on Redis Cluster's layout (not a burst in the reply)",
+         {"_spread": (0, 30, 60, 90), "sharded": True}, True),
+        ("four jobs within 10 ms on Redis Cluster's layout (a burst in the reply)",
+         {"_spread": (0, 4, 7, 10), "sharded": True}, True),
         ("past a skip-policy job's grace (misfire, in the last partition)", {"_misfire": True}, True),
     ]
     later_ms: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}  # timers left beyond the lead
     for step, opts, eligible in steps:
         queues = opts.pop("_queues", ("mail",))
         later = opts.pop("_later", 0)
+        spread = opts.pop("_spread", ())
         for p in range(PARTITIONS):
-            for q in queues:
-                pair.schedule(soon, q, p)
-            for _ in range(later):  # two hours ahead, a second apart: beyond the tick's lead
-                at_ms = (int(now) + 7200 + 10 * p + len(later_ms[p])) * 1000  # whole seconds: exact as ms
-                pair.schedule(at_ms / 1000, "mail", p)
-                later_ms[p].append(at_ms)
+            schedule_step(pair, p, now, queues, spread, later, later_ms[p])
             if opts.pop("_moved", False) and p == PARTITIONS - 1:
                 raw = pair.r.zrange(pair.ks["fa"].partition_keys(p)[0], -1, -1)[0][:15]
                 moved = int((soon + 30) * 1000)
@@ -150,6 +180,8 @@ def test_the_fast_path_and_the_general_path_leave_the_same_state_and_replies(pai
         paused = opts.pop("_pause", None)
         if paused:  # rung by earlier steps (nobody takes the rings here): start from empty bells
             pair.r.delete("{fa}:bell:" + paused, "{ge}:bell:" + paused)
+        if spread:
+            pair.r.delete(*(f"{{{ns}}}:bell:mail{b}" for ns in ("fa", "ge") for b in ("", ":b")))
         misfiring = opts.pop("_misfire", False)
         if misfiring:
             time.sleep(0.1)
@@ -163,6 +195,8 @@ def test_the_fast_path_and_the_general_path_leave_the_same_state_and_replies(pai
                 left = sorted(later_ms[p])
                 assert tick.next_due_ms == (left[0] if left else None), step
                 assert tick.burst_due_ms == (left[3] if len(left) >= 4 else None), step
+                if spread:
+                    pair.check_rings(step, p, spread, tick, bool(opts.get("sharded")))
             took = pair.fast_runs - runs
             expected = int(eligible and not (misfiring and p == PARTITIONS - 1))
             assert took == expected, f"{step}, partition {p}: fast path taken {took}, expected {expected}"

@@ -110,10 +110,38 @@ def test_a_job_is_always_handed_off_at_least_half_the_configured_lead_ahead(rate
     lead = HandoffLead(BASE, WIDEST)
     settle(lead, rate)
     assert lead.lead - lead.step >= BASE - grid_step(BASE) - 1e-12
+    # the tick wakes wake_ahead before the next timer is due, rounded up to the grid: that timer is
+    # handed off at least wake_ahead - step ahead, as much as an unwidened partition's
+    assert lead.wake_ahead - lead.step >= BASE - grid_step(BASE) - 1e-12
+    assert lead.wake_ahead <= lead.next_lead + 1e-12, "the tick reaches past the timer that woke it"
     if lead.widened:  # and each step then holds at least the minimum
         assert rate * lead.step >= MIN_JOBS_PER_STEP
         narrower = lead.lead / 2
         assert rate * grid_step(BASE) * narrower / BASE < JOBS_PER_STEP, "a narrower lead would do"
+
+
+@pytest.mark.parametrize("base, widest", [(BASE, WIDEST), (0.100, 0.400), (0.005, 0.040), (0.0, 0.0), (BASE, 0.0)])
+def test_an_unwidened_partition_wakes_a_whole_lead_ahead_of_its_next_timer(base: float, widest: float) -> None:
+    lead = HandoffLead(base, widest)
+    assert lead.wake_ahead == pytest.approx(base)
+    lead.look_ahead(10_000, 10_000)  # a burst next: the burst lead, as before
+    assert lead.wake_ahead == pytest.approx(lead.next_lead)
+
+
+@pytest.mark.parametrize("base, widest", [(BASE, WIDEST), (0.100, 0.400), (0.005, 0.040)])
+def test_a_widened_partition_wakes_later_and_its_tick_reaches_further_past_the_timer(base: float,
+                                                                                    widest: float) -> None:
+    # The tick wakes on the grid at most a step after wake_ahead before the timer and hands off what
+    # is due within the lead: its window ends lead - wake_ahead to that plus a step past the timer.
+    # Waking a whole lead ahead, the window ended at most a step past it (half a step on average),
+    # which at 19 jobs/s and 160 ms held 1.8 jobs per tick.
+    lead = HandoffLead(base, widest)
+    settle(lead, base / (grid_step(base) * widest))  # the widest step holds 1 job on average: the ceiling
+    assert lead.lead == pytest.approx(widest), "widened to the ceiling"
+    reach_min = lead.lead - lead.wake_ahead
+    assert reach_min == pytest.approx(lead.lead - lead.step - base + grid_step(base))
+    assert reach_min >= lead.step / 2 - 1e-12, "at least half a step past the timer, where it ended on average"
+    assert lead.wake_ahead - lead.step == pytest.approx(base - grid_step(base)), "handed off as far ahead as unwidened"
 
 
 def test_the_lead_widens_one_level_per_window() -> None:
