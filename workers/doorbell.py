@@ -36,7 +36,8 @@ a connection the doorbell keeps (:mod:`.kept`, one server).
 **Burst bells.** One listener takes rings one after another, so a burst (many jobs made ready at
 once) would reach the fleet only as fast as it fills up and hands on. The scripts tell a burst
 apart where it happens: a script that leaves ``BURST_RING`` (4) or more jobs in a ready list at
-once (a tick firing a batch, a claim leaving a batch behind), and ``resume``, ring the queue's
+once (a tick firing a batch due within ``BURST_SPAN_MS`` of each other, not spread jobs handed off
+together: scheduler/protocol/bells.py; a claim leaving a batch behind), and ``resume``, ring the queue's
 *burst bell* (:meth:`Keyspace.burst_bell`) instead, and every idle worker waits on it, the
 sleepers too: a burst reaches them all at once, as it would with every worker on the bells, while
 the rings of spread traffic (one or a few jobs each) stay on the warm listener. A sleeper that

@@ -176,7 +176,8 @@ class Keyspace:
 
     def burst_bell(self, queue: str) -> str:
         """``queue``'s burst bell (lua/_lib.lua ``ring``): the bell rung instead of :meth:`bell`
-        when a script leaves several jobs ready in a partition at once (``BURST_RING``), and by
+        when a script leaves several jobs ready in a partition at once (``BURST_RING``; a
+        tick's only when they come due within ``bells.BURST_SPAN_MS`` of each other), and by
         ``resume``. Every idle worker waits on it, one listener's sleepers too, so a
         burst reaches them all at once while spread traffic stays on the listener. Same members and
         scores as the bell."""
