@@ -52,12 +52,13 @@
 -- sweep three entries per tombstone they write (_lib_finish.lua), which keeps up on its own. At
 -- 100 ms these sweeps were 7 % of Redis's CPU at 1 000 jobs/s (0.3 HSCAN of ~256 entries per job).
 -- Rings (ring() in _lib.lua) the bell of each queue whose ready list received jobs (its burst bell
--- when it received a burst: BURST_RING jobs or more due within BURST_SPAN_MS, bursty), once, off a cluster (not a queue paused in this partition); on a cluster it names those queues in the reply
+-- when it received a burst: BURST_RING jobs or more due within BURST_SPAN_MS, bursty), once, off a
+-- cluster (not a queue paused in this partition); on a cluster it names those queues in the reply
 -- instead (see Returns).
 -- Uses: BATCH_LIMIT_MAX, BURST_RING, CHAN, COMMON, HISTORY_TTL_S, ID_LEN, K_C, K_D, K_E, K_F, K_G, K_J, K_K,
 --       K_M, K_META, K_Q, K_T, K_X, LAYOUT, MAX_INT, MAX_MS, NAME_MAX, NAME_PATTERN, PART, PREFIX,
---       arg, bell_ring, bump, burst_score, bursty, check_epoch, common_ok, cron_advance, error_blob, flag, flush_bumps, fmt,
---       head_score, jget, jval, layout_fence, multi, now_ms, p48, paused_here, queue_name,
+--       arg, bell_ring, bump, burst_score, bursty, check_epoch, common_ok, cron_advance, error_blob, flag,
+--       flush_bumps, fmt, head_score, jget, jval, layout_fence, multi, now_ms, p48, paused_here, queue_name,
 --       rec_is_cron, rec_opts, rec_qidx, rec_valid, refusal, release_key, retire_queues, ring,
 --       tally, tombstone, trim_dead, trim_tombstones, u16, u32
 local FIRING_SWEEP_MS = 1000
@@ -347,12 +348,12 @@ for q, ids in pairs(per_queue) do
   multi('LPUSH', PREFIX .. 'r:' .. q, ids)
   tally(K_C, PREFIX, 'fired:' .. q, #ids, now)
   -- a burst rings the burst bell: BURST_RING of the queue's jobs due within BURST_SPAN_MS (bursty)
-  local n = (#ids >= BURST_RING and bursty(dues[q])) and #ids or math.min(#ids, BURST_RING - 1)
+  local burst = #ids >= BURST_RING and bursty(dues[q])
   if not sharded then
-    ring(CHAN, PREFIX, q, PART, now, n)
+    ring(CHAN, PREFIX, q, PART, now, burst and BURST_RING or 1) -- ring's count: BURST_RING rings the burst bell
   elseif not paused_here(PREFIX, q) then
     to_ring[#to_ring + 1] = q
-    to_ring[#to_ring + 1] = n >= BURST_RING and 1 or 0
+    to_ring[#to_ring + 1] = burst and 1 or 0
   end
 end
 for i = 1, nlim do
