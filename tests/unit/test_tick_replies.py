@@ -11,6 +11,7 @@ import fakeredis
 import pytest
 
 from scheduler import Client
+from scheduler.protocol import bells
 from scheduler.protocol.calls import Calls
 from scheduler.protocol.codes import EPOCH_REFUSED, CronFillCode
 from scheduler.protocol.keys import Keyspace
@@ -179,3 +180,10 @@ def test_the_burst_score_reads_the_burst_ring_th_timer() -> None:
     ring = re.search(r"^local BURST_RING = (\d+)$", lib, re.M)
     rank = re.search(r"^local BURST_RANK = '(\d+)'", lib, re.M)
     assert ring and rank and int(rank.group(1)) == int(ring.group(1)) - 1
+
+
+def test_the_scripts_and_the_tier_take_the_same_burst_span() -> None:
+    """bursty (lua/_lib.lua) rings the burst bell for BURST_RING jobs due within BURST_SPAN_MS, and
+    the owner's look_ahead expects a burst by the same span (scheduler/protocol/bells.py)."""
+    span = re.search(r"^local BURST_SPAN_MS = (\d+)$", library_source(), re.M)
+    assert span and int(span.group(1)) == bells.BURST_SPAN_MS
