@@ -128,9 +128,10 @@ class Stack:
     def __init__(self, hist: Path, *, seed: int, namespace: str = "chaos", partitions: int = 8,
                  schedulers: int = 3, workers: int = 3, ttl: float = 2.0, params: Params | None = None,
                  rate: float = 80.0, producers: int = 2, max_attempts: int = 200,
-                 scheduler_args: Sequence[str] = ()) -> None:
+                 scheduler_args: Sequence[str] = (), worker_args: Sequence[str] = ()) -> None:
         self.hist, self.seed, self.ns, self.partitions = hist, seed, namespace, partitions
         self.scheduler_args = list(scheduler_args)  # extra `zsched scheduler` arguments (ZSCHED_CHAOS_SCHEDULER_ARGS)
+        self.worker_args = list(worker_args)  # extra `zsched worker` arguments (ZSCHED_CHAOS_WORKER_ARGS)
         self.n_sched, self.n_workers, self.ttl = schedulers, workers, ttl
         self.params = params or Params()
         self.rate, self.n_producers, self.max_attempts = rate, producers, max_attempts
@@ -154,7 +155,7 @@ class Stack:
 
     def worker_proc(self, i: int) -> Proc:
         return Proc(["worker", "chaosapp:worker", "--redis", self.sentinel.url, "--namespace", self.ns,
-                     "--shutdown-grace", "10"], self.hist, "worker", f"w{i}",
+                     "--shutdown-grace", "10", *self.worker_args], self.hist, "worker", f"w{i}",
                     env={"CHAOS_RUN_DIR": str(self.hist)}, cwd=str(self.hist))
 
     def start(self) -> Stack:

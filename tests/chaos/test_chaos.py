@@ -25,6 +25,11 @@ The test prints one summary line (``chaos seed=... faults=... jobs=... extra=...
 On failure the history directory is kept and named in the message; check it again offline with
 ``python -m tests.chaos.check DIR``. ``ZSCHED_CHAOS_KEEP=1`` keeps it after a pass too, and
 ``ZSCHED_CHAOS_DIR`` says where to create it (default: the system temp dir).
+``ZSCHED_CHAOS_SCHEDULER_ARGS`` and ``ZSCHED_CHAOS_WORKER_ARGS`` add arguments to every replica's and
+every worker's command line, e.g. the spread-traffic settings of docs/scaling.md::
+
+    ZSCHED_CHAOS_SCHEDULER_ARGS="--coalesce-lead 320" ZSCHED_CHAOS_WORKER_ARGS="--prefetch 128 --ack-linger 200" \\
+        .venv/bin/python -m pytest -q -s -p no:cacheprovider tests/chaos/test_chaos.py
 """
 from __future__ import annotations
 
@@ -55,6 +60,9 @@ KEEP = os.environ.get("ZSCHED_CHAOS_KEEP") == "1"
 # extra arguments of every scheduler replica, e.g. "--coalesce-lead 160" (busy partitions hand jobs
 # off up to 160 ms ahead: at the producers' ~10 jobs/s per partition they widen to it)
 SCHEDULER_ARGS = shlex.split(os.environ.get("ZSCHED_CHAOS_SCHEDULER_ARGS", ""))
+# extra arguments of every worker process, e.g. "--prefetch 128 --ack-linger 200" (finished jobs'
+# acks wait up to 200 ms for each other: a worker killed meanwhile leaves them to run again)
+WORKER_ARGS = shlex.split(os.environ.get("ZSCHED_CHAOS_WORKER_ARGS", ""))
 AFTER_HEAL = 150  # jobs scheduled after the heal, all of which the healed stack must run
 BURST_JOB_MS = 2_000  # how long each job of the burst after the heal runs (far above claiming it)
 
@@ -63,7 +71,7 @@ BURST_JOB_MS = 2_000  # how long each job of the burst after the heal runs (far 
 def test_chaos_short(capsys: pytest.CaptureFixture[str]) -> None:
     hist = Path(tempfile.mkdtemp(prefix=f"zsched-chaos-seed{SEED}-", dir=os.environ.get("ZSCHED_CHAOS_DIR")))
     params = Params(lease=4.0, retry_budget=10.0, durable_timeout=1.5)
-    stack = Stack(hist, seed=SEED, params=params, scheduler_args=SCHEDULER_ARGS)
+    stack = Stack(hist, seed=SEED, params=params, scheduler_args=SCHEDULER_ARGS, worker_args=WORKER_ARGS)
     nemesis: Nemesis | None = None
     problems: list[str] = []
     t_start = time.time()
