@@ -8,7 +8,9 @@ with ``PYTHONPATH`` and the working directory at that side's checkout, so its re
 producer run that side's code (``--other`` is a worktree of zsched with ``scheduler/lua`` linked to
 ``../lua``, as for ``bench fanout --compare``). Prints one JSON document: every run, and per
 (workers, rate, side) the medians over rounds of p50 and p99, the runs' p99s, and the counts of
-early starts, missing and duplicated jobs (all zero in a good run).
+early starts, missing and duplicated jobs (all zero in a good run). ``--worker-args`` and
+``--scheduler-args`` (and ``--other-...``) add arguments to a side's workers and replicas, e.g. the
+settings for spread traffic of docs/scaling.md against the other side's defaults.
 """
 from __future__ import annotations
 
@@ -31,19 +33,22 @@ SPAN_S = 20.0
 _CHILD = """
 import json, sys
 from bench.workloads import w4_lateness
-extra = json.loads(sys.argv[4])  # passed on only when not empty: an older checkout's w4_lateness lacks it
-more = {"worker_args": extra} if extra else {}
+# each passed on only when not empty: an older checkout's w4_lateness lacks them
+extra, sched = json.loads(sys.argv[4]), json.loads(sys.argv[5])
+more = {**({"worker_args": extra} if extra else {}), **({"scheduler_args": sched} if sched else {})}
 r = w4_lateness(int(sys.argv[1]), float(sys.argv[2]), workers=int(sys.argv[3]), **more)
 print(json.dumps({"early": r["started_before_run_at"], "missing": r.get("missing"), "duplicates": r.get("duplicates"),
                   "lateness_ms": r["handler_lateness_ms"]}))
 """
 
 
-def one(code: Path, rate: int, workers: int, worker_args: Sequence[str] = ()) -> dict[str, Any]:
-    """One W4 run with ``code``'s checkout, its workers started with ``worker_args`` too."""
+def one(code: Path, rate: int, workers: int, worker_args: Sequence[str] = (),
+        scheduler_args: Sequence[str] = ()) -> dict[str, Any]:
+    """One W4 run with ``code``'s checkout, its workers started with ``worker_args`` too and its
+    replicas with ``scheduler_args``."""
     env = {**os.environ, "PYTHONPATH": str(code)}
     p = subprocess.run([sys.executable, "-c", _CHILD, str(int(rate * SPAN_S)), str(SPAN_S), str(workers),
-                        json.dumps(list(worker_args))],
+                        json.dumps(list(worker_args)), json.dumps(list(scheduler_args))],
                        cwd=code, env=env, capture_output=True, text=True, timeout=600)
     if p.returncode:
         raise RuntimeError(f"W4 with {code} failed:\n{p.stderr[-3000:]}")
@@ -75,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker-args", metavar="ARGS", default="",
                    help="extra arguments of this side's workers, e.g. --worker-args=--no-one-listener")
     p.add_argument("--other-worker-args", metavar="ARGS", default="", help="the same for the other side's")
+    p.add_argument("--scheduler-args", metavar="ARGS", default="",
+                   help="extra arguments of this side's replicas, e.g. --scheduler-args='--coalesce-lead 320'")
+    p.add_argument("--other-scheduler-args", metavar="ARGS", default="", help="the same for the other side's")
     a = p.parse_args(argv)
     try:
         workers = [int(x) for x in a.workers.split(",")]
@@ -88,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sides = {"this": ROOT, "other": other}
     extra = {"this": shlex.split(a.worker_args), "other": shlex.split(a.other_worker_args)}
+    sched = {"this": shlex.split(a.scheduler_args), "other": shlex.split(a.other_scheduler_args)}
     for code in sides.values():
         compile_checkout(code)
     runs = []
@@ -95,11 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         for w in workers:
             for rate in rates:
                 for side in (("this", "other") if rnd % 2 == 0 else ("other", "this")):
-                    r = one(sides[side], rate, w, extra[side])
+                    r = one(sides[side], rate, w, extra[side], sched[side])
                     runs.append({"round": rnd, "side": side, "workers": w, "rate": rate, **r})
                     print(f"  round {rnd} {side} W={w} {rate}/s: p50 {r['lateness_ms']['p50']} ms, "
                           f"p99 {r['lateness_ms']['p99']} ms, early {r['early']}", file=sys.stderr)
-    print(json.dumps({"sides": {k: str(v) for k, v in sides.items()}, "worker_args": extra, "span_s": SPAN_S,
+    print(json.dumps({"sides": {k: str(v) for k, v in sides.items()}, "worker_args": extra, "scheduler_args": sched,
+                      "span_s": SPAN_S,
                       "runs": runs, "summary": summarize(runs)}, indent=2))
     return 0
 

@@ -58,12 +58,14 @@ def w3_drain(jobs: int = 20_000, workers: int = 1, replicas: int = 2) -> dict[st
 
 
 def w4_lateness(jobs: int, span: float = 20.0, workers: int = 1, replicas: int = 2, lead_ms: float | None = None,
-                prefetch: int | None = None, worker_args: Sequence[str] = ()) -> dict[str, Any]:
+                prefetch: int | None = None, worker_args: Sequence[str] = (),
+                scheduler_args: Sequence[str] = ()) -> dict[str, Any]:
     """W4: ``jobs`` spread over ``span`` s; handler start - run_at. ``lead_ms``: the replicas'
     ``--handoff-lead``, ``prefetch``: the workers' ``--prefetch`` (None: their defaults),
-    ``worker_args``: more arguments of ``zsched worker`` (e.g. ``["--no-one-listener"]``)."""
+    ``worker_args``: more arguments of ``zsched worker`` (e.g. ``["--no-one-listener"]``),
+    ``scheduler_args``: more arguments of ``zsched scheduler`` (e.g. ``["--coalesce-lead", "320"]``)."""
     with Stack() as st:
-        st.start_schedulers(replicas, [] if lead_ms is None else ["--handoff-lead", str(lead_ms)])
+        st.start_schedulers(replicas, [*([] if lead_ms is None else ["--handoff-lead", str(lead_ms)]), *scheduler_args])
         st.start_workers(workers, extra=[*([] if prefetch is None else ["--prefetch", str(prefetch)]), *worker_args])
         start = time.time() + 2
         rnd = random.Random(7)
