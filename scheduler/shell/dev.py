@@ -9,23 +9,17 @@ servers' parent-death signal) a SIGKILL of ``zsched dev`` itself (:mod:`.dev_gua
 from __future__ import annotations
 
 import argparse
-import asyncio
-import math
 import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 from ..client import Client
-from ..client.layout import follows_layout
-from ..metrics import LATENESS_BUCKETS, bucket_quantile, past_top, scrape_histogram
 from ..protocol import config
 from ..protocol.etcd_endpoints import check_etcd_endpoints
 from ..protocol.masking import mask_secrets
-from ..protocol.replies import merge_stats, parse_stats
 from ..redisio.errors import REDIS_ERRORS
 from .admin import AdminError, BadInput
 from .cli_common import SubParsers
@@ -34,6 +28,7 @@ from .cli_ui import missing_ui_packages
 from .dev_guard import Output, Stopping, survivors
 from .dev_home import has_data, reset, shown
 from .dev_producer import Producer
+from .dev_view import View, compact_line
 from .servers import (
     ChildProcess,
     EtcdServer,
@@ -254,158 +249,6 @@ class Stack:
 
 def _gone_or_hurry(group: dict[str, ChildProcess], stopping: Stopping) -> bool:
     return stopping.hurry or not any(p.running for p in group.values())
-
-
-class View:
-    def __init__(self, stack: Stack) -> None:
-        self.stack = stack
-        self.client = Client.from_url(stack.redis_url, namespace=stack.ns)
-        self.prev_counts: dict[str, int] = {}
-        self.prev_buckets: dict[float, float] = {}
-        self.prev_t = time.monotonic()
-        self.prev_held = 0
-
-    def counts(self) -> dict[str, int]:
-        ks = self.client.keyspace
-        pipe = self.client.redis.pipeline(transaction=False)
-        for p in range(ks.partitions):
-            pipe.hgetall(ks.key(p, "c"))
-        out: dict[str, int] = {}
-        for h in pipe.execute():
-            for k, v in h.items():
-                ev = k.decode().split(":", 1)[0]
-                out[ev] = out.get(ev, 0) + int(v)
-        return out
-
-    def lateness(self) -> tuple[float | None, float | None]:
-        total: dict[float, float] = {}
-        for name, port in self.stack.metrics_ports.items():
-            if not name.startswith("scheduler"):
-                continue
-            try:
-                for le, c in scrape_histogram(port, "zsched_firing_lateness_seconds", timeout=0.5).items():
-                    total[le] = total.get(le, 0.0) + c
-            except OSError:
-                continue
-        delta = sorted((le, total[le] - self.prev_buckets.get(le, 0.0)) for le in total)
-        self.prev_buckets = total
-
-        def quantile(q: float) -> float | None:
-            # past the top bucket (jobs overdue since a stop, say) the bound is a floor: inf says so
-            return math.inf if past_top(delta, q) else bucket_quantile(delta, q)
-        return quantile(0.5), quantile(0.99)
-
-    def owners(self) -> dict[str, list[int]]:
-        async def read() -> dict[str, list[int]]:
-            from ..coord import EtcdCoordinator  # gRPC loads only once zsched dev runs
-
-            async with EtcdCoordinator.from_endpoints(self.stack.etcd, timeout=0.5) as c:
-                kvs, _ = await c.get_prefix(f"/zsched/{self.stack.ns}/owners/")
-            out: dict[str, list[int]] = {}
-            for kv in kvs:
-                out.setdefault(kv.value.decode(), []).append(int(kv.key.rsplit("/", 1)[1]))
-            return out
-        try:
-            return asyncio.run(read())
-        except Exception as exc:  # the view must keep going while etcd is down
-            return {f"(etcd unreachable: {type(exc).__name__})": []}
-
-    def sample(self) -> Sample:
-        """Read the counters, depths, lateness and owners once (for :meth:`render` or :meth:`line`)."""
-        now = time.monotonic()
-        dt = max(1e-3, now - self.prev_t)
-        self.prev_t = now
-        counts = self.counts()
-        rates = None
-        if self.prev_counts:
-            rates = {k: (counts.get(k, 0) - self.prev_counts.get(k, 0)) / dt for k in ("scheduled", "fired", "acked")}
-        self.prev_counts = counts
-        p50, p99 = self.lateness()
-        stats, held = self.queue_counts()
-        # the interval's lateness covers jobs held at its start too (released since)
-        held_in_interval, self.prev_held = max(held, self.prev_held), held
-        return Sample(time.strftime("%H:%M:%S"), counts, rates, p50, p99, stats, self.owners(),
-                      self.stack.dead_children(), held_in_interval)
-
-    def reload_layout(self) -> int:
-        """Re-read the namespace's partition count (after ``zsched migrate-partitions``)."""
-        return self.client.reload_layout()
-
-    @follows_layout
-    def queue_counts(self) -> tuple[dict[str, dict[str, int]], int]:
-        """Per queue: scheduled, ready, running and dead jobs; and how many of the scheduled ones
-        are due and held back by their queue's rate limit (one ``stats`` round trip, following a
-        partition migration as ``Client.stats`` does)."""
-        replies = [parse_stats(r) for r in self.client.transport.call_many(self.client.calls.stats_calls())]
-        held = sum(n for st in replies for f, n in st.gauges.items() if f.startswith("h:"))
-        return merge_stats(replies), held
-
-    def render(self, s: Sample) -> str:
-        """The full view, redrawn on a terminal every interval."""
-        lines = [f"zsched dev - namespace {self.stack.ns} - redis {mask_secrets(self.stack.redis_url)} "
-                 f"- etcd {mask_secrets(self.stack.etcd)}",
-                 s.clock + "   (Ctrl-C stops everything)", ""]
-        if s.rates is not None:
-            lines.append("per second:  scheduled {scheduled:8.0f}   fired {fired:8.0f}   "
-                         "acked {acked:8.0f}".format(**s.rates))
-        counts = s.counts
-        lines.append(f"firing lateness (last interval): p50 {_ms(s.p50)}   p99 {_ms(s.p99)}{_held_note(s)}")
-        lines.append(f"dead-lettered: {s.dead}   "
-                     f"totals: scheduled {counts.get('scheduled', 0)}  fired {counts.get('fired', 0)}  "
-                     f"acked {counts.get('acked', 0)}  retried {counts.get('retried', 0)}  "
-                     f"misfired {counts.get('misfired', 0)}")
-        lines += ["", f"{'QUEUE':<12}{'SCHEDULED':>11}{'READY':>9}{'RUNNING':>9}{'DEAD':>7}"]
-        for q, st in sorted(s.stats.items()):
-            lines.append(f"{q:<12}{st['scheduled']:>11}{st['ready']:>9}{st['running']:>9}{st['dead']:>7}")
-        lines += ["", "partition owners:"]
-        for rid, parts in sorted(s.owners.items()):
-            lines.append(f"  {rid:<16} {len(parts):>2}: {' '.join(str(p) for p in sorted(parts))}")
-        if s.exited:
-            lines += ["", f"exited: {', '.join(s.exited)} (see {self.stack.home}/logs/)"]
-        return "\n".join(lines)
-
-
-@dataclass
-class Sample:
-    """One reading of the stack for the view."""
-
-    clock: str
-    counts: dict[str, int]
-    rates: dict[str, float] | None  # None on the first reading
-    p50: float | None
-    p99: float | None
-    stats: dict[str, dict[str, int]]
-    owners: dict[str, list[int]]
-    exited: list[str]
-    held: int = 0  # due jobs waiting on their queue's rate limit, at most, this interval
-
-    @property
-    def dead(self) -> int:
-        return sum(q["dead"] for q in self.stats.values())
-
-
-def _ms(v: float | None) -> str:
-    if v == math.inf:
-        return f"over {LATENESS_BUCKETS[-1]:g} s"
-    return "-" if v is None else f"{v * 1000:.1f} ms"
-
-
-def _held_note(s: Sample) -> str:
-    """Why the lateness may read seconds while the scheduler is on time: a job a rate limit held
-    back fires when the limit lets it, and its lateness counts from its due time."""
-    return f" (rate limits held up to {s.held} due jobs; they count as late)" if s.held else ""
-
-
-def compact_line(s: Sample) -> str:
-    """The view as one line, printed every interval when the output is not a terminal (a log file)."""
-    rates = "" if s.rates is None else "/s: scheduled {scheduled:.0f} fired {fired:.0f} acked {acked:.0f}; ".format(
-        **s.rates)
-    depth = {k: sum(q[k] for q in s.stats.values()) for k in ("scheduled", "ready", "running")}
-    owners = ", ".join(f"{rid} {len(parts)}" for rid, parts in sorted(s.owners.items())) or "none"
-    exited = f"; exited: {', '.join(s.exited)}" if s.exited else ""
-    return (f"{s.clock} {rates}lateness p50 {_ms(s.p50)} p99 {_ms(s.p99)}{_held_note(s)}; "
-            f"scheduled {depth['scheduled']} ready {depth['ready']} running {depth['running']} dead {s.dead}; "
-            f"owners: {owners}{exited}")
 
 
 def banner(stack: Stack) -> list[str]:

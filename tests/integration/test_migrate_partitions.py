@@ -320,7 +320,7 @@ def test_the_dev_view_keeps_counting_queues_after_a_migration(redis_url: str) ->
     call met the layout fence. It re-reads the count and counts the same jobs."""
     from types import SimpleNamespace
 
-    from scheduler.shell.dev import View
+    from scheduler.shell.dev_view import View
 
     c = Client.from_url(redis_url, namespace="devmig", partitions=4).connect()
     c.schedule_many([(time.time() + 3600, i) for i in range(30)], queue="later")

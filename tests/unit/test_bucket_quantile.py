@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from scheduler.metrics import LATENESS_BUCKETS, bucket_quantile, past_top
-from scheduler.shell.dev import Sample, compact_line
+from scheduler.shell.dev_view import Sample, compact_line
 
 INF = float("inf")
 

@@ -19,7 +19,7 @@ from scheduler.shell import admin
 from scheduler.shell.admin import NotFound
 from scheduler.shell.cli import build_parser, main
 from scheduler.shell.cli_errors import EXIT_BAD_INPUT, EXIT_LOCAL, EXIT_UNAVAILABLE, explain
-from scheduler.shell.dev import Sample, View, compact_line
+from scheduler.shell.dev_view import Sample, View, compact_line
 
 
 def commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> Iterator[
@@ -148,11 +148,25 @@ def test_dev_view_off_a_terminal_is_one_line_per_interval() -> None:
 def test_dev_view_says_when_rate_limits_hold_jobs_so_their_lateness_is_not_read_as_a_late_scheduler() -> None:
     s = Sample("09:00:02", {}, None, 0.0004, 4.9, {"emails": {"scheduled": 800, "ready": 0, "running": 4, "dead": 0}},
                {}, [], held=640)
-    assert "p99 4900.0 ms (rate limits held up to 640 due jobs; they count as late); scheduled 800" in compact_line(s)
+    assert ("p99 4900.0 ms (rate limits held up to 640 due jobs; their jobs count as late); scheduled 800"
+            in compact_line(s))
     view = View.__new__(View)  # render() reads only the stack's names
     view.stack = SimpleNamespace(ns="zsched", redis_url="redis://127.0.0.1:1", etcd="http://127.0.0.1:2", home=".")
-    assert "p99 4900.0 ms (rate limits held up to 640 due jobs; they count as late)" in view.render(s)
+    assert "p99 4900.0 ms (rate limits held up to 640 due jobs; their jobs count as late)" in view.render(s)
     assert "count as late" not in compact_line(Sample("09:00:03", {}, None, 0.0, 0.001, {}, {}, []))
+
+
+def test_dev_view_says_when_partitions_had_no_owner_so_the_start_up_lateness_is_explained() -> None:
+    """At start-up the demo producer schedules before the replicas take their partitions: the
+    first interval's p99 reads seconds, and the line says why."""
+    s = Sample("09:00:02", {}, None, 0.0175, 2.27, {}, {"scheduler-1": [0, 1]}, [], held=5, unowned=14)
+    assert ("p99 2270.0 ms (rate limits held up to 5 due jobs; 14 partitions had no owner; their jobs count as "
+            "late);" in compact_line(s))
+    view = View.__new__(View)  # unowned() reads only the client's partition count
+    view.client = SimpleNamespace(keyspace=SimpleNamespace(partitions=16))
+    assert view.unowned({"scheduler-1": [0, 1, 2], "scheduler-2": [3]}) == 12
+    assert view.unowned({"scheduler-1": list(range(16))}) == 0
+    assert view.unowned({"(etcd unreachable: TimeoutError)": []}) == 0  # unknown, not "none owned"
 
 
 # ------------------------------------------------------------------------------ requeue spacing
