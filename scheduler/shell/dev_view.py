@@ -103,18 +103,19 @@ class View:
         stats, held = self.queue_counts()
         # the interval's lateness covers jobs held at its start too (released since)
         held_in_interval, self.prev_held = max(held, self.prev_held), held
-        owners = self.owners()
-        unowned = self.unowned(owners)
+        owners, exited = self.owners(), self.stack.dead_children()
+        unowned = self.unowned(owners, exited)
         unowned_in_interval, self.prev_unowned = max(unowned, self.prev_unowned), unowned  # as for held
-        return Sample(time.strftime("%H:%M:%S"), counts, rates, p50, p99, stats, owners,
-                      self.stack.dead_children(), held_in_interval, unowned_in_interval)
+        return Sample(time.strftime("%H:%M:%S"), counts, rates, p50, p99, stats, owners, exited,
+                      held_in_interval, unowned_in_interval)
 
-    def unowned(self, owners: dict[str, list[int]]) -> int:
-        """Partitions no replica owns now (at start-up, or after a replica's lease ran out before
-        another took them over); 0 when etcd could not be read (unknown, not none owned)."""
+    def unowned(self, owners: dict[str, list[int]], exited: list[str]) -> int:
+        """Partitions no running replica owns now: at start-up, before the replicas take them, and
+        after a replica exited, until its lease runs out and another takes its partitions over
+        (etcd still names it meanwhile). 0 when etcd could not be read (unknown, not none owned)."""
         if any(rid.startswith("(etcd unreachable") for rid in owners):
             return 0
-        owned = {p for parts in owners.values() for p in parts}
+        owned = {p for rid, parts in owners.items() if rid not in exited for p in parts}
         return max(0, self.client.keyspace.partitions - len(owned))
 
     def reload_layout(self) -> int:
@@ -168,7 +169,7 @@ class Sample:
     owners: dict[str, list[int]]
     exited: list[str]
     held: int = 0  # due jobs waiting on their queue's rate limit, at most, this interval
-    unowned: int = 0  # partitions no replica owned, at most, this interval (their due jobs wait)
+    unowned: int = 0  # partitions no running replica owned, at most, this interval (their due jobs wait)
 
     @property
     def dead(self) -> int:
@@ -188,7 +189,7 @@ def _held_note(s: Sample) -> str:
     takes it over."""
     notes = [f"rate limits held up to {s.held} due jobs"] if s.held else []
     if s.unowned:
-        notes.append(f"{s.unowned} partitions had no owner")
+        notes.append(f"{s.unowned} partitions had no running owner")
     return f" ({'; '.join(notes)}; their jobs count as late)" if notes else ""
 
 

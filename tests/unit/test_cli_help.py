@@ -156,17 +156,20 @@ def test_dev_view_says_when_rate_limits_hold_jobs_so_their_lateness_is_not_read_
     assert "count as late" not in compact_line(Sample("09:00:03", {}, None, 0.0, 0.001, {}, {}, []))
 
 
-def test_dev_view_says_when_partitions_had_no_owner_so_the_start_up_lateness_is_explained() -> None:
-    """At start-up the demo producer schedules before the replicas take their partitions: the
-    first interval's p99 reads seconds, and the line says why."""
+def test_dev_view_says_when_partitions_had_no_running_owner_so_their_lateness_is_explained() -> None:
+    """At start-up the demo producer schedules before the replicas take their partitions, and a
+    killed replica's partitions wait for its lease to run out: the p99 reads seconds, and the line
+    says why."""
     s = Sample("09:00:02", {}, None, 0.0175, 2.27, {}, {"scheduler-1": [0, 1]}, [], held=5, unowned=14)
-    assert ("p99 2270.0 ms (rate limits held up to 5 due jobs; 14 partitions had no owner; their jobs count as "
-            "late);" in compact_line(s))
+    assert ("p99 2270.0 ms (rate limits held up to 5 due jobs; 14 partitions had no running owner; their "
+            "jobs count as late);" in compact_line(s))
     view = View.__new__(View)  # unowned() reads only the client's partition count
     view.client = SimpleNamespace(keyspace=SimpleNamespace(partitions=16))
-    assert view.unowned({"scheduler-1": [0, 1, 2], "scheduler-2": [3]}) == 12
-    assert view.unowned({"scheduler-1": list(range(16))}) == 0
-    assert view.unowned({"(etcd unreachable: TimeoutError)": []}) == 0  # unknown, not "none owned"
+    assert view.unowned({"scheduler-1": [0, 1, 2], "scheduler-2": [3]}, []) == 12
+    assert view.unowned({"scheduler-1": list(range(16))}, []) == 0
+    # etcd names an exited replica until its lease runs out: its partitions wait all the same
+    assert view.unowned({"scheduler-1": list(range(12)), "scheduler-2": [12, 13, 14, 15]}, ["scheduler-2"]) == 4
+    assert view.unowned({"(etcd unreachable: TimeoutError)": []}, []) == 0  # unknown, not "none owned"
 
 
 # ------------------------------------------------------------------------------ requeue spacing
