@@ -140,7 +140,7 @@ class View:
             lines.append("per second:  scheduled {scheduled:8.0f}   fired {fired:8.0f}   "
                          "acked {acked:8.0f}".format(**s.rates))
         counts = s.counts
-        lines.append(f"firing lateness (last interval): p50 {_ms(s.p50)}   p99 {_ms(s.p99)}{_held_note(s)}")
+        lines.append(f"firing lateness (last interval): p50 {_ms(s.p50)}   p99 {_ms(s.p99)}{_lateness_note(s)}")
         lines.append(f"dead-lettered: {s.dead}   "
                      f"totals: scheduled {counts.get('scheduled', 0)}  fired {counts.get('fired', 0)}  "
                      f"acked {counts.get('acked', 0)}  retried {counts.get('retried', 0)}  "
@@ -182,7 +182,7 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:.1f} ms"
 
 
-def _held_note(s: Sample) -> str:
+def _lateness_note(s: Sample) -> str:
     """Why the lateness may read seconds while the scheduler is on time: a job a rate limit held
     back fires when the limit lets it, and its lateness counts from its due time; a job due in a
     partition no replica owned (the stack starting, a replica's lease running out) fires once one
@@ -200,6 +200,6 @@ def compact_line(s: Sample) -> str:
     depth = {k: sum(q[k] for q in s.stats.values()) for k in ("scheduled", "ready", "running")}
     owners = ", ".join(f"{rid} {len(parts)}" for rid, parts in sorted(s.owners.items())) or "none"
     exited = f"; exited: {', '.join(s.exited)}" if s.exited else ""
-    return (f"{s.clock} {rates}lateness p50 {_ms(s.p50)} p99 {_ms(s.p99)}{_held_note(s)}; "
+    return (f"{s.clock} {rates}lateness p50 {_ms(s.p50)} p99 {_ms(s.p99)}{_lateness_note(s)}; "
             f"scheduled {depth['scheduled']} ready {depth['ready']} running {depth['running']} dead {s.dead}; "
             f"owners: {owners}{exited}")
