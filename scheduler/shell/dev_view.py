@@ -19,6 +19,9 @@ from ..metrics import LATENESS_BUCKETS, bucket_quantile, past_top, scrape_histog
 from ..protocol.masking import mask_secrets
 from ..protocol.replies import merge_stats, parse_stats
 
+BACKLOG_P99_S = 1.0
+"""A p99 this high, after partitions were without a running owner, is still their backlog draining."""
+
 
 class ViewedStack(Protocol):
     """What the view reads of ``zsched dev``'s stack (``scheduler.shell.dev.Stack``)."""
@@ -42,7 +45,8 @@ class View:
         self.prev_buckets: dict[float, float] = {}
         self.prev_t = time.monotonic()
         self.prev_held = 0
-        self.prev_unowned = 0
+        self.prev_unowned = 0  # partitions without a running owner at the last reading
+        self.shown_unowned = 0  # ... as the last line named them
 
     def counts(self) -> dict[str, int]:
         ks = self.client.keyspace
@@ -105,7 +109,8 @@ class View:
         held_in_interval, self.prev_held = max(held, self.prev_held), held
         owners, exited = self.owners(), self.stack.dead_children()
         unowned = self.unowned(owners, exited)
-        unowned_in_interval, self.prev_unowned = max(unowned, self.prev_unowned), unowned  # as for held
+        unowned_in_interval = unowned_note(unowned, self.prev_unowned, self.shown_unowned, p99, held_in_interval)
+        self.prev_unowned, self.shown_unowned = unowned, unowned_in_interval
         return Sample(time.strftime("%H:%M:%S"), counts, rates, p50, p99, stats, owners, exited,
                       held_in_interval, unowned_in_interval)
 
@@ -174,6 +179,18 @@ class Sample:
     @property
     def dead(self) -> int:
         return sum(q["dead"] for q in self.stats.values())
+
+
+def unowned_note(now: int, before: int, shown: int, p99: float | None, held: int) -> int:
+    """How many partitions without a running owner an interval's line names: those at its end or
+    its start (``now``, ``before``); and, while the jobs they left due keep the p99 at
+    :data:`BACKLOG_P99_S` or more and no rate limit holds jobs, the count the last line named
+    (``shown``): a backlog after start-up on an earlier run's data, or after a replica's lease ran
+    out, drains over more than one interval."""
+    n = max(now, before)
+    if not n and shown and not held and p99 is not None and p99 >= BACKLOG_P99_S:
+        return shown
+    return n
 
 
 def _ms(v: float | None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 from collections.abc import Iterator
 from types import SimpleNamespace
 
@@ -19,7 +20,7 @@ from scheduler.shell import admin
 from scheduler.shell.admin import NotFound
 from scheduler.shell.cli import build_parser, main
 from scheduler.shell.cli_errors import EXIT_BAD_INPUT, EXIT_LOCAL, EXIT_UNAVAILABLE, explain
-from scheduler.shell.dev_view import Sample, View, compact_line
+from scheduler.shell.dev_view import Sample, View, compact_line, unowned_note
 
 
 def commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> Iterator[
@@ -170,6 +171,18 @@ def test_dev_view_says_when_partitions_had_no_running_owner_so_their_lateness_is
     # etcd names an exited replica until its lease runs out: its partitions wait all the same
     assert view.unowned({"scheduler-1": list(range(12)), "scheduler-2": [12, 13, 14, 15]}, ["scheduler-2"]) == 4
     assert view.unowned({"(etcd unreachable: TimeoutError)": []}, []) == 0  # unknown, not "none owned"
+
+
+def test_dev_view_keeps_naming_ownerless_partitions_while_their_backlog_drains() -> None:
+    """Restarted on an earlier run's data, the overdue jobs fire over more than one interval once
+    the replicas own their partitions: the lines keep saying why the p99 reads minutes, and stop
+    once it is back under a second or a rate limit is what holds jobs."""
+    assert unowned_note(16, 0, 0, None, 0) == 16           # start-up: none owned yet
+    assert unowned_note(0, 16, 16, 400.0, 0) == 16         # owned now; owned by none at the interval's start
+    assert unowned_note(0, 0, 16, math.inf, 0) == 16       # the backlog still drains
+    assert unowned_note(0, 0, 16, 0.001, 0) == 0           # drained
+    assert unowned_note(0, 0, 16, 4.9, 640) == 0           # a rate limit's herd: its own note says so
+    assert unowned_note(0, 0, 0, 4.9, 0) == 0              # late for another reason: no note made up
 
 
 # ------------------------------------------------------------------------------ requeue spacing
