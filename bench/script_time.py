@@ -96,7 +96,7 @@ def measure(st: Stack, side: Side, offsets: Sequence[float]) -> dict[str, Any]:
     time.sleep(max(0.0, t0 - 0.1 - time.time()))
     r.slowlog_reset()
     cpu0, w0 = st.cpu()["redis"], time.monotonic()
-    poll_acked(st, base + jobs, None, offsets[-1] + 60)
+    poll_acked(st, base + jobs, offsets[-1] + 60, not_before=t0 + offsets[-1])
     cpu1, seconds = st.cpu()["redis"], time.monotonic() - w0
     r.config_set("slowlog-log-slower-than", 10_000)  # as Redis ships: the read below is not logged
     entries = r.slowlog_get(room)
