@@ -19,6 +19,9 @@ from ..metrics import LATENESS_BUCKETS, bucket_quantile, past_top, scrape_histog
 from ..protocol.masking import mask_secrets
 from ..protocol.replies import merge_stats, parse_stats
 
+ETCD_UNREACHABLE = "(etcd unreachable"
+"""How :meth:`View.owners` names its one entry when etcd could not be read (shown as an owner's
+name; :meth:`View.unowned` then knows nothing of ownership)."""
 BACKLOG_P99_S = 1.0
 """A p99 this high, after partitions were without a running owner, is still their backlog draining."""
 
@@ -91,7 +94,7 @@ class View:
         try:
             return asyncio.run(read())
         except Exception as exc:  # the view must keep going while etcd is down
-            return {f"(etcd unreachable: {type(exc).__name__})": []}
+            return {f"{ETCD_UNREACHABLE}: {type(exc).__name__})": []}
 
     def sample(self) -> Sample:
         """Read the counters, depths, lateness and owners once (for :meth:`render` or :meth:`line`)."""
@@ -118,7 +121,7 @@ class View:
         """Partitions no running replica owns now: at start-up, before the replicas take them, and
         after a replica exited, until its lease runs out and another takes its partitions over
         (etcd still names it meanwhile). 0 when etcd could not be read (unknown, not none owned)."""
-        if any(rid.startswith("(etcd unreachable") for rid in owners):
+        if any(rid.startswith(ETCD_UNREACHABLE) for rid in owners):
             return 0
         owned = {p for rid, parts in owners.items() if rid not in exited for p in parts}
         return max(0, self.client.keyspace.partitions - len(owned))
